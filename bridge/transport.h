@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The transport ops table. The broker hands a transport chains of transfer
+ * operations per destination endpoint and polls completions back; a transport
+ * never sees a worker, a transfer id or a ring.
+ *
+ * Contract every backend keeps:
+ * - post() accepts a prefix of the chain (its credit) and returns how many it
+ *   took (0..n) or -errno; the broker keeps the rest pending. One post() call
+ *   that accepts >= 1 op is one doorbell.
+ * - every accepted op completes exactly once through poll(), with status 0 or
+ *   -errno, and the cookie it was posted with.
+ * - close() completes nothing; the broker fails what it still tracks.
+ *
+ * Counting: `doorbells` = chains handed to the hardware (ibv_post_send calls,
+ * writev calls, copy batches, or memcpy flushes); `wrs` = work requests in
+ * those chains after merging.
+ */
+#ifndef KVB_BRIDGE_TRANSPORT_H
+#define KVB_BRIDGE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef container_of
+#define container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+enum kvb_mem_kind { KVB_MEM_HOST = 0, KVB_MEM_GPU = 1 };
+
+/* A memory region as the broker sees it (mapped in the broker). */
+struct kvb_mr {
+	uint32_t id;
+	uint32_t flags;       /* KVB_MEM_* access flags of the public header */
+	enum kvb_mem_kind kind;
+	int gpu_device;       /* for KVB_MEM_GPU */
+	void *addr;           /* broker-side address (host or device pointer) */
+	uint64_t len;
+	void *tpriv[4];       /* per-transport registration (ibv_mr, ...) */
+	uint32_t lkey, rkey;  /* filled by a transport that has keys */
+};
+
+/* Remote side of an op: a region on this node, or an address + key. */
+struct kvb_remote {
+	struct kvb_mr *mr; /* same-node transports */
+	uint64_t addr;     /* cross-node: remote virtual address of offset 0 */
+	uint32_t rkey;
+	uint32_t region;   /* remote region id (tcp validates it remotely) */
+};
+
+enum kvb_xop_code { KVB_XOP_WRITE = 1, KVB_XOP_READ = 2 };
+
+struct kvb_xop {
+	uint32_t opcode; /* enum kvb_xop_code */
+	uint32_t pad;
+	struct kvb_mr *local;
+	uint64_t local_off;
+	struct kvb_remote remote;
+	uint64_t remote_off;
+	uint64_t len;
+	uint64_t cookie;
+};
+
+struct kvb_xcqe {
+	uint64_t cookie;
+	int32_t status;
+	uint32_t pad;
+};
+
+#define KVB_WR_HIST_BUCKETS 12 /* 1, 2-3, 4-7, ... , >= 1024 */
+
+struct kvb_transport_stats {
+	uint64_t doorbells;
+	uint64_t wrs;
+	uint64_t bytes;
+	uint64_t cqes;
+	uint64_t credit_stalls;
+	uint64_t errors;
+	uint64_t wr_hist[KVB_WR_HIST_BUCKETS];
+};
+
+/* Histogram bucket of a chain of n WRs. */
+static inline unsigned kvb_wr_hist_bucket(uint64_t n)
+{
+	unsigned b = 0;
+
+	while (n > 1 && b < KVB_WR_HIST_BUCKETS - 1) {
+		n >>= 1;
+		b++;
+	}
+	return b;
+}
+
+/* Account one doorbell of n WRs carrying `bytes`. */
+static inline void kvb_stats_doorbell(struct kvb_transport_stats *s, uint64_t n,
+				      uint64_t bytes)
+{
+	s->doorbells++;
+	s->wrs += n;
+	s->bytes += bytes;
+	s->wr_hist[kvb_wr_hist_bucket(n)]++;
+}
+
+struct kvb_transport_params {
+	const char *dev_name;   /* rdma: --rdma-dev (NULL = first) */
+	int ib_port;            /* rdma: --ib-port */
+	int gid_index;          /* rdma: --gid-index */
+	int post_batch_size;    /* max WRs per chain, -1 = all pending */
+	int qp_per_peer;        /* rdma: --qp-per-transfer */
+	int gpu_streams;        /* gpu: --gpu-streams */
+	int signal_every;       /* signal at least every N WRs (0 = default) */
+	uint32_t sq_depth;      /* send queue depth / credit per endpoint */
+};
+
+struct kvb_transport;
+struct kvb_ep; /* a destination: a QP set, a socket, a device pair, a worker */
+
+struct kvb_transport_ops {
+	const char *name;
+	/* Returns 0 or -errno; on -ENODEV `why` (if not NULL) says why. */
+	int (*open)(const struct kvb_transport_params *p,
+		    struct kvb_transport **out, char *why, size_t why_len);
+	void (*close)(struct kvb_transport *t);
+	int (*reg_mr)(struct kvb_transport *t, struct kvb_mr *mr);
+	void (*dereg_mr)(struct kvb_transport *t, struct kvb_mr *mr);
+	/* Connection data this side offers in the handshake; 0 or -errno. */
+	int (*local_info)(struct kvb_transport *t, void *blob, size_t *len);
+	int (*connect)(struct kvb_transport *t, const void *blob, size_t len,
+		       struct kvb_ep **ep);
+	void (*disconnect)(struct kvb_transport *t, struct kvb_ep *ep);
+	/* Post a chain to one endpoint; returns ops accepted or -errno. */
+	int (*post)(struct kvb_transport *t, struct kvb_ep *ep,
+		    const struct kvb_xop *ops, unsigned n);
+	/* Reap up to max completions; returns count or -errno. */
+	int (*poll)(struct kvb_transport *t, struct kvb_xcqe *out, unsigned max);
+};
+
+struct kvb_transport {
+	const struct kvb_transport_ops *ops;
+	struct kvb_transport_stats stats;
+};
+
+extern const struct kvb_transport_ops kvb_local_ops;
+
+#endif /* KVB_BRIDGE_TRANSPORT_H */

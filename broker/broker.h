@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/* The broker's internal state, shared by its .c files. */
+#ifndef KVB_BROKER_BROKER_H
+#define KVB_BROKER_BROKER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "options.h"
+#include "proto.h"
+#include "regions.h"
+#include "segment.h"
+#include "transport.h"
+#include "xfer.h"
+
+/* worker id = (generation << 12) | slot; slot < 4096 */
+#define KVB_WSLOT(id) ((id) & 0xfffu)
+
+struct kvb_worker_stats {
+	uint64_t submitted, completed, refused, bytes;
+};
+
+struct kvb_worker {
+	uint32_t id; /* 0 = slot free */
+	uint16_t gen;
+	uint8_t attached; /* HELLO done */
+	uint8_t closing;
+	int sock;
+	int efd; /* worker's eventfd: we write it to wake kvb_wait */
+	uid_t uid;
+	pid_t pid;
+	uint32_t role, dp_rank, tp_rank, tp_size;
+	struct kvb_seg seg;
+	void *seg_mem;
+	size_t seg_size;
+	/* completions that did not fit the CQ ring yet */
+	struct kvb_cqe *ovf;
+	uint32_t ovf_len, ovf_cap;
+	uint8_t cq_dirty;
+	uint32_t refused_logged; /* refusals logged (first few only) */
+	struct kvb_worker_stats st;
+};
+
+/* A descriptor between drain and completion. */
+struct kvb_inflight {
+	uint32_t worker; /* worker id */
+	uint32_t xfer;   /* transfer handle */
+	uint64_t tag;
+	uint64_t bytes;
+	uint32_t next;   /* next merged descriptor (index), 0 = end */
+	uint32_t tail;   /* head only: last of the merged list */
+	uint32_t lreg, rreg; /* region ids (refs held) */
+	uint8_t flags;
+	uint8_t used;
+};
+
+/* Pending ops for one destination, flushed as chains. */
+struct kvb_dest {
+	struct kvb_ep *ep;
+	struct kvb_xop *ops;
+	uint32_t n, cap;
+	uint8_t queued; /* on the dirty list */
+};
+
+#define KVB_INFLIGHT_MAX 65536u
+
+struct kvb_broker {
+	struct kvb_options opt;
+	int epfd, listen_fd, efd, sigfd;
+	int stop;
+	uid_t uid;
+	struct kvb_worker *workers; /* opt.max_workers slots */
+	uint32_t nworkers;
+	uint32_t rr; /* fair-drain start */
+	struct kvb_regions regions;
+	struct kvb_xfers xfers;
+	struct kvb_transport *tr;
+	struct kvb_inflight *inf; /* KVB_INFLIGHT_MAX, slot 0 unused */
+	uint32_t *inf_free;
+	uint32_t inf_nfree;
+	struct kvb_dest *dests; /* one per worker slot (local transports) */
+	uint32_t *dirty;        /* dest indices with pending ops */
+	uint32_t ndirty;
+	int64_t next_timer_ns;
+	struct {
+		uint64_t descriptors_submitted, descriptors_completed;
+		uint64_t descriptors_refused, bytes;
+		uint64_t transfers_done, transfers_failed;
+		uint64_t messages_rejected, workers_attached, workers_lost;
+		uint64_t sleeps, wakeups;
+	} st;
+};
+
+int64_t kvb_now_ns(void);
+
+/* worker.c */
+int kvb_worker_accept(struct kvb_broker *b);
+void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
+		     const char *why);
+struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
+
+/* engine.c */
+int kvb_engine_init(struct kvb_broker *b);
+void kvb_engine_fini(struct kvb_broker *b);
+/* One drain + flush + poll round; returns work done (0 = idle). */
+unsigned kvb_engine_round(struct kvb_broker *b);
+/* Deadlines; called every few ms. */
+void kvb_engine_timers(struct kvb_broker *b, int64_t now);
+/* Queue a completion to a worker (ring or overflow). */
+void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_cqe *c);
+/* Wake workers blocked in kvb_wait whose CQ got entries. */
+void kvb_wake_workers(struct kvb_broker *b);
+/* Fail and forget everything of a worker that is going away. */
+void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+/* Region no longer referenced and dead: unmap and free the slot. */
+void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r);
+void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r);
+
+/* stats.c: text or JSON into buf; returns length */
+size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,575 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The broker's data path: drain every worker's submission ring (fair round
+ * robin, a burst each), validate, attach to transfers, merge runs contiguous
+ * on both sides, queue per destination, flush each destination as chains
+ * (one post = one doorbell), reap transport completions, route completions
+ * to the workers' completion rings, finish transfers.
+ */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+
+#define POLL_BATCH 256u
+#define MERGE_MAX_LEN (1ull << 30)
+#define REFUSALS_LOGGED 16u
+
+int kvb_engine_init(struct kvb_broker *b)
+{
+	uint32_t i, nw = b->opt.max_workers;
+
+	b->inf = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf));
+	b->inf_free = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf_free));
+	b->dests = calloc(nw, sizeof(*b->dests));
+	b->dirty = calloc(nw, sizeof(*b->dirty));
+	if (!b->inf || !b->inf_free || !b->dests || !b->dirty) {
+		kvb_engine_fini(b);
+		return -ENOMEM;
+	}
+	/* stack of free slots; slot 0 stays unused so 0 means "none" */
+	for (i = KVB_INFLIGHT_MAX - 1; i >= 1; i--)
+		b->inf_free[b->inf_nfree++] = i;
+	return 0;
+}
+
+void kvb_engine_fini(struct kvb_broker *b)
+{
+	if (b->dests)
+		for (uint32_t i = 0; i < b->opt.max_workers; i++)
+			free(b->dests[i].ops);
+	free(b->inf);
+	free(b->inf_free);
+	free(b->dests);
+	free(b->dirty);
+	b->inf = NULL;
+	b->inf_free = b->dirty = NULL;
+	b->dests = NULL;
+}
+
+static struct kvb_region_ent *mr_ent(struct kvb_mr *mr)
+{
+	return container_of(mr, struct kvb_region_ent, mr);
+}
+
+static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
+{
+	b->tr->ops->dereg_mr(b->tr, &r->mr);
+	if (r->map_base)
+		munmap(r->map_base, r->map_len);
+	kvb_region_release(&b->regions, r);
+}
+
+void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r)
+{
+	if (r->refs)
+		r->refs--;
+	if (r->dead && !r->refs)
+		region_unmap(b, r);
+}
+
+void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r)
+{
+	r->dead = 1;
+	if (!r->refs)
+		region_unmap(b, r);
+}
+
+void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_cqe *c)
+{
+	if (!w->ovf_len && kvb_ring_enqueue_burst(&w->seg.cq, c, 1) == 1) {
+		w->cq_dirty = 1;
+		return;
+	}
+	if (w->ovf_len == w->ovf_cap) {
+		uint32_t cap = w->ovf_cap ? w->ovf_cap * 2 : 256;
+		struct kvb_cqe *n = realloc(w->ovf, cap * sizeof(*n));
+
+		if (!n) {
+			log_err("worker %u: out of memory queueing a completion",
+				w->id);
+			return;
+		}
+		w->ovf = n;
+		w->ovf_cap = cap;
+	}
+	w->ovf[w->ovf_len++] = *c;
+}
+
+static void flush_overflow(struct kvb_worker *w)
+{
+	uint32_t n = kvb_ring_enqueue_burst(&w->seg.cq, w->ovf, w->ovf_len);
+
+	if (!n)
+		return;
+	memmove(w->ovf, w->ovf + n, (w->ovf_len - n) * sizeof(*w->ovf));
+	w->ovf_len -= n;
+	w->cq_dirty = 1;
+}
+
+void kvb_wake_workers(struct kvb_broker *b)
+{
+	for (uint32_t i = 0; i < b->opt.max_workers; i++) {
+		struct kvb_worker *w = &b->workers[i];
+		uint64_t one = 1;
+
+		if (!w->attached || !w->cq_dirty)
+			continue;
+		w->cq_dirty = 0;
+		/* pairs with kvb_wait(): flag store, fence, ring re-check */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (atomic_load_explicit(&w->seg.hdr->worker_waiting,
+					 memory_order_relaxed) &&
+		    write(w->efd, &one, sizeof(one)) < 0)
+			log_dbg("worker %u: eventfd write failed", w->id);
+	}
+}
+
+static void post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
+		     uint64_t tag, int32_t status, uint64_t bytes,
+		     uint32_t xfer)
+{
+	struct kvb_worker *w = kvb_worker_by_id(b, worker);
+	struct kvb_cqe c = {.tag = tag, .bytes = bytes, .status = status,
+			    .transfer = xfer, .opcode = op};
+
+	if (w && w->attached)
+		kvb_complete(b, w, &c);
+}
+
+static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
+
+/* End a transfer with `status`, tell its worker and its destinations. */
+static void xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
+{
+	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
+	int64_t deadline = kvb_now_ns() +
+			   (int64_t)b->opt.transfer_timeout_ms * 1000000;
+	struct kvb_xfer copy = *x;
+
+	if (status)
+		b->st.transfers_failed++;
+	else
+		b->st.transfers_done++;
+	if (status && status != -ECANCELED)
+		log_info("transfer '%s' of worker %u failed: %s", x->id,
+			 x->worker, kvb_strerror(status));
+	kvb_xfer_end(&b->xfers, x);
+	post_cqe(b, copy.worker, KVB_CQ_TRANSFER, copy.seal_tag, status, 0,
+		 handle);
+	/* the local analogue of write_done: each destination worker's entry
+	 * for the same id counts one notification (its seal says how many) */
+	for (uint32_t i = 0; i < copy.ndests; i++) {
+		struct kvb_xfer *y;
+		int err = 0;
+
+		if (copy.dests[i] == copy.worker ||
+		    !kvb_worker_by_id(b, copy.dests[i]))
+			continue;
+		y = kvb_xfer_open(&b->xfers, copy.dests[i], copy.id,
+				  strlen(copy.id), deadline, &err);
+		if (!y)
+			continue; /* already terminal there, or table full */
+		if (status) {
+			y->failed++;
+			if (!y->first_err)
+				y->first_err = status;
+		} else {
+			y->completed++;
+		}
+		xfer_maybe_finish(b, y);
+	}
+}
+
+static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
+{
+	if (kvb_xfer_complete(x))
+		xfer_finish(b, x, x->first_err);
+}
+
+static void xfer_account(struct kvb_broker *b, uint32_t handle,
+			 uint32_t worker, int status)
+{
+	struct kvb_xfer *x;
+
+	if (!handle)
+		return;
+	x = kvb_xfer_get(&b->xfers, handle, worker);
+	if (!x)
+		return; /* ended already (timeout, abort): nothing to count */
+	if (status) {
+		x->failed++;
+		if (!x->first_err)
+			x->first_err = status;
+	} else {
+		x->completed++;
+	}
+	xfer_maybe_finish(b, x);
+}
+
+/* Complete a (possibly merged) chain of in-flight descriptors. */
+static void complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
+{
+	while (idx) {
+		struct kvb_inflight *e = &b->inf[idx];
+		struct kvb_worker *w = kvb_worker_by_id(b, e->worker);
+		struct kvb_region_ent *r;
+		uint32_t next = e->next;
+
+		if (!e->used) {
+			log_err("completion for a free in-flight slot %u", idx);
+			return;
+		}
+		if ((r = kvb_region_get(&b->regions, e->lreg)))
+			kvb_region_put(b, r);
+		if ((r = kvb_region_get(&b->regions, e->rreg)))
+			kvb_region_put(b, r);
+		b->st.descriptors_completed++;
+		if (!status)
+			b->st.bytes += e->bytes;
+		if (w) {
+			w->st.completed++;
+			if (!status)
+				w->st.bytes += e->bytes;
+			if (status || !(e->flags & KVB_SQE_F_UNSIGNALED))
+				post_cqe(b, e->worker, KVB_CQ_DESC, e->tag,
+					 status, status ? 0 : e->bytes, e->xfer);
+		}
+		xfer_account(b, e->xfer, e->worker, status);
+		e->used = 0;
+		b->inf_free[b->inf_nfree++] = idx;
+		idx = next;
+	}
+}
+
+static void refuse(struct kvb_broker *b, struct kvb_worker *w,
+		   const struct kvb_sqe *e, int rc, const char *why)
+{
+	struct kvb_xfer *x;
+
+	b->st.descriptors_refused++;
+	w->st.refused++;
+	if (w->refused_logged < REFUSALS_LOGGED) {
+		w->refused_logged++;
+		log_warn("worker %u: refused descriptor (tag %llu, region %#x+%llu -> %#x+%llu, len %llu): %s%s",
+			 w->id, (unsigned long long)e->tag, e->region,
+			 (unsigned long long)e->offset, e->peer_region,
+			 (unsigned long long)e->peer_offset,
+			 (unsigned long long)e->len, why,
+			 w->refused_logged == REFUSALS_LOGGED ?
+				 " (further refusals counted, not logged)" :
+				 "");
+	}
+	post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
+	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
+		x->submitted++;
+		x->failed++;
+		if (!x->first_err)
+			x->first_err = rc;
+		xfer_maybe_finish(b, x);
+	}
+}
+
+static int dest_push(struct kvb_broker *b, uint32_t di,
+		     const struct kvb_xop *op)
+{
+	struct kvb_dest *d = &b->dests[di];
+
+	if (d->n == d->cap) {
+		uint32_t cap = d->cap ? d->cap * 2 : 256;
+		struct kvb_xop *n = realloc(d->ops, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		d->ops = n;
+		d->cap = cap;
+	}
+	d->ops[d->n++] = *op;
+	if (!d->queued) {
+		d->queued = 1;
+		b->dirty[b->ndirty++] = di;
+	}
+	return 0;
+}
+
+/* Append an op to its destination, merging with the last one if both
+ * sides are contiguous. */
+static int dest_append(struct kvb_broker *b, uint32_t di,
+		       const struct kvb_xop *op)
+{
+	struct kvb_dest *d = &b->dests[di];
+
+	if (d->n) {
+		struct kvb_xop *last = &d->ops[d->n - 1];
+
+		if (last->opcode == op->opcode && last->local == op->local &&
+		    last->remote.mr == op->remote.mr &&
+		    last->local_off + last->len == op->local_off &&
+		    last->remote_off + last->len == op->remote_off &&
+		    last->len + op->len <= MERGE_MAX_LEN) {
+			struct kvb_inflight *head = &b->inf[last->cookie];
+
+			last->len += op->len;
+			b->inf[head->tail].next = (uint32_t)op->cookie;
+			head->tail = (uint32_t)op->cookie;
+			return 0;
+		}
+	}
+	return dest_push(b, di, op);
+}
+
+static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_sqe *e)
+{
+	struct kvb_region_ent *l, *r;
+	struct kvb_inflight *f;
+	struct kvb_xfer *x = NULL;
+	struct kvb_xop op;
+	const char *why = NULL;
+	uint32_t idx;
+	int rc;
+
+	switch (e->opcode) {
+	case KVB_OP_SEAL:
+	case KVB_OP_ABORT:
+		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+		if (!x) {
+			post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
+				 e->transfer);
+			return;
+		}
+		if (e->opcode == KVB_OP_ABORT) {
+			x->seal_tag = e->tag;
+			xfer_finish(b, x, -ECANCELED);
+			return;
+		}
+		if (e->len > UINT32_MAX) {
+			refuse(b, w, e, -EINVAL, "seal count too large");
+			return;
+		}
+		x->sealed = 1;
+		x->expected = (uint32_t)e->len;
+		x->seal_tag = e->tag;
+		xfer_maybe_finish(b, x);
+		return;
+	case KVB_OP_NOP:
+		post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
+		return;
+	default:
+		break;
+	}
+	b->st.descriptors_submitted++;
+	w->st.submitted++;
+	rc = kvb_validate_desc(&b->regions, w->id, e, &l, &r, &why);
+	if (rc) {
+		refuse(b, w, e, rc, why);
+		return;
+	}
+	if (e->transfer) {
+		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+		if (!x) {
+			refuse(b, w, e, -EINVAL, "unknown or ended transfer");
+			return;
+		}
+	}
+	idx = b->inf_free[--b->inf_nfree];
+	f = &b->inf[idx];
+	f->worker = w->id;
+	f->xfer = e->transfer;
+	f->tag = e->tag;
+	f->bytes = e->len;
+	f->next = 0;
+	f->tail = idx;
+	f->lreg = l->mr.id;
+	f->rreg = r->mr.id;
+	f->flags = e->flags;
+	f->used = 1;
+	l->refs++;
+	r->refs++;
+	if (x) {
+		x->submitted++;
+		if (e->opcode == KVB_OP_WRITE && r->owner != w->id) {
+			uint32_t i;
+
+			for (i = 0; i < x->ndests && x->dests[i] != r->owner; i++)
+				;
+			if (i == x->ndests && i < KVB_XFER_MAX_DESTS)
+				x->dests[x->ndests++] = r->owner;
+		}
+	}
+	memset(&op, 0, sizeof(op));
+	op.opcode = e->opcode == KVB_OP_WRITE ? KVB_XOP_WRITE : KVB_XOP_READ;
+	op.local = &l->mr;
+	op.local_off = e->offset;
+	op.remote.mr = &r->mr;
+	op.remote.region = r->mr.id;
+	op.remote_off = e->peer_offset;
+	op.len = e->len;
+	op.cookie = idx;
+	if (dest_append(b, KVB_WSLOT(r->owner), &op))
+		complete_inflight(b, idx, -ENOMEM);
+}
+
+/* Post each dirty destination as chains of at most post_batch_size ops. */
+static unsigned flush(struct kvb_broker *b)
+{
+	uint32_t keep = 0, posted = 0;
+	unsigned batch = b->opt.post_batch_size < 0 ?
+				 UINT32_MAX :
+				 (unsigned)b->opt.post_batch_size;
+
+	for (uint32_t k = 0; k < b->ndirty; k++) {
+		struct kvb_dest *d = &b->dests[b->dirty[k]];
+		uint32_t off = 0;
+
+		while (off < d->n) {
+			unsigned n = d->n - off < batch ? d->n - off : batch;
+			int rc = b->tr->ops->post(b->tr, d->ep, d->ops + off, n);
+
+			if (rc < 0) {
+				/* the transport took none: fail the chain */
+				for (unsigned i = 0; i < n; i++)
+					complete_inflight(
+						b, (uint32_t)d->ops[off + i].cookie,
+						rc);
+				off += n;
+				continue;
+			}
+			off += (uint32_t)rc;
+			posted += (uint32_t)rc;
+			if ((unsigned)rc < n) {
+				b->tr->stats.credit_stalls++;
+				break;
+			}
+		}
+		if (off < d->n) {
+			memmove(d->ops, d->ops + off,
+				(d->n - off) * sizeof(*d->ops));
+			d->n -= off;
+			b->dirty[keep++] = b->dirty[k];
+		} else {
+			d->n = 0;
+			d->queued = 0;
+		}
+	}
+	b->ndirty = keep;
+	return posted;
+}
+
+static unsigned reap(struct kvb_broker *b)
+{
+	struct kvb_xcqe c[POLL_BATCH];
+	unsigned total = 0;
+	int n;
+
+	do {
+		n = b->tr->ops->poll(b->tr, c, POLL_BATCH);
+		if (n < 0) {
+			log_err("transport %s: poll failed: %s", b->tr->ops->name,
+				strerror(-n));
+			return total;
+		}
+		for (int i = 0; i < n; i++)
+			complete_inflight(b, (uint32_t)c[i].cookie, c[i].status);
+		total += (unsigned)n;
+	} while (n == (int)POLL_BATCH);
+	return total;
+}
+
+unsigned kvb_engine_round(struct kvb_broker *b)
+{
+	struct kvb_sqe sqe[256];
+	uint32_t nw = b->opt.max_workers, burst = b->opt.burst;
+	unsigned work = 0;
+
+	if (burst > 256)
+		burst = 256;
+	for (uint32_t k = 0; k < nw; k++) {
+		struct kvb_worker *w = &b->workers[(b->rr + k) % nw];
+		uint32_t n;
+
+		if (!w->attached)
+			continue;
+		if (w->ovf_len) {
+			flush_overflow(w);
+			if (w->ovf_len)
+				continue; /* completions back up: stop draining */
+		}
+		if (b->inf_nfree < burst)
+			break;
+		n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, burst);
+		for (uint32_t i = 0; i < n; i++)
+			process_sqe(b, w, &sqe[i]);
+		work += n;
+	}
+	b->rr++;
+	if (b->ndirty)
+		work += flush(b);
+	work += reap(b);
+	kvb_wake_workers(b);
+	return work;
+}
+
+void kvb_engine_timers(struct kvb_broker *b, int64_t now)
+{
+	/* backwards: kvb_xfer_end() swaps the last active entry into place */
+	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
+		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+
+		if (x->deadline_ns <= now)
+			xfer_finish(b, x, -ETIMEDOUT);
+		if (i > b->xfers.nactive)
+			i = b->xfers.nactive;
+	}
+}
+
+/* Does op touch a region owned by worker id? */
+static int op_touches(const struct kvb_xop *op, uint32_t id)
+{
+	return mr_ent(op->local)->owner == id ||
+	       (op->remote.mr && mr_ent(op->remote.mr)->owner == id);
+}
+
+void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
+{
+	uint32_t id = w->id;
+
+	/* ops not yet posted that read or write its memory: cancel them */
+	for (uint32_t k = 0; k < b->ndirty; k++) {
+		struct kvb_dest *d = &b->dests[b->dirty[k]];
+		uint32_t keep = 0;
+
+		for (uint32_t i = 0; i < d->n; i++) {
+			if (op_touches(&d->ops[i], id))
+				complete_inflight(b, (uint32_t)d->ops[i].cookie,
+						  -ENXIO);
+			else
+				d->ops[keep++] = d->ops[i];
+		}
+		d->n = keep;
+	}
+	/* its transfers end now; nobody is left to tell */
+	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
+		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+
+		if (x->worker == id)
+			xfer_finish(b, x, -ECANCELED);
+		if (i > b->xfers.nactive)
+			i = b->xfers.nactive;
+	}
+	/* its regions go once nothing in flight touches them */
+	for (uint32_t s = 1; s < KVB_MAX_REGIONS; s++) {
+		struct kvb_region_ent *r = &b->regions.v[s];
+
+		if (r->used && !r->dead && r->owner == id)
+			kvb_region_kill(b, r);
+	}
+	w->attached = 0;
+}

@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/* kvbctl: ask a running broker for its counters. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctl.h"
+
+static void usage(FILE *f)
+{
+	fputs("Usage: kvbctl [--socket PATH] stats [--json]\n"
+	      "  stats    print the broker's counters (workers, descriptors, bytes,\n"
+	      "           doorbells, wrs, wr_per_doorbell, transfers, rejections)\n"
+	      "  --json   one JSON object instead of a table\n",
+	      f);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"socket", required_argument, NULL, 's'},
+		{"json", no_argument, NULL, 'j'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	static char buf[KVB_MSG_MAX];
+	struct kvb_msg_stats req;
+	char path[108] = "";
+	int c, json = 0, fd, n, rc;
+
+	while ((c = getopt_long(argc, argv, "+", lo, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			snprintf(path, sizeof(path), "%s", optarg);
+			break;
+		case 'j':
+			json = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind >= argc || strcmp(argv[optind], "stats")) {
+		usage(stderr);
+		return 2;
+	}
+	for (int i = optind + 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else {
+			fprintf(stderr, "kvbctl: unknown argument '%s'\n", argv[i]);
+			return 2;
+		}
+	}
+	if (!path[0] && kvb_default_socket(path, sizeof(path)) < 0) {
+		fprintf(stderr, "kvbctl: socket path too long\n");
+		return 2;
+	}
+	fd = kvb_ctl_connect(path, 3000);
+	if (fd < 0) {
+		fprintf(stderr, "kvbctl: cannot reach a broker at %s: %s\n", path,
+			strerror(-fd));
+		return 1;
+	}
+	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
+	req.json = (uint32_t)json;
+	rc = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
+	n = rc ? rc : kvb_ctl_recv(fd, buf, sizeof(buf) - 1, NULL, NULL);
+	close(fd);
+	if (n < 0 || (rc = kvb_ctl_check_reply((struct kvb_msg_hdr *)buf, n,
+					       KVB_MSG_STATS,
+					       sizeof(struct kvb_msg_hdr) + 1))) {
+		fprintf(stderr, "kvbctl: stats request failed: %s\n",
+			strerror(n < 0 ? -n : -rc));
+		return 1;
+	}
+	buf[n] = '\0';
+	fputs(buf + sizeof(struct kvb_msg_hdr), stdout);
+	return 0;
+}

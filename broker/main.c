@@ -1,0 +1,332 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvbroker: the node's KV-cache transfer broker. Event loop: busy-poll the
+ * workers' rings while there is work; after --busy-poll-us idle, set every
+ * segment's broker_sleeping word, look once more, and sleep in epoll on the
+ * shared eventfd, the control sockets and the signal fd.
+ */
+#include "broker.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+
+#define EP_LISTEN 1ull
+#define EP_EFD 2ull
+#define EP_SIG 3ull
+#define EP_WORKER_TAG 0x100000000ull
+#define TIMER_NS 10000000ll /* deadline scan period */
+#define EPOLL_EVERY 64u     /* busy rounds between control-socket checks */
+
+int64_t kvb_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int open_transport(struct kvb_broker *b)
+{
+	const struct kvb_transport_ops *ops = NULL;
+	struct kvb_transport_params p = {
+		.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
+		.ib_port = b->opt.ib_port,
+		.gid_index = b->opt.gid_index,
+		.post_batch_size = b->opt.post_batch_size,
+		.qp_per_peer = b->opt.qp_per_transfer,
+		.gpu_streams = b->opt.gpu_streams,
+	};
+	char why[256] = "";
+	int rc;
+
+	switch (b->opt.transport) {
+	case KVB_TR_LOCAL:
+		ops = &kvb_local_ops;
+		break;
+	case KVB_TR_AUTO:
+		/* tcp and rdma need the cross-node bridge, which is not in
+		 * this version: same-node work goes through local */
+		log_info("transport auto: picked local (the cross-node tcp/rdma "
+			 "bridge is not available in this version)");
+		ops = &kvb_local_ops;
+		break;
+	default:
+		log_err("transport %s: unavailable: the cross-node bridge for it "
+			"is not in this version (see README, 'Not there yet')",
+			kvb_transport_name(b->opt.transport));
+		return -ENOTSUP;
+	}
+	rc = ops->open(&p, &b->tr, why, sizeof(why));
+	if (rc) {
+		log_err("transport %s: unavailable: %s", ops->name,
+			why[0] ? why : strerror(-rc));
+		return rc;
+	}
+	log_info("transport %s ready", ops->name);
+	return 0;
+}
+
+/* Bind the Unix socket; refuse to steal the path from a live broker. */
+static int open_listener(struct kvb_broker *b)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd, probe;
+
+	strcpy(sa.sun_path, b->opt.socket_path);
+	probe = kvb_ctl_connect(b->opt.socket_path, 500);
+	if (probe >= 0) {
+		close(probe);
+		log_err("another broker is already serving %s",
+			b->opt.socket_path);
+		return -EADDRINUSE;
+	}
+	unlink(b->opt.socket_path); /* stale socket of a dead broker */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    chmod(b->opt.socket_path, 0600) < 0 || listen(fd, 128) < 0) {
+		int rc = -errno;
+
+		log_err("cannot listen on %s: %s", b->opt.socket_path,
+			strerror(errno));
+		close(fd);
+		return rc;
+	}
+	b->listen_fd = fd;
+	return 0;
+}
+
+static int ep_add(int epfd, int fd, uint64_t tag)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+
+	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+static int setup(struct kvb_broker *b)
+{
+	sigset_t set;
+	int rc;
+
+	b->uid = getuid();
+	b->listen_fd = b->efd = b->sigfd = b->epfd = -1;
+	b->workers = calloc(b->opt.max_workers, sizeof(*b->workers));
+	if (!b->workers)
+		return -ENOMEM;
+	rc = kvb_regions_init(&b->regions);
+	if (rc)
+		return rc;
+	rc = kvb_xfers_init(&b->xfers);
+	if (rc)
+		return rc;
+	rc = kvb_engine_init(b);
+	if (rc)
+		return rc;
+	rc = open_transport(b);
+	if (rc)
+		return rc;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	b->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+	b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	b->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (b->sigfd < 0 || b->efd < 0 || b->epfd < 0)
+		return -errno;
+	rc = open_listener(b);
+	if (rc)
+		return rc;
+	if ((rc = ep_add(b->epfd, b->listen_fd, EP_LISTEN)) ||
+	    (rc = ep_add(b->epfd, b->efd, EP_EFD)) ||
+	    (rc = ep_add(b->epfd, b->sigfd, EP_SIG)))
+		return rc;
+	return 0;
+}
+
+static void service_events(struct kvb_broker *b, int timeout_ms)
+{
+	struct epoll_event ev[64];
+	int n = epoll_wait(b->epfd, ev, 64, timeout_ms);
+
+	for (int i = 0; i < n; i++) {
+		uint64_t tag = ev[i].data.u64;
+
+		if (tag == EP_LISTEN) {
+			while (kvb_worker_accept(b) == 0)
+				;
+		} else if (tag == EP_EFD) {
+			uint64_t v;
+
+			if (read(b->efd, &v, sizeof(v)) > 0)
+				b->st.wakeups++;
+		} else if (tag == EP_SIG) {
+			struct signalfd_siginfo si;
+
+			if (read(b->sigfd, &si, sizeof(si)) == sizeof(si)) {
+				log_info("signal %u: shutting down", si.ssi_signo);
+				b->stop = 1;
+			}
+		} else if (tag & EP_WORKER_TAG) {
+			struct kvb_worker *w =
+				&b->workers[(uint32_t)(tag & 0xffffffffu)];
+
+			if (w->id)
+				kvb_worker_ctl(b, w);
+		}
+	}
+}
+
+/* Announce sleep to every worker, then re-check their rings (Dekker). */
+static int try_sleep(struct kvb_broker *b)
+{
+	uint32_t i;
+	int busy = 0;
+
+	for (i = 0; i < b->opt.max_workers; i++)
+		if (b->workers[i].attached)
+			atomic_store_explicit(&b->workers[i].seg.hdr->broker_sleeping,
+					      1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_seq_cst);
+	for (i = 0; i < b->opt.max_workers && !busy; i++)
+		if (b->workers[i].attached &&
+		    kvb_ring_count(&b->workers[i].seg.sq))
+			busy = 1;
+	if (!busy) {
+		int64_t left = b->next_timer_ns - kvb_now_ns();
+		int ms = b->xfers.nactive ? (int)(left / 1000000) + 1 : 1000;
+
+		if (ms < 1)
+			ms = 1;
+		if (b->inf_nfree < KVB_INFLIGHT_MAX - 1)
+			ms = 1; /* async copies in flight: keep polling */
+		b->st.sleeps++;
+		service_events(b, ms);
+	}
+	for (i = 0; i < b->opt.max_workers; i++)
+		if (b->workers[i].attached)
+			atomic_store_explicit(&b->workers[i].seg.hdr->broker_sleeping,
+					      0, memory_order_relaxed);
+	return busy;
+}
+
+static void run(struct kvb_broker *b)
+{
+	int64_t idle_since = 0, spin_ns = (int64_t)b->opt.busy_poll_us * 1000;
+	uint32_t iter = 0;
+
+	b->next_timer_ns = kvb_now_ns() + TIMER_NS;
+	while (!b->stop) {
+		unsigned work = kvb_engine_round(b);
+		int64_t now = kvb_now_ns();
+
+		if (now >= b->next_timer_ns) {
+			kvb_engine_timers(b, now);
+			b->next_timer_ns = now + TIMER_NS;
+		}
+		if (++iter % EPOLL_EVERY == 0)
+			service_events(b, 0);
+		if (work) {
+			idle_since = 0;
+			continue;
+		}
+		if (!idle_since)
+			idle_since = now;
+		if (now - idle_since >= spin_ns && !b->ndirty) {
+			try_sleep(b);
+			idle_since = 0;
+		}
+	}
+}
+
+static void shutdown_all(struct kvb_broker *b)
+{
+	uint32_t i;
+
+	/* every open transfer ends, each worker hears it, then goes */
+	for (i = 0; i < b->opt.max_workers; i++) {
+		struct kvb_worker *w = &b->workers[i];
+		struct kvb_cqe c = {.opcode = KVB_CQ_SHUTDOWN, .status = -ESHUTDOWN};
+
+		if (!w->attached)
+			continue;
+		atomic_store_explicit(&w->seg.hdr->broker_state,
+				      KVB_BROKER_STOPPING, memory_order_release);
+		kvb_complete(b, w, &c);
+	}
+	kvb_wake_workers(b);
+	for (i = 0; i < b->opt.max_workers; i++)
+		if (b->workers[i].id)
+			kvb_worker_drop(b, &b->workers[i], "broker shutting down");
+}
+
+static void teardown(struct kvb_broker *b)
+{
+	if (b->listen_fd >= 0) {
+		close(b->listen_fd);
+		unlink(b->opt.socket_path);
+	}
+	if (b->tr)
+		b->tr->ops->close(b->tr);
+	if (b->epfd >= 0)
+		close(b->epfd);
+	if (b->efd >= 0)
+		close(b->efd);
+	if (b->sigfd >= 0)
+		close(b->sigfd);
+	kvb_engine_fini(b);
+	kvb_xfers_fini(&b->xfers);
+	kvb_regions_fini(&b->regions);
+	free(b->workers);
+}
+
+int main(int argc, char **argv)
+{
+	static struct kvb_broker b;
+	char err[256];
+	int rc;
+
+	if (kvb_options_parse(&b.opt, argc, argv, err, sizeof(err))) {
+		fprintf(stderr, "kvbroker: %s\n", err);
+		return 2;
+	}
+	if (b.opt.help) {
+		kvb_options_usage(stdout);
+		return 0;
+	}
+	if (b.opt.version) {
+		printf("kvbroker %s (protocol %u)\n", KVB_VERSION_STRING,
+		       KVB_PROTO_VERSION);
+		return 0;
+	}
+	kvb_log_level = b.opt.log_level;
+	rc = setup(&b);
+	if (rc) {
+		log_err("startup failed: %s", strerror(-rc));
+		teardown(&b);
+		return 1;
+	}
+	log_info("listening on %s (pid %d)", b.opt.socket_path, (int)getpid());
+	run(&b);
+	shutdown_all(&b);
+	teardown(&b);
+	log_info("stopped");
+	return 0;
+}

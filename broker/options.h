@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVB_BROKER_OPTIONS_H
+#define KVB_BROKER_OPTIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum kvb_transport_kind {
+	KVB_TR_AUTO = 0,
+	KVB_TR_LOCAL,
+	KVB_TR_TCP,
+	KVB_TR_RDMA,
+	KVB_TR_GPU,
+};
+
+struct kvb_options {
+	char socket_path[108];
+	enum kvb_transport_kind transport;
+	int log_level;
+	uint32_t busy_poll_us;  /* spin this long idle before sleeping */
+	uint32_t sq_entries;    /* per worker, power of two */
+	uint32_t cq_entries;
+	uint32_t max_workers;
+	uint32_t burst;         /* entries drained per worker per round */
+	int post_batch_size;    /* WRs per chain, -1 = all pending */
+	uint32_t transfer_timeout_ms;
+	uint32_t defer_timeout_ms;
+	char host_ip[64];
+	uint16_t notify_port;
+	uint16_t handshake_port;
+	int read_mode;
+	char trusted_hosts[1024];
+	char rdma_dev[64];
+	int ib_port;
+	int gid_index;
+	int qp_per_transfer;
+	int gpu_streams;
+	int help, version;
+};
+
+/* Fill defaults (socket path from the environment). */
+void kvb_options_default(struct kvb_options *o);
+
+/*
+ * Parse argv into o (defaults first). Returns 0, or -EINVAL with a message
+ * in err (err_len bytes). Not thread-safe (getopt).
+ */
+int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
+		      size_t err_len);
+
+void kvb_options_usage(FILE *f);
+const char *kvb_transport_name(enum kvb_transport_kind k);
+
+#endif

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/* `kvbctl stats`: the broker's counters as a table or as JSON. */
+#include "broker.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+struct out {
+	char *buf;
+	size_t cap, len;
+};
+
+__attribute__((format(printf, 2, 3))) static void put(struct out *o,
+							const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (o->len >= o->cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		o->len += (size_t)n < o->cap - o->len ? (size_t)n :
+							o->cap - o->len - 1;
+}
+
+static const char *hist_label(unsigned i, char *buf, size_t len)
+{
+	if (i == 0)
+		snprintf(buf, len, "1");
+	else if (i == KVB_WR_HIST_BUCKETS - 1)
+		snprintf(buf, len, ">=%u", 1u << i);
+	else
+		snprintf(buf, len, "%u-%u", 1u << i, (2u << i) - 1);
+	return buf;
+}
+
+size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
+{
+	const struct kvb_transport_stats *t = &b->tr->stats;
+	double wpd = t->doorbells ? (double)t->wrs / (double)t->doorbells : 0;
+	struct out o = {.buf = buf, .cap = cap};
+	uint32_t nw = 0;
+	char lbl[32];
+	unsigned i;
+
+	for (i = 0; i < b->opt.max_workers; i++)
+		nw += b->workers[i].attached;
+	if (json) {
+		put(&o, "{\"transport\":\"%s\",\"workers\":%u,", b->tr->ops->name, nw);
+		put(&o, "\"descriptors_submitted\":%llu,\"descriptors_completed\":%llu,"
+			"\"descriptors_refused\":%llu,\"bytes\":%llu,",
+		    (unsigned long long)b->st.descriptors_submitted,
+		    (unsigned long long)b->st.descriptors_completed,
+		    (unsigned long long)b->st.descriptors_refused,
+		    (unsigned long long)b->st.bytes);
+		put(&o, "\"doorbells\":%llu,\"wrs\":%llu,\"cqes\":%llu,"
+			"\"credit_stalls\":%llu,\"wr_per_doorbell\":{\"mean\":%.3f,\"histogram\":{",
+		    (unsigned long long)t->doorbells, (unsigned long long)t->wrs,
+		    (unsigned long long)t->cqes,
+		    (unsigned long long)t->credit_stalls, wpd);
+		for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
+			put(&o, "%s\"%s\":%llu", i ? "," : "",
+			    hist_label(i, lbl, sizeof(lbl)),
+			    (unsigned long long)t->wr_hist[i]);
+		put(&o, "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
+			"\"transfers_active\":%u,\"messages_rejected\":%llu,"
+			"\"workers_lost\":%llu,\"regions\":%u,\"per_worker\":[",
+		    (unsigned long long)b->st.transfers_done,
+		    (unsigned long long)b->st.transfers_failed,
+		    b->xfers.nactive,
+		    (unsigned long long)b->st.messages_rejected,
+		    (unsigned long long)b->st.workers_lost, b->regions.live);
+		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
+			const struct kvb_worker *w = &b->workers[i];
+
+			if (!w->attached)
+				continue;
+			put(&o, "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_rank\":%u,"
+				"\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
+				"\"completed\":%llu,\"refused\":%llu,\"bytes\":%llu}",
+			    nw++ ? "," : "", w->id, (int)w->pid,
+			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
+			    w->tp_size, (unsigned long long)w->st.submitted,
+			    (unsigned long long)w->st.completed,
+			    (unsigned long long)w->st.refused,
+			    (unsigned long long)w->st.bytes);
+		}
+		put(&o, "]}\n");
+		return o.len;
+	}
+	put(&o, "transport              %s\n", b->tr->ops->name);
+	put(&o, "workers                %u\n", nw);
+	put(&o, "descriptors_submitted  %llu\n",
+	    (unsigned long long)b->st.descriptors_submitted);
+	put(&o, "descriptors_completed  %llu\n",
+	    (unsigned long long)b->st.descriptors_completed);
+	put(&o, "descriptors_refused    %llu\n",
+	    (unsigned long long)b->st.descriptors_refused);
+	put(&o, "bytes                  %llu\n", (unsigned long long)b->st.bytes);
+	put(&o, "doorbells              %llu\n", (unsigned long long)t->doorbells);
+	put(&o, "wrs                    %llu\n", (unsigned long long)t->wrs);
+	put(&o, "wr_per_doorbell        %.2f\n", wpd);
+	put(&o, "credit_stalls          %llu\n",
+	    (unsigned long long)t->credit_stalls);
+	put(&o, "transfers_done         %llu\n",
+	    (unsigned long long)b->st.transfers_done);
+	put(&o, "transfers_failed       %llu\n",
+	    (unsigned long long)b->st.transfers_failed);
+	put(&o, "transfers_active       %u\n", b->xfers.nactive);
+	put(&o, "messages_rejected      %llu\n",
+	    (unsigned long long)b->st.messages_rejected);
+	put(&o, "workers_lost           %llu\n",
+	    (unsigned long long)b->st.workers_lost);
+	put(&o, "wr_per_doorbell histogram:\n");
+	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
+		if (t->wr_hist[i])
+			put(&o, "  %-10s %llu\n", hist_label(i, lbl, sizeof(lbl)),
+			    (unsigned long long)t->wr_hist[i]);
+	put(&o, "%-8s %-7s %-4s %-3s %-5s %12s %12s %9s %14s\n", "worker",
+	    "pid", "role", "dp", "tp", "submitted", "completed", "refused",
+	    "bytes");
+	for (i = 0; i < b->opt.max_workers; i++) {
+		const struct kvb_worker *w = &b->workers[i];
+
+		if (!w->attached)
+			continue;
+		put(&o, "%-8u %-7d %-4s %-3u %u/%-3u %12llu %12llu %9llu %14llu\n",
+		    w->id, (int)w->pid, w->role == 1 ? "P" : "D", w->dp_rank,
+		    w->tp_rank, w->tp_size, (unsigned long long)w->st.submitted,
+		    (unsigned long long)w->st.completed,
+		    (unsigned long long)w->st.refused,
+		    (unsigned long long)w->st.bytes);
+	}
+	return o.len;
+}

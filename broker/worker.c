@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: MIT */
+/* Worker lifecycle: accept, HELLO, control requests, teardown. */
+#include "broker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+
+#define EP_WORKER_TAG 0x100000000ull /* epoll data: tag | slot */
+
+struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id)
+{
+	struct kvb_worker *w;
+
+	if (KVB_WSLOT(id) >= b->opt.max_workers)
+		return NULL;
+	w = &b->workers[KVB_WSLOT(id)];
+	return w->id == id && w->id ? w : NULL;
+}
+
+int kvb_worker_accept(struct kvb_broker *b)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	struct kvb_worker *w = NULL;
+	uint32_t i;
+	int fd;
+
+	fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+		log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
+		close(fd);
+		b->st.messages_rejected++;
+		return 0;
+	}
+	if (cred.uid != b->uid) {
+		log_warn("refused connection from pid %d: uid %u is not the broker's uid %u",
+			 (int)cred.pid, (unsigned)cred.uid, (unsigned)b->uid);
+		b->st.messages_rejected++;
+		close(fd);
+		return 0;
+	}
+	for (i = 0; i < b->opt.max_workers; i++)
+		if (!b->workers[i].id) {
+			w = &b->workers[i];
+			break;
+		}
+	if (!w) {
+		log_warn("refused connection from pid %d: %u workers attached (--max-workers)",
+			 (int)cred.pid, b->opt.max_workers);
+		close(fd);
+		return 0;
+	}
+	{
+		uint16_t gen = (uint16_t)(w->gen + 1);
+
+		memset(w, 0, sizeof(*w));
+		w->gen = gen ? gen : 1;
+	}
+	w->id = ((uint32_t)w->gen << 12) | i;
+	w->sock = fd;
+	w->efd = -1;
+	w->uid = cred.uid;
+	w->pid = cred.pid;
+	ev.data.u64 = EP_WORKER_TAG | i;
+	if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		int rc = -errno;
+
+		close(fd);
+		w->id = 0;
+		return rc;
+	}
+	b->nworkers++;
+	return 0;
+}
+
+static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		  int status, const int *fds, unsigned nfds)
+{
+	uint16_t type = h->type;
+
+	kvb_msg_init(h, type, (uint32_t)len);
+	h->status = status;
+	if (kvb_ctl_send(w->sock, h, len, fds, nfds))
+		log_dbg("worker %u: reply failed", w->id);
+}
+
+static int hello(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_hello *m)
+{
+	struct kvb_msg_hello_reply rep = {.h.type = KVB_MSG_HELLO};
+	uint32_t sq = m->sq_entries ? m->sq_entries : b->opt.sq_entries;
+	uint32_t cq = m->cq_entries ? m->cq_entries : b->opt.cq_entries;
+	int fds[3] = {-1, -1, -1};
+	size_t size;
+	void *mem;
+	int rc;
+
+	if ((m->role != KVB_ROLE_P && m->role != KVB_ROLE_D) ||
+	    m->tp_size == 0 || m->tp_rank >= m->tp_size || sq < 2 ||
+	    (sq & (sq - 1)) || cq < 2 || (cq & (cq - 1)) || sq > (1u << 20) ||
+	    cq > (1u << 20)) {
+		log_warn("worker pid %d: refused HELLO: bad identity or ring sizes",
+			 (int)w->pid);
+		return -EINVAL;
+	}
+	size = kvb_seg_bytes(sq, cq);
+	fds[0] = memfd_create("kvb-segment", MFD_CLOEXEC);
+	if (fds[0] < 0)
+		return -errno;
+	if (ftruncate(fds[0], (off_t)size) < 0) {
+		rc = -errno;
+		goto err_fd;
+	}
+	mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (mem == MAP_FAILED) {
+		rc = -errno;
+		goto err_fd;
+	}
+	rc = kvb_seg_format(&w->seg, mem, size, sq, cq, w->id);
+	if (rc)
+		goto err_map;
+	fds[2] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (fds[2] < 0) {
+		rc = -errno;
+		goto err_map;
+	}
+	fds[1] = b->efd;
+	w->seg_mem = mem;
+	w->seg_size = size;
+	w->efd = fds[2];
+	w->role = m->role;
+	w->dp_rank = m->dp_rank;
+	w->tp_rank = m->tp_rank;
+	w->tp_size = m->tp_size;
+	w->attached = 1;
+	rep.worker_id = w->id;
+	rep.seg_size = size;
+	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
+	close(fds[0]);
+	b->st.workers_attached++;
+	log_info("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
+		 (int)w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
+		 w->tp_rank, w->tp_size);
+	return 0;
+
+err_map:
+	munmap(mem, size);
+err_fd:
+	close(fds[0]);
+	return rc;
+}
+
+static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
+		   const struct kvb_msg_mem_reg *m, int fd,
+		   struct kvb_msg_mem_reply *rep)
+{
+	struct kvb_region_ent *r;
+	void *addr;
+	int rc;
+
+	if (fd < 0 || m->kind != KVB_MEM_HOST || m->size == 0 ||
+	    m->size > (1ull << 40) || (m->fd_offset & 4095) ||
+	    (m->flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	addr = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		    (off_t)m->fd_offset);
+	if (addr == MAP_FAILED)
+		return -errno;
+	r = kvb_region_alloc(&b->regions);
+	if (!r) {
+		rc = -ENOSPC;
+		goto err_map;
+	}
+	r->mr.kind = KVB_MEM_HOST;
+	r->mr.addr = addr;
+	r->mr.len = m->size;
+	r->mr.flags = m->flags;
+	r->map_base = addr;
+	r->map_len = m->size;
+	r->owner = w->id;
+	r->owner_role = w->role;
+	r->owner_dp = w->dp_rank;
+	r->owner_tp = w->tp_rank;
+	r->key = m->key;
+	rc = b->tr->ops->reg_mr(b->tr, &r->mr);
+	if (rc)
+		goto err_region;
+	rep->region = r->mr.id;
+	rep->flags = r->mr.flags;
+	rep->size = r->mr.len;
+	log_dbg("worker %u: region %#x %llu bytes key %llu flags %#x", w->id,
+		r->mr.id, (unsigned long long)m->size,
+		(unsigned long long)m->key, m->flags);
+	return 0;
+
+err_region:
+	kvb_region_release(&b->regions, r);
+err_map:
+	munmap(addr, m->size);
+	return rc;
+}
+
+static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
+		      struct kvb_msg_mem_reply *rep)
+{
+	for (uint32_t s = 1; s < KVB_MAX_REGIONS; s++) {
+		struct kvb_region_ent *r = &b->regions.v[s];
+
+		if (!r->used || r->dead || r->owner_role != m->role ||
+		    r->owner_dp != m->dp_rank || r->owner_tp != m->tp_rank ||
+		    r->key != m->key ||
+		    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+			continue;
+		rep->region = r->mr.id;
+		rep->flags = r->mr.flags;
+		rep->size = r->mr.len;
+		return 0;
+	}
+	return -ENOENT;
+}
+
+static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_msg_open *m, struct kvb_msg_open_reply *rep)
+{
+	struct kvb_xfer *x;
+	int err = 0;
+
+	if (m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX)
+		return -EINVAL;
+	x = kvb_xfer_open(&b->xfers, w->id, m->id, m->id_len,
+			  kvb_now_ns() +
+				  (int64_t)b->opt.transfer_timeout_ms * 1000000,
+			  &err);
+	if (!x) {
+		if (err == -ENOSPC)
+			log_warn("worker %u: transfer table full", w->id);
+		return err;
+	}
+	rep->handle = kvb_xfer_handle(&b->xfers, x);
+	return 0;
+}
+
+static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
+{
+	b->st.messages_rejected++;
+	kvb_worker_drop(b, w, why);
+}
+
+void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
+{
+	union {
+		struct kvb_msg_hdr h;
+		struct kvb_msg_hello hello;
+		struct kvb_msg_mem_reg reg;
+		struct kvb_msg_mem_dereg dereg;
+		struct kvb_msg_mem_lookup lookup;
+		struct kvb_msg_open open;
+		struct kvb_msg_stats stats;
+		char raw[1024];
+	} m;
+	int fds[KVB_CTL_MAX_FDS];
+	unsigned nfds = KVB_CTL_MAX_FDS;
+	int n, rc;
+
+	n = kvb_ctl_recv(w->sock, &m, sizeof(m), fds, &nfds);
+	if (n == -ETIMEDOUT || n == -EAGAIN)
+		return;
+	if (n < 0) {
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		if (n == -EMSGSIZE)
+			reject(b, w, "oversized message on the control socket");
+		else
+			kvb_worker_drop(b, w, n == -EPIPE ? "disconnected" :
+							    strerror(-n));
+		return;
+	}
+	if ((size_t)n < sizeof(m.h) || m.h.magic != KVB_MSG_MAGIC ||
+	    m.h.len != (uint32_t)n) {
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		reject(b, w, "garbage on the control socket (bad magic or length)");
+		return;
+	}
+	if (m.h.version != KVB_PROTO_VERSION) {
+		char why[96];
+
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		snprintf(why, sizeof(why),
+			 "protocol version %u, this broker speaks %u",
+			 m.h.version, KVB_PROTO_VERSION);
+		reply(w, &m.h, sizeof(m.h), -EPROTO, NULL, 0);
+		reject(b, w, why);
+		return;
+	}
+	/* only MEM_REG carries an fd */
+	if (m.h.type != KVB_MSG_MEM_REG)
+		while (nfds)
+			close(fds[--nfds]);
+
+#define NEED(T)                                                            \
+	do {                                                               \
+		if ((size_t)n != sizeof(T)) {                              \
+			reject(b, w, "control message of the wrong size"); \
+			return;                                            \
+		}                                                          \
+	} while (0)
+
+	if (!w->attached && m.h.type != KVB_MSG_HELLO &&
+	    m.h.type != KVB_MSG_STATS) {
+		reject(b, w, "request before HELLO");
+		return;
+	}
+	switch (m.h.type) {
+	case KVB_MSG_HELLO:
+		NEED(struct kvb_msg_hello);
+		if (w->attached) {
+			reject(b, w, "second HELLO");
+			return;
+		}
+		rc = hello(b, w, &m.hello);
+		if (rc) {
+			reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
+			reject(b, w, "HELLO refused");
+		}
+		return;
+	case KVB_MSG_MEM_REG: {
+		struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_REG};
+		int fd = nfds ? fds[0] : -1;
+
+		for (unsigned i = 1; i < nfds; i++)
+			close(fds[i]);
+		if ((size_t)n < sizeof(m.reg) ||
+		    (size_t)n != sizeof(m.reg) + m.reg.payload_len) {
+			if (fd >= 0)
+				close(fd);
+			reject(b, w, "control message of the wrong size");
+			return;
+		}
+		rc = mem_reg(b, w, &m.reg, fd, &rep);
+		if (fd >= 0)
+			close(fd);
+		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_MEM_DEREG: {
+		struct kvb_region_ent *r;
+
+		NEED(struct kvb_msg_mem_dereg);
+		r = kvb_region_get(&b->regions, m.dereg.region);
+		rc = -ENOENT;
+		if (r && !r->dead && r->owner == w->id) {
+			kvb_region_kill(b, r);
+			rc = 0;
+		}
+		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_MEM_LOOKUP: {
+		struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_LOOKUP};
+
+		NEED(struct kvb_msg_mem_lookup);
+		rc = mem_lookup(b, &m.lookup, &rep);
+		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_OPEN: {
+		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
+
+		NEED(struct kvb_msg_open);
+		rc = xfer_open(b, w, &m.open, &rep);
+		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_STATS: {
+		static char buf[KVB_MSG_MAX];
+		struct kvb_msg_hdr *h = (struct kvb_msg_hdr *)buf;
+		size_t len;
+
+		NEED(struct kvb_msg_stats);
+		len = kvb_stats_format(b, m.stats.json, buf + sizeof(*h),
+				       sizeof(buf) - sizeof(*h));
+		h->type = KVB_MSG_STATS;
+		reply(w, h, sizeof(*h) + len + 1, 0, NULL, 0);
+		return;
+	}
+	case KVB_MSG_BYE:
+		NEED(struct kvb_msg_hdr);
+		reply(w, &m.h, sizeof(m.h), 0, NULL, 0);
+		kvb_worker_drop(b, w, "detached");
+		return;
+	default:
+		reject(b, w, "unknown control message type");
+		return;
+	}
+#undef NEED
+}
+
+void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
+		     const char *why)
+{
+	if (!w->id)
+		return;
+	if (w->attached) {
+		if (strcmp(why, "detached"))
+			b->st.workers_lost++;
+		log_info("worker %u (pid %d) %s", w->id, (int)w->pid, why);
+		kvb_engine_worker_gone(b, w);
+		munmap(w->seg_mem, w->seg_size);
+		close(w->efd);
+	} else {
+		log_info("connection from pid %d closed: %s", (int)w->pid, why);
+	}
+	epoll_ctl(b->epfd, EPOLL_CTL_DEL, w->sock, NULL);
+	close(w->sock);
+	free(w->ovf);
+	w->id = 0;
+	w->attached = 0;
+	b->nworkers--;
+}

@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: MIT */
+#include "xfer.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvb_xfers_init(struct kvb_xfers *t)
+{
+	memset(t, 0, sizeof(*t));
+	t->nbuckets = 8192;
+	t->v = calloc(KVB_MAX_XFERS, sizeof(*t->v));
+	t->buckets = calloc(t->nbuckets, sizeof(*t->buckets));
+	t->active = calloc(KVB_MAX_XFERS, sizeof(*t->active));
+	if (!t->v || !t->buckets || !t->active) {
+		kvb_xfers_fini(t);
+		return -ENOMEM;
+	}
+	t->free_hint = 1;
+	return 0;
+}
+
+void kvb_xfers_fini(struct kvb_xfers *t)
+{
+	free(t->v);
+	free(t->buckets);
+	free(t->active);
+	t->v = NULL;
+	t->buckets = t->active = NULL;
+}
+
+uint64_t kvb_xfer_hash(uint32_t worker, const char *id, size_t len)
+{
+	uint64_t h = 1469598103934665603ull;
+	size_t i;
+
+	for (i = 0; i < 4; i++) {
+		h ^= (worker >> (8 * i)) & 0xff;
+		h *= 1099511628211ull;
+	}
+	for (i = 0; i < len; i++) {
+		h ^= (unsigned char)id[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+struct kvb_xfer *kvb_xfer_find(struct kvb_xfers *t, uint32_t worker,
+			       const char *id, size_t len)
+{
+	uint64_t h = kvb_xfer_hash(worker, id, len);
+	uint32_t s = t->buckets[h % t->nbuckets];
+
+	for (; s; s = t->v[s].hnext) {
+		struct kvb_xfer *x = &t->v[s];
+
+		if (x->hash == h && x->worker == worker &&
+		    strlen(x->id) == len && !memcmp(x->id, id, len))
+			return x;
+	}
+	return NULL;
+}
+
+int kvb_xfer_is_terminal(const struct kvb_xfers *t, uint32_t worker,
+			 uint64_t hash)
+{
+	for (uint32_t i = 0; i < KVB_TERMINAL_LRU; i++)
+		if (t->lru_hash[i] == hash && t->lru_worker[i] == worker)
+			return 1;
+	return 0;
+}
+
+struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
+			       const char *id, size_t len, int64_t deadline_ns,
+			       int *err)
+{
+	struct kvb_xfer *x;
+	uint64_t h;
+	uint32_t i, s, b;
+
+	if (len == 0 || len > KVB_XFER_ID_MAX || memchr(id, 0, len)) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	x = kvb_xfer_find(t, worker, id, len);
+	if (x)
+		return x;
+	h = kvb_xfer_hash(worker, id, len);
+	if (kvb_xfer_is_terminal(t, worker, h)) {
+		*err = -ESTALE;
+		return NULL;
+	}
+	for (i = 0; i < KVB_MAX_XFERS - 1; i++) {
+		s = 1 + (t->free_hint - 1 + i) % (KVB_MAX_XFERS - 1);
+		if (!t->v[s].used)
+			break;
+	}
+	if (i == KVB_MAX_XFERS - 1) {
+		*err = -ENOSPC;
+		return NULL;
+	}
+	x = &t->v[s];
+	{
+		uint16_t gen = (uint16_t)(x->gen + 1);
+
+		memset(x, 0, sizeof(*x));
+		x->gen = gen ? gen : 1;
+	}
+	x->used = 1;
+	memcpy(x->id, id, len);
+	x->id[len] = '\0';
+	x->hash = h;
+	x->worker = worker;
+	x->deadline_ns = deadline_ns;
+	b = (uint32_t)(h % t->nbuckets);
+	x->hnext = t->buckets[b];
+	t->buckets[b] = s;
+	x->active_pos = t->nactive;
+	t->active[t->nactive++] = s;
+	t->free_hint = s + 1;
+	return x;
+}
+
+struct kvb_xfer *kvb_xfer_get(struct kvb_xfers *t, uint32_t handle,
+			      uint32_t worker)
+{
+	uint32_t s = handle & 0xffffu;
+	struct kvb_xfer *x;
+
+	if (s == 0 || s >= KVB_MAX_XFERS)
+		return NULL;
+	x = &t->v[s];
+	if (!x->used || x->gen != (handle >> 16) || x->worker != worker)
+		return NULL;
+	return x;
+}
+
+void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
+{
+	uint32_t s = (uint32_t)(x - t->v);
+	uint32_t *pp = &t->buckets[x->hash % t->nbuckets];
+	uint32_t last;
+	uint16_t gen = x->gen;
+
+	while (*pp && *pp != s)
+		pp = &t->v[*pp].hnext;
+	if (*pp)
+		*pp = x->hnext;
+	last = t->active[--t->nactive];
+	t->active[x->active_pos] = last;
+	t->v[last].active_pos = x->active_pos;
+	t->lru_hash[t->lru_next] = x->hash;
+	t->lru_worker[t->lru_next] = x->worker;
+	t->lru_next = (t->lru_next + 1) % KVB_TERMINAL_LRU;
+	memset(x, 0, sizeof(*x));
+	x->gen = gen;
+}

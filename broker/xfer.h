@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The transfer table: transfer-id strings interned per worker to small
+ * handles ((generation << 16) | slot), their state, deadlines, and the LRU of
+ * the last KVB_TERMINAL_LRU ids that ended (a late message or re-open for one
+ * of them is refused, as PROTOCOL.md asks).
+ */
+#ifndef KVB_BROKER_XFER_H
+#define KVB_BROKER_XFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+
+#define KVB_MAX_XFERS 16384u
+#define KVB_TERMINAL_LRU 4096u
+#define KVB_XFER_MAX_DESTS 32u
+
+struct kvb_xfer {
+	char id[KVB_XFER_ID_MAX + 1];
+	uint64_t hash;
+	uint32_t worker;   /* owner's worker slot */
+	uint32_t hnext;    /* hash chain (slot), 0 = end */
+	uint32_t active_pos;
+	uint16_t gen;
+	uint8_t used;
+	uint8_t sealed;
+	uint32_t expected; /* from the seal */
+	uint32_t submitted, completed, failed;
+	int32_t first_err;
+	uint64_t seal_tag;
+	int64_t deadline_ns;
+	uint32_t ndests;   /* workers whose regions this transfer wrote */
+	uint32_t dests[KVB_XFER_MAX_DESTS];
+};
+
+struct kvb_xfers {
+	struct kvb_xfer *v;      /* KVB_MAX_XFERS slots, slot 0 unused */
+	uint32_t *buckets;       /* hash heads */
+	uint32_t nbuckets;
+	uint32_t *active;        /* slots in use, unordered */
+	uint32_t nactive;
+	uint32_t free_hint;
+	uint64_t lru_hash[KVB_TERMINAL_LRU];
+	uint32_t lru_worker[KVB_TERMINAL_LRU];
+	uint32_t lru_next;
+};
+
+int kvb_xfers_init(struct kvb_xfers *t);
+void kvb_xfers_fini(struct kvb_xfers *t);
+
+/* 64-bit FNV-1a of (worker, id). */
+uint64_t kvb_xfer_hash(uint32_t worker, const char *id, size_t len);
+
+/* Find the live transfer of `worker` named id; NULL if none. */
+struct kvb_xfer *kvb_xfer_find(struct kvb_xfers *t, uint32_t worker,
+			       const char *id, size_t len);
+
+/*
+ * Find or create. Returns the entry, or NULL with *err = -ESTALE (id is in
+ * the terminal LRU), -ENOSPC (table full), -EINVAL (bad id).
+ */
+struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
+			       const char *id, size_t len, int64_t deadline_ns,
+			       int *err);
+
+/* By handle, checking the owner; NULL if stale, unknown or not owned. */
+struct kvb_xfer *kvb_xfer_get(struct kvb_xfers *t, uint32_t handle,
+			      uint32_t worker);
+
+static inline uint32_t kvb_xfer_handle(const struct kvb_xfers *t,
+				       const struct kvb_xfer *x)
+{
+	return ((uint32_t)x->gen << 16) | (uint32_t)(x - t->v);
+}
+
+/* Remove a transfer that ended; remembers its id in the terminal LRU. */
+void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x);
+
+/* Is (worker, id) among the last KVB_TERMINAL_LRU ended transfers? */
+int kvb_xfer_is_terminal(const struct kvb_xfers *t, uint32_t worker,
+			 uint64_t hash);
+
+/* A transfer is complete when sealed and every expected op finished. */
+static inline int kvb_xfer_complete(const struct kvb_xfer *x)
+{
+	return x->sealed && x->completed + x->failed >= x->expected &&
+	       x->completed + x->failed >= x->submitted;
+}
+
+#endif

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/* Control-socket helpers (private to libkvbroker and kvbctl). */
+#ifndef KVB_CLIENT_CTL_H
+#define KVB_CLIENT_CTL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+
+#define KVB_CTL_MAX_FDS 4
+
+int kvb_default_socket(char *buf, unsigned long len);
+/* Connect to the broker socket; returns an fd or -errno. */
+int kvb_ctl_connect(const char *path, int timeout_ms);
+/* Zero a message of `len` bytes and fill its header. */
+void kvb_msg_init(struct kvb_msg_hdr *h, uint16_t type, uint32_t len);
+/* Send one message with up to KVB_CTL_MAX_FDS fds; 0 or -errno. */
+int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
+		 unsigned nfds);
+/*
+ * Receive one message; *nfds in: room in fds, out: fds received. Returns the
+ * message length, -EPIPE on EOF, -ETIMEDOUT, -EMSGSIZE or -errno.
+ */
+int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds);
+/* Check a reply's header against the request type; 0 or the status. */
+int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
+			size_t min_len);
+
+#endif

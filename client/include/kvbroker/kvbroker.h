@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvbroker — the worker side of kvbroker.
+ *
+ * A worker process attaches to the node's broker, registers the memory that
+ * holds its KV cache, and hands transfer descriptors to the broker through a
+ * lock-free ring in shared memory (no system call on the fast path). The
+ * broker moves the bytes (memcpy, TCP, RDMA or GPU copies) and returns
+ * completions through a second ring.
+ *
+ * Conventions: every function returns 0, a count, or -errno. A context is
+ * used by one submitting thread and one completing thread at a time (they may
+ * be different threads); control calls (memory, transfers) are serialised
+ * internally and may be called from any thread. After the broker goes away,
+ * every call returns -EPIPE promptly (completions already delivered can still
+ * be polled).
+ */
+#ifndef KVBROKER_H
+#define KVBROKER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVB_VERSION_STRING "0.1.0"
+
+struct kvb_ctx;
+
+enum kvb_role { KVB_ROLE_P = 1, KVB_ROLE_D = 2 };
+
+struct kvb_attach_opts {
+	const char *socket_path; /* NULL: $KVB_SOCKET or the default path */
+	enum kvb_role role;
+	uint32_t dp_rank;
+	uint32_t tp_rank;
+	uint32_t tp_size;
+	uint32_t sq_entries; /* 0 = broker default (power of two) */
+	uint32_t cq_entries; /* 0 = broker default */
+	int timeout_ms;      /* for attach and control calls; 0 = 5000 */
+};
+
+/*
+ * Default socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
+ * /tmp/kvbroker-<uid>.sock. Writes at most `len` bytes; returns the length or
+ * -ENAMETOOLONG. Thread-safe.
+ */
+int kvb_default_socket(char *buf, unsigned long len);
+
+/*
+ * Attach to the broker. On success *out is a new context.
+ * Returns 0, -ENOENT/-ECONNREFUSED (no broker), -EPROTO (version mismatch),
+ * -EPERM (refused), -ETIMEDOUT, -ENOMEM. Thread-safe.
+ */
+int kvb_attach(const struct kvb_attach_opts *opts, struct kvb_ctx **out);
+
+/*
+ * Detach: tells the broker, which fails this worker's unfinished transfers
+ * and frees its regions; unmaps everything. Always frees ctx. Returns 0.
+ * Not thread-safe with other calls on the same ctx.
+ */
+int kvb_detach(struct kvb_ctx *ctx);
+
+/* Worker id the broker gave this context (for logs). Thread-safe. */
+uint32_t kvb_worker_id(const struct kvb_ctx *ctx);
+
+/* Region access flags */
+#define KVB_MEM_REMOTE_WRITE 0x1u /* peers may WRITE into this region */
+#define KVB_MEM_REMOTE_READ 0x2u  /* peers may READ from this region */
+
+struct kvb_region {
+	uint32_t id;
+	uint32_t flags;
+	void *addr; /* this process's mapping */
+	uint64_t size;
+};
+
+/*
+ * Allocate a region of `size` bytes shared with the broker (memfd). `key` is
+ * a user label (e.g. the layer index) that peers use in kvb_mem_lookup().
+ * Returns 0, -EINVAL, -ENOMEM, -EPIPE. Thread-safe.
+ */
+int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
+		  uint64_t key, struct kvb_region *out);
+
+/*
+ * Register memory the worker already holds as a shareable fd (memfd, shm):
+ * `size` bytes at `fd_offset`. The fd is duplicated to the broker; the caller
+ * keeps its own. out->addr is NULL (map it yourself). Returns 0 or -errno.
+ * Thread-safe.
+ */
+int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
+			uint64_t size, uint32_t flags, uint64_t key,
+			struct kvb_region *out);
+
+/*
+ * Register GPU memory: a device pointer of `size` bytes on `device`. The
+ * library exports it (HIP/CUDA IPC handle) for the broker. Returns 0,
+ * -ENODEV (no GPU runtime here), or -errno. Thread-safe.
+ */
+int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
+			 int device, uint32_t flags, uint64_t key,
+			 struct kvb_region *out);
+
+/*
+ * Free a region (allocated or registered). Descriptors already submitted
+ * against it still complete. Returns 0, -ENOENT, -EPIPE. Thread-safe.
+ */
+int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r);
+
+struct kvb_remote_region {
+	uint32_t id;
+	uint32_t flags;
+	uint64_t size;
+};
+
+/*
+ * Find a region another worker on this node registered with remote access:
+ * by its owner's identity and the key it registered with. Returns 0,
+ * -ENOENT, -EPIPE. Thread-safe.
+ */
+int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
+		   uint32_t tp_rank, uint64_t key, struct kvb_remote_region *out);
+
+/*
+ * Open a transfer by its id string (e.g. "tx-<uuid>", at most 255 bytes).
+ * The broker interns it; *handle names it in descriptors. Opening the same id
+ * twice returns the same handle. Returns 0, -EINVAL, -ESTALE (the id is
+ * terminal), -ENOSPC, -EPIPE. Thread-safe.
+ */
+int kvb_transfer_open(struct kvb_ctx *ctx, const char *transfer_id,
+		      uint32_t *handle);
+
+/* A descriptor. Flags: KVB_DESC_UNSIGNALED (no completion on success). */
+#define KVB_DESC_UNSIGNALED 0x1u
+
+struct kvb_desc {
+	uint32_t transfer; /* handle from kvb_transfer_open */
+	uint16_t layer;
+	uint16_t flags;
+	uint32_t region;      /* local region id */
+	uint32_t peer_region; /* remote region id */
+	uint64_t offset;      /* in the local region */
+	uint64_t peer_offset; /* in the remote region */
+	uint64_t len;
+	uint64_t tag; /* echoed in the completion */
+	uint32_t peer; /* peer node; 0 = this node */
+};
+
+/*
+ * Submit up to n WRITE descriptors (local region -> peer region). Never
+ * blocks: returns how many were queued (0..n, a burst), -EAGAIN when none fit
+ * (ring full: poll completions and retry), -EPIPE. Single submitting thread.
+ */
+int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
+
+/* Same for READ descriptors (peer region -> local region). */
+int kvb_submit_read(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
+
+/*
+ * Seal a transfer: it is done once `expected` descriptors (writes or reads)
+ * of it have completed; then a KVB_COMP_TRANSFER completion with `tag`
+ * arrives (status 0, or the first error). On a D worker (the receiving side)
+ * `expected` is the number of peer workers whose writes it waits for (their
+ * write_done). Returns 0, -EAGAIN, -EPIPE. Single submitting thread.
+ */
+int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
+		      uint64_t tag);
+
+/* Abort a transfer: it completes with -ECANCELED. Single submitting thread. */
+int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag);
+
+enum kvb_comp_kind {
+	KVB_COMP_DESC = 1,     /* one descriptor */
+	KVB_COMP_TRANSFER = 2, /* a whole transfer ended */
+	KVB_COMP_SHUTDOWN = 3, /* the broker is going away */
+};
+
+struct kvb_completion {
+	uint64_t tag;
+	uint64_t bytes;
+	int32_t status; /* 0 or -errno: -EFAULT/-EINVAL refused, -ETIMEDOUT ... */
+	uint32_t transfer;
+	uint32_t kind; /* enum kvb_comp_kind */
+};
+
+/*
+ * Reap up to max completions without blocking. Returns the count (0 if none),
+ * or -EPIPE when the broker is gone and nothing is left. Single completing
+ * thread.
+ */
+int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max);
+
+/*
+ * Wait up to timeout_ms (-1 = no limit, but never past the broker's death)
+ * for at least one completion: busy-polls briefly, then sleeps on an eventfd.
+ * Returns the count, -ETIMEDOUT, or -EPIPE. Single completing thread.
+ */
+int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
+	     int timeout_ms);
+
+/* Human-readable text for a status. Thread-safe. */
+const char *kvb_strerror(int status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBROKER_H */

@@ -1,0 +1,525 @@
+/* SPDX-License-Identifier: MIT */
+/* libkvbroker: the worker side. See include/kvbroker/kvbroker.h. */
+#include "kvbroker/kvbroker.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "segment.h"
+
+#define SUBMIT_CHUNK 64u
+#define LIVENESS_EVERY 256u /* empty polls between broker liveness checks */
+#define WAIT_SPIN_NS 20000  /* busy-poll this long in kvb_wait before sleeping */
+
+struct kvb_ctx {
+	int sock;
+	int broker_efd;
+	int worker_efd;
+	int timeout_ms;
+	uint32_t worker_id;
+	int dead; /* broker gone: set once, read by both threads */
+	unsigned empty_polls;
+	struct kvb_seg seg;
+	void *seg_mem;
+	size_t seg_size;
+	pthread_mutex_t ctl_lock;
+};
+
+uint32_t kvb_worker_id(const struct kvb_ctx *ctx)
+{
+	return ctx->worker_id;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One request/reply on the control socket, serialised by ctl_lock. */
+static int ctl_call(struct kvb_ctx *ctx, struct kvb_msg_hdr *req,
+		    const int *fds, unsigned nfds, void *reply, size_t cap,
+		    size_t min_len)
+{
+	int rc;
+
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	pthread_mutex_lock(&ctx->ctl_lock);
+	rc = kvb_ctl_send(ctx->sock, req, req->len, fds, nfds);
+	if (!rc) {
+		rc = kvb_ctl_recv(ctx->sock, reply, cap, NULL, NULL);
+		if (rc >= 0)
+			rc = kvb_ctl_check_reply(reply, rc, req->type, min_len);
+	}
+	pthread_mutex_unlock(&ctx->ctl_lock);
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		__atomic_store_n(&ctx->dead, 1, __ATOMIC_RELAXED);
+	return rc == -ECONNRESET ? -EPIPE : rc;
+}
+
+/* A non-blocking look at the socket: has the broker hung up? */
+static int broker_alive(struct kvb_ctx *ctx)
+{
+	struct pollfd p = {.fd = ctx->sock, .events = POLLIN};
+
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return 0;
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) {
+		__atomic_store_n(&ctx->dead, 1, __ATOMIC_RELAXED);
+		return 0;
+	}
+	return 1;
+}
+
+int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
+{
+	struct kvb_msg_hello req;
+	struct kvb_msg_hello_reply rep;
+	char path[108];
+	int fds[3] = {-1, -1, -1};
+	unsigned nfds = 3;
+	struct kvb_ctx *ctx;
+	int rc;
+
+	if (!o || !out || (o->role != KVB_ROLE_P && o->role != KVB_ROLE_D) ||
+	    o->tp_size == 0 || o->tp_rank >= o->tp_size)
+		return -EINVAL;
+	if (o->socket_path) {
+		if (strlen(o->socket_path) >= sizeof(path))
+			return -ENAMETOOLONG;
+		strcpy(path, o->socket_path);
+	} else {
+		rc = kvb_default_socket(path, sizeof(path));
+		if (rc < 0)
+			return rc;
+	}
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	ctx->broker_efd = ctx->worker_efd = -1;
+	ctx->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+	pthread_mutex_init(&ctx->ctl_lock, NULL);
+	rc = kvb_ctl_connect(path, ctx->timeout_ms);
+	if (rc < 0)
+		goto err_free;
+	ctx->sock = rc;
+
+	kvb_msg_init(&req.h, KVB_MSG_HELLO, sizeof(req));
+	req.role = o->role;
+	req.dp_rank = o->dp_rank;
+	req.tp_rank = o->tp_rank;
+	req.tp_size = o->tp_size;
+	req.pid = (uint32_t)getpid();
+	req.sq_entries = o->sq_entries;
+	req.cq_entries = o->cq_entries;
+	rc = kvb_ctl_send(ctx->sock, &req, sizeof(req), NULL, 0);
+	if (rc)
+		goto err_sock;
+	rc = kvb_ctl_recv(ctx->sock, &rep, sizeof(rep), fds, &nfds);
+	if (rc < 0)
+		goto err_sock;
+	rc = kvb_ctl_check_reply(&rep.h, rc, KVB_MSG_HELLO, sizeof(rep));
+	if (rc)
+		goto err_fds;
+	if (nfds != 3 || rep.seg_size == 0 || rep.seg_size > (1ull << 32)) {
+		rc = -EPROTO;
+		goto err_fds;
+	}
+	ctx->seg_size = rep.seg_size;
+	ctx->seg_mem = mmap(NULL, ctx->seg_size, PROT_READ | PROT_WRITE,
+			    MAP_SHARED, fds[0], 0);
+	if (ctx->seg_mem == MAP_FAILED) {
+		rc = -errno;
+		goto err_fds;
+	}
+	close(fds[0]);
+	fds[0] = -1;
+	rc = kvb_seg_attach(&ctx->seg, ctx->seg_mem, ctx->seg_size);
+	if (rc)
+		goto err_unmap;
+	ctx->broker_efd = fds[1];
+	ctx->worker_efd = fds[2];
+	ctx->worker_id = rep.worker_id;
+	*out = ctx;
+	return 0;
+
+err_unmap:
+	munmap(ctx->seg_mem, ctx->seg_size);
+err_fds:
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+err_sock:
+	close(ctx->sock);
+err_free:
+	pthread_mutex_destroy(&ctx->ctl_lock);
+	free(ctx);
+	return rc == -EPIPE || rc == -ECONNRESET ? -ECONNREFUSED : rc;
+}
+
+int kvb_detach(struct kvb_ctx *ctx)
+{
+	struct kvb_msg_hdr bye, rep;
+
+	if (!ctx)
+		return 0;
+	if (!__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED)) {
+		kvb_msg_init(&bye, KVB_MSG_BYE, sizeof(bye));
+		ctl_call(ctx, &bye, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	}
+	munmap(ctx->seg_mem, ctx->seg_size);
+	close(ctx->broker_efd);
+	close(ctx->worker_efd);
+	close(ctx->sock);
+	pthread_mutex_destroy(&ctx->ctl_lock);
+	free(ctx);
+	return 0;
+}
+
+static int mem_register(struct kvb_ctx *ctx, struct kvb_msg_mem_reg *req,
+			int fd, struct kvb_region *out)
+{
+	struct kvb_msg_mem_reply rep;
+	int rc;
+
+	rc = ctl_call(ctx, &req->h, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0,
+		      &rep, sizeof(rep), sizeof(rep));
+	if (rc)
+		return rc;
+	out->id = rep.region;
+	out->flags = rep.flags;
+	out->size = rep.size;
+	return 0;
+}
+
+int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
+		  uint64_t key, struct kvb_region *out)
+{
+	struct kvb_msg_mem_reg req;
+	void *addr;
+	int fd, rc;
+
+	if (!ctx || !out || size == 0 ||
+	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	fd = memfd_create("kvb-region", MFD_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		rc = -errno;
+		goto err_fd;
+	}
+	addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED) {
+		rc = -errno;
+		goto err_fd;
+	}
+	kvb_msg_init(&req.h, KVB_MSG_MEM_REG, sizeof(req));
+	req.size = size;
+	req.key = key;
+	req.flags = flags;
+	rc = mem_register(ctx, &req, fd, out);
+	if (rc)
+		goto err_map;
+	close(fd);
+	out->addr = addr;
+	return 0;
+
+err_map:
+	munmap(addr, size);
+err_fd:
+	close(fd);
+	return rc;
+}
+
+int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
+			uint64_t size, uint32_t flags, uint64_t key,
+			struct kvb_region *out)
+{
+	struct kvb_msg_mem_reg req;
+	int rc;
+
+	if (!ctx || !out || fd < 0 || size == 0 ||
+	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_MEM_REG, sizeof(req));
+	req.size = size;
+	req.fd_offset = fd_offset;
+	req.key = key;
+	req.flags = flags;
+	rc = mem_register(ctx, &req, fd, out);
+	if (!rc)
+		out->addr = NULL;
+	return rc;
+}
+
+int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
+{
+	struct kvb_msg_mem_dereg req;
+	struct kvb_msg_hdr rep;
+	int rc;
+
+	if (!ctx || !r)
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_MEM_DEREG, sizeof(req));
+	req.region = r->id;
+	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	/* our mapping goes whatever the broker said: it is ours */
+	if (r->addr && rc != -ENOENT)
+		munmap(r->addr, r->size);
+	if (rc != -ENOENT)
+		r->addr = NULL;
+	return rc;
+}
+
+int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
+		   uint32_t tp_rank, uint64_t key, struct kvb_remote_region *out)
+{
+	struct kvb_msg_mem_lookup req;
+	struct kvb_msg_mem_reply rep;
+	int rc;
+
+	if (!ctx || !out)
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_MEM_LOOKUP, sizeof(req));
+	req.role = role;
+	req.dp_rank = dp_rank;
+	req.tp_rank = tp_rank;
+	req.key = key;
+	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	if (rc)
+		return rc;
+	out->id = rep.region;
+	out->flags = rep.flags;
+	out->size = rep.size;
+	return 0;
+}
+
+int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
+{
+	struct kvb_msg_open req;
+	struct kvb_msg_open_reply rep;
+	size_t n;
+	int rc;
+
+	if (!ctx || !id || !handle)
+		return -EINVAL;
+	n = strlen(id);
+	if (n == 0 || n > KVB_XFER_ID_MAX)
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_OPEN, sizeof(req));
+	req.id_len = (uint32_t)n;
+	memcpy(req.id, id, n);
+	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	if (rc)
+		return rc;
+	*handle = rep.handle;
+	return 0;
+}
+
+/* Tell a sleeping broker there is work. Pairs with the broker's sleep path. */
+static inline void wake_broker(struct kvb_ctx *ctx)
+{
+	/*
+	 * Dekker with the broker: we published prod (release), it publishes
+	 * broker_sleeping then re-reads prod. Full fences on both sides.
+	 */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&ctx->seg.hdr->broker_sleeping,
+				 memory_order_relaxed)) {
+		uint64_t one = 1;
+
+		if (write(ctx->broker_efd, &one, sizeof(one)) < 0) {
+			/* eventfd overflow is impossible at 1 per write */
+		}
+	}
+}
+
+static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
+		  unsigned n)
+{
+	struct kvb_sqe sqe[SUBMIT_CHUNK];
+	unsigned done = 0;
+
+	if (!ctx || (!d && n))
+		return -EINVAL;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	while (done < n) {
+		unsigned k = n - done < SUBMIT_CHUNK ? n - done : SUBMIT_CHUNK;
+		unsigned i, got;
+
+		for (i = 0; i < k; i++) {
+			const struct kvb_desc *s = &d[done + i];
+			struct kvb_sqe *e = &sqe[i];
+
+			e->opcode = op;
+			e->flags = (s->flags & KVB_DESC_UNSIGNALED) ?
+					   KVB_SQE_F_UNSIGNALED :
+					   0;
+			e->layer = s->layer;
+			e->transfer = s->transfer;
+			e->region = s->region;
+			e->peer_region = s->peer_region;
+			e->offset = s->offset;
+			e->peer_offset = s->peer_offset;
+			e->len = s->len;
+			e->tag = s->tag;
+			e->peer = s->peer;
+			memset(e->rsvd, 0, sizeof(e->rsvd));
+		}
+		got = kvb_ring_enqueue_burst(&ctx->seg.sq, sqe, k);
+		done += got;
+		if (got < k)
+			break;
+	}
+	if (done)
+		wake_broker(ctx);
+	if (done == 0 && n) {
+		if (!broker_alive(ctx))
+			return -EPIPE;
+		return -EAGAIN;
+	}
+	return (int)done;
+}
+
+int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n)
+{
+	return submit(ctx, KVB_OP_WRITE, d, n);
+}
+
+int kvb_submit_read(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n)
+{
+	return submit(ctx, KVB_OP_READ, d, n);
+}
+
+static int submit_ctl(struct kvb_ctx *ctx, uint8_t op, uint32_t handle,
+		      uint64_t len, uint64_t tag)
+{
+	struct kvb_sqe e = {.opcode = op, .transfer = handle, .len = len,
+			    .tag = tag};
+
+	if (!ctx)
+		return -EINVAL;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	if (kvb_ring_enqueue_bulk(&ctx->seg.sq, &e, 1) != 1)
+		return broker_alive(ctx) ? -EAGAIN : -EPIPE;
+	wake_broker(ctx);
+	return 0;
+}
+
+int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
+		      uint64_t tag)
+{
+	return submit_ctl(ctx, KVB_OP_SEAL, handle, expected, tag);
+}
+
+int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag)
+{
+	return submit_ctl(ctx, KVB_OP_ABORT, handle, 0, tag);
+}
+
+static unsigned reap(struct kvb_ctx *ctx, struct kvb_completion *c,
+		     unsigned max)
+{
+	struct kvb_cqe cqe[SUBMIT_CHUNK];
+	unsigned n, i;
+
+	if (max > SUBMIT_CHUNK)
+		max = SUBMIT_CHUNK;
+	n = kvb_ring_dequeue_burst(&ctx->seg.cq, cqe, max);
+	for (i = 0; i < n; i++) {
+		c[i].tag = cqe[i].tag;
+		c[i].bytes = cqe[i].bytes;
+		c[i].status = cqe[i].status;
+		c[i].transfer = cqe[i].transfer;
+		c[i].kind = cqe[i].opcode;
+	}
+	return n;
+}
+
+int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max)
+{
+	unsigned n;
+
+	if (!ctx || !c || !max)
+		return -EINVAL;
+	n = reap(ctx, c, max);
+	if (n) {
+		ctx->empty_polls = 0;
+		return (int)n;
+	}
+	if (++ctx->empty_polls % LIVENESS_EVERY == 0 && !broker_alive(ctx))
+		return (n = reap(ctx, c, max)) ? (int)n : -EPIPE;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	return 0;
+}
+
+int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
+	     int timeout_ms)
+{
+	int64_t start = now_ns(), deadline;
+	unsigned n;
+
+	if (!ctx || !c || !max)
+		return -EINVAL;
+	deadline = timeout_ms < 0 ? INT64_MAX :
+				    start + (int64_t)timeout_ms * 1000000;
+	for (;;) {
+		struct pollfd p[2] = {{.fd = ctx->worker_efd, .events = POLLIN},
+				      {.fd = ctx->sock, .events = POLLIN}};
+		int64_t now = now_ns();
+		int ms;
+
+		n = reap(ctx, c, max);
+		if (n)
+			return (int)n;
+		if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+			return -EPIPE;
+		if (now - start < WAIT_SPIN_NS && now < deadline)
+			continue;
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		/* announce the sleep, then look once more (pairs with the
+		 * broker's fence between publishing cq and reading the flag) */
+		atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 1,
+				      memory_order_relaxed);
+		atomic_thread_fence(memory_order_seq_cst);
+		n = reap(ctx, c, max);
+		if (n) {
+			atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 0,
+					      memory_order_relaxed);
+			return (int)n;
+		}
+		ms = deadline == INT64_MAX ? 1000 :
+					     (int)((deadline - now + 999999) / 1000000);
+		if (ms > 1000)
+			ms = 1000; /* re-check liveness at least every second */
+		if (poll(p, 2, ms) > 0) {
+			if (p[0].revents & POLLIN) {
+				uint64_t v;
+
+				if (read(ctx->worker_efd, &v, sizeof(v)) < 0) {
+					/* raced with another reader: fine */
+				}
+			}
+			if (p[1].revents & (POLLHUP | POLLERR))
+				__atomic_store_n(&ctx->dead, 1,
+						 __ATOMIC_RELAXED);
+		}
+		atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 0,
+				      memory_order_relaxed);
+	}
+}

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Control messages on the broker's Unix socket (SOCK_SEQPACKET: one message
+ * per packet, file descriptors with SCM_RIGHTS). Slow path only: attach,
+ * memory registration, transfer-id interning, stats. Every request starts
+ * with struct kvb_msg_hdr and gets exactly one reply of the same type with
+ * `status` set (0 or -errno).
+ */
+#ifndef KVB_SHM_PROTO_H
+#define KVB_SHM_PROTO_H
+
+#include <stdint.h>
+
+#define KVB_MSG_MAGIC 0x4b56424du /* "KVBM" */
+#define KVB_PROTO_VERSION 1u
+#define KVB_MSG_MAX 65536u
+#define KVB_XFER_ID_MAX 255u
+
+enum kvb_msg_type {
+	KVB_MSG_HELLO = 1,     /* worker attach; reply carries 3 fds */
+	KVB_MSG_MEM_REG = 2,   /* register a memfd region; request carries fd */
+	KVB_MSG_MEM_DEREG = 3,
+	KVB_MSG_MEM_LOOKUP = 4,
+	KVB_MSG_OPEN = 5,      /* intern a transfer id */
+	KVB_MSG_STATS = 6,     /* kvbctl: no HELLO needed */
+	KVB_MSG_BYE = 7,
+};
+
+struct kvb_msg_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t type;
+	uint32_t len; /* whole message, header included */
+	int32_t status; /* replies: 0 or -errno */
+};
+
+struct kvb_msg_hello {
+	struct kvb_msg_hdr h;
+	uint32_t role; /* 1 = P, 2 = D */
+	uint32_t dp_rank, tp_rank, tp_size;
+	uint32_t pid;
+	uint32_t sq_entries, cq_entries; /* 0 = broker default */
+	uint32_t pad;
+};
+
+struct kvb_msg_hello_reply {
+	struct kvb_msg_hdr h;
+	uint32_t worker_id;
+	uint32_t pad;
+	uint64_t seg_size;
+	/* fds, in order: segment memfd, broker eventfd, worker eventfd */
+};
+
+struct kvb_msg_mem_reg {
+	struct kvb_msg_hdr h;
+	uint64_t size;
+	uint64_t fd_offset;
+	uint64_t key;
+	uint32_t flags; /* KVB_MEM_REMOTE_* */
+	uint32_t kind;  /* 0 = host memfd; 1 = gpu handle (in payload) */
+	int32_t gpu_device;
+	uint32_t payload_len;
+	/* kind-specific payload follows (gpu IPC handle) */
+};
+
+struct kvb_msg_mem_reply {
+	struct kvb_msg_hdr h;
+	uint32_t region;
+	uint32_t flags;
+	uint64_t size;
+};
+
+struct kvb_msg_mem_dereg {
+	struct kvb_msg_hdr h;
+	uint32_t region;
+	uint32_t pad;
+};
+
+struct kvb_msg_mem_lookup {
+	struct kvb_msg_hdr h;
+	uint32_t role, dp_rank, tp_rank, pad;
+	uint64_t key;
+};
+
+struct kvb_msg_open {
+	struct kvb_msg_hdr h;
+	uint32_t id_len;
+	char id[KVB_XFER_ID_MAX + 1];
+};
+
+struct kvb_msg_open_reply {
+	struct kvb_msg_hdr h;
+	uint32_t handle;
+	uint32_t pad;
+};
+
+struct kvb_msg_stats {
+	struct kvb_msg_hdr h;
+	uint32_t json;
+	uint32_t pad;
+};
+/* stats reply: header + NUL-terminated text */
+
+#endif /* KVB_SHM_PROTO_H */
