@@ -90,9 +90,9 @@ int kvb_worker_accept(struct kvb_broker *b)
 static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		  int status, const int *fds, unsigned nfds)
 {
-	uint16_t type = h->type;
-
-	kvb_msg_init(h, type, (uint32_t)len);
+	h->magic = KVB_MSG_MAGIC;
+	h->version = KVB_PROTO_VERSION;
+	h->len = (uint32_t)len;
 	h->status = status;
 	if (kvb_ctl_send(w->sock, h, len, fds, nfds))
 		log_dbg("worker %u: reply failed", w->id);
