@@ -56,6 +56,7 @@ struct kvb_inflight {
 
 /* Pending ops for one destination, flushed as chains. */
 struct kvb_dest {
+	struct kvb_transport *tr;
 	struct kvb_ep *ep;
 	struct kvb_xop *ops;
 	uint32_t n, cap;
@@ -63,6 +64,9 @@ struct kvb_dest {
 };
 
 #define KVB_INFLIGHT_MAX 65536u
+
+/* transport slots: same-node host copies, same-node GPU copies */
+enum { KVB_TS_HOST = 0, KVB_TS_GPU = 1, KVB_TS_MAX = 2 };
 
 struct kvb_broker {
 	struct kvb_options opt;
@@ -74,11 +78,11 @@ struct kvb_broker {
 	uint32_t rr; /* fair-drain start */
 	struct kvb_regions regions;
 	struct kvb_xfers xfers;
-	struct kvb_transport *tr;
+	struct kvb_transport *trs[KVB_TS_MAX]; /* NULL = not available */
 	struct kvb_inflight *inf; /* KVB_INFLIGHT_MAX, slot 0 unused */
 	uint32_t *inf_free;
 	uint32_t inf_nfree;
-	struct kvb_dest *dests; /* one per worker slot (local transports) */
+	struct kvb_dest *dests; /* [transport slot][worker slot] */
 	uint32_t *dirty;        /* dest indices with pending ops */
 	uint32_t ndirty;
 	int64_t next_timer_ns;
@@ -117,6 +121,19 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
 /* Region no longer referenced and dead: unmap and free the slot. */
 void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r);
+
+/* The transport that serves a region of this kind (NULL if none). */
+static inline struct kvb_transport *kvb_tr_for(struct kvb_broker *b,
+					       enum kvb_mem_kind kind)
+{
+	return b->trs[kind == KVB_MEM_GPU ? KVB_TS_GPU : KVB_TS_HOST];
+}
+
+/* gpu.c */
+int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len);
+int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
+			  size_t len);
+void kvb_broker_gpu_unimport(struct kvb_region_ent *r);
 
 /* stats.c: text or JSON into buf; returns length */
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap);

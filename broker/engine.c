@@ -27,8 +27,8 @@ int kvb_engine_init(struct kvb_broker *b)
 
 	b->inf = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf));
 	b->inf_free = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf_free));
-	b->dests = calloc(nw, sizeof(*b->dests));
-	b->dirty = calloc(nw, sizeof(*b->dirty));
+	b->dests = calloc((size_t)nw * KVB_TS_MAX, sizeof(*b->dests));
+	b->dirty = calloc((size_t)nw * KVB_TS_MAX, sizeof(*b->dirty));
 	if (!b->inf || !b->inf_free || !b->dests || !b->dirty) {
 		kvb_engine_fini(b);
 		return -ENOMEM;
@@ -42,7 +42,7 @@ int kvb_engine_init(struct kvb_broker *b)
 void kvb_engine_fini(struct kvb_broker *b)
 {
 	if (b->dests)
-		for (uint32_t i = 0; i < b->opt.max_workers; i++)
+		for (uint32_t i = 0; i < b->opt.max_workers * KVB_TS_MAX; i++)
 			free(b->dests[i].ops);
 	free(b->inf);
 	free(b->inf_free);
@@ -60,8 +60,13 @@ static struct kvb_region_ent *mr_ent(struct kvb_mr *mr)
 
 static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 {
-	b->tr->ops->dereg_mr(b->tr, &r->mr);
-	if (r->map_base)
+	struct kvb_transport *t = kvb_tr_for(b, r->mr.kind);
+
+	if (t)
+		t->ops->dereg_mr(t, &r->mr);
+	if (r->mr.kind == KVB_MEM_GPU)
+		kvb_broker_gpu_unimport(r);
+	else if (r->map_base)
 		munmap(r->map_base, r->map_len);
 	kvb_region_release(&b->regions, r);
 }
@@ -372,6 +377,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		refuse(b, w, e, rc, why);
 		return;
 	}
+	if (l->mr.kind != r->mr.kind) {
+		refuse(b, w, e, -EOPNOTSUPP,
+		       "copies between host and GPU memory are not supported");
+		return;
+	}
 	if (e->transfer) {
 		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 		if (!x) {
@@ -413,8 +423,20 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	op.remote_off = e->peer_offset;
 	op.len = e->len;
 	op.cookie = idx;
-	if (dest_append(b, KVB_WSLOT(r->owner), &op))
-		complete_inflight(b, idx, -ENOMEM);
+	{
+		/* GPU memory on either side: GPU copy engines; else memcpy */
+		unsigned ts = (l->mr.kind == KVB_MEM_GPU || r->mr.kind == KVB_MEM_GPU) ?
+				      KVB_TS_GPU : KVB_TS_HOST;
+		uint32_t di = ts * b->opt.max_workers + KVB_WSLOT(r->owner);
+
+		if (!b->trs[ts]) {
+			complete_inflight(b, idx, -EOPNOTSUPP);
+			return;
+		}
+		b->dests[di].tr = b->trs[ts];
+		if (dest_append(b, di, &op))
+			complete_inflight(b, idx, -ENOMEM);
+	}
 }
 
 /* Post each dirty destination as chains of at most post_batch_size ops. */
@@ -431,7 +453,7 @@ static unsigned flush(struct kvb_broker *b)
 
 		while (off < d->n) {
 			unsigned n = d->n - off < batch ? d->n - off : batch;
-			int rc = b->tr->ops->post(b->tr, d->ep, d->ops + off, n);
+			int rc = d->tr->ops->post(d->tr, d->ep, d->ops + off, n);
 
 			if (rc < 0) {
 				/* the transport took none: fail the chain */
@@ -445,7 +467,7 @@ static unsigned flush(struct kvb_broker *b)
 			off += (uint32_t)rc;
 			posted += (uint32_t)rc;
 			if ((unsigned)rc < n) {
-				b->tr->stats.credit_stalls++;
+				d->tr->stats.credit_stalls++;
 				break;
 			}
 		}
@@ -463,16 +485,16 @@ static unsigned flush(struct kvb_broker *b)
 	return posted;
 }
 
-static unsigned reap(struct kvb_broker *b)
+static unsigned reap_one(struct kvb_broker *b, struct kvb_transport *t)
 {
 	struct kvb_xcqe c[POLL_BATCH];
 	unsigned total = 0;
 	int n;
 
 	do {
-		n = b->tr->ops->poll(b->tr, c, POLL_BATCH);
+		n = t->ops->poll(t, c, POLL_BATCH);
 		if (n < 0) {
-			log_err("transport %s: poll failed: %s", b->tr->ops->name,
+			log_err("transport %s: poll failed: %s", t->ops->name,
 				strerror(-n));
 			return total;
 		}
@@ -480,6 +502,16 @@ static unsigned reap(struct kvb_broker *b)
 			complete_inflight(b, (uint32_t)c[i].cookie, c[i].status);
 		total += (unsigned)n;
 	} while (n == (int)POLL_BATCH);
+	return total;
+}
+
+static unsigned reap(struct kvb_broker *b)
+{
+	unsigned total = 0;
+
+	for (unsigned i = 0; i < KVB_TS_MAX; i++)
+		if (b->trs[i])
+			total += reap_one(b, b->trs[i]);
 	return total;
 }
 

@@ -42,42 +42,44 @@ int64_t kvb_now_ns(void)
 
 static int open_transport(struct kvb_broker *b)
 {
-	const struct kvb_transport_ops *ops = NULL;
 	struct kvb_transport_params p = {
-		.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
-		.ib_port = b->opt.ib_port,
-		.gid_index = b->opt.gid_index,
 		.post_batch_size = b->opt.post_batch_size,
-		.qp_per_peer = b->opt.qp_per_transfer,
-		.gpu_streams = b->opt.gpu_streams,
 	};
+	enum kvb_transport_kind k = b->opt.transport;
 	char why[256] = "";
 	int rc;
 
-	switch (b->opt.transport) {
-	case KVB_TR_LOCAL:
-		ops = &kvb_local_ops;
-		break;
-	case KVB_TR_AUTO:
-		/* tcp and rdma need the cross-node bridge, which is not in
-		 * this version: same-node work goes through local */
-		log_info("transport auto: picked local (the cross-node tcp/rdma "
-			 "bridge is not available in this version)");
-		ops = &kvb_local_ops;
-		break;
-	default:
+	if (k == KVB_TR_TCP || k == KVB_TR_RDMA) {
 		log_err("transport %s: unavailable: the cross-node bridge for it "
 			"is not in this version (see README, 'Not there yet')",
-			kvb_transport_name(b->opt.transport));
+			kvb_transport_name(k));
 		return -ENOTSUP;
 	}
-	rc = ops->open(&p, &b->tr, why, sizeof(why));
+	/* same-node host memory always goes through local */
+	rc = kvb_local_ops.open(&p, &b->trs[KVB_TS_HOST], why, sizeof(why));
 	if (rc) {
-		log_err("transport %s: unavailable: %s", ops->name,
+		log_err("transport local: unavailable: %s",
 			why[0] ? why : strerror(-rc));
 		return rc;
 	}
-	log_info("transport %s ready", ops->name);
+	if (k == KVB_TR_GPU || k == KVB_TR_AUTO) {
+		why[0] = '\0';
+		rc = kvb_broker_gpu_open(b, why, sizeof(why));
+		if (rc && k == KVB_TR_GPU) {
+			log_err("transport gpu: unavailable: %s",
+				why[0] ? why : strerror(-rc));
+			return rc;
+		}
+		if (rc)
+			log_info("transport auto: gpu unavailable (%s); GPU regions will be refused",
+				 why[0] ? why : strerror(-rc));
+		else
+			log_info("transport gpu ready: GPU-to-GPU regions use GPU copies");
+	}
+	if (k == KVB_TR_AUTO)
+		log_info("transport auto: host memory uses local (the cross-node "
+			 "tcp/rdma bridge is not in this version)");
+	log_info("transport local ready");
 	return 0;
 }
 
@@ -283,8 +285,9 @@ static void teardown(struct kvb_broker *b)
 		close(b->listen_fd);
 		unlink(b->opt.socket_path);
 	}
-	if (b->tr)
-		b->tr->ops->close(b->tr);
+	for (int i = 0; i < KVB_TS_MAX; i++)
+		if (b->trs[i])
+			b->trs[i]->ops->close(b->trs[i]);
 	if (b->epfd >= 0)
 		close(b->epfd);
 	if (b->efd >= 0)

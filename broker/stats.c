@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 struct out {
 	char *buf;
@@ -39,8 +40,9 @@ static const char *hist_label(unsigned i, char *buf, size_t len)
 
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
-	const struct kvb_transport_stats *t = &b->tr->stats;
-	double wpd = t->doorbells ? (double)t->wrs / (double)t->doorbells : 0;
+	struct kvb_transport_stats sum = {0}, *t = &sum;
+	char names[64] = "";
+	double wpd;
 	struct out o = {.buf = buf, .cap = cap};
 	uint32_t nw = 0;
 	char lbl[32];
@@ -48,8 +50,26 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 	for (i = 0; i < b->opt.max_workers; i++)
 		nw += b->workers[i].attached;
+	for (i = 0; i < KVB_TS_MAX; i++) {
+		const struct kvb_transport_stats *s;
+
+		if (!b->trs[i])
+			continue;
+		s = &b->trs[i]->stats;
+		snprintf(names + strlen(names), sizeof(names) - strlen(names),
+			 "%s%s", names[0] ? "+" : "", b->trs[i]->ops->name);
+		sum.doorbells += s->doorbells;
+		sum.wrs += s->wrs;
+		sum.bytes += s->bytes;
+		sum.cqes += s->cqes;
+		sum.credit_stalls += s->credit_stalls;
+		sum.errors += s->errors;
+		for (unsigned k = 0; k < KVB_WR_HIST_BUCKETS; k++)
+			sum.wr_hist[k] += s->wr_hist[k];
+	}
+	wpd = t->doorbells ? (double)t->wrs / (double)t->doorbells : 0;
 	if (json) {
-		put(&o, "{\"transport\":\"%s\",\"workers\":%u,", b->tr->ops->name, nw);
+		put(&o, "{\"transport\":\"%s\",\"workers\":%u,", names, nw);
 		put(&o, "\"descriptors_submitted\":%llu,\"descriptors_completed\":%llu,"
 			"\"descriptors_refused\":%llu,\"bytes\":%llu,",
 		    (unsigned long long)b->st.descriptors_submitted,
@@ -67,12 +87,28 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    (unsigned long long)t->wr_hist[i]);
 		put(&o, "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
 			"\"transfers_active\":%u,\"messages_rejected\":%llu,"
-			"\"workers_lost\":%llu,\"regions\":%u,\"per_worker\":[",
+			"\"workers_lost\":%llu,\"regions\":%u,\"per_transport\":[",
 		    (unsigned long long)b->st.transfers_done,
 		    (unsigned long long)b->st.transfers_failed,
 		    b->xfers.nactive,
 		    (unsigned long long)b->st.messages_rejected,
 		    (unsigned long long)b->st.workers_lost, b->regions.live);
+		for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
+			const struct kvb_transport_stats *s;
+
+			if (!b->trs[i])
+				continue;
+			s = &b->trs[i]->stats;
+			put(&o, "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%llu,"
+				"\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu}",
+			    nw++ ? "," : "", b->trs[i]->ops->name,
+			    (unsigned long long)s->doorbells,
+			    (unsigned long long)s->wrs,
+			    (unsigned long long)s->bytes,
+			    (unsigned long long)s->cqes,
+			    (unsigned long long)s->errors);
+		}
+		put(&o, "],\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
 			const struct kvb_worker *w = &b->workers[i];
 
@@ -91,7 +127,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		put(&o, "]}\n");
 		return o.len;
 	}
-	put(&o, "transport              %s\n", b->tr->ops->name);
+	put(&o, "transport              %s\n", names);
 	put(&o, "workers                %u\n", nw);
 	put(&o, "descriptors_submitted  %llu\n",
 	    (unsigned long long)b->st.descriptors_submitted);

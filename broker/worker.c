@@ -168,18 +168,28 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 		   const struct kvb_msg_mem_reg *m, int fd,
 		   struct kvb_msg_mem_reply *rep)
 {
+	struct kvb_transport *t;
 	struct kvb_region_ent *r;
-	void *addr;
+	void *addr = NULL;
 	int rc;
 
-	if (fd < 0 || m->kind != KVB_MEM_HOST || m->size == 0 ||
-	    m->size > (1ull << 40) || (m->fd_offset & 4095) ||
+	if (m->size == 0 || m->size > (1ull << 40) ||
 	    (m->flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 		return -EINVAL;
-	addr = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-		    (off_t)m->fd_offset);
-	if (addr == MAP_FAILED)
-		return -errno;
+	if (m->kind == KVB_MEM_HOST) {
+		if (fd < 0 || (m->fd_offset & 4095))
+			return -EINVAL;
+		addr = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED,
+			    fd, (off_t)m->fd_offset);
+		if (addr == MAP_FAILED)
+			return -errno;
+	} else if (m->kind != KVB_MEM_GPU || fd >= 0) {
+		return -EINVAL;
+	} else if (!b->trs[KVB_TS_GPU]) {
+		log_warn("worker %u: GPU region refused: no gpu transport (start with --transport gpu or auto on a GPU node)",
+			 w->id);
+		return -ENODEV;
+	}
 	r = kvb_region_alloc(&b->regions);
 	if (!r) {
 		rc = -ENOSPC;
@@ -190,27 +200,38 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	r->mr.len = m->size;
 	r->mr.flags = m->flags;
 	r->map_base = addr;
-	r->map_len = m->size;
+	r->map_len = addr ? m->size : 0;
 	r->owner = w->id;
 	r->owner_role = w->role;
 	r->owner_dp = w->dp_rank;
 	r->owner_tp = w->tp_rank;
 	r->key = m->key;
-	rc = b->tr->ops->reg_mr(b->tr, &r->mr);
+	if (m->kind == KVB_MEM_GPU) {
+		rc = kvb_broker_gpu_import(r, m + 1, m->payload_len);
+		if (rc)
+			goto err_region;
+	}
+	t = kvb_tr_for(b, r->mr.kind);
+	rc = t->ops->reg_mr(t, &r->mr);
 	if (rc)
-		goto err_region;
+		goto err_import;
 	rep->region = r->mr.id;
 	rep->flags = r->mr.flags;
 	rep->size = r->mr.len;
-	log_dbg("worker %u: region %#x %llu bytes key %llu flags %#x", w->id,
-		r->mr.id, (unsigned long long)m->size,
-		(unsigned long long)m->key, m->flags);
+	log_dbg("worker %u: %s region %#x %llu bytes key %llu flags %#x", w->id,
+		r->mr.kind == KVB_MEM_GPU ? "gpu" : "host", r->mr.id,
+		(unsigned long long)m->size, (unsigned long long)m->key,
+		m->flags);
 	return 0;
 
+err_import:
+	if (r->mr.kind == KVB_MEM_GPU)
+		kvb_broker_gpu_unimport(r);
 err_region:
 	kvb_region_release(&b->regions, r);
 err_map:
-	munmap(addr, m->size);
+	if (addr)
+		munmap(addr, m->size);
 	return rc;
 }
 

@@ -13,6 +13,9 @@
 
 #include "ctl.h"
 #include "segment.h"
+#ifdef KVB_HAVE_GPU
+#include "gpu/gpu_export.h"
+#endif
 
 #define SUBMIT_CHUNK 64u
 #define LIVENESS_EVERY 256u /* empty polls between broker liveness checks */
@@ -233,6 +236,7 @@ int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 		goto err_map;
 	close(fd);
 	out->addr = addr;
+	out->gpu = 0;
 	return 0;
 
 err_map:
@@ -258,9 +262,46 @@ int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
 	req.key = key;
 	req.flags = flags;
 	rc = mem_register(ctx, &req, fd, out);
-	if (!rc)
+	if (!rc) {
 		out->addr = NULL;
+		out->gpu = 0;
+	}
 	return rc;
+}
+
+int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
+			 int device, uint32_t flags, uint64_t key,
+			 struct kvb_region *out)
+{
+#ifdef KVB_HAVE_GPU
+	struct {
+		struct kvb_msg_mem_reg req;
+		struct kvb_gpu_handle h;
+	} m;
+	int rc;
+
+	if (!ctx || !out || !dev_ptr || size == 0 ||
+	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	kvb_msg_init(&m.req.h, KVB_MSG_MEM_REG, sizeof(m));
+	rc = kvb_gpu_export(dev_ptr, size, device, &m.h);
+	if (rc)
+		return rc;
+	m.req.size = size;
+	m.req.key = key;
+	m.req.flags = flags;
+	m.req.kind = 1; /* gpu handle in the payload */
+	m.req.gpu_device = device;
+	m.req.payload_len = sizeof(m.h);
+	rc = mem_register(ctx, &m.req, -1, out);
+	if (!rc) {
+		out->addr = dev_ptr;
+		out->gpu = 1;
+	}
+	return rc;
+#else
+	return -ENODEV; /* this build has no gpu support */
+#endif
 }
 
 int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
@@ -275,7 +316,7 @@ int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
 	req.region = r->id;
 	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
 	/* our mapping goes whatever the broker said: it is ours */
-	if (r->addr && rc != -ENOENT)
+	if (r->addr && rc != -ENOENT && !r->gpu)
 		munmap(r->addr, r->size);
 	if (rc != -ENOENT)
 		r->addr = NULL;

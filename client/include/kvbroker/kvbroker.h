@@ -72,8 +72,10 @@ uint32_t kvb_worker_id(const struct kvb_ctx *ctx);
 struct kvb_region {
 	uint32_t id;
 	uint32_t flags;
-	void *addr; /* this process's mapping */
+	void *addr; /* this process's mapping (device pointer for GPU) */
 	uint64_t size;
+	uint32_t gpu; /* 1 = GPU memory (kvb_mem_register_gpu) */
+	uint32_t pad;
 };
 
 /*
