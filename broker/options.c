@@ -151,7 +151,7 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	int c, i;
 
 	kvb_options_default(o);
-	optind = 1;
+	optind = 0; /* not 1: 0 also resets getopt's state from a previous parse */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		const char *a = optarg;
@@ -219,7 +219,7 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		case O_DTO:
 			if (parse_int(a, 1, 86400, &v))
 				return fail(err, err_len, "%s: bad seconds '%s' (1..86400)",
-					    name, a);
+					    c == O_TTO ? "--transfer-timeout" : "--defer-timeout", a);
 			if (c == O_TTO)
 				o->transfer_timeout_ms = (uint32_t)v * 1000;
 			else
@@ -232,7 +232,8 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		case O_NPORT:
 		case O_HPORT:
 			if (parse_int(a, 1, 65535, &v))
-				return fail(err, err_len, "%s: bad port '%s'", name, a);
+				return fail(err, err_len, "%s: bad port '%s'",
+					    c == O_NPORT ? "--notify-port" : "--handshake-port", a);
 			if (c == O_NPORT)
 				o->notify_port = (uint16_t)v;
 			else

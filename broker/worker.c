@@ -344,6 +344,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 
 	if (!w->attached && m.h.type != KVB_MSG_HELLO &&
 	    m.h.type != KVB_MSG_STATS) {
+		while (nfds) /* a MEM_REG's fd is still open here */
+			close(fds[--nfds]);
 		reject(b, w, "request before HELLO");
 		return;
 	}

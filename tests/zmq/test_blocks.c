@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: MIT */
+/* Unit tests of bridge/zmq/blocks: offsets, transfer lists, ports, ranks. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "zmq/blocks.h"
+
+/* 16 tokens x 8 heads x 128 dims x 2 bytes = 32 KiB per block */
+static const struct kvb_kv_geom g_kv = {
+	.layout = KVB_KV_LAYOUT_KV_FIRST,
+	.num_blocks = 100,
+	.block_size = 16,
+	.num_heads = 8,
+	.head_dim = 128,
+	.elem_size = 2,
+};
+
+#define BL (16ull * 8 * 128 * 2)
+
+static void test_geom(void **state)
+{
+	struct kvb_kv_geom g = g_kv;
+
+	assert_int_equal(kvb_kv_geom_check(&g), 0);
+	assert_int_equal(kvb_kv_block_len(&g), BL);
+	assert_int_equal(kvb_kv_region_len(&g), 2 * 100 * BL);
+	g.head_dim = 0;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+	g = g_kv;
+	g.layout = 7;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+	g = g_kv;
+	g.num_blocks = UINT32_MAX;
+	g.block_size = UINT32_MAX;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+}
+
+static void test_offsets_kv_first(void **state)
+{
+	uint64_t off;
+
+	/* PROTOCOL.md: K = e*b*s1, V = e*(s1*num_blocks + b*s1) */
+	assert_int_equal(kvb_kv_block_off(&g_kv, 0, 0, &off), 0);
+	assert_int_equal(off, 0);
+	assert_int_equal(kvb_kv_block_off(&g_kv, 5, 0, &off), 0);
+	assert_int_equal(off, 5 * BL);
+	assert_int_equal(kvb_kv_block_off(&g_kv, 0, 1, &off), 0);
+	assert_int_equal(off, 100 * BL);
+	assert_int_equal(kvb_kv_block_off(&g_kv, 99, 1, &off), 0);
+	assert_int_equal(off, 199 * BL);
+	assert_int_equal(kvb_kv_block_off(&g_kv, 100, 0, &off), -ERANGE);
+	assert_int_equal(kvb_kv_block_off(&g_kv, 1, 2, &off), -EINVAL);
+}
+
+static void test_offsets_block_first(void **state)
+{
+	struct kvb_kv_geom g = g_kv;
+	uint64_t off;
+
+	g.layout = KVB_KV_LAYOUT_BLOCK_FIRST;
+	/* [num_blocks, 2, ...]: K = e*b*s0, V = e*(b*s0 + s1) */
+	assert_int_equal(kvb_kv_block_off(&g, 5, 0, &off), 0);
+	assert_int_equal(off, 10 * BL);
+	assert_int_equal(kvb_kv_block_off(&g, 5, 1, &off), 0);
+	assert_int_equal(off, 11 * BL);
+	assert_int_equal(kvb_kv_block_off(&g, 99, 1, &off), 0);
+	assert_int_equal(off + BL, kvb_kv_region_len(&g));
+}
+
+static void test_xfers_merge_both_sides(void **state)
+{
+	struct kvb_kv_geom r = g_kv;
+	const uint32_t lb[] = {10, 11, 12, 13};
+	const uint32_t rb[] = {40, 41, 42, 43};
+	struct kvb_kv_xfer x[8];
+
+	r.num_blocks = 50; /* D's V plane starts elsewhere */
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &r, lb, rb, 4, x, 8), 2);
+	assert_int_equal(x[0].local_off, 10 * BL);
+	assert_int_equal(x[0].remote_off, 40 * BL);
+	assert_int_equal(x[0].len, 4 * BL);
+	assert_int_equal(x[1].local_off, (100 + 10) * BL);
+	assert_int_equal(x[1].remote_off, (50 + 40) * BL);
+	assert_int_equal(x[1].len, 4 * BL);
+}
+
+static void test_xfers_contiguous_one_side(void **state)
+{
+	const uint32_t lb[] = {10, 11, 12};
+	const uint32_t rb[] = {40, 42, 41};
+	const uint32_t lb2[] = {10, 20, 30};
+	const uint32_t rb2[] = {1, 2, 3};
+	struct kvb_kv_xfer x[8];
+
+	/* local contiguous, remote not (41 after 42 is not a run) */
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, rb, 3, x, 8), 6);
+	/* remote contiguous, local not */
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb2, rb2, 3, x, 8),
+			 6);
+	assert_int_equal(x[0].len, BL);
+}
+
+static void test_xfers_partial_runs(void **state)
+{
+	const uint32_t lb[] = {1, 2, 3, 7, 8};
+	const uint32_t rb[] = {5, 6, 9, 10, 11};
+	struct kvb_kv_xfer x[16];
+
+	/* runs: (1,2)->(5,6); (3)->(9); (7,8)->(10,11): K and V each */
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, rb, 5, x, 16), 6);
+	assert_int_equal(x[0].len, 2 * BL);
+	assert_int_equal(x[1].len, BL);
+	assert_int_equal(x[2].len, 2 * BL);
+	assert_int_equal(x[2].local_off, 7 * BL);
+	assert_int_equal(x[2].remote_off, 10 * BL);
+}
+
+static void test_xfers_block_first(void **state)
+{
+	struct kvb_kv_geom l = g_kv, r = g_kv;
+	const uint32_t lb[] = {3, 4, 5};
+	const uint32_t rb[] = {0, 1, 2};
+	struct kvb_kv_xfer x[8];
+
+	/* K and V of consecutive blocks are all adjacent: one entry */
+	l.layout = r.layout = KVB_KV_LAYOUT_BLOCK_FIRST;
+	assert_int_equal(kvb_kv_build_xfers(&l, &r, lb, rb, 3, x, 8), 1);
+	assert_int_equal(x[0].local_off, 6 * BL);
+	assert_int_equal(x[0].remote_off, 0);
+	assert_int_equal(x[0].len, 6 * BL);
+
+	/* mixed layouts: only per-block pieces line up on neither side */
+	r.layout = KVB_KV_LAYOUT_KV_FIRST;
+	assert_int_equal(kvb_kv_build_xfers(&l, &r, lb, rb, 3, x, 8), 6);
+}
+
+static void test_xfers_errors(void **state)
+{
+	struct kvb_kv_geom r = g_kv;
+	const uint32_t lb[] = {1, 5};
+	const uint32_t rb[] = {2, 100};
+	struct kvb_kv_xfer x[4];
+
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, rb, 2, x, 4),
+			 -ERANGE);
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, lb, 2, x, 3),
+			 -ENOSPC);
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, lb, 2, x, 4), 4);
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &g_kv, lb, lb, 0, x, 4),
+			 -EINVAL);
+	r.num_heads = 4; /* heterogeneous head split: not a plain copy */
+	assert_int_equal(kvb_kv_build_xfers(&g_kv, &r, lb, lb, 2, x, 4),
+			 -EINVAL);
+}
+
+static void test_ports(void **state)
+{
+	/* dp * tp_size + tp */
+	assert_int_equal(kvb_port_of(61005, 0, 0, 2, KVB_PORT_DP_TIMES_TP),
+			 61005);
+	assert_int_equal(kvb_port_of(61005, 1, 1, 2, KVB_PORT_DP_TIMES_TP),
+			 61008);
+	assert_int_equal(kvb_port_of(61005, 3, 7, 8, KVB_PORT_DP_TIMES_TP),
+			 61005 + 31);
+	/* dp + tp, and the collision it has with DP>1, TP>1 */
+	assert_int_equal(kvb_port_of(61005, 1, 1, 2, KVB_PORT_DP_PLUS_TP),
+			 61007);
+	assert_int_equal(kvb_port_of(61005, 1, 0, 2, KVB_PORT_DP_PLUS_TP),
+			 kvb_port_of(61005, 0, 1, 2, KVB_PORT_DP_PLUS_TP));
+	/* equal when dp == 0 */
+	assert_int_equal(kvb_port_of(6301, 0, 5, 8, KVB_PORT_DP_PLUS_TP),
+			 kvb_port_of(6301, 0, 5, 8, KVB_PORT_DP_TIMES_TP));
+	assert_int_equal(kvb_port_of(65535, 0, 1, 2, KVB_PORT_DP_TIMES_TP),
+			 -ERANGE);
+	assert_int_equal(kvb_port_of(61005, 0, 2, 2, KVB_PORT_DP_TIMES_TP),
+			 -EINVAL);
+	assert_int_equal(kvb_port_of(61005, 0, 0, 0, KVB_PORT_DP_TIMES_TP),
+			 -EINVAL);
+	assert_int_equal(kvb_port_of(0, 0, 0, 1, KVB_PORT_DP_TIMES_TP),
+			 -EINVAL);
+	assert_int_equal(kvb_port_of(61005, 0, 0, 1, 9), -EINVAL);
+	assert_int_equal(
+		kvb_port_of(61005, UINT32_MAX, 0, 2, KVB_PORT_DP_TIMES_TP),
+		-ERANGE);
+}
+
+static void test_rank_mapping(void **state)
+{
+	assert_int_equal(kvb_tp_remote_rank(1, 2, 2), 1);
+	/* remote TP larger: rank * (R / L) */
+	assert_int_equal(kvb_tp_remote_rank(0, 2, 4), 0);
+	assert_int_equal(kvb_tp_remote_rank(1, 2, 4), 2);
+	assert_int_equal(kvb_tp_remote_rank(3, 4, 8), 6);
+	/* remote TP smaller: rank // (L / R) */
+	assert_int_equal(kvb_tp_remote_rank(3, 4, 2), 1);
+	assert_int_equal(kvb_tp_remote_rank(2, 4, 2), 1);
+	assert_int_equal(kvb_tp_remote_rank(1, 4, 2), 0);
+	assert_int_equal(kvb_tp_remote_rank(7, 8, 1), 0);
+	/* errors */
+	assert_int_equal(kvb_tp_remote_rank(2, 2, 4), -EINVAL);
+	assert_int_equal(kvb_tp_remote_rank(0, 2, 3), -EINVAL);
+	assert_int_equal(kvb_tp_remote_rank(0, 0, 2), -EINVAL);
+}
+
+static void test_ack_fanin(void **state)
+{
+	assert_int_equal(kvb_tp_release_acks(2, 4), 2);
+	assert_int_equal(kvb_tp_release_acks(1, 8), 8);
+	assert_int_equal(kvb_tp_release_acks(2, 2), 1);
+	assert_int_equal(kvb_tp_release_acks(4, 2), 1);
+	assert_int_equal(kvb_tp_release_acks(2, 3), -EINVAL);
+	assert_int_equal(kvb_tp_release_acks(0, 2), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_geom),
+		cmocka_unit_test(test_offsets_kv_first),
+		cmocka_unit_test(test_offsets_block_first),
+		cmocka_unit_test(test_xfers_merge_both_sides),
+		cmocka_unit_test(test_xfers_contiguous_one_side),
+		cmocka_unit_test(test_xfers_partial_runs),
+		cmocka_unit_test(test_xfers_block_first),
+		cmocka_unit_test(test_xfers_errors),
+		cmocka_unit_test(test_ports),
+		cmocka_unit_test(test_rank_mapping),
+		cmocka_unit_test(test_ack_fanin),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
