@@ -140,14 +140,19 @@ static int setup(struct kvb_broker *b)
 	rc = kvb_engine_init(b);
 	if (rc)
 		return rc;
-	rc = open_transport(b);
-	if (rc)
-		return rc;
+	/*
+	 * Block the stop signals before a transport starts threads (the CUDA
+	 * and HIP runtimes do): threads inherit the mask, so SIGTERM can only
+	 * arrive through the signalfd, never kill a runtime thread's process.
+	 */
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	rc = open_transport(b);
+	if (rc)
+		return rc;
 	b->sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	b->epfd = epoll_create1(EPOLL_CLOEXEC);

@@ -159,6 +159,7 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 	kvb_detach(ctx);
 	free(reg);
 	free(h);
+	fflush(stdout);
 	return bad ? 3 : 0;
 }
 
@@ -390,6 +391,7 @@ int main(int argc, char **argv)
 	for (i = 0; i < c.d; i++)
 		if (fork() == 0) {
 			close(go[1]);
+			fflush(stdout);
 			_exit(run_d(&c, i, ready[1], go[0]));
 		}
 	close(ready[1]);

@@ -27,16 +27,16 @@
 #include "gpu/gpu_api.h"
 #include "kvbroker/kvbroker.h"
 
-#define LAYERS 4
-#define BLOCKS 64
+#define LAYERS	    4
+#define BLOCKS	    64
 #define BLOCK_BYTES 8192
-#define REGION (BLOCKS * BLOCK_BYTES)
+#define REGION	    (BLOCKS * BLOCK_BYTES)
 
 static char sock[128];
 
 static uint8_t pattern(unsigned layer, unsigned blk, unsigned off)
 {
-	return (uint8_t)(layer * 131 + blk * 7 + off * 13 + (off >> 8));
+	return (uint8_t) (layer * 131 + blk * 7 + off * 13 + (off >> 8));
 }
 
 /* D's block for P's block: runs of 4, in reverse run order */
@@ -51,7 +51,8 @@ static int backend_up(const char *backend, const struct kvb_gpu_api **g)
 	int n = 0;
 
 	if (kvb_gpu_backend_init(backend, why, sizeof(why))) {
-		fprintf(stderr, "gpu backend %s unavailable: %s\n", backend, why);
+		fprintf(stderr, "gpu backend %s unavailable: %s\n", backend,
+			why);
 		return 77;
 	}
 	*g = kvb_gpu_backend();
@@ -64,8 +65,8 @@ static int backend_up(const char *backend, const struct kvb_gpu_api **g)
 
 static int attach(enum kvb_role role, struct kvb_ctx **ctx)
 {
-	struct kvb_attach_opts o = {.socket_path = sock, .role = role,
-				    .tp_size = 1};
+	struct kvb_attach_opts o = {
+		.socket_path = sock, .role = role, .tp_size = 1};
 	int rc = kvb_attach(&o, ctx);
 
 	if (rc)
@@ -89,7 +90,7 @@ static int wait_transfer(struct kvb_ctx *ctx, int *status)
 			}
 			if (c[i].status) {
 				fprintf(stderr, "descriptor %llu failed: %s\n",
-					(unsigned long long)c[i].tag,
+					(unsigned long long) c[i].tag,
 					kvb_strerror(c[i].status));
 			}
 		}
@@ -118,9 +119,11 @@ static int run_d(const char *backend, int ready_fd)
 		    g->memcpy(g, dev[l], host, REGION, KVB_GPU_H2D))
 			return 1;
 		rc = kvb_mem_register_gpu(ctx, dev[l], REGION, 0,
-					  KVB_MEM_REMOTE_WRITE, (uint64_t)l, &reg[l]);
+					  KVB_MEM_REMOTE_WRITE, (uint64_t) l,
+					  &reg[l]);
 		if (rc) {
-			fprintf(stderr, "D: register gpu: %s\n", kvb_strerror(rc));
+			fprintf(stderr, "D: register gpu: %s\n",
+				kvb_strerror(rc));
 			return 1;
 		}
 	}
@@ -131,7 +134,8 @@ static int run_d(const char *backend, int ready_fd)
 		return 1;
 	rc = wait_transfer(ctx, &st);
 	if (rc || st) {
-		fprintf(stderr, "D: transfer: %s\n", kvb_strerror(rc ? rc : st));
+		fprintf(stderr, "D: transfer: %s\n",
+			kvb_strerror(rc ? rc : st));
 		return 1;
 	}
 	for (int l = 0; l < LAYERS; l++) {
@@ -140,9 +144,10 @@ static int run_d(const char *backend, int ready_fd)
 		for (unsigned b = 0; b < BLOCKS; b++)
 			for (unsigned o = 0; o < BLOCK_BYTES; o++)
 				bad += host[dst_block(b) * BLOCK_BYTES + o] !=
-				       pattern((unsigned)l, b, o);
+				       pattern((unsigned) l, b, o);
 	}
-	printf("D: %d layers x %d blocks checked in GPU memory, %ld bad bytes\n",
+	printf("D: %d layers x %d blocks checked in GPU memory, %ld bad "
+	       "bytes\n",
 	       LAYERS, BLOCKS, bad);
 	fflush(stdout);
 	for (int l = 0; l < LAYERS; l++)
@@ -175,30 +180,36 @@ static int run_p(const char *backend, int go_fd)
 	for (int l = 0; l < LAYERS; l++) {
 		for (unsigned b = 0; b < BLOCKS; b++)
 			for (unsigned o = 0; o < BLOCK_BYTES; o++)
-				host[b * BLOCK_BYTES + o] = pattern((unsigned)l, b, o);
+				host[b * BLOCK_BYTES + o] =
+					pattern((unsigned) l, b, o);
 		if (g->alloc(g, 0, REGION, &dev[l]) ||
 		    g->memcpy(g, dev[l], host, REGION, KVB_GPU_H2D))
 			return 1;
 		rc = kvb_mem_register_gpu(ctx, dev[l], REGION, 0, 0,
-					  (uint64_t)l, &reg[l]);
+					  (uint64_t) l, &reg[l]);
 		if (rc) {
-			fprintf(stderr, "P: register gpu: %s\n", kvb_strerror(rc));
+			fprintf(stderr, "P: register gpu: %s\n",
+				kvb_strerror(rc));
 			return 1;
 		}
-		rc = kvb_mem_lookup(ctx, KVB_ROLE_D, 0, 0, (uint64_t)l, &dst[l]);
+		rc = kvb_mem_lookup(ctx, KVB_ROLE_D, 0, 0, (uint64_t) l,
+				    &dst[l]);
 		if (rc)
 			return 1;
 	}
 	/* a host region may not write into GPU memory: refused, counted */
 	if (kvb_mem_alloc(ctx, 4096, 0, 99, &hostreg))
 		return 1;
-	d[0] = (struct kvb_desc){.region = hostreg.id, .peer_region = dst[0].id,
-				 .len = 64, .tag = 777};
+	d[0] = (struct kvb_desc){.region = hostreg.id,
+				 .peer_region = dst[0].id,
+				 .len = 64,
+				 .tag = 777};
 	if (kvb_submit_write(ctx, d, 1) != 1)
 		return 1;
 	n = kvb_wait(ctx, &c, 1, 5000);
 	if (n != 1 || c.tag != 777 || c.status != -EOPNOTSUPP) {
-		fprintf(stderr, "P: host->GPU write not refused as expected (%d, %d)\n",
+		fprintf(stderr,
+			"P: host->GPU write not refused as expected (%d, %d)\n",
 			n, n == 1 ? c.status : 0);
 		return 1;
 	}
@@ -207,14 +218,19 @@ static int run_p(const char *backend, int go_fd)
 	for (int l = 0; l < LAYERS; l++) {
 		for (unsigned b = 0; b < BLOCKS; b++)
 			d[b] = (struct kvb_desc){
-				.transfer = h, .layer = (uint16_t)l,
+				.transfer = h,
+				.layer = (uint16_t) l,
 				.flags = KVB_DESC_UNSIGNALED,
-				.region = reg[l].id, .peer_region = dst[l].id,
-				.offset = (uint64_t)b * BLOCK_BYTES,
-				.peer_offset = (uint64_t)dst_block(b) * BLOCK_BYTES,
-				.len = BLOCK_BYTES, .tag = b};
+				.region = reg[l].id,
+				.peer_region = dst[l].id,
+				.offset = (uint64_t) b * BLOCK_BYTES,
+				.peer_offset =
+					(uint64_t) dst_block(b) * BLOCK_BYTES,
+				.len = BLOCK_BYTES,
+				.tag = b};
 		for (int sent = 0; sent < BLOCKS;) {
-			n = kvb_submit_write(ctx, d + sent, (unsigned)(BLOCKS - sent));
+			n = kvb_submit_write(ctx, d + sent,
+					     (unsigned) (BLOCKS - sent));
 			if (n < 0 && n != -EAGAIN)
 				return 1;
 			if (n > 0)
@@ -225,7 +241,8 @@ static int run_p(const char *backend, int go_fd)
 		return 1;
 	rc = wait_transfer(ctx, &st);
 	if (rc || st) {
-		fprintf(stderr, "P: transfer: %s\n", kvb_strerror(rc ? rc : st));
+		fprintf(stderr, "P: transfer: %s\n",
+			kvb_strerror(rc ? rc : st));
 		return 1;
 	}
 	for (int l = 0; l < LAYERS; l++)
@@ -250,7 +267,8 @@ int main(int argc, char **argv)
 	struct stat sb;
 
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s BROKER_BIN host|cuda|hip|auto\n", argv[0]);
+		fprintf(stderr, "usage: %s BROKER_BIN host|cuda|hip|auto\n",
+			argv[0]);
 		return 2;
 	}
 	if (!mkdtemp(dir))
@@ -260,7 +278,7 @@ int main(int argc, char **argv)
 	broker = fork();
 	if (broker == 0) {
 		execl(argv[1], argv[1], "--socket", sock, "--transport", "gpu",
-		      "--log-level", "warn", (char *)NULL);
+		      "--log-level", "warn", (char *) NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 200 && stat(sock, &sb); i++)
@@ -268,8 +286,10 @@ int main(int argc, char **argv)
 	if (stat(sock, &sb)) {
 		/* --transport gpu refuses to start without a device */
 		waitpid(broker, &st, 0);
-		fprintf(stderr, "broker did not start with --transport gpu "
-				"(no usable gpu backend '%s'): skipped\n", argv[2]);
+		fprintf(stderr,
+			"broker did not start with --transport gpu "
+			"(no usable gpu backend '%s'): skipped\n",
+			argv[2]);
 		rmdir(dir);
 		return 77;
 	}

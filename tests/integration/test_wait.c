@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvb_wait timing and the sleep/wake handshake with the broker: a wait with
+ * nothing pending times out on time; after the broker has gone to sleep
+ * (idle longer than --busy-poll-us), a submission wakes it and the
+ * completion wakes the waiting worker; thousands of submit/wait round trips
+ * with jittered pauses lose no wakeup.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define KiB    (1ull << 10)
+#define ROUNDS 3000
+
+static struct broker br;
+static struct kvb_ctx *ctx;
+static struct kvb_region src, dst;
+
+static int round_trip(uint64_t tag, double *ms)
+{
+	struct kvb_desc d = {.region = src.id,
+			     .peer_region = dst.id,
+			     .offset = (tag % 16) * KiB,
+			     .peer_offset = (tag % 16) * KiB,
+			     .len = KiB,
+			     .tag = tag};
+	struct kvb_completion c[2];
+	int64_t t0 = now_ns();
+	int n;
+
+	if (kvb_submit_write(ctx, &d, 1) != 1)
+		return -1;
+	n = kvb_wait(ctx, c, 2, 3000);
+	*ms = ms_since(t0);
+	if (n != 1 || c[0].tag != tag || c[0].status)
+		return -2;
+	return 0;
+}
+
+static void test_timeout(void **state)
+{
+	struct kvb_completion c[4];
+	int64_t t0;
+	double ms;
+
+	(void) state;
+	t0 = now_ns();
+	assert_int_equal(kvb_wait(ctx, c, 4, 50), -ETIMEDOUT);
+	ms = ms_since(t0);
+	fprintf(stderr, "kvb_wait(50 ms) with nothing pending: %.1f ms\n", ms);
+	assert_true(ms >= 49 && ms < 300);
+
+	t0 = now_ns();
+	assert_int_equal(kvb_wait(ctx, c, 4, 0), -ETIMEDOUT);
+	assert_true(ms_since(t0) < 20);
+	t0 = now_ns();
+	assert_int_equal(kvb_wait(ctx, c, 4, 1), -ETIMEDOUT);
+	assert_true(ms_since(t0) < 50);
+	t0 = now_ns();
+	assert_int_equal(kvb_wait(ctx, c, 4, 250), -ETIMEDOUT);
+	ms = ms_since(t0);
+	assert_true(ms >= 249 && ms < 600);
+	/* poll with nothing: 0, not an error */
+	assert_int_equal(kvb_poll(ctx, c, 4), 0);
+	assert_int_equal(kvb_wait(ctx, c, 0, 10), -EINVAL);
+	assert_int_equal(kvb_poll(ctx, c, 0), -EINVAL);
+}
+
+static void test_wake_after_sleep(void **state)
+{
+	double ms, worst = 0;
+
+	(void) state;
+	for (int i = 0; i < 5; i++) {
+		usleep(200 * 1000); /* the broker is asleep by now */
+		assert_int_equal(round_trip(1000 + i, &ms), 0);
+		if (ms > worst)
+			worst = ms;
+	}
+	fprintf(stderr,
+		"submit -> completion after 200 ms idle: worst %.2f ms\n",
+		worst);
+	/* a lost wakeup costs a full 1 s epoll/poll period */
+	assert_true(worst < 500);
+}
+
+struct d_wait {
+	struct kvb_ctx *ctx;
+	int n;
+	struct kvb_completion c[4];
+	int64_t t;
+};
+
+static void *d_waiter(void *arg)
+{
+	struct d_wait *w = arg;
+
+	w->n = kvb_wait(w->ctx, w->c, 4, -1);
+	w->t = now_ns();
+	return NULL;
+}
+
+/* A D worker asleep in kvb_wait(-1) is woken by another worker's write. */
+static void test_wake_other_worker(void **state)
+{
+	struct kvb_remote_region rr;
+	struct kvb_region dreg;
+	struct kvb_ctx *dctx;
+	struct d_wait w = {0};
+	struct kvb_completion c[4];
+	struct kvb_desc d;
+	pthread_t th;
+	uint32_t hd, hp;
+	int64_t t0;
+
+	(void) state;
+	dctx = w_attach(&br, KVB_ROLE_D, 0, 1, 0);
+	assert_non_null(dctx);
+	assert_int_equal(
+		kvb_mem_alloc(dctx, 64 * KiB, KVB_MEM_REMOTE_WRITE, 7, &dreg),
+		0);
+	assert_int_equal(kvb_transfer_open(dctx, "wake", &hd), 0);
+	assert_int_equal(kvb_transfer_seal(dctx, hd, 1, 55), 0);
+	w.ctx = dctx;
+	assert_int_equal(pthread_create(&th, NULL, d_waiter, &w), 0);
+	usleep(200 * 1000);
+
+	assert_int_equal(kvb_mem_lookup(ctx, KVB_ROLE_D, 0, 0, 7, &rr), 0);
+	assert_int_equal(kvb_transfer_open(ctx, "wake", &hp), 0);
+	d = (struct kvb_desc){.transfer = hp,
+			      .region = src.id,
+			      .peer_region = rr.id,
+			      .len = 8 * KiB,
+			      .flags = KVB_DESC_UNSIGNALED};
+	t0 = now_ns();
+	assert_int_equal(kvb_submit_write(ctx, &d, 1), 1);
+	assert_int_equal(kvb_transfer_seal(ctx, hp, 1, 56), 0);
+	assert_int_equal(w_collect(ctx, c, 1, 2000), 1);
+	assert_int_equal(c[0].tag, 56);
+	assert_int_equal(c[0].status, 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	fprintf(stderr, "D woken %.2f ms after P's submit\n",
+		(double) (w.t - t0) / 1e6);
+	assert_int_equal(w.n, 1);
+	assert_int_equal(w.c[0].kind, KVB_COMP_TRANSFER);
+	assert_int_equal(w.c[0].tag, 55);
+	assert_int_equal(w.c[0].status, 0);
+	assert_true((double) (w.t - t0) / 1e6 < 500);
+	assert_int_equal(pattern_check(dreg.addr, 8 * KiB, 6, 0), 0);
+	kvb_detach(dctx);
+}
+
+static void test_no_lost_wakeup(void **state)
+{
+	double ms, worst = 0, total = 0;
+	unsigned seed = 1;
+
+	(void) state;
+	for (int i = 0; i < ROUNDS; i++) {
+		/* pauses around the broker's 20 us spin: it is going to
+		 * sleep, asleep, or still spinning when we submit */
+		usleep((unsigned) (rand_r(&seed) % 60));
+		if (round_trip(10000 + (uint64_t) i, &ms))
+			fail_msg("round %d failed", i);
+		total += ms;
+		if (ms > worst)
+			worst = ms;
+	}
+	fprintf(stderr, "%d round trips: mean %.1f us, worst %.2f ms\n", ROUNDS,
+		total * 1000 / ROUNDS, worst);
+	assert_true(worst < 500);
+}
+
+static int group_setup(void **state)
+{
+	(void) state;
+	if (broker_start(&br, NULL))
+		return -1;
+	ctx = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
+	if (!ctx || kvb_mem_alloc(ctx, 64 * KiB, 0, 1, &src) ||
+	    kvb_mem_alloc(ctx, 64 * KiB, 0, 2, &dst))
+		return -1;
+	pattern_fill(src.addr, 64 * KiB, 6, 0);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	int rc;
+
+	(void) state;
+	if (ctx)
+		kvb_detach(ctx);
+	rc = broker_stop(&br);
+	broker_cleanup(&br);
+	return rc ? -1 : 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_wake_after_sleep),
+		cmocka_unit_test(test_wake_other_worker),
+		cmocka_unit_test(test_no_lost_wakeup),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,369 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests for the broker's command line (broker/options.c): defaults,
+ * every option parsed, bad values refused with a message that names the
+ * option, --help and --version.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "options.h"
+#include "log.h"
+
+#define MAXARGS 64
+
+/*
+ * Parse a NULL-terminated argument list (argv[0] added). getopt permutes
+ * argv, so each call builds a fresh array.
+ */
+static int parse_v(struct kvb_options *o, char *err, size_t len, va_list ap)
+{
+	char *argv[MAXARGS + 2], *copy[MAXARGS + 2];
+	char prog[] = "kvbroker";
+	const char *a;
+	int argc = 0, rc;
+
+	argv[argc++] = prog;
+	while ((a = va_arg(ap, const char *)) && argc <= MAXARGS)
+		argv[argc++] = strdup(a);
+	argv[argc] = NULL;
+	memcpy(copy, argv, sizeof(argv));
+	rc = kvb_options_parse(o, argc, argv, err, len);
+	for (int i = 1; i < argc; i++)
+		free(copy[i]);
+	return rc;
+}
+
+static int parse(struct kvb_options *o, char *err, size_t len, ...)
+{
+	va_list ap;
+	int rc;
+
+	va_start(ap, len);
+	rc = parse_v(o, err, len, ap);
+	va_end(ap);
+	return rc;
+}
+
+/* Expect a refusal whose message contains `want`. */
+static void refused(const char *want, ...)
+{
+	struct kvb_options o;
+	char err[256] = "";
+	va_list ap;
+	int rc;
+
+	va_start(ap, want);
+	rc = parse_v(&o, err, sizeof(err), ap);
+	va_end(ap);
+	if (rc != -EINVAL || !strstr(err, want))
+		fail_msg("expected -EINVAL with '%s', got %d '%s'", want, rc,
+			 err);
+}
+
+static void test_defaults(void **state)
+{
+	struct kvb_options o;
+	char err[256] = "";
+
+	(void) state;
+	setenv("KVB_SOCKET", "/tmp/kvb-test-default.sock", 1);
+	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
+	assert_string_equal(o.socket_path, "/tmp/kvb-test-default.sock");
+	assert_int_equal(o.transport, KVB_TR_LOCAL);
+	assert_int_equal(o.log_level, KVB_LOG_INFO);
+	assert_int_equal(o.busy_poll_us, 50);
+	assert_int_equal(o.sq_entries, 4096);
+	assert_int_equal(o.cq_entries, 8192);
+	assert_int_equal(o.max_workers, 256);
+	assert_int_equal(o.burst, 64);
+	assert_int_equal(o.post_batch_size, -1);
+	assert_int_equal(o.transfer_timeout_ms, 30000);
+	assert_int_equal(o.defer_timeout_ms, 60000);
+	assert_string_equal(o.host_ip, "127.0.0.1");
+	assert_int_equal(o.notify_port, 61005);
+	assert_int_equal(o.handshake_port, 6301);
+	assert_int_equal(o.read_mode, 0);
+	assert_string_equal(o.trusted_hosts, "");
+	assert_string_equal(o.rdma_dev, "");
+	assert_int_equal(o.ib_port, 1);
+	assert_int_equal(o.gid_index, -1);
+	assert_int_equal(o.qp_per_transfer, 1);
+	assert_int_equal(o.gpu_streams, 64);
+	assert_int_equal(o.help, 0);
+	assert_int_equal(o.version, 0);
+
+	/* without $KVB_SOCKET: $XDG_RUNTIME_DIR, then /tmp/kvbroker-UID */
+	unsetenv("KVB_SOCKET");
+	setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
+	assert_string_equal(o.socket_path, "/run/user/4242/kvbroker.sock");
+	unsetenv("XDG_RUNTIME_DIR");
+	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
+	{
+		char want[64];
+
+		snprintf(want, sizeof(want), "/tmp/kvbroker-%u.sock",
+			 (unsigned) getuid());
+		assert_string_equal(o.socket_path, want);
+	}
+}
+
+static void test_every_option(void **state)
+{
+	struct kvb_options o;
+	char err[256] = "";
+
+	(void) state;
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--socket", "/tmp/x.sock",
+		      "--transport", "rdma", "--log-level", "debug",
+		      "--busy-poll-us", "0", "--sq-entries", "1024",
+		      "--cq-entries", "2", "--max-workers", "4096", "--burst",
+		      "1024", "--post-batch-size", "16", "--transfer-timeout",
+		      "5", "--defer-timeout", "86400", "--host-ip", "10.0.0.7",
+		      "--notify-port", "1", "--handshake-port", "65535",
+		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
+		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
+		      "--qp-per-transfer", "64", "--gpu-streams", "1", NULL),
+		0);
+	assert_string_equal(err, "");
+	assert_string_equal(o.socket_path, "/tmp/x.sock");
+	assert_int_equal(o.transport, KVB_TR_RDMA);
+	assert_int_equal(o.log_level, KVB_LOG_DEBUG);
+	assert_int_equal(o.busy_poll_us, 0);
+	assert_int_equal(o.sq_entries, 1024);
+	assert_int_equal(o.cq_entries, 2);
+	assert_int_equal(o.max_workers, 4096);
+	assert_int_equal(o.burst, 1024);
+	assert_int_equal(o.post_batch_size, 16);
+	assert_int_equal(o.transfer_timeout_ms, 5000);
+	assert_int_equal(o.defer_timeout_ms, 86400000u);
+	assert_string_equal(o.host_ip, "10.0.0.7");
+	assert_int_equal(o.notify_port, 1);
+	assert_int_equal(o.handshake_port, 65535);
+	assert_int_equal(o.read_mode, 1);
+	assert_string_equal(o.trusted_hosts, "a,b,c");
+	assert_string_equal(o.rdma_dev, "mlx5_0");
+	assert_int_equal(o.ib_port, 2);
+	assert_int_equal(o.gid_index, 3);
+	assert_int_equal(o.qp_per_transfer, 64);
+	assert_int_equal(o.gpu_streams, 1);
+
+	/* --opt=value form, and the other end of the ranges */
+	assert_int_equal(parse(&o, err, sizeof(err), "--sq-entries=1048576",
+			       "--post-batch-size=-1", "--gid-index=-1",
+			       "--log-level=error", NULL),
+			 0);
+	assert_int_equal(o.sq_entries, 1u << 20);
+	assert_int_equal(o.post_batch_size, -1);
+	assert_int_equal(o.gid_index, -1);
+	assert_int_equal(o.log_level, KVB_LOG_ERROR);
+
+	/* the last occurrence wins */
+	assert_int_equal(parse(&o, err, sizeof(err), "--burst", "3", "--burst",
+			       "7", NULL),
+			 0);
+	assert_int_equal(o.burst, 7);
+}
+
+static void test_transports(void **state)
+{
+	static const struct {
+		const char *name;
+		enum kvb_transport_kind k;
+	} t[] = {{"auto", KVB_TR_AUTO},
+		 {"local", KVB_TR_LOCAL},
+		 {"tcp", KVB_TR_TCP},
+		 {"rdma", KVB_TR_RDMA},
+		 {"gpu", KVB_TR_GPU}};
+	struct kvb_options o;
+	char err[256];
+
+	(void) state;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		assert_int_equal(parse(&o, err, sizeof(err), "--transport",
+				       t[i].name, NULL),
+				 0);
+		assert_int_equal(o.transport, t[i].k);
+		assert_string_equal(kvb_transport_name(t[i].k), t[i].name);
+	}
+	assert_string_equal(kvb_transport_name((enum kvb_transport_kind) 99),
+			    "?");
+	refused("--transport", "--transport", "infiniband", NULL);
+	refused("'LOCAL'", "--transport", "LOCAL", NULL);
+	refused("--log-level", "--log-level", "verbose", NULL);
+}
+
+static void test_bad_rings(void **state)
+{
+	static const char *const bad[] = {
+		"0",  "1",   "3",     "1000", "4095", "2097152",
+		"-4", "abc", "4096x", "",     "1e3",  "99999999999999999999"};
+
+	(void) state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		refused("--sq-entries", "--sq-entries", bad[i], NULL);
+		refused("--cq-entries", "--cq-entries", bad[i], NULL);
+		refused("power of two", "--sq-entries", bad[i], NULL);
+	}
+}
+
+static void test_bad_numbers(void **state)
+{
+	(void) state;
+	/* ports: 1..65535 */
+	refused("--notify-port", "--notify-port", "0", NULL);
+	refused("--notify-port", "--notify-port", "65536", NULL);
+	refused("--notify-port", "--notify-port", "-1", NULL);
+	refused("--handshake-port", "--handshake-port", "70000", NULL);
+	refused("--handshake-port", "--handshake-port", "http", NULL);
+	refused("--handshake-port", "--handshake-port=0", NULL);
+	/* seconds: 1..86400 */
+	refused("--transfer-timeout", "--transfer-timeout", "0", NULL);
+	refused("--transfer-timeout", "--transfer-timeout", "86401", NULL);
+	refused("--defer-timeout", "--defer-timeout", "-5", NULL);
+	refused("--busy-poll-us", "--busy-poll-us", "-1", NULL);
+	refused("--busy-poll-us", "--busy-poll-us", "10000001", NULL);
+	refused("--max-workers", "--max-workers", "0", NULL);
+	refused("--max-workers", "--max-workers", "4097", NULL);
+	refused("--burst", "--burst", "0", NULL);
+	refused("--burst", "--burst", "1025", NULL);
+	refused("--post-batch-size", "--post-batch-size", "0", NULL);
+	refused("--post-batch-size", "--post-batch-size", "-2", NULL);
+	refused("--post-batch-size", "--post-batch-size", "65537", NULL);
+	refused("--ib-port", "--ib-port", "0", NULL);
+	refused("--ib-port", "--ib-port", "256", NULL);
+	refused("--gid-index", "--gid-index", "-2", NULL);
+	refused("--qp-per-transfer", "--qp-per-transfer", "65", NULL);
+	refused("--gpu-streams", "--gpu-streams", "0", NULL);
+}
+
+static void test_bad_strings(void **state)
+{
+	char longpath[200], longip[80], longhosts[1100];
+
+	(void) state;
+	memset(longpath, 'p', sizeof(longpath) - 1);
+	longpath[0] = '/';
+	longpath[sizeof(longpath) - 1] = '\0';
+	memset(longip, '1', sizeof(longip) - 1);
+	longip[sizeof(longip) - 1] = '\0';
+	memset(longhosts, 'h', sizeof(longhosts) - 1);
+	longhosts[sizeof(longhosts) - 1] = '\0';
+	refused("--socket", "--socket", longpath, NULL);
+	refused("--host-ip", "--host-ip", longip, NULL);
+	refused("--trusted-hosts", "--trusted-hosts", longhosts, NULL);
+	refused("--rdma-dev", "--rdma-dev", longip, NULL);
+
+	/* the longest path that fits sun_path with its NUL */
+	{
+		struct kvb_options o;
+		char err[256], p107[108];
+
+		memset(p107, 'q', 107);
+		p107[0] = '/';
+		p107[107] = '\0';
+		assert_int_equal(
+			parse(&o, err, sizeof(err), "--socket", p107, NULL), 0);
+		assert_string_equal(o.socket_path, p107);
+	}
+}
+
+static void test_bad_usage(void **state)
+{
+	(void) state;
+	refused("unknown option", "--frobnicate", NULL);
+	refused("--frobnicate", "--frobnicate", NULL);
+	refused("unknown option", "-x", NULL);
+	refused("missing argument", "--socket", NULL);
+	refused("--socket", "--socket", NULL);
+	refused("missing argument", "--busy-poll-us", NULL);
+	refused("unexpected argument 'stray'", "stray", NULL);
+	refused("unexpected argument 'stray'", "--burst", "4", "stray", NULL);
+	refused("unexpected argument", "--read-mode", "yes", NULL);
+	/* a flag that takes no argument given one */
+	refused("--help", "--help=yes", NULL);
+}
+
+static void test_help_version(void **state)
+{
+	struct kvb_options o;
+	char err[256], *buf = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	(void) state;
+	assert_int_equal(parse(&o, err, sizeof(err), "--help", NULL), 0);
+	assert_int_equal(o.help, 1);
+	assert_int_equal(o.version, 0);
+	assert_int_equal(parse(&o, err, sizeof(err), "--version", NULL), 0);
+	assert_int_equal(o.version, 1);
+	assert_int_equal(o.help, 0);
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--help", "--version", NULL), 0);
+	assert_true(o.help && o.version);
+
+	/* the usage text names every option */
+	f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	kvb_options_usage(f);
+	fclose(f);
+	static const char *const names[] = {
+		"--socket",	     "--transport",
+		"--log-level",	     "--busy-poll-us",
+		"--sq-entries",	     "--cq-entries",
+		"--max-workers",     "--burst",
+		"--post-batch-size", "--transfer-timeout",
+		"--defer-timeout",   "--host-ip",
+		"--notify-port",     "--handshake-port",
+		"--read-mode",	     "--trusted-hosts",
+		"--rdma-dev",	     "--ib-port",
+		"--gid-index",	     "--qp-per-transfer",
+		"--gpu-streams",     "--help",
+		"--version"};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (!strstr(buf, names[i]))
+			fail_msg("usage does not mention %s", names[i]);
+	free(buf);
+}
+
+/* An error message is truncated to the buffer, never overflows it. */
+static void test_small_err_buffer(void **state)
+{
+	struct kvb_options o;
+	char err[8];
+
+	(void) state;
+	memset(err, 'z', sizeof(err));
+	assert_int_equal(parse(&o, err, 4, "--transport", "nope", NULL),
+			 -EINVAL);
+	assert_int_equal(strlen(err), 3);
+	assert_int_equal(err[4], 'z');
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_every_option),
+		cmocka_unit_test(test_transports),
+		cmocka_unit_test(test_bad_rings),
+		cmocka_unit_test(test_bad_numbers),
+		cmocka_unit_test(test_bad_strings),
+		cmocka_unit_test(test_bad_usage),
+		cmocka_unit_test(test_help_version),
+		cmocka_unit_test(test_small_err_buffer),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
