@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* `kvbctl stats`: the broker's counters as a table or as JSON. */
 #include "broker.h"
+#ifdef KVB_HAVE_GPU
+#include "gpu/gpu.h"
+#endif
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +28,34 @@ __attribute__((format(printf, 2, 3))) static void put(struct out *o,
 	if (n > 0)
 		o->len += (size_t)n < o->cap - o->len ? (size_t)n :
 							o->cap - o->len - 1;
+}
+
+/* GPU copy counters (copies, batches, bytes, streams busy), if open */
+static void gpu_stats(struct kvb_broker *b, struct out *o, int json)
+{
+#ifdef KVB_HAVE_GPU
+	struct kvb_gpu_stats g;
+
+	if (b->trs[KVB_TS_GPU] && !kvb_gpu_transport_stats(b->trs[KVB_TS_GPU], &g)) {
+		if (json)
+			put(o, "\"gpu\":{\"backend\":\"%s\",\"copies\":%llu,"
+			       "\"batches\":%llu,\"bytes\":%llu,\"streams\":%u,"
+			       "\"streams_busy\":%u,\"failed_ops\":%llu},",
+			    g.backend, (unsigned long long)g.copies,
+			    (unsigned long long)g.batches,
+			    (unsigned long long)g.bytes, g.streams, g.streams_busy,
+			    (unsigned long long)g.failed_ops);
+		else
+			put(o, "gpu                    backend %s, %llu copies in %llu batches, %llu bytes, %u/%u streams busy, %llu failed ops\n",
+			    g.backend, (unsigned long long)g.copies,
+			    (unsigned long long)g.batches,
+			    (unsigned long long)g.bytes, g.streams_busy, g.streams,
+			    (unsigned long long)g.failed_ops);
+		return;
+	}
+#endif
+	if (json)
+		put(o, "\"gpu\":null,");
 }
 
 static const char *hist_label(unsigned i, char *buf, size_t len)
@@ -108,7 +139,9 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    (unsigned long long)s->cqes,
 			    (unsigned long long)s->errors);
 		}
-		put(&o, "],\"per_worker\":[");
+		put(&o, "],");
+		gpu_stats(b, &o, 1);
+		put(&o, "\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
 			const struct kvb_worker *w = &b->workers[i];
 
@@ -150,6 +183,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long)b->st.messages_rejected);
 	put(&o, "workers_lost           %llu\n",
 	    (unsigned long long)b->st.workers_lost);
+	gpu_stats(b, &o, 0);
 	put(&o, "wr_per_doorbell histogram:\n");
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 		if (t->wr_hist[i])

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "gpu/gpu_api.h"
 #include "kvbroker/kvbroker.h"
 
@@ -254,6 +255,37 @@ static int run_p(const char *backend, int go_fd)
 	return 0;
 }
 
+/* kvbctl's view: the gpu transport counted the copies */
+static int check_gpu_stats(void)
+{
+	static char buf[KVB_MSG_MAX];
+	struct kvb_msg_stats req;
+	const char *p;
+	int fd, n;
+
+	fd = kvb_ctl_connect(sock, 3000);
+	if (fd < 0)
+		return 1;
+	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
+	req.json = 1;
+	n = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
+	if (!n)
+		n = kvb_ctl_recv(fd, buf, sizeof(buf) - 1, NULL, NULL);
+	close(fd);
+	if (n <= (int)sizeof(struct kvb_msg_hdr))
+		return 1;
+	buf[n] = '\0';
+	p = strstr(buf + sizeof(struct kvb_msg_hdr), "\"gpu\":{");
+	if (!p || !strstr(p, "\"copies\":") ||
+	    strtoull(strstr(p, "\"copies\":") + 9, NULL, 10) == 0) {
+		fprintf(stderr, "stats show no gpu copies: %s\n",
+			buf + sizeof(struct kvb_msg_hdr));
+		return 1;
+	}
+	printf("broker stats: %.*s\n", (int)(strchr(p, '}') - p + 1), p);
+	return 0;
+}
+
 static int code(int status)
 {
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -313,6 +345,8 @@ int main(int argc, char **argv)
 	rc_d = code(st);
 	waitpid(pp, &st, 0);
 	rc_p = code(st);
+	if (!rc_d && !rc_p && check_gpu_stats())
+		rc_p = 1;
 	kill(broker, SIGTERM);
 	waitpid(broker, &st, 0);
 	rc_b = code(st);
