@@ -75,6 +75,8 @@ struct kvb_broker {
 	uid_t uid;
 	struct kvb_worker *workers; /* opt.max_workers slots */
 	uint32_t nworkers;
+	uint32_t *live;  /* slots of attached workers, compact (hot loops) */
+	uint32_t nlive;
 	uint32_t rr; /* fair-drain start */
 	struct kvb_regions regions;
 	struct kvb_xfers xfers;

@@ -121,11 +121,11 @@ static void flush_overflow(struct kvb_worker *w)
 
 void kvb_wake_workers(struct kvb_broker *b)
 {
-	for (uint32_t i = 0; i < b->opt.max_workers; i++) {
-		struct kvb_worker *w = &b->workers[i];
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
 		uint64_t one = 1;
 
-		if (!w->attached || !w->cq_dirty)
+		if (!w->cq_dirty)
 			continue;
 		w->cq_dirty = 0;
 		/* pairs with kvb_wait(): flag store, fence, ring re-check */
@@ -518,17 +518,15 @@ static unsigned reap(struct kvb_broker *b)
 unsigned kvb_engine_round(struct kvb_broker *b)
 {
 	struct kvb_sqe sqe[256];
-	uint32_t nw = b->opt.max_workers, burst = b->opt.burst;
+	uint32_t nw = b->nlive, burst = b->opt.burst;
 	unsigned work = 0;
 
 	if (burst > 256)
 		burst = 256;
 	for (uint32_t k = 0; k < nw; k++) {
-		struct kvb_worker *w = &b->workers[(b->rr + k) % nw];
+		struct kvb_worker *w = &b->workers[b->live[(b->rr + k) % nw]];
 		uint32_t n;
 
-		if (!w->attached)
-			continue;
 		if (w->ovf_len) {
 			flush_overflow(w);
 			if (w->ovf_len)

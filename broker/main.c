@@ -31,6 +31,7 @@
 #define EP_WORKER_TAG 0x100000000ull
 #define TIMER_NS 10000000ll /* deadline scan period */
 #define EPOLL_EVERY 64u     /* busy rounds between control-socket checks */
+#define EVENTS_NS 200000ll  /* ... or this long, whichever comes first */
 
 int64_t kvb_now_ns(void)
 {
@@ -129,7 +130,8 @@ static int setup(struct kvb_broker *b)
 	b->uid = getuid();
 	b->listen_fd = b->efd = b->sigfd = b->epfd = -1;
 	b->workers = calloc(b->opt.max_workers, sizeof(*b->workers));
-	if (!b->workers)
+	b->live = calloc(b->opt.max_workers, sizeof(*b->live));
+	if (!b->workers || !b->live)
 		return -ENOMEM;
 	rc = kvb_regions_init(&b->regions);
 	if (rc)
@@ -207,14 +209,12 @@ static int try_sleep(struct kvb_broker *b)
 	uint32_t i;
 	int busy = 0;
 
-	for (i = 0; i < b->opt.max_workers; i++)
-		if (b->workers[i].attached)
-			atomic_store_explicit(&b->workers[i].seg.hdr->broker_sleeping,
-					      1, memory_order_relaxed);
+	for (i = 0; i < b->nlive; i++)
+		atomic_store_explicit(&b->workers[b->live[i]].seg.hdr->broker_sleeping,
+				      1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
-	for (i = 0; i < b->opt.max_workers && !busy; i++)
-		if (b->workers[i].attached &&
-		    kvb_ring_count(&b->workers[i].seg.sq))
+	for (i = 0; i < b->nlive && !busy; i++)
+		if (kvb_ring_count(&b->workers[b->live[i]].seg.sq))
 			busy = 1;
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
@@ -227,16 +227,15 @@ static int try_sleep(struct kvb_broker *b)
 		b->st.sleeps++;
 		service_events(b, ms);
 	}
-	for (i = 0; i < b->opt.max_workers; i++)
-		if (b->workers[i].attached)
-			atomic_store_explicit(&b->workers[i].seg.hdr->broker_sleeping,
-					      0, memory_order_relaxed);
+	for (i = 0; i < b->nlive; i++)
+		atomic_store_explicit(&b->workers[b->live[i]].seg.hdr->broker_sleeping,
+				      0, memory_order_relaxed);
 	return busy;
 }
 
 static void run(struct kvb_broker *b)
 {
-	int64_t idle_since = 0, spin_ns = (int64_t)b->opt.busy_poll_us * 1000;
+	int64_t last_events = 0, idle_since = 0, spin_ns = (int64_t)b->opt.busy_poll_us * 1000;
 	uint32_t iter = 0;
 
 	b->next_timer_ns = kvb_now_ns() + TIMER_NS;
@@ -248,8 +247,12 @@ static void run(struct kvb_broker *b)
 			kvb_engine_timers(b, now);
 			b->next_timer_ns = now + TIMER_NS;
 		}
-		if (++iter % EPOLL_EVERY == 0)
+		/* control sockets while busy: every EPOLL_EVERY rounds, or
+		 * sooner when rounds are long (big copies) */
+		if (++iter % EPOLL_EVERY == 0 || now - last_events >= EVENTS_NS) {
 			service_events(b, 0);
+			last_events = now;
+		}
 		if (work) {
 			idle_since = 0;
 			continue;
@@ -303,6 +306,7 @@ static void teardown(struct kvb_broker *b)
 	kvb_xfers_fini(&b->xfers);
 	kvb_regions_fini(&b->regions);
 	free(b->workers);
+	free(b->live);
 }
 
 int main(int argc, char **argv)

@@ -147,6 +147,7 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 	w->tp_rank = m->tp_rank;
 	w->tp_size = m->tp_size;
 	w->attached = 1;
+	b->live[b->nlive++] = KVB_WSLOT(w->id);
 	rep.worker_id = w->id;
 	rep.seg_size = size;
 	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
@@ -444,6 +445,11 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 			b->st.workers_lost++;
 		log_info("worker %u (pid %d) %s", w->id, (int)w->pid, why);
 		kvb_engine_worker_gone(b, w);
+		for (uint32_t i = 0; i < b->nlive; i++)
+			if (b->live[i] == KVB_WSLOT(w->id)) {
+				b->live[i] = b->live[--b->nlive];
+				break;
+			}
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {

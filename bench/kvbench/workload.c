@@ -1,0 +1,712 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * `kvbench workload`: the vLLM-shaped P -> D workload in `direct` mode
+ * (every worker posts to its own transport instance) and `broker` mode (the
+ * same writes through kvbroker), side by side: a perftest-style table, JSON
+ * and a gnuplot PNG over a sweep of worker counts.
+ */
+#include "kvbench.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stddef.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void workload_usage(FILE *f)
+{
+	fputs("Usage: kvbench [workload] [OPTIONS]\n"
+	      "P worker processes write every request's KV blocks, layer by "
+	      "layer, into\n"
+	      "their D peers (P rank i -> D rank i), either each on its own "
+	      "transport\n"
+	      "instance (direct: one post per (request, layer), as vLLM's "
+	      "MoRIIO connector\n"
+	      "does per worker) or through a kvbroker that kvbench starts "
+	      "(broker).\n"
+	      "\n"
+	      "Workload (defaults: Llama-3-70B at TP=8, trimmed to run in "
+	      "seconds):\n"
+	      "  --workers W        P worker processes, and as many D workers "
+	      "(default 8:\n"
+	      "                     TP=8, one process per rank)\n"
+	      "  --layers L         transformer layers (default 80, "
+	      "Llama-3-70B)\n"
+	      "  --blocks B         KV blocks per request per layer (default "
+	      "16: a\n"
+	      "                     256-token prompt in 16-token blocks)\n"
+	      "  --block-bytes S    bytes per block per rank per layer "
+	      "(default 8192 =\n"
+	      "                     2 (K,V) x 16 tokens x 1 KV head per rank "
+	      "(8 heads / TP 8)\n"
+	      "                     x head dim 128 x 2 bytes (bf16)); a "
+	      "multiple of 8\n"
+	      "  --requests R       concurrent requests per step (default 4)\n"
+	      "  --iters N          steps per worker; R x N requests in all "
+	      "(default 4)\n"
+	      "  --rate X           requests/s arriving (default 0 = back to "
+	      "back)\n"
+	      "  --transport T      local (default); tcp, rdma, gpu: not in "
+	      "this build yet\n"
+	      "  --mode M           direct | broker | both (default both)\n"
+	      "  --verify           D checks every byte (default on)\n"
+	      "  --no-verify        skip it (speed runs: D regions then hold R "
+	      "slots)\n"
+	      "\n"
+	      "Output:\n"
+	      "  --json FILE        one object: \"direct\", \"broker\" and, "
+	      "for both, \"ratio\"\n"
+	      "                     (broker/direct); with a sweep, \"sweep\": "
+	      "[...] of those\n"
+	      "  --sweep-workers L  comma-separated worker counts, e.g. "
+	      "1,2,4,8\n"
+	      "  --plot FILE.png    message rate and WRs/doorbell vs workers "
+	      "(gnuplot)\n"
+	      "  --progress         progress line on stderr (default: only on "
+	      "a tty)\n"
+	      "\n"
+	      "Broker:\n"
+	      "  --broker PATH      kvbroker binary (default $KVBROKER, else\n"
+	      "                     ../../broker/kvbroker next to kvbench in "
+	      "the build tree)\n"
+	      "  --broker-opts STR  more broker options, space-separated (e.g. "
+	      "\"--burst 256\")\n"
+	      "\n"
+	      "Figures: wrs and doorbells are the transport's counters "
+	      "(direct: summed over\n"
+	      "the workers' instances; broker: the broker's, from its STATS). "
+	      "post_cpu_us_per_wr:\n"
+	      "direct = thread CPU inside post() per WR; broker = the broker's "
+	      "whole CPU per\n"
+	      "WR (an upper bound: draining, completions and idle spinning "
+	      "count too).\n"
+	      "worker_post_cpu_us_per_wr = what the worker pays per descriptor "
+	      "(post() or\n"
+	      "kvb_submit_write()). msg_rate_mps = descriptors/s in millions; "
+	      "bw_gbps in\n"
+	      "GB/s (1e9 bytes); latency from a request's first write to its "
+	      "write_done.\n",
+	      f);
+}
+
+struct run_pids {
+	pid_t pid[2 * KVB_BENCH_MAX_WORKERS];
+	int status[2 * KVB_BENCH_MAX_WORKERS];
+	int exited[2 * KVB_BENCH_MAX_WORKERS];
+	unsigned n;
+};
+
+static void kill_all(struct run_pids *rp)
+{
+	for (unsigned i = 0; i < rp->n; i++)
+		if (!rp->exited[i] && rp->pid[i] > 0) {
+			kill(rp->pid[i], SIGKILL);
+			waitpid(rp->pid[i], &rp->status[i], 0);
+			rp->exited[i] = 1;
+		}
+}
+
+/* Reap the workers that exited (not the broker); -1 if one failed. */
+static int reap(struct run_pids *rp, const char *what)
+{
+	int st, rc = 0;
+
+	for (unsigned i = 0; i < rp->n; i++) {
+		if (rp->exited[i] ||
+		    waitpid(rp->pid[i], &st, WNOHANG) != rp->pid[i])
+			continue;
+		rp->exited[i] = 1;
+		rp->status[i] = st;
+		if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+			fprintf(stderr,
+				"kvbench: %s worker %c%u failed (%s %d)\n",
+				what, i % 2 ? 'D' : 'P', i / 2,
+				WIFEXITED(st) ? "exit" : "signal",
+				WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			rc = -1;
+		}
+	}
+	return rc;
+}
+
+/* Read n ready bytes while watching the children. */
+static int wait_ready(int fd, unsigned n, struct run_pids *rp, const char *what)
+{
+	char buf[64];
+
+	while (n) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		int k = poll(&p, 1, 200);
+
+		if (reap(rp, what))
+			return -1;
+		if (k <= 0)
+			continue;
+		k = (int) read(fd, buf, n < sizeof(buf) ? n : sizeof(buf));
+		if (k <= 0)
+			return -1;
+		n -= (unsigned) k;
+	}
+	return 0;
+}
+
+static struct wl_pres *pres_at(void *shm, const struct wl_cfg *c, unsigned i)
+{
+	return (struct wl_pres *) ((char *) shm + i * wl_pres_size(c));
+}
+
+/* The D regions of direct mode: one memfd per D rank, all layers. */
+static int direct_maps(const struct wl_cfg *c, void **maps)
+{
+	uint64_t len = wl_region_bytes_d(c) * c->layers;
+
+	for (unsigned i = 0; i < c->workers; i++) {
+		int fd = memfd_create("kvbench-d", MFD_CLOEXEC);
+
+		if (fd < 0 || ftruncate(fd, (off_t) len)) {
+			perror("kvbench: memfd");
+			return -1;
+		}
+		maps[i] = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED,
+			       fd, 0);
+		close(fd);
+		if (maps[i] == MAP_FAILED) {
+			maps[i] = NULL;
+			perror("kvbench: mmap D region");
+			return -1;
+		}
+		/* allocate the pages now, as the broker-mode D worker does:
+		 * the writers then only take minor faults, in both modes */
+		memset(maps[i], 0, len);
+	}
+	return 0;
+}
+
+static void progress(const struct wl_cfg *c, void *shm, const char *what,
+		     int64_t go_ns)
+{
+	uint64_t done = 0,
+		 total = (uint64_t) c->iters * c->requests * c->workers;
+
+	for (unsigned i = 0; i < c->workers; i++)
+		done += pres_at(shm, c, 2 * i)->done;
+	fprintf(stderr, "\r\033[Kkvbench: %s W=%u  %llu/%llu requests  %.1f s",
+		what, c->workers, (unsigned long long) done,
+		(unsigned long long) total,
+		(double) (kvb_bench_now_ns() - go_ns) / 1e9);
+}
+
+static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
+		       const struct wl_cfg *c, unsigned rank, void *const *maps,
+		       const int *nfd, const char *sock, int ready_w,
+		       const int *go_r, struct wl_pres *res)
+{
+	pid_t pid = fork();
+	int rc;
+
+	if (pid < 0) {
+		perror("kvbench: fork");
+		return -1;
+	}
+	if (pid) {
+		rp->pid[slot] = pid;
+		rp->exited[slot] = 0;
+		return 0;
+	}
+	if (mode == MODE_DIRECT)
+		rc = is_d ? wl_direct_d(c, rank, maps, nfd[0], ready_w, go_r,
+					res)
+			  : wl_direct_p(c, rank, maps, nfd[1], ready_w, go_r,
+					res);
+	else
+		rc = is_d ? wl_broker_d(c, rank, sock, ready_w, go_r, res)
+			  : wl_broker_p(c, rank, sock, ready_w, go_r, res);
+	_exit(rc);
+}
+
+/* Run one mode at c->workers; fills f. 0 or -1. */
+static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
+{
+	const char *what = mode == MODE_DIRECT ? "direct" : "broker";
+	size_t shm_len = 2 * c->workers * wl_pres_size(c);
+	struct bench_broker br = {0};
+	struct run_pids rp = {.n = 0};
+	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
+	int ready[2] = {-1, -1}, go[2] = {-1, -1}, go2[2] = {-1, -1};
+	int go_r[2];
+	int nfd[KVB_BENCH_MAX_WORKERS][2];
+	double bcpu0 = 0, bcpu1 = 0, *lat = NULL;
+	static char js0[1 << 16], js1[1 << 16];
+	int want_progress = kvb_bench_progress_wanted(c->progress);
+	int64_t go_ns, last_prog, end_ns = 0;
+	uint64_t total_lat = 0, post_ns = 0, cpu_ns = 0;
+	unsigned i, p_left;
+	int rc = -1;
+	void *shm;
+
+	memset(f, 0, sizeof(*f));
+	memset(nfd, -1, sizeof(nfd));
+	/* a slot counts as exited until its worker is forked */
+	rp.n = 2 * c->workers;
+	for (i = 0; i < rp.n; i++)
+		rp.exited[i] = 1;
+	shm = kvb_bench_shared(shm_len);
+	if (!shm) {
+		perror("kvbench: shared results");
+		return -1;
+	}
+	if (pipe(ready) || pipe(go) || pipe(go2)) {
+		perror("kvbench: pipe");
+		goto out;
+	}
+	go_r[0] = go[0];
+	go_r[1] = go2[0];
+	if (mode == MODE_BROKER &&
+	    kvb_bench_broker_start(&br, c->broker, c->broker_opts, NULL))
+		goto out;
+	if (mode == MODE_DIRECT) {
+		if (direct_maps(c, maps))
+			goto out;
+		for (i = 0; i < c->workers; i++)
+			if (pipe(nfd[i])) {
+				perror("kvbench: pipe");
+				goto out;
+			}
+	}
+	/* D first: in broker mode P looks their regions up */
+	for (i = 0; i < c->workers; i++)
+		if (fork_worker(&rp, 2 * i + 1, mode, 1, c, i, maps, nfd[i],
+				br.sock, ready[1], go_r,
+				pres_at(shm, c, 2 * i + 1)))
+			goto out_kill;
+	if (wait_ready(ready[0], c->workers, &rp, what))
+		goto out_kill;
+	for (i = 0; i < c->workers; i++)
+		if (fork_worker(&rp, 2 * i, mode, 0, c, i, maps, nfd[i],
+				br.sock, ready[1], go_r,
+				pres_at(shm, c, 2 * i)))
+			goto out_kill;
+	if (wait_ready(ready[0], c->workers, &rp, what))
+		goto out_kill;
+	/* everyone is set up: warm up together, then measure */
+	for (i = 0; i < 2 * c->workers; i++)
+		if (write(go[1], "w", 1) != 1)
+			goto out_kill;
+	if (wait_ready(ready[0], 2 * c->workers, &rp, what))
+		goto out_kill;
+	if (br.pid) {
+		if (kvb_bench_broker_stats(&br, js0, sizeof(js0))) {
+			fprintf(stderr, "kvbench: broker stats failed\n");
+			goto out_kill;
+		}
+		bcpu0 = kvb_bench_pid_cpu_s(br.pid);
+	}
+	go_ns = last_prog = kvb_bench_now_ns();
+	for (i = 0; i < 2 * c->workers; i++)
+		if (write(go2[1], "g", 1) != 1)
+			goto out_kill;
+	/* watch: P workers end first; then the broker's counters are final */
+	for (;;) {
+		unsigned left = 0;
+
+		if (reap(&rp, what))
+			goto out_kill;
+		for (i = 0, p_left = 0; i < rp.n; i++) {
+			left += !rp.exited[i];
+			p_left += i % 2 == 0 && !rp.exited[i];
+		}
+		if (!p_left && br.pid && !end_ns) {
+			end_ns = kvb_bench_now_ns();
+			bcpu1 = kvb_bench_pid_cpu_s(br.pid);
+			if (kvb_bench_broker_stats(&br, js1, sizeof(js1))) {
+				fprintf(stderr,
+					"kvbench: broker stats failed\n");
+				goto out_kill;
+			}
+		}
+		if (!left)
+			break;
+		if (want_progress &&
+		    kvb_bench_now_ns() - last_prog > 500000000) {
+			progress(c, shm, what, go_ns);
+			last_prog = kvb_bench_now_ns();
+		}
+		usleep(2000);
+	}
+	if (want_progress)
+		fprintf(stderr, "\r\033[K");
+	for (i = 0; i < c->workers; i++) {
+		struct wl_pres *p = pres_at(shm, c, 2 * i);
+		struct wl_pres *d = pres_at(shm, c, 2 * i + 1);
+
+		if (!p->ok || !d->ok) {
+			fprintf(stderr,
+				"kvbench: %s: worker pair %u did not finish\n",
+				what, i);
+			goto out;
+		}
+		f->descs += (double) p->descs;
+		f->bytes += (double) p->bytes;
+		f->doorbells += (double) p->doorbells;
+		f->wrs += (double) p->wrs;
+		f->failed += p->failed + d->failed;
+		f->verified_bytes += d->dchecked;
+		f->bad_bytes += d->dbad * 8;
+		post_ns += p->post_cpu_ns;
+		f->open_wait_s += (double) p->ctl_ns / 1e9;
+		cpu_ns += p->cpu_ns;
+		total_lat += p->nlat;
+		if (p->end_ns - go_ns > f->elapsed_s * 1e9)
+			f->elapsed_s = (double) (p->end_ns - go_ns) / 1e9;
+	}
+	lat = malloc((total_lat + 1) * sizeof(*lat));
+	if (!lat)
+		goto out;
+	total_lat = 0;
+	for (i = 0; i < c->workers; i++) {
+		struct wl_pres *p = pres_at(shm, c, 2 * i);
+
+		memcpy(lat + total_lat, p + 1, p->nlat * sizeof(*lat));
+		total_lat += p->nlat;
+	}
+	kvb_bench_sort(lat, total_lat);
+	f->lat_p50_us = kvb_bench_quantile(lat, total_lat, 0.50);
+	f->lat_p99_us = kvb_bench_quantile(lat, total_lat, 0.99);
+	f->lat_p999_us = kvb_bench_quantile(lat, total_lat, 0.999);
+	f->cpu_workers_s = (double) cpu_ns / 1e9;
+	f->worker_post_cpu_us_per_wr =
+		f->descs ? (double) post_ns / 1e3 / f->descs : 0;
+	if (mode == MODE_BROKER) {
+		f->doorbells = kvb_bench_json_num(js1, "doorbells") -
+			       kvb_bench_json_num(js0, "doorbells");
+		f->wrs = kvb_bench_json_num(js1, "wrs") -
+			 kvb_bench_json_num(js0, "wrs");
+		f->cpu_broker_s = bcpu1 - bcpu0;
+		f->post_cpu_us_per_wr =
+			f->wrs > 0 ? f->cpu_broker_s * 1e6 / f->wrs : 0;
+	} else {
+		f->post_cpu_us_per_wr =
+			f->wrs > 0 ? (double) post_ns / 1e3 / f->wrs : 0;
+	}
+	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s;
+	f->wr_per_doorbell = f->doorbells > 0 ? f->wrs / f->doorbells : 0;
+	if (f->elapsed_s > 0) {
+		f->msg_rate_mps = f->descs / f->elapsed_s / 1e6;
+		f->bw_gbps = f->bytes / f->elapsed_s / 1e9;
+	}
+	f->valid = 1;
+	if (f->failed || f->bad_bytes) {
+		fprintf(stderr,
+			"kvbench: %s: %llu failed transfers, %llu bad bytes\n",
+			what, (unsigned long long) f->failed,
+			(unsigned long long) f->bad_bytes);
+		rc = -1;
+	} else {
+		rc = 0;
+	}
+	goto out;
+out_kill:
+	kill_all(&rp);
+out:
+	kvb_bench_broker_stop(&br);
+	for (i = 0; i < c->workers; i++) {
+		if (maps[i])
+			munmap(maps[i], wl_region_bytes_d(c) * c->layers);
+		if (nfd[i][0] >= 0) {
+			close(nfd[i][0]);
+			close(nfd[i][1]);
+		}
+	}
+	for (i = 0; i < 2; i++) {
+		if (ready[i] >= 0)
+			close(ready[i]);
+		if (go[i] >= 0)
+			close(go[i]);
+		if (go2[i] >= 0)
+			close(go2[i]);
+	}
+	free(lat);
+	munmap(shm, shm_len);
+	return rc;
+}
+
+/* --- options -------------------------------------------------------- */
+
+static int parse_sweep(struct wl_cfg *c, const char *arg)
+{
+	char buf[256], *save = NULL, *tok;
+	uint64_t v;
+
+	snprintf(buf, sizeof(buf), "%s", arg);
+	c->nsweep = 0;
+	for (tok = strtok_r(buf, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		if (c->nsweep == KVB_BENCH_MAX_SWEEP) {
+			fprintf(stderr,
+				"kvbench: --sweep-workers: at most %u points\n",
+				KVB_BENCH_MAX_SWEEP);
+			return -1;
+		}
+		if (kvb_bench_parse_u64("--sweep-workers", tok, 1,
+					KVB_BENCH_MAX_WORKERS, &v))
+			return -1;
+		c->sweep[c->nsweep++] = (unsigned) v;
+	}
+	if (!c->nsweep) {
+		fprintf(stderr, "kvbench: --sweep-workers: empty list\n");
+		return -1;
+	}
+	return 0;
+}
+
+enum {
+	O_WORKERS = 256,
+	O_LAYERS,
+	O_BLOCKS,
+	O_BBYTES,
+	O_REQS,
+	O_ITERS,
+	O_RATE,
+	O_TRANSPORT,
+	O_MODE,
+	O_VERIFY,
+	O_NOVERIFY,
+	O_JSON,
+	O_SWEEP,
+	O_PLOT,
+	O_PROGRESS,
+	O_BROKER,
+	O_BOPTS,
+	O_HELP,
+};
+
+static int parse(struct wl_cfg *c, int argc, char **argv)
+{
+	static const struct option lo[] = {{"workers", 1, NULL, O_WORKERS},
+					   {"layers", 1, NULL, O_LAYERS},
+					   {"blocks", 1, NULL, O_BLOCKS},
+					   {"block-bytes", 1, NULL, O_BBYTES},
+					   {"requests", 1, NULL, O_REQS},
+					   {"iters", 1, NULL, O_ITERS},
+					   {"rate", 1, NULL, O_RATE},
+					   {"transport", 1, NULL, O_TRANSPORT},
+					   {"mode", 1, NULL, O_MODE},
+					   {"verify", 0, NULL, O_VERIFY},
+					   {"no-verify", 0, NULL, O_NOVERIFY},
+					   {"json", 1, NULL, O_JSON},
+					   {"sweep-workers", 1, NULL, O_SWEEP},
+					   {"plot", 1, NULL, O_PLOT},
+					   {"progress", 0, NULL, O_PROGRESS},
+					   {"broker", 1, NULL, O_BROKER},
+					   {"broker-opts", 1, NULL, O_BOPTS},
+					   {"help", 0, NULL, O_HELP},
+					   {NULL, 0, NULL, 0}};
+	uint64_t v;
+	int o;
+
+	optind = 1;
+	opterr = 0;
+	while ((o = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
+		const char *a = optarg;
+
+		switch (o) {
+		case O_WORKERS:
+			if (kvb_bench_parse_u64("--workers", a, 1,
+						KVB_BENCH_MAX_WORKERS, &v))
+				return -1;
+			c->workers = (unsigned) v;
+			break;
+		case O_LAYERS:
+			if (kvb_bench_parse_u64("--layers", a, 1, 1024, &v))
+				return -1;
+			c->layers = (unsigned) v;
+			break;
+		case O_BLOCKS:
+			if (kvb_bench_parse_u64("--blocks", a, 1, 4096, &v))
+				return -1;
+			c->blocks = (unsigned) v;
+			break;
+		case O_BBYTES:
+			if (kvb_bench_parse_u64("--block-bytes", a, 8,
+						64ull << 20, &v))
+				return -1;
+			if (v % 8) {
+				fprintf(stderr,
+					"kvbench: --block-bytes: %llu is not a "
+					"multiple of 8\n",
+					(unsigned long long) v);
+				return -1;
+			}
+			c->block_bytes = v;
+			break;
+		case O_REQS:
+			if (kvb_bench_parse_u64("--requests", a, 1, 1024, &v))
+				return -1;
+			c->requests = (unsigned) v;
+			break;
+		case O_ITERS:
+			if (kvb_bench_parse_u64("--iters", a, 1, 1000000, &v))
+				return -1;
+			c->iters = (unsigned) v;
+			break;
+		case O_RATE:
+			if (kvb_bench_parse_double("--rate", a, 0, 1e9,
+						   &c->rate))
+				return -1;
+			break;
+		case O_TRANSPORT:
+			if (kvb_bench_check_transport(a))
+				return -1;
+			break;
+		case O_MODE:
+			if (!strcmp(a, "direct"))
+				c->modes = MODE_DIRECT;
+			else if (!strcmp(a, "broker"))
+				c->modes = MODE_BROKER;
+			else if (!strcmp(a, "both"))
+				c->modes = MODE_DIRECT | MODE_BROKER;
+			else {
+				fprintf(stderr,
+					"kvbench: --mode: '%s' is not direct, "
+					"broker or both\n",
+					a);
+				return -1;
+			}
+			break;
+		case O_VERIFY:
+			c->verify = 1;
+			break;
+		case O_NOVERIFY:
+			c->verify = 0;
+			break;
+		case O_JSON:
+			c->json = a;
+			break;
+		case O_SWEEP:
+			if (parse_sweep(c, a))
+				return -1;
+			break;
+		case O_PLOT:
+			c->plot = a;
+			break;
+		case O_PROGRESS:
+			c->progress = 1;
+			break;
+		case O_BROKER:
+			c->broker = a;
+			break;
+		case O_BOPTS:
+			c->broker_opts = a;
+			break;
+		case O_HELP:
+			workload_usage(stdout);
+			return 1;
+		case ':':
+			fprintf(stderr, "kvbench: %s needs a value\n",
+				argv[optind - 1]);
+			return -1;
+		default:
+			fprintf(stderr,
+				"kvbench: unknown option '%s' (see kvbench "
+				"workload --help)\n",
+				argv[optind - 1]);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvbench: unexpected argument '%s'\n",
+			argv[optind]);
+		return -1;
+	}
+	if (c->plot && !c->nsweep) {
+		fprintf(stderr, "kvbench: --plot needs --sweep-workers (it "
+				"draws against the worker count)\n");
+		return -1;
+	}
+	if ((uint64_t) c->iters * c->requests > 1000000) {
+		fprintf(stderr, "kvbench: --iters x --requests: at most "
+				"1000000 requests per worker\n");
+		return -1;
+	}
+	return 0;
+}
+
+int kvb_bench_workload_main(int argc, char **argv)
+{
+	struct wl_cfg c = {.workers = 8,
+			   .layers = 80,
+			   .blocks = 16,
+			   .block_bytes = 8192,
+			   .requests = 4,
+			   .iters = 4,
+			   .modes = MODE_DIRECT | MODE_BROKER,
+			   .verify = 1};
+	static struct wl_figs res[KVB_BENCH_MAX_SWEEP][2];
+	unsigned ws[KVB_BENCH_MAX_SWEEP], n, k;
+	int rc = parse(&c, argc, argv), fails = 0;
+	uint64_t mem;
+
+	if (rc)
+		return rc < 0 ? 2 : 0;
+	n = c.nsweep ? c.nsweep : 1;
+	for (k = 0; k < n; k++)
+		ws[k] = c.nsweep ? c.sweep[k] : c.workers;
+	for (k = 0, mem = 0; k < n; k++)
+		if ((uint64_t) ws[k] * c.layers *
+			    (wl_region_bytes_p(&c) + wl_region_bytes_d(&c)) >
+		    mem)
+			mem = (uint64_t) ws[k] * c.layers *
+			      (wl_region_bytes_p(&c) + wl_region_bytes_d(&c));
+	if (mem >
+	    (sysconf(_SC_PHYS_PAGES) * (uint64_t) sysconf(_SC_PAGESIZE)) / 2) {
+		fprintf(stderr,
+			"kvbench: the regions need %.1f GiB, more than half of "
+			"this machine's memory; use fewer "
+			"--iters/--requests/--blocks or --no-verify\n",
+			(double) mem / (1 << 30));
+		return 2;
+	}
+	printf("kvbench workload: transport local (tcp, rdma, gpu: not "
+	       "available in this build yet)\n"
+	       "%u layers x %u blocks x %llu B per request per rank, %u "
+	       "requests/step, %u steps, rate %s, verify %s\n",
+	       c.layers, c.blocks, (unsigned long long) c.block_bytes,
+	       c.requests, c.iters, c.rate > 0 ? "limited" : "unlimited",
+	       c.verify ? "on" : "off");
+	if (c.rate > 0)
+		printf("rate: %g requests/s\n", c.rate);
+	wl_table_header();
+	for (k = 0; k < n; k++) {
+		c.workers = ws[k];
+		for (int m = 0; m < 2; m++) {
+			int mode = m ? MODE_BROKER : MODE_DIRECT;
+
+			if (!(c.modes & mode))
+				continue;
+			if (run_mode(&c, mode, &res[k][m])) {
+				fails++;
+				if (!res[k][m].valid)
+					continue;
+			}
+			wl_table_row(m ? "broker" : "direct", ws[k], &c,
+				     &res[k][m]);
+			fflush(stdout);
+		}
+		if (res[k][0].valid && res[k][1].valid)
+			wl_ratio_row(ws[k], &res[k][0], &res[k][1]);
+	}
+	if (c.modes & MODE_BROKER)
+		printf("broker post_cpu = broker process CPU / WRs: an upper "
+		       "bound (drain, validation, completions, idle spin)\n");
+	if (c.json &&
+	    wl_write_json(&c, ws, n, (const struct wl_figs(*)[2]) res))
+		fails++;
+	if (c.plot && wl_plot(&c, ws, n, (const struct wl_figs(*)[2]) res))
+		fails++;
+	return fails ? 1 : 0;
+}
