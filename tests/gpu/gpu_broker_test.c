@@ -313,11 +313,19 @@ int main(int argc, char **argv)
 		      "--log-level", "warn", (char *) NULL);
 		_exit(127);
 	}
-	for (int i = 0; i < 200 && stat(sock, &sb); i++)
+	for (int i = 0; i < 200 && stat(sock, &sb); i++) {
+		if (waitpid(broker, &st, WNOHANG) == broker) {
+			broker = 0; /* it refused to start: reaped */
+			break;
+		}
 		usleep(25000);
+	}
 	if (stat(sock, &sb)) {
 		/* --transport gpu refuses to start without a device */
-		waitpid(broker, &st, 0);
+		if (broker) {
+			kill(broker, SIGTERM);
+			waitpid(broker, &st, 0);
+		}
 		fprintf(stderr,
 			"broker did not start with --transport gpu "
 			"(no usable gpu backend '%s'): skipped\n",
