@@ -1,0 +1,506 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The rdma transport's endpoints: QP creation and the RESET/INIT/RTR/RTS
+ * transitions, the handshake state machine behind connect() and ep_info(),
+ * and recovery after a work-completion error. See docs/rdma.md.
+ *
+ * Not thread-safe: the broker's loop owns a transport.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdma/rdma_priv.h"
+
+static void qp_destroy(struct kvb_rdma *r, struct kvb_rdma_qp *q)
+{
+	unsigned i;
+
+	if (q->qp)
+		ibv_destroy_qp(q->qp);
+	q->qp = NULL;
+	if (q->on_ready) {
+		for (i = 0; i < r->nready; i++)
+			if (r->ready[i] == q) {
+				r->ready[i] = r->ready[--r->nready];
+				break;
+			}
+	}
+	r->slots[q->slot] = NULL;
+	r->cq_used -= 2 * (int) q->ch.p.depth;
+	kvb_chain_fini(&q->ch);
+}
+
+void _kvb_rdma_ep_destroy(struct kvb_rdma *r, struct kvb_ep *ep)
+{
+	struct kvb_ep **pp;
+	unsigned i;
+
+	for (i = 0; i < ep->nqp; i++)
+		qp_destroy(r, &ep->qp[i]);
+	for (pp = &r->eps; *pp; pp = &(*pp)->next)
+		if (*pp == ep) {
+			*pp = ep->next;
+			break;
+		}
+	free(ep);
+}
+
+/* What every blob of this transport says about the device. */
+static void conn_fill_dev(struct kvb_rdma *r, struct kvb_rdma_conn *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->version = KVB_RDMA_CONN_VERSION;
+	c->node = r->node;
+	c->lid = r->port.lid;
+	c->mtu = (uint8_t) r->port.active_mtu;
+	c->port = (uint8_t) r->p.ib_port;
+	memcpy(c->gid, r->gid.raw, 16);
+}
+
+int _kvb_rdma_local_info(struct kvb_transport *t, void *blob, size_t *len)
+{
+	struct kvb_rdma_conn c;
+
+	conn_fill_dev(to_rdma(t), &c);
+	return kvb_rdma_conn_encode(&c, blob, len);
+}
+
+int kvb_rdma_ep_info(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
+		     size_t *len)
+{
+	struct kvb_rdma_conn c;
+	unsigned i;
+
+	if (!ep)
+		return -EINVAL;
+	conn_fill_dev(to_rdma(t), &c);
+	c.nqp = (uint16_t) ep->nqp;
+	c.ep = ep->token;
+	/* A READY endpoint answers the peer's endpoint; others offer. */
+	c.to_ep = ep->state == KVB_RDMA_EP_READY ? ep->peer.ep : 0;
+	c.epoch = ep->epoch;
+	for (i = 0; i < ep->nqp; i++) {
+		c.qp[i].qpn = ep->qp[i].qp->qp_num;
+		c.qp[i].psn = ep->qp[i].psn;
+	}
+	return kvb_rdma_conn_encode(&c, blob, len);
+}
+
+int kvb_rdma_ep_state(struct kvb_transport *t, struct kvb_ep *ep)
+{
+	(void) t;
+	return ep ? (int) ep->state : -EINVAL;
+}
+
+/* RESET -> INIT with a fresh PSN. Returns 0 or -errno. */
+static int qp_to_init(struct kvb_rdma *r, struct kvb_rdma_qp *q)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.pkey_index = 0,
+		.port_num = (uint8_t) r->p.ib_port,
+		.qp_access_flags =
+			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+	};
+	int err;
+
+	err = ibv_modify_qp(q->qp, &a,
+			    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS);
+	if (err)
+		return -err;
+	q->psn = rand_psn();
+	return 0;
+}
+
+/* INIT -> RTR -> RTS against QP i of the peer. Returns 0 or -errno. */
+static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
+		     const struct kvb_rdma_conn *pc, unsigned i)
+{
+	int rd = r->dev.max_qp_rd_atom < KVB_RDMA_RD_ATOM
+			 ? r->dev.max_qp_rd_atom
+			 : KVB_RDMA_RD_ATOM;
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_RTR,
+		.path_mtu = pc->mtu < r->port.active_mtu
+				    ? (enum ibv_mtu) pc->mtu
+				    : r->port.active_mtu,
+		.dest_qp_num = pc->qp[i].qpn,
+		.rq_psn = pc->qp[i].psn,
+		.max_dest_rd_atomic = (uint8_t) (rd > 0 ? rd : 1),
+		.min_rnr_timer = 12,
+		.ah_attr =
+			{
+				.dlid = pc->lid,
+				.sl = 0,
+				.port_num = (uint8_t) r->p.ib_port,
+			},
+	};
+	static const uint8_t zero[16];
+	int err;
+
+	/* RoCE needs a GRH; IB uses one when the peer sent a GID. */
+	if (r->port.link_layer == IBV_LINK_LAYER_ETHERNET ||
+	    memcmp(pc->gid, zero, 16)) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, pc->gid, 16);
+		a.ah_attr.grh.sgid_index = (uint8_t) r->p.gid_index;
+		a.ah_attr.grh.hop_limit = 64;
+	}
+	err = ibv_modify_qp(q->qp, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				    IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC |
+				    IBV_QP_MIN_RNR_TIMER);
+	if (err)
+		return -err;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14; /* 4.096 us * 2^14 = 67 ms per try */
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = q->psn;
+	a.max_rd_atomic = (uint8_t) (rd > 0 ? rd : 1);
+	err = ibv_modify_qp(q->qp, &a,
+			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				    IBV_QP_MAX_QP_RD_ATOMIC);
+	return err ? -err : 0;
+}
+
+static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
+		     struct kvb_rdma_qp *q)
+{
+	struct kvb_chain_params cp = {
+		.depth = r->p.sq_depth,
+		.post_batch = r->p.post_batch_size,
+		.signal_every = r->p.signal_every > 0
+					? (uint32_t) r->p.signal_every
+					: 0,
+	};
+	struct ibv_qp_init_attr ia = {
+		.send_cq = r->cq,
+		.recv_cq = r->cq,
+		.cap =
+			{
+				.max_send_wr = r->p.sq_depth,
+				.max_recv_wr = 1,
+				.max_send_sge = 1,
+				.max_recv_sge = 1,
+			},
+		.qp_type = IBV_QPT_RC,
+		.sq_sig_all = 0,
+	};
+	unsigned slot;
+	int err;
+
+	if (r->cq_used + 2 * (int) r->p.sq_depth > r->cq_size)
+		return -ENOSPC;
+	for (slot = 0; slot < KVB_RDMA_MAX_SLOTS; slot++)
+		if (!r->slots[slot])
+			break;
+	if (slot == KVB_RDMA_MAX_SLOTS)
+		return -ENOSPC;
+	cp.qp_index = (uint16_t) slot;
+	err = kvb_chain_init(&q->ch, &cp);
+	if (err)
+		return err;
+	/* Never reuse a (slot, generation) pair: old CQEs must not match. */
+	q->ch.gen = ++r->slot_gen[slot];
+	q->qp = ibv_create_qp(r->pd, &ia);
+	if (!q->qp) {
+		err = errno ? -errno : -ENOMEM;
+		goto err_chain;
+	}
+	err = qp_to_init(r, q);
+	if (err)
+		goto err_qp;
+	q->ep = ep;
+	q->slot = (uint16_t) slot;
+	q->on_ready = 0;
+	r->slots[slot] = q;
+	r->cq_used += 2 * (int) r->p.sq_depth;
+	return 0;
+
+err_qp:
+	ibv_destroy_qp(q->qp);
+	q->qp = NULL;
+err_chain:
+	kvb_chain_fini(&q->ch);
+	return err;
+}
+
+static struct kvb_ep *ep_create(struct kvb_rdma *r, unsigned nqp, int *errp)
+{
+	struct kvb_ep *ep;
+	unsigned i;
+	int err = 0;
+
+	ep = calloc(1, sizeof(*ep));
+	if (!ep) {
+		*errp = -ENOMEM;
+		return NULL;
+	}
+	ep->t = r;
+	ep->token = rand64();
+	ep->state = KVB_RDMA_EP_HALF;
+	for (i = 0; i < nqp; i++) {
+		err = qp_create(r, ep, &ep->qp[i]);
+		if (err)
+			break;
+		ep->nqp++;
+	}
+	ep->next = r->eps;
+	r->eps = ep;
+	if (err) {
+		_kvb_rdma_ep_destroy(r, ep);
+		*errp = err;
+		return NULL;
+	}
+	return ep;
+}
+
+static int ep_live(const struct kvb_ep *ep)
+{
+	unsigned i;
+
+	for (i = 0; i < ep->nqp; i++)
+		if (ep->qp[i].ch.done != ep->qp[i].ch.head)
+			return 1;
+	return 0;
+}
+
+/*
+ * Let the hardware tell what finished on every QP of ep: move QPs with live
+ * WRs to the error state and consume their flush completions. The first
+ * flush of a QP retires everything before it as done (RC completes in
+ * order) and fails the rest with -ECANCELED, so ops that landed on a healthy
+ * sibling QP are not reported failed. Bounded: a provider that never
+ * flushes leaves the rest to kvb_chain_fail_all().
+ */
+static void ep_quiesce(struct kvb_rdma *r, struct kvb_ep *ep)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	uint64_t deadline = now_ns() + KVB_RDMA_FLUSH_WAIT_NS;
+	unsigned i;
+
+	_kvb_rdma_cq_drain(r);
+	for (i = 0; i < ep->nqp; i++)
+		if (ep->qp[i].ch.done != ep->qp[i].ch.head)
+			ibv_modify_qp(ep->qp[i].qp, &a, IBV_QP_STATE);
+	while (ep_live(ep) && now_ns() < deadline)
+		_kvb_rdma_cq_drain(r);
+}
+
+/*
+ * Take every QP of ep back to INIT with new PSNs (RESET in between), after
+ * ep_quiesce() settled what was in flight. The endpoint then needs the
+ * peer's blob again. Returns 0 or -errno (the endpoint is unusable then).
+ */
+static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+	unsigned i;
+	int err, ret = 0;
+
+	ep_quiesce(r, ep);
+	for (i = 0; i < ep->nqp; i++) {
+		struct kvb_rdma_qp *q = &ep->qp[i];
+
+		kvb_chain_fail_all(&q->ch, -ECANCELED);
+		_kvb_rdma_ready_push(r, q);
+		err = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
+		if (!err)
+			err = -qp_to_init(r, q);
+		if (!err)
+			err = -kvb_chain_reset(&q->ch);
+		/* kvb_chain_reset cannot fail after fail_all */
+		if (err && !ret)
+			ret = -err;
+		/* a new generation: flushes of the old incarnation are stale */
+		q->ch.gen = ++r->slot_gen[q->slot];
+	}
+	ep->epoch++;
+	ep->state = KVB_RDMA_EP_RESET;
+	return ret;
+}
+
+/*
+ * A READY endpoint with a failed QP (seen while another endpoint drained the
+ * CQ) is reset now. Returns 1 if ep is READY afterwards.
+ */
+int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
+{
+	unsigned i;
+
+	if (ep->state != KVB_RDMA_EP_READY)
+		return 0;
+	for (i = 0; i < ep->nqp; i++)
+		if (ep->qp[i].ch.broken) {
+			ep_reset(r, ep);
+			return 0;
+		}
+	return 1;
+}
+
+/* Connect every QP of ep to the peer blob pc. */
+static int ep_establish(struct kvb_rdma *r, struct kvb_ep *ep,
+			const struct kvb_rdma_conn *pc)
+{
+	unsigned i;
+	int err;
+
+	if (pc->nqp != ep->nqp)
+		return -EPROTO;
+	for (i = 0; i < ep->nqp; i++) {
+		err = qp_to_rts(r, &ep->qp[i], pc, i);
+		if (err)
+			return err;
+	}
+	ep->peer = *pc;
+	ep->state = KVB_RDMA_EP_READY;
+	return 0;
+}
+
+static struct kvb_ep *ep_find(struct kvb_rdma *r, uint64_t token)
+{
+	struct kvb_ep *ep;
+
+	for (ep = r->eps; ep; ep = ep->next)
+		if (ep->token == token)
+			return ep;
+	return NULL;
+}
+
+static struct kvb_ep *ep_find_peer(struct kvb_rdma *r, uint64_t node,
+				   uint64_t peer_ep)
+{
+	struct kvb_ep *ep;
+
+	for (ep = r->eps; ep; ep = ep->next)
+		if (ep->peer.node == node && ep->peer.ep == peer_ep)
+			return ep;
+	return NULL;
+}
+
+static int same_qps(const struct kvb_rdma_conn *a,
+		    const struct kvb_rdma_conn *b)
+{
+	unsigned i;
+
+	if (a->nqp != b->nqp || a->epoch != b->epoch)
+		return 0;
+	for (i = 0; i < a->nqp; i++)
+		if (a->qp[i].qpn != b->qp[i].qpn ||
+		    a->qp[i].psn != b->qp[i].psn)
+			return 0;
+	return 1;
+}
+
+/*
+ * connect(): see rdma.h for the broker's rule and docs/rdma.md for the state
+ * machine. Returns 0 with *out set, or -errno.
+ */
+int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
+		      struct kvb_ep **out)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	struct kvb_rdma_conn pc;
+	struct kvb_ep *ep;
+	int err, created = 0;
+
+	if (!blob || !len) {
+		memset(&pc, 0, sizeof(pc));
+	} else {
+		err = kvb_rdma_conn_decode(&pc, blob, len);
+		if (err)
+			return err;
+	}
+	if (!pc.nqp) {
+		/* An offer without QPs: start our side (HALF). */
+		ep = ep_create(r, (unsigned) r->p.qp_per_peer, &err);
+		if (!ep)
+			return err;
+		ep->peer = pc; /* node only; ep 0 */
+		*out = ep;
+		return 0;
+	}
+
+	if (pc.to_ep) {
+		/* An answer to one of our offers. */
+		ep = ep_find(r, pc.to_ep);
+		if (!ep)
+			return -ENOENT;
+		/* a late answer of an earlier epoch */
+		if (ep->peer.ep == pc.ep && pc.epoch <= ep->peer.epoch &&
+		    ep->state == KVB_RDMA_EP_RESET) {
+			*out = ep;
+			return 0;
+		}
+		if (ep->state == KVB_RDMA_EP_READY) {
+			/* a crossed offer got there first: the same data */
+			if (ep->peer.node == pc.node && ep->peer.ep == pc.ep &&
+			    same_qps(&ep->peer, &pc)) {
+				*out = ep;
+				return 0;
+			}
+			/* older epoch: a late answer, ignore */
+			if (ep->peer.ep == pc.ep && pc.epoch < ep->peer.epoch) {
+				*out = ep;
+				return 0;
+			}
+			return -EPROTO;
+		}
+		err = ep_establish(r, ep, &pc);
+		goto done;
+	}
+
+	/* An offer with QPs: a re-handshake of a known endpoint... */
+	ep = ep_find_peer(r, pc.node, pc.ep);
+	if (ep) {
+		if (pc.epoch < ep->peer.epoch)
+			goto out_ok; /* stale */
+		if (ep->state == KVB_RDMA_EP_READY) {
+			if (same_qps(&ep->peer, &pc))
+				goto out_ok; /* duplicate */
+			err = ep_reset(r, ep);
+			if (err)
+				goto done;
+		}
+		err = ep_establish(r, ep, &pc);
+		goto done;
+	}
+	/* ...or one crossing ours (both sides offered at once)... */
+	for (ep = r->eps; ep; ep = ep->next)
+		if (ep->state == KVB_RDMA_EP_HALF && ep->peer.node == pc.node &&
+		    !ep->peer.ep)
+			break;
+	/* ...or a new peer: we answer. */
+	if (!ep) {
+		if (pc.nqp > KVB_RDMA_MAX_QP)
+			return -EPROTO;
+		ep = ep_create(r, pc.nqp, &err);
+		if (!ep)
+			return err;
+		created = 1;
+	}
+	err = ep_establish(r, ep, &pc);
+	if (err && created) {
+		_kvb_rdma_ep_destroy(r, ep);
+		return err;
+	}
+done:
+	if (err)
+		return err;
+out_ok:
+	*out = ep;
+	return 0;
+}
+
+void _kvb_rdma_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
+{
+	if (ep)
+		_kvb_rdma_ep_destroy(to_rdma(t), ep);
+}

@@ -1,0 +1,446 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The `rdma` transport: libibverbs RC queue pairs, one shared CQ, chains of
+ * RDMA WRITE/READ built by chain.c and posted with one ibv_post_send each.
+ *
+ * Connection data travels in the broker's own handshake (conn.h), not
+ * through librdmacm: see docs/rdma.md for why and for the state machine.
+ *
+ * Not thread-safe: the broker's loop owns a transport.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdma/rdma_priv.h"
+
+/* "<what><dev>" into the caller's buffer, if any. */
+static void set_why(char *why, size_t len, const char *what, const char *dev)
+{
+	if (why && len)
+		snprintf(why, len, "%s%s", what, dev ? dev : "");
+}
+
+/*
+ * With gid_index < 0, pick the first RoCE v2 GID holding an IPv4-mapped
+ * address (routable, what rxe and most RoCE fabrics use), else index 0.
+ */
+static int pick_gid(struct kvb_rdma *r, int port)
+{
+	static const uint8_t v4map[12] = {0, 0, 0, 0, 0,    0,
+					  0, 0, 0, 0, 0xff, 0xff};
+	union ibv_gid g;
+	int i;
+
+	if (r->p.gid_index >= 0)
+		return r->p.gid_index;
+	if (r->port.link_layer != IBV_LINK_LAYER_ETHERNET)
+		return 0;
+	for (i = 0; i < r->port.gid_tbl_len && i < 256; i++) {
+		struct ibv_gid_entry e;
+
+		if (ibv_query_gid_ex(r->ctx, (uint32_t) port, (uint32_t) i, &e,
+				     0))
+			continue;
+		if (e.gid_type != IBV_GID_TYPE_ROCE_V2)
+			continue;
+		memcpy(&g, &e.gid, sizeof(g));
+		if (!memcmp(g.raw, v4map, sizeof(v4map)))
+			return i;
+	}
+	return 0;
+}
+
+static int rdma_open(const struct kvb_transport_params *p,
+		     struct kvb_transport **out, char *why, size_t why_len)
+{
+	struct ibv_device **list;
+	struct ibv_device *dev = NULL;
+	struct kvb_rdma *r;
+	int i, n = 0, err, port;
+
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->base.ops = &kvb_rdma_ops;
+	r->p = *p;
+	r->p.dev_name = NULL; /* not ours to keep */
+	if (!r->p.sq_depth)
+		r->p.sq_depth = KVB_RDMA_DEPTH_DEFAULT;
+	if (r->p.qp_per_peer <= 0)
+		r->p.qp_per_peer = 1;
+	if (r->p.qp_per_peer > KVB_RDMA_MAX_QP) {
+		err = -EINVAL;
+		goto err_free;
+	}
+	port = p->ib_port > 0 ? p->ib_port : 1;
+
+	list = ibv_get_device_list(&n);
+	if (!list || !n) {
+		set_why(why, why_len, "no RDMA device", NULL);
+		err = -ENODEV;
+		goto err_list;
+	}
+	for (i = 0; i < n; i++)
+		if (!p->dev_name ||
+		    !strcmp(ibv_get_device_name(list[i]), p->dev_name)) {
+			dev = list[i];
+			break;
+		}
+	if (!dev) {
+		set_why(why, why_len, "no RDMA device named ", p->dev_name);
+		err = -ENODEV;
+		goto err_list;
+	}
+	r->ctx = ibv_open_device(dev);
+	if (!r->ctx) {
+		err = errno ? -errno : -ENODEV;
+		set_why(why, why_len, "cannot open ", ibv_get_device_name(dev));
+		goto err_list;
+	}
+	err = ibv_query_device(r->ctx, &r->dev);
+	if (err) {
+		err = -err;
+		goto err_ctx;
+	}
+	err = ibv_query_port(r->ctx, (uint8_t) port, &r->port);
+	if (err) {
+		err = -err;
+		set_why(why, why_len, "cannot query the port of ",
+			ibv_get_device_name(dev));
+		goto err_ctx;
+	}
+	if (r->port.state != IBV_PORT_ACTIVE) {
+		set_why(why, why_len, "port not active on ",
+			ibv_get_device_name(dev));
+		err = -ENODEV;
+		goto err_ctx;
+	}
+	r->p.ib_port = port;
+	r->p.gid_index = pick_gid(r, port);
+	err = ibv_query_gid(r->ctx, (uint8_t) port, r->p.gid_index, &r->gid);
+	if (err) {
+		err = -EINVAL;
+		goto err_ctx;
+	}
+	if (r->p.sq_depth > (uint32_t) r->dev.max_qp_wr)
+		r->p.sq_depth = (uint32_t) r->dev.max_qp_wr;
+
+	r->pd = ibv_alloc_pd(r->ctx);
+	if (!r->pd) {
+		err = errno ? -errno : -ENOMEM;
+		goto err_ctx;
+	}
+	r->cq_size = r->dev.max_cqe < KVB_RDMA_CQ_MAX ? r->dev.max_cqe
+						      : KVB_RDMA_CQ_MAX;
+	r->cq = ibv_create_cq(r->ctx, r->cq_size, NULL, NULL, 0);
+	if (!r->cq) {
+		err = errno ? -errno : -ENOMEM;
+		goto err_pd;
+	}
+	r->node = rand64();
+	ibv_free_device_list(list);
+	*out = &r->base;
+	return 0;
+
+err_pd:
+	ibv_dealloc_pd(r->pd);
+err_ctx:
+	ibv_close_device(r->ctx);
+err_list:
+	if (list)
+		ibv_free_device_list(list);
+err_free:
+	free(r);
+	return err;
+}
+
+static void rdma_close(struct kvb_transport *t)
+{
+	struct kvb_rdma *r = to_rdma(t);
+
+	while (r->eps)
+		_kvb_rdma_ep_destroy(r, r->eps);
+	ibv_destroy_cq(r->cq);
+	/* Fails (EBUSY) if the broker left regions registered; nothing to do.
+	 */
+	ibv_dealloc_pd(r->pd);
+	ibv_close_device(r->ctx);
+	free(r);
+}
+
+static const int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			     IBV_ACCESS_REMOTE_READ;
+
+static void mr_store(struct kvb_mr *mr, struct ibv_mr *imr)
+{
+	mr->tpriv[KVB_RDMA_TPRIV] = imr;
+	mr->lkey = imr->lkey;
+	mr->rkey = imr->rkey;
+}
+
+static int rdma_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	struct ibv_mr *imr;
+
+	if (mr->tpriv[KVB_RDMA_TPRIV])
+		return -EBUSY;
+	if (!mr->addr || !mr->len)
+		return -EINVAL;
+	imr = ibv_reg_mr(r->pd, mr->addr, mr->len, mr_access);
+	if (!imr)
+		return errno ? -errno : -ENOMEM;
+	mr_store(mr, imr);
+	return 0;
+}
+
+int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
+			uint64_t offset)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	struct ibv_mr *imr;
+
+	if (mr->tpriv[KVB_RDMA_TPRIV])
+		return -EBUSY;
+	if (!mr->len)
+		return -EINVAL;
+	if (fd >= 0) {
+		imr = ibv_reg_dmabuf_mr(r->pd, offset, mr->len,
+					(uint64_t) (uintptr_t) mr->addr, fd,
+					mr_access);
+		if (imr) {
+			mr_store(mr, imr);
+			return 0;
+		}
+		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
+		    errno != EPROTONOSUPPORT)
+			return errno ? -errno : -ENOMEM;
+	}
+	return rdma_reg_mr(t, mr);
+}
+
+static void rdma_dereg_mr(struct kvb_transport *t, struct kvb_mr *mr)
+{
+	struct ibv_mr *imr = mr->tpriv[KVB_RDMA_TPRIV];
+
+	if (!imr)
+		return;
+	ibv_dereg_mr(imr);
+	mr->tpriv[KVB_RDMA_TPRIV] = NULL;
+	mr->lkey = 0;
+	mr->rkey = 0;
+}
+
+void _kvb_rdma_ready_push(struct kvb_rdma *r, struct kvb_rdma_qp *q)
+{
+	if (!q->on_ready && kvb_chain_ready(&q->ch)) {
+		q->on_ready = 1;
+		r->ready[r->nready++] = q;
+	}
+}
+
+/* Route one work completion to its chain; returns 1 if it failed live ops. */
+static int wc_apply(struct kvb_rdma *r, const struct ibv_wc *wc)
+{
+	uint16_t slot = kvb_chain_wr_id_qp(wc->wr_id);
+	int32_t st = kvb_chain_wc_errno(wc->status);
+	struct kvb_rdma_qp *q;
+	uint64_t err_before;
+
+	q = slot < KVB_RDMA_MAX_SLOTS ? r->slots[slot] : NULL;
+	if (!q || !q->qp || q->qp->qp_num != wc->qp_num)
+		return 0; /* a QP destroyed since */
+	err_before = q->ch.st.wc_errors;
+	kvb_chain_complete(&q->ch, wc->wr_id, st);
+	_kvb_rdma_ready_push(r, q);
+	if (q->ch.st.wc_errors != err_before) {
+		r->base.stats.errors++;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Consume every CQE there is into the chains (nothing handed out). An
+ * endpoint whose QP failed here is reset by its next post() or poll().
+ */
+void _kvb_rdma_cq_drain(struct kvb_rdma *r)
+{
+	int k, i;
+
+	while ((k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, r->wc)) > 0) {
+		r->base.stats.cqes += (uint64_t) k;
+		for (i = 0; i < k; i++)
+			wc_apply(r, &r->wc[i]);
+	}
+}
+
+/* A QP of ep with credit, round robin; NULL when none. */
+static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep)
+{
+	unsigned i;
+
+	for (i = 0; i < ep->nqp; i++) {
+		struct kvb_rdma_qp *q = &ep->qp[(ep->rr + i) % ep->nqp];
+
+		if (q->ch.credits && !q->ch.broken) {
+			ep->rr = (ep->rr + i + 1) % ep->nqp;
+			return q;
+		}
+	}
+	return NULL;
+}
+
+static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
+		     const struct kvb_xop *ops, unsigned n)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	struct ibv_send_wr *bad = NULL;
+	struct kvb_rdma_qp *q;
+	uint64_t stalls;
+	unsigned nwr, acc;
+	int got, err;
+
+	if (!ep || !_kvb_rdma_ep_usable(r, ep))
+		return -ENOTCONN;
+	if (!n)
+		return 0;
+	q = ep_pick(ep);
+	if (!q)
+		q = &ep->qp[ep->rr]; /* no credit anywhere: build counts it */
+	stalls = q->ch.st.credit_stalls;
+	got = kvb_chain_build(&q->ch, ops, n);
+	r->base.stats.credit_stalls += q->ch.st.credit_stalls - stalls;
+	if (got <= 0)
+		return got;
+
+	nwr = q->ch.staged;
+	if (r->time_posts) {
+		uint64_t t0 = now_ns();
+
+		err = ibv_post_send(q->qp, q->ch.wr, &bad);
+		r->post_ns += now_ns() - t0;
+	} else {
+		err = ibv_post_send(q->qp, q->ch.wr, &bad);
+	}
+	if (!err) {
+		kvb_stats_doorbell(&r->base.stats, nwr,
+				   kvb_chain_staged_bytes(&q->ch, nwr));
+		kvb_chain_commit(&q->ch, nwr);
+		return got;
+	}
+	/*
+	 * The hardware took the WRs before bad_wr. Credits make ENOMEM
+	 * impossible, so this is a QP in a bad state: keep the prefix (it
+	 * will complete), and force the QP to the error state because its
+	 * last WR may be unsignaled; the flushes then retire it.
+	 */
+	nwr = bad ? (unsigned) (bad - q->ch.wr) : 0;
+	if (nwr > q->ch.staged)
+		nwr = 0;
+	if (!nwr) {
+		q->ch.staged = 0;
+		return -err;
+	}
+	kvb_stats_doorbell(&r->base.stats, nwr,
+			   kvb_chain_staged_bytes(&q->ch, nwr));
+	acc = kvb_chain_commit(&q->ch, nwr);
+	{
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+		ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
+	}
+	return (int) acc;
+}
+
+/* Hand out cookies retired in the chains. */
+static unsigned reap_ready(struct kvb_rdma *r, struct kvb_xcqe *out,
+			   unsigned max)
+{
+	unsigned n = 0, i = 0;
+
+	while (i < r->nready && n < max) {
+		struct kvb_rdma_qp *q = r->ready[i];
+
+		n += kvb_chain_reap(&q->ch, out + n, max - n);
+		if (!kvb_chain_ready(&q->ch)) {
+			q->on_ready = 0;
+			r->ready[i] = r->ready[--r->nready];
+		} else {
+			i++;
+		}
+	}
+	return n;
+}
+
+static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
+		     unsigned max)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	unsigned n;
+	int k, i;
+
+	n = reap_ready(r, out, max);
+	while (n < max) {
+		k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, r->wc);
+		if (k < 0)
+			return n ? (int) n : -EIO;
+		if (!k)
+			break;
+		r->base.stats.cqes += (uint64_t) k;
+		for (i = 0; i < k; i++) {
+			const struct ibv_wc *wc = &r->wc[i];
+
+			/* Fail the rest, reset, wait for the peer. */
+			if (wc_apply(r, wc))
+				_kvb_rdma_ep_usable(
+					r,
+					r->slots[kvb_chain_wr_id_qp(wc->wr_id)]
+						->ep);
+		}
+		n += reap_ready(r, out + n, max - n);
+	}
+	return (int) n;
+}
+
+int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
+		      struct kvb_rdma_qp_stats *out)
+{
+	const struct kvb_rdma_qp *q;
+
+	(void) t;
+	if (!ep || i >= ep->nqp)
+		return -ENOENT;
+	q = &ep->qp[i];
+	out->qpn = q->qp ? q->qp->qp_num : 0;
+	out->credits = q->ch.credits;
+	out->depth = q->ch.p.depth;
+	out->in_flight = q->ch.head - q->ch.done;
+	out->chain = q->ch.st;
+	return 0;
+}
+
+void kvb_rdma_time_posts(struct kvb_transport *t, int on)
+{
+	to_rdma(t)->time_posts = on;
+}
+
+uint64_t kvb_rdma_post_ns(struct kvb_transport *t)
+{
+	return to_rdma(t)->post_ns;
+}
+
+const struct kvb_transport_ops kvb_rdma_ops = {
+	.name = "rdma",
+	.open = rdma_open,
+	.close = rdma_close,
+	.reg_mr = rdma_reg_mr,
+	.dereg_mr = rdma_dereg_mr,
+	.local_info = _kvb_rdma_local_info,
+	.connect = _kvb_rdma_connect,
+	.disconnect = _kvb_rdma_disconnect,
+	.post = rdma_post,
+	.poll = rdma_poll,
+};

@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The `rdma` transport (libibverbs RC queue pairs): what the broker and the
+ * GPU backend need beyond the ops table of transport.h.
+ *
+ * Handshake (see docs/rdma.md): local_info() gives an offer without queue
+ * pairs; connect() takes any blob of the peer and returns the endpoint it
+ * belongs to; kvb_rdma_ep_info() gives the blob of one endpoint to send
+ * back. Broker rule, two control messages at most per (re)connection:
+ *
+ *   initiator: ep = connect(peer's local_info, or NULL/0)   -> ep HALF
+ *              send "offer"  = ep_info(ep)
+ *   on offer:  ep = connect(offer)                          -> ep READY
+ *              send "answer" = ep_info(ep)
+ *   on answer: connect(answer)                              -> ep READY
+ *
+ * Both sides may send offers at once (they cross, both get READY, the
+ * answers are then no-ops). After a work-completion error, post() on the
+ * endpoint returns -ENOTCONN: the endpoint's QPs were reset with new PSNs
+ * and the broker sends ep_info(ep) as an offer again; the peer resets its
+ * side on seeing the newer epoch.
+ */
+#ifndef KVB_BRIDGE_RDMA_RDMA_H
+#define KVB_BRIDGE_RDMA_RDMA_H
+
+#include <stdint.h>
+
+#include "transport.h"
+#include "rdma/chain.h"
+
+extern const struct kvb_transport_ops kvb_rdma_ops;
+
+/* Slot of struct kvb_mr.tpriv[] the rdma transport keeps its ibv_mr in. */
+#define KVB_RDMA_TPRIV 2
+
+enum kvb_rdma_ep_state {
+	KVB_RDMA_EP_HALF = 1,  /* QPs in INIT, waiting for the peer's blob */
+	KVB_RDMA_EP_READY = 2, /* QPs in RTS */
+	KVB_RDMA_EP_RESET = 3, /* reset after an error, needs a re-handshake */
+};
+
+/*
+ * Connection blob of one endpoint (the offer of a HALF or RESET endpoint, or
+ * the answer of a READY one). *len: capacity in, size out. Returns 0,
+ * -ENOSPC (with *len = size needed) or -EINVAL.
+ * Proposed for transport.h as ops->ep_info.
+ */
+int kvb_rdma_ep_info(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
+		     size_t *len);
+
+/* enum kvb_rdma_ep_state of ep. */
+int kvb_rdma_ep_state(struct kvb_transport *t, struct kvb_ep *ep);
+
+struct kvb_rdma_qp_stats {
+	uint32_t qpn;
+	uint32_t credits; /* free send-queue slots now */
+	uint32_t depth;
+	uint32_t in_flight; /* WRs posted, not retired */
+	struct kvb_chain_stats chain;
+};
+
+/*
+ * Counters of QP `i` (0 .. qp_per_peer - 1) of an endpoint. Returns 0 or
+ * -ENOENT. Same thread as post()/poll().
+ */
+int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
+		      struct kvb_rdma_qp_stats *out);
+
+/*
+ * Measure the time spent inside ibv_post_send (two CLOCK_MONOTONIC reads
+ * per doorbell; off by default). kvb_rdma_post_ns() gives the sum in ns.
+ */
+void kvb_rdma_time_posts(struct kvb_transport *t, int on);
+uint64_t kvb_rdma_post_ns(struct kvb_transport *t);
+
+/*
+ * Register memory given as a dmabuf (a GPU buffer exported by HIP/CUDA):
+ * ibv_reg_dmabuf_mr(fd, offset) first, and when the device or kernel cannot
+ * (EOPNOTSUPP, ENOSYS, EINVAL, EPROTONOSUPPORT) ibv_reg_mr on mr->addr,
+ * which works where a peer-memory module maps GPU memory. Fills
+ * mr->lkey/rkey and mr->tpriv[KVB_RDMA_TPRIV]; undo with ops->dereg_mr.
+ * Returns 0 or -errno. fd < 0 skips straight to ibv_reg_mr.
+ */
+int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
+			uint64_t offset);
+
+#endif /* KVB_BRIDGE_RDMA_RDMA_H */
