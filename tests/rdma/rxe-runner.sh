@@ -99,7 +99,7 @@ vmlinuz=$kdir/boot/vmlinuz-$kver
 [ -r "$vmlinuz" ] || die "no kernel image in $kdir"
 
 # --- 2. initramfs: busybox, modules in dependency order, /init --------------
-initrd=$cache/initramfs-$kver-v3.cpio.gz
+initrd=$cache/initramfs-$kver-v4.cpio.gz
 if [ ! -e "$initrd" ]; then
 	root=$(mktemp -d) || die "mktemp failed"
 	trap 'rm -rf "$root"' EXIT
@@ -152,6 +152,9 @@ mount -t tmpfs tmpfs $H/run
 mount -t tmpfs tmpfs $H/var/tmp
 [ -d $H/dev/shm ] || mkdir $H/dev/shm
 mount -t tmpfs tmpfs $H/dev/shm
+# the rw folder may sit under a path shadowed by the tmpfs mounts above
+# (a build under /tmp): make its mount point in the tmpfs then
+[ -d $H$RW ] || mkdir -p $H$RW
 mount -t 9p -o $o rw $H$RW || bye 125
 E="/usr/bin/env -i HOME=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 chroot $H $E /bin/sh -c "
