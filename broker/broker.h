@@ -14,7 +14,7 @@
 #include "xfer.h"
 
 /* worker id = (generation << 12) | slot; slot < 4096 */
-#define KVB_WSLOT(id) ((id) & 0xfffu)
+#define KVB_WSLOT(id) ((id) &0xfffu)
 
 struct kvb_worker_stats {
 	uint64_t submitted, completed, refused, bytes;
@@ -44,11 +44,11 @@ struct kvb_worker {
 /* A descriptor between drain and completion. */
 struct kvb_inflight {
 	uint32_t worker; /* worker id */
-	uint32_t xfer;   /* transfer handle */
+	uint32_t xfer;	 /* transfer handle */
 	uint64_t tag;
 	uint64_t bytes;
-	uint32_t next;   /* next merged descriptor (index), 0 = end */
-	uint32_t tail;   /* head only: last of the merged list */
+	uint32_t next;	     /* next merged descriptor (index), 0 = end */
+	uint32_t tail;	     /* head only: last of the merged list */
 	uint32_t lreg, rreg; /* region ids (refs held) */
 	uint8_t flags;
 	uint8_t used;
@@ -75,7 +75,7 @@ struct kvb_broker {
 	uid_t uid;
 	struct kvb_worker *workers; /* opt.max_workers slots */
 	uint32_t nworkers;
-	uint32_t *live;  /* slots of attached workers, compact (hot loops) */
+	uint32_t *live; /* slots of attached workers, compact (hot loops) */
 	uint32_t nlive;
 	uint32_t rr; /* fair-drain start */
 	struct kvb_regions regions;
@@ -85,7 +85,7 @@ struct kvb_broker {
 	uint32_t *inf_free;
 	uint32_t inf_nfree;
 	struct kvb_dest *dests; /* [transport slot][worker slot] */
-	uint32_t *dirty;        /* dest indices with pending ops */
+	uint32_t *dirty;	/* dest indices with pending ops */
 	uint32_t ndirty;
 	int64_t next_timer_ns;
 	struct {

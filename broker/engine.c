@@ -17,8 +17,8 @@
 #include "kvbroker/kvbroker.h"
 #include "log.h"
 
-#define POLL_BATCH 256u
-#define MERGE_MAX_LEN (1ull << 30)
+#define POLL_BATCH	256u
+#define MERGE_MAX_LEN	(1ull << 30)
 #define REFUSALS_LOGGED 16u
 
 int kvb_engine_init(struct kvb_broker *b)
@@ -27,8 +27,8 @@ int kvb_engine_init(struct kvb_broker *b)
 
 	b->inf = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf));
 	b->inf_free = calloc(KVB_INFLIGHT_MAX, sizeof(*b->inf_free));
-	b->dests = calloc((size_t)nw * KVB_TS_MAX, sizeof(*b->dests));
-	b->dirty = calloc((size_t)nw * KVB_TS_MAX, sizeof(*b->dirty));
+	b->dests = calloc((size_t) nw * KVB_TS_MAX, sizeof(*b->dests));
+	b->dirty = calloc((size_t) nw * KVB_TS_MAX, sizeof(*b->dirty));
 	if (!b->inf || !b->inf_free || !b->dests || !b->dirty) {
 		kvb_engine_fini(b);
 		return -ENOMEM;
@@ -98,7 +98,8 @@ void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 		struct kvb_cqe *n = realloc(w->ovf, cap * sizeof(*n));
 
 		if (!n) {
-			log_err("worker %u: out of memory queueing a completion",
+			log_err("worker %u: out of memory queueing a "
+				"completion",
 				w->id);
 			return;
 		}
@@ -142,8 +143,11 @@ static void post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		     uint32_t xfer)
 {
 	struct kvb_worker *w = kvb_worker_by_id(b, worker);
-	struct kvb_cqe c = {.tag = tag, .bytes = bytes, .status = status,
-			    .transfer = xfer, .opcode = op};
+	struct kvb_cqe c = {.tag = tag,
+			    .bytes = bytes,
+			    .status = status,
+			    .transfer = xfer,
+			    .opcode = op};
 
 	if (w && w->attached)
 		kvb_complete(b, w, &c);
@@ -155,8 +159,8 @@ static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
 static void xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
-	int64_t deadline = kvb_now_ns() +
-			   (int64_t)b->opt.transfer_timeout_ms * 1000000;
+	int64_t deadline =
+		kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms * 1000000;
 	struct kvb_xfer copy = *x;
 
 	if (status)
@@ -199,8 +203,8 @@ static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 		xfer_finish(b, x, x->first_err);
 }
 
-static void xfer_account(struct kvb_broker *b, uint32_t handle,
-			 uint32_t worker, int status)
+static void xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
+			 int status)
 {
 	struct kvb_xfer *x;
 
@@ -245,7 +249,8 @@ static void complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 				w->st.bytes += e->bytes;
 			if (status || !(e->flags & KVB_SQE_F_UNSIGNALED))
 				post_cqe(b, e->worker, KVB_CQ_DESC, e->tag,
-					 status, status ? 0 : e->bytes, e->xfer);
+					 status, status ? 0 : e->bytes,
+					 e->xfer);
 		}
 		xfer_account(b, e->xfer, e->worker, status);
 		e->used = 0;
@@ -263,14 +268,15 @@ static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 	w->st.refused++;
 	if (w->refused_logged < REFUSALS_LOGGED) {
 		w->refused_logged++;
-		log_warn("worker %u: refused descriptor (tag %llu, region %#x+%llu -> %#x+%llu, len %llu): %s%s",
-			 w->id, (unsigned long long)e->tag, e->region,
-			 (unsigned long long)e->offset, e->peer_region,
-			 (unsigned long long)e->peer_offset,
-			 (unsigned long long)e->len, why,
-			 w->refused_logged == REFUSALS_LOGGED ?
-				 " (further refusals counted, not logged)" :
-				 "");
+		log_warn("worker %u: refused descriptor (tag %llu, region "
+			 "%#x+%llu -> %#x+%llu, len %llu): %s%s",
+			 w->id, (unsigned long long) e->tag, e->region,
+			 (unsigned long long) e->offset, e->peer_region,
+			 (unsigned long long) e->peer_offset,
+			 (unsigned long long) e->len, why,
+			 w->refused_logged == REFUSALS_LOGGED
+				 ? " (further refusals counted, not logged)"
+				 : "");
 	}
 	post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
@@ -322,8 +328,8 @@ static int dest_append(struct kvb_broker *b, uint32_t di,
 			struct kvb_inflight *head = &b->inf[last->cookie];
 
 			last->len += op->len;
-			b->inf[head->tail].next = (uint32_t)op->cookie;
-			head->tail = (uint32_t)op->cookie;
+			b->inf[head->tail].next = (uint32_t) op->cookie;
+			head->tail = (uint32_t) op->cookie;
 			return 0;
 		}
 	}
@@ -360,7 +366,7 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			return;
 		}
 		x->sealed = 1;
-		x->expected = (uint32_t)e->len;
+		x->expected = (uint32_t) e->len;
 		x->seal_tag = e->tag;
 		xfer_maybe_finish(b, x);
 		return;
@@ -408,7 +414,8 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		if (e->opcode == KVB_OP_WRITE && r->owner != w->id) {
 			uint32_t i;
 
-			for (i = 0; i < x->ndests && x->dests[i] != r->owner; i++)
+			for (i = 0; i < x->ndests && x->dests[i] != r->owner;
+			     i++)
 				;
 			if (i == x->ndests && i < KVB_XFER_MAX_DESTS)
 				x->dests[x->ndests++] = r->owner;
@@ -425,8 +432,10 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	op.cookie = idx;
 	{
 		/* GPU memory on either side: GPU copy engines; else memcpy */
-		unsigned ts = (l->mr.kind == KVB_MEM_GPU || r->mr.kind == KVB_MEM_GPU) ?
-				      KVB_TS_GPU : KVB_TS_HOST;
+		unsigned ts =
+			(l->mr.kind == KVB_MEM_GPU || r->mr.kind == KVB_MEM_GPU)
+				? KVB_TS_GPU
+				: KVB_TS_HOST;
 		uint32_t di = ts * b->opt.max_workers + KVB_WSLOT(r->owner);
 
 		if (!b->trs[ts]) {
@@ -443,9 +452,9 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 static unsigned flush(struct kvb_broker *b)
 {
 	uint32_t keep = 0, posted = 0;
-	unsigned batch = b->opt.post_batch_size < 0 ?
-				 UINT32_MAX :
-				 (unsigned)b->opt.post_batch_size;
+	unsigned batch = b->opt.post_batch_size < 0
+				 ? UINT32_MAX
+				 : (unsigned) b->opt.post_batch_size;
 
 	for (uint32_t k = 0; k < b->ndirty; k++) {
 		struct kvb_dest *d = &b->dests[b->dirty[k]];
@@ -453,20 +462,23 @@ static unsigned flush(struct kvb_broker *b)
 
 		while (off < d->n) {
 			unsigned n = d->n - off < batch ? d->n - off : batch;
-			int rc = d->tr->ops->post(d->tr, d->ep, d->ops + off, n);
+			int rc =
+				d->tr->ops->post(d->tr, d->ep, d->ops + off, n);
 
 			if (rc < 0) {
 				/* the transport took none: fail the chain */
 				for (unsigned i = 0; i < n; i++)
 					complete_inflight(
-						b, (uint32_t)d->ops[off + i].cookie,
+						b,
+						(uint32_t) d->ops[off + i]
+							.cookie,
 						rc);
 				off += n;
 				continue;
 			}
-			off += (uint32_t)rc;
-			posted += (uint32_t)rc;
-			if ((unsigned)rc < n) {
+			off += (uint32_t) rc;
+			posted += (uint32_t) rc;
+			if ((unsigned) rc < n) {
 				d->tr->stats.credit_stalls++;
 				break;
 			}
@@ -499,9 +511,10 @@ static unsigned reap_one(struct kvb_broker *b, struct kvb_transport *t)
 			return total;
 		}
 		for (int i = 0; i < n; i++)
-			complete_inflight(b, (uint32_t)c[i].cookie, c[i].status);
-		total += (unsigned)n;
-	} while (n == (int)POLL_BATCH);
+			complete_inflight(b, (uint32_t) c[i].cookie,
+					  c[i].status);
+		total += (unsigned) n;
+	} while (n == (int) POLL_BATCH);
 	return total;
 }
 
@@ -530,7 +543,8 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 		if (w->ovf_len) {
 			flush_overflow(w);
 			if (w->ovf_len)
-				continue; /* completions back up: stop draining */
+				continue; /* completions back up: stop draining
+					   */
 		}
 		if (b->inf_nfree < burst)
 			break;
@@ -578,8 +592,8 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 
 		for (uint32_t i = 0; i < d->n; i++) {
 			if (op_touches(&d->ops[i], id))
-				complete_inflight(b, (uint32_t)d->ops[i].cookie,
-						  -ENXIO);
+				complete_inflight(
+					b, (uint32_t) d->ops[i].cookie, -ENXIO);
 			else
 				d->ops[keep++] = d->ops[i];
 		}

@@ -25,20 +25,20 @@
 #include "kvbroker/kvbroker.h"
 #include "log.h"
 
-#define EP_LISTEN 1ull
-#define EP_EFD 2ull
-#define EP_SIG 3ull
+#define EP_LISTEN     1ull
+#define EP_EFD	      2ull
+#define EP_SIG	      3ull
 #define EP_WORKER_TAG 0x100000000ull
-#define TIMER_NS 10000000ll /* deadline scan period */
-#define EPOLL_EVERY 64u     /* busy rounds between control-socket checks */
-#define EVENTS_NS 200000ll  /* ... or this long, whichever comes first */
+#define TIMER_NS      10000000ll /* deadline scan period */
+#define EPOLL_EVERY   64u	 /* busy rounds between control-socket checks */
+#define EVENTS_NS     200000ll	 /* ... or this long, whichever comes first */
 
 int64_t kvb_now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static int open_transport(struct kvb_broker *b)
@@ -51,7 +51,8 @@ static int open_transport(struct kvb_broker *b)
 	int rc;
 
 	if (k == KVB_TR_TCP || k == KVB_TR_RDMA) {
-		log_err("transport %s: unavailable: the cross-node bridge for it "
+		log_err("transport %s: unavailable: the cross-node bridge for "
+			"it "
 			"is not in this version (see README, 'Not there yet')",
 			kvb_transport_name(k));
 		return -ENOTSUP;
@@ -72,13 +73,16 @@ static int open_transport(struct kvb_broker *b)
 			return rc;
 		}
 		if (rc)
-			log_info("transport auto: gpu unavailable (%s); GPU regions will be refused",
+			log_info("transport auto: gpu unavailable (%s); GPU "
+				 "regions will be refused",
 				 why[0] ? why : strerror(-rc));
 		else
-			log_info("transport gpu ready: GPU-to-GPU regions use GPU copies");
+			log_info("transport gpu ready: GPU-to-GPU regions use "
+				 "GPU copies");
 	}
 	if (k == KVB_TR_AUTO)
-		log_info("transport auto: host memory uses local (the cross-node "
+		log_info("transport auto: host memory uses local (the "
+			 "cross-node "
 			 "tcp/rdma bridge is not in this version)");
 	log_info("transport local ready");
 	return 0;
@@ -102,7 +106,7 @@ static int open_listener(struct kvb_broker *b)
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 ||
 	    chmod(b->opt.socket_path, 0600) < 0 || listen(fd, 128) < 0) {
 		int rc = -errno;
 
@@ -190,12 +194,13 @@ static void service_events(struct kvb_broker *b, int timeout_ms)
 			struct signalfd_siginfo si;
 
 			if (read(b->sigfd, &si, sizeof(si)) == sizeof(si)) {
-				log_info("signal %u: shutting down", si.ssi_signo);
+				log_info("signal %u: shutting down",
+					 si.ssi_signo);
 				b->stop = 1;
 			}
 		} else if (tag & EP_WORKER_TAG) {
 			struct kvb_worker *w =
-				&b->workers[(uint32_t)(tag & 0xffffffffu)];
+				&b->workers[(uint32_t) (tag & 0xffffffffu)];
 
 			if (w->id)
 				kvb_worker_ctl(b, w);
@@ -210,15 +215,16 @@ static int try_sleep(struct kvb_broker *b)
 	int busy = 0;
 
 	for (i = 0; i < b->nlive; i++)
-		atomic_store_explicit(&b->workers[b->live[i]].seg.hdr->broker_sleeping,
-				      1, memory_order_relaxed);
+		atomic_store_explicit(
+			&b->workers[b->live[i]].seg.hdr->broker_sleeping, 1,
+			memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
 	for (i = 0; i < b->nlive && !busy; i++)
 		if (kvb_ring_count(&b->workers[b->live[i]].seg.sq))
 			busy = 1;
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
-		int ms = b->xfers.nactive ? (int)(left / 1000000) + 1 : 1000;
+		int ms = b->xfers.nactive ? (int) (left / 1000000) + 1 : 1000;
 
 		if (ms < 1)
 			ms = 1;
@@ -228,14 +234,16 @@ static int try_sleep(struct kvb_broker *b)
 		service_events(b, ms);
 	}
 	for (i = 0; i < b->nlive; i++)
-		atomic_store_explicit(&b->workers[b->live[i]].seg.hdr->broker_sleeping,
-				      0, memory_order_relaxed);
+		atomic_store_explicit(
+			&b->workers[b->live[i]].seg.hdr->broker_sleeping, 0,
+			memory_order_relaxed);
 	return busy;
 }
 
 static void run(struct kvb_broker *b)
 {
-	int64_t last_events = 0, idle_since = 0, spin_ns = (int64_t)b->opt.busy_poll_us * 1000;
+	int64_t last_events = 0, idle_since = 0,
+		spin_ns = (int64_t) b->opt.busy_poll_us * 1000;
 	uint32_t iter = 0;
 
 	b->next_timer_ns = kvb_now_ns() + TIMER_NS;
@@ -249,7 +257,8 @@ static void run(struct kvb_broker *b)
 		}
 		/* control sockets while busy: every EPOLL_EVERY rounds, or
 		 * sooner when rounds are long (big copies) */
-		if (++iter % EPOLL_EVERY == 0 || now - last_events >= EVENTS_NS) {
+		if (++iter % EPOLL_EVERY == 0 ||
+		    now - last_events >= EVENTS_NS) {
 			service_events(b, 0);
 			last_events = now;
 		}
@@ -273,18 +282,21 @@ static void shutdown_all(struct kvb_broker *b)
 	/* every open transfer ends, each worker hears it, then goes */
 	for (i = 0; i < b->opt.max_workers; i++) {
 		struct kvb_worker *w = &b->workers[i];
-		struct kvb_cqe c = {.opcode = KVB_CQ_SHUTDOWN, .status = -ESHUTDOWN};
+		struct kvb_cqe c = {.opcode = KVB_CQ_SHUTDOWN,
+				    .status = -ESHUTDOWN};
 
 		if (!w->attached)
 			continue;
 		atomic_store_explicit(&w->seg.hdr->broker_state,
-				      KVB_BROKER_STOPPING, memory_order_release);
+				      KVB_BROKER_STOPPING,
+				      memory_order_release);
 		kvb_complete(b, w, &c);
 	}
 	kvb_wake_workers(b);
 	for (i = 0; i < b->opt.max_workers; i++)
 		if (b->workers[i].id)
-			kvb_worker_drop(b, &b->workers[i], "broker shutting down");
+			kvb_worker_drop(b, &b->workers[i],
+					"broker shutting down");
 }
 
 static void teardown(struct kvb_broker *b)
@@ -335,7 +347,7 @@ int main(int argc, char **argv)
 		teardown(&b);
 		return 1;
 	}
-	log_info("listening on %s (pid %d)", b.opt.socket_path, (int)getpid());
+	log_info("listening on %s (pid %d)", b.opt.socket_path, (int) getpid());
 	run(&b);
 	shutdown_all(&b);
 	teardown(&b);

@@ -17,7 +17,7 @@ static const char *const tr_names[] = {"auto", "local", "tcp", "rdma", "gpu"};
 
 const char *kvb_transport_name(enum kvb_transport_kind k)
 {
-	return (unsigned)k < 5 ? tr_names[k] : "?";
+	return (unsigned) k < 5 ? tr_names[k] : "?";
 }
 
 void kvb_options_default(struct kvb_options *o)
@@ -48,25 +48,37 @@ void kvb_options_default(struct kvb_options *o)
 void kvb_options_usage(FILE *f)
 {
 	fputs("Usage: kvbroker [OPTIONS]\n"
-	      "One KV-cache transfer broker per node: workers attach over a Unix socket\n"
+	      "One KV-cache transfer broker per node: workers attach over a "
+	      "Unix socket\n"
 	      "and submit descriptors through shared-memory rings.\n\n"
 	      "  --socket PATH          Unix socket (default $KVB_SOCKET,\n"
-	      "                         $XDG_RUNTIME_DIR/kvbroker.sock or /tmp/kvbroker-UID.sock)\n"
-	      "  --transport NAME       local|tcp|rdma|gpu|auto (default local)\n"
+	      "                         $XDG_RUNTIME_DIR/kvbroker.sock or "
+	      "/tmp/kvbroker-UID.sock)\n"
+	      "  --transport NAME       local|tcp|rdma|gpu|auto (default "
+	      "local)\n"
 	      "  --log-level LEVEL      error|warn|info|debug (default info)\n"
-	      "  --busy-poll-us N       spin N us idle before sleeping (default 50)\n"
-	      "  --sq-entries N         submission ring slots per worker (default 4096)\n"
-	      "  --cq-entries N         completion ring slots per worker (default 8192)\n"
+	      "  --busy-poll-us N       spin N us idle before sleeping "
+	      "(default 50)\n"
+	      "  --sq-entries N         submission ring slots per worker "
+	      "(default 4096)\n"
+	      "  --cq-entries N         completion ring slots per worker "
+	      "(default 8192)\n"
 	      "  --max-workers N        (default 256)\n"
-	      "  --burst N              descriptors drained per worker per round (default 64)\n"
-	      "  --post-batch-size N    WRs per chain, -1 = all pending (default -1)\n"
-	      "  --transfer-timeout S   seconds a transfer may take (default 30)\n"
-	      "  --defer-timeout S      seconds a write waits for remote blocks (default 60)\n"
-	      "  --host-ip IP           address for the ZMQ bridge (default 127.0.0.1)\n"
+	      "  --burst N              descriptors drained per worker per "
+	      "round (default 64)\n"
+	      "  --post-batch-size N    WRs per chain, -1 = all pending "
+	      "(default -1)\n"
+	      "  --transfer-timeout S   seconds a transfer may take (default "
+	      "30)\n"
+	      "  --defer-timeout S      seconds a write waits for remote "
+	      "blocks (default 60)\n"
+	      "  --host-ip IP           address for the ZMQ bridge (default "
+	      "127.0.0.1)\n"
 	      "  --notify-port N        (default 61005)\n"
 	      "  --handshake-port N     (default 6301)\n"
 	      "  --read-mode            D pulls (READ) instead of P pushing\n"
-	      "  --trusted-hosts LIST   comma-separated peers allowed to hand-shake\n"
+	      "  --trusted-hosts LIST   comma-separated peers allowed to "
+	      "hand-shake\n"
 	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
 	      "  --qp-per-transfer N    QPs per peer (default 1)\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
@@ -107,9 +119,29 @@ static int copy_str(char *dst, size_t cap, const char *s)
 }
 
 enum {
-	O_SOCKET = 256, O_TRANSPORT, O_LOG, O_BUSY, O_SQ, O_CQ, O_MAXW,
-	O_BURST, O_BATCH, O_TTO, O_DTO, O_HOST, O_NPORT, O_HPORT, O_READ,
-	O_TRUST, O_RDEV, O_IBPORT, O_GID, O_QPS, O_GSTREAMS, O_HELP, O_VER,
+	O_SOCKET = 256,
+	O_TRANSPORT,
+	O_LOG,
+	O_BUSY,
+	O_SQ,
+	O_CQ,
+	O_MAXW,
+	O_BURST,
+	O_BATCH,
+	O_TTO,
+	O_DTO,
+	O_HOST,
+	O_NPORT,
+	O_HPORT,
+	O_READ,
+	O_TRUST,
+	O_RDEV,
+	O_IBPORT,
+	O_GID,
+	O_QPS,
+	O_GSTREAMS,
+	O_HELP,
+	O_VER,
 };
 
 static const struct option longopts[] = {
@@ -151,20 +183,21 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	int c, i;
 
 	kvb_options_default(o);
-	optind = 0; /* not 1: 0 also resets getopt's state from a previous parse */
+	optind = 0; /* not 1: 0 also resets getopt's state from a previous parse
+		     */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		const char *a = optarg;
-		const char *name = optind > 0 && optind <= argc ?
-					   argv[optind - 1] :
-					   "?";
+		const char *name =
+			optind > 0 && optind <= argc ? argv[optind - 1] : "?";
 
 		switch (c) {
 		case O_SOCKET:
 			if (copy_str(o->socket_path, sizeof(o->socket_path), a))
-				return fail(err, err_len,
-					    "--socket: path longer than %zu bytes",
-					    sizeof(o->socket_path) - 1);
+				return fail(
+					err, err_len,
+					"--socket: path longer than %zu bytes",
+					sizeof(o->socket_path) - 1);
 			break;
 		case O_TRANSPORT:
 			for (i = 0; i < 5; i++)
@@ -172,103 +205,134 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					break;
 			if (i == 5)
 				return fail(err, err_len,
-					    "--transport: '%s' is not one of local, tcp, rdma, gpu, auto",
+					    "--transport: '%s' is not one of "
+					    "local, tcp, rdma, gpu, auto",
 					    a);
-			o->transport = (enum kvb_transport_kind)i;
+			o->transport = (enum kvb_transport_kind) i;
 			break;
 		case O_LOG:
 			o->log_level = kvb_log_parse(a);
 			if (o->log_level < 0)
 				return fail(err, err_len,
-					    "--log-level: '%s' is not error, warn, info or debug",
+					    "--log-level: '%s' is not error, "
+					    "warn, info or debug",
 					    a);
 			break;
 		case O_BUSY:
 			if (parse_int(a, 0, 10000000, &v))
-				return fail(err, err_len, "--busy-poll-us: bad value '%s'", a);
-			o->busy_poll_us = (uint32_t)v;
+				return fail(err, err_len,
+					    "--busy-poll-us: bad value '%s'",
+					    a);
+			o->busy_poll_us = (uint32_t) v;
 			break;
 		case O_SQ:
 		case O_CQ:
 			if (parse_int(a, 2, 1 << 20, &v) || !is_pow2(v))
 				return fail(err, err_len,
-					    "%s: '%s' is not a power of two in [2, 1048576]",
-					    c == O_SQ ? "--sq-entries" : "--cq-entries", a);
+					    "%s: '%s' is not a power of two in "
+					    "[2, 1048576]",
+					    c == O_SQ ? "--sq-entries"
+						      : "--cq-entries",
+					    a);
 			if (c == O_SQ)
-				o->sq_entries = (uint32_t)v;
+				o->sq_entries = (uint32_t) v;
 			else
-				o->cq_entries = (uint32_t)v;
+				o->cq_entries = (uint32_t) v;
 			break;
 		case O_MAXW:
 			if (parse_int(a, 1, 4096, &v))
-				return fail(err, err_len, "--max-workers: bad value '%s' (1..4096)", a);
-			o->max_workers = (uint32_t)v;
+				return fail(err, err_len,
+					    "--max-workers: bad value '%s' "
+					    "(1..4096)",
+					    a);
+			o->max_workers = (uint32_t) v;
 			break;
 		case O_BURST:
 			if (parse_int(a, 1, 1024, &v))
-				return fail(err, err_len, "--burst: bad value '%s' (1..1024)", a);
-			o->burst = (uint32_t)v;
+				return fail(err, err_len,
+					    "--burst: bad value '%s' (1..1024)",
+					    a);
+			o->burst = (uint32_t) v;
 			break;
 		case O_BATCH:
 			if (parse_int(a, -1, 65536, &v) || v == 0)
 				return fail(err, err_len,
-					    "--post-batch-size: '%s' must be -1 or 1..65536", a);
-			o->post_batch_size = (int)v;
+					    "--post-batch-size: '%s' must be "
+					    "-1 or 1..65536",
+					    a);
+			o->post_batch_size = (int) v;
 			break;
 		case O_TTO:
 		case O_DTO:
 			if (parse_int(a, 1, 86400, &v))
-				return fail(err, err_len, "%s: bad seconds '%s' (1..86400)",
-					    c == O_TTO ? "--transfer-timeout" : "--defer-timeout", a);
+				return fail(err, err_len,
+					    "%s: bad seconds '%s' (1..86400)",
+					    c == O_TTO ? "--transfer-timeout"
+						       : "--defer-timeout",
+					    a);
 			if (c == O_TTO)
-				o->transfer_timeout_ms = (uint32_t)v * 1000;
+				o->transfer_timeout_ms = (uint32_t) v * 1000;
 			else
-				o->defer_timeout_ms = (uint32_t)v * 1000;
+				o->defer_timeout_ms = (uint32_t) v * 1000;
 			break;
 		case O_HOST:
 			if (copy_str(o->host_ip, sizeof(o->host_ip), a))
-				return fail(err, err_len, "--host-ip: too long");
+				return fail(err, err_len,
+					    "--host-ip: too long");
 			break;
 		case O_NPORT:
 		case O_HPORT:
 			if (parse_int(a, 1, 65535, &v))
 				return fail(err, err_len, "%s: bad port '%s'",
-					    c == O_NPORT ? "--notify-port" : "--handshake-port", a);
+					    c == O_NPORT ? "--notify-port"
+							 : "--handshake-port",
+					    a);
 			if (c == O_NPORT)
-				o->notify_port = (uint16_t)v;
+				o->notify_port = (uint16_t) v;
 			else
-				o->handshake_port = (uint16_t)v;
+				o->handshake_port = (uint16_t) v;
 			break;
 		case O_READ:
 			o->read_mode = 1;
 			break;
 		case O_TRUST:
-			if (copy_str(o->trusted_hosts, sizeof(o->trusted_hosts), a))
-				return fail(err, err_len, "--trusted-hosts: too long");
+			if (copy_str(o->trusted_hosts, sizeof(o->trusted_hosts),
+				     a))
+				return fail(err, err_len,
+					    "--trusted-hosts: too long");
 			break;
 		case O_RDEV:
 			if (copy_str(o->rdma_dev, sizeof(o->rdma_dev), a))
-				return fail(err, err_len, "--rdma-dev: too long");
+				return fail(err, err_len,
+					    "--rdma-dev: too long");
 			break;
 		case O_IBPORT:
 			if (parse_int(a, 1, 255, &v))
-				return fail(err, err_len, "--ib-port: bad value '%s'", a);
-			o->ib_port = (int)v;
+				return fail(err, err_len,
+					    "--ib-port: bad value '%s'", a);
+			o->ib_port = (int) v;
 			break;
 		case O_GID:
 			if (parse_int(a, -1, 255, &v))
-				return fail(err, err_len, "--gid-index: bad value '%s'", a);
-			o->gid_index = (int)v;
+				return fail(err, err_len,
+					    "--gid-index: bad value '%s'", a);
+			o->gid_index = (int) v;
 			break;
 		case O_QPS:
 			if (parse_int(a, 1, 64, &v))
-				return fail(err, err_len, "--qp-per-transfer: bad value '%s' (1..64)", a);
-			o->qp_per_transfer = (int)v;
+				return fail(err, err_len,
+					    "--qp-per-transfer: bad value '%s' "
+					    "(1..64)",
+					    a);
+			o->qp_per_transfer = (int) v;
 			break;
 		case O_GSTREAMS:
 			if (parse_int(a, 1, 1024, &v))
-				return fail(err, err_len, "--gpu-streams: bad value '%s' (1..1024)", a);
-			o->gpu_streams = (int)v;
+				return fail(err, err_len,
+					    "--gpu-streams: bad value '%s' "
+					    "(1..1024)",
+					    a);
+			o->gpu_streams = (int) v;
 			break;
 		case O_HELP:
 			o->help = 1;
@@ -279,11 +343,12 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		case ':':
 			return fail(err, err_len, "%s: missing argument", name);
 		default:
-			return fail(err, err_len, "unknown option '%s' (see --help)",
-				    name);
+			return fail(err, err_len,
+				    "unknown option '%s' (see --help)", name);
 		}
 	}
 	if (optind < argc)
-		return fail(err, err_len, "unexpected argument '%s'", argv[optind]);
+		return fail(err, err_len, "unexpected argument '%s'",
+			    argv[optind]);
 	return 0;
 }

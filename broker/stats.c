@@ -15,7 +15,7 @@ struct out {
 };
 
 __attribute__((format(printf, 2, 3))) static void put(struct out *o,
-							const char *fmt, ...)
+						      const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -26,8 +26,8 @@ __attribute__((format(printf, 2, 3))) static void put(struct out *o,
 	n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
 	va_end(ap);
 	if (n > 0)
-		o->len += (size_t)n < o->cap - o->len ? (size_t)n :
-							o->cap - o->len - 1;
+		o->len += (size_t) n < o->cap - o->len ? (size_t) n
+						       : o->cap - o->len - 1;
 }
 
 /* GPU copy counters (copies, batches, bytes, streams busy), if open */
@@ -36,21 +36,26 @@ static void gpu_stats(struct kvb_broker *b, struct out *o, int json)
 #ifdef KVB_HAVE_GPU
 	struct kvb_gpu_stats g;
 
-	if (b->trs[KVB_TS_GPU] && !kvb_gpu_transport_stats(b->trs[KVB_TS_GPU], &g)) {
+	if (b->trs[KVB_TS_GPU] &&
+	    !kvb_gpu_transport_stats(b->trs[KVB_TS_GPU], &g)) {
 		if (json)
-			put(o, "\"gpu\":{\"backend\":\"%s\",\"copies\":%llu,"
-			       "\"batches\":%llu,\"bytes\":%llu,\"streams\":%u,"
-			       "\"streams_busy\":%u,\"failed_ops\":%llu},",
-			    g.backend, (unsigned long long)g.copies,
-			    (unsigned long long)g.batches,
-			    (unsigned long long)g.bytes, g.streams, g.streams_busy,
-			    (unsigned long long)g.failed_ops);
+			put(o,
+			    "\"gpu\":{\"backend\":\"%s\",\"copies\":%llu,"
+			    "\"batches\":%llu,\"bytes\":%llu,\"streams\":%u,"
+			    "\"streams_busy\":%u,\"failed_ops\":%llu},",
+			    g.backend, (unsigned long long) g.copies,
+			    (unsigned long long) g.batches,
+			    (unsigned long long) g.bytes, g.streams,
+			    g.streams_busy, (unsigned long long) g.failed_ops);
 		else
-			put(o, "gpu                    backend %s, %llu copies in %llu batches, %llu bytes, %u/%u streams busy, %llu failed ops\n",
-			    g.backend, (unsigned long long)g.copies,
-			    (unsigned long long)g.batches,
-			    (unsigned long long)g.bytes, g.streams_busy, g.streams,
-			    (unsigned long long)g.failed_ops);
+			put(o,
+			    "gpu                    backend %s, %llu copies in "
+			    "%llu batches, %llu bytes, %u/%u streams busy, "
+			    "%llu failed ops\n",
+			    g.backend, (unsigned long long) g.copies,
+			    (unsigned long long) g.batches,
+			    (unsigned long long) g.bytes, g.streams_busy,
+			    g.streams, (unsigned long long) g.failed_ops);
 		return;
 	}
 #endif
@@ -98,46 +103,53 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		for (unsigned k = 0; k < KVB_WR_HIST_BUCKETS; k++)
 			sum.wr_hist[k] += s->wr_hist[k];
 	}
-	wpd = t->doorbells ? (double)t->wrs / (double)t->doorbells : 0;
+	wpd = t->doorbells ? (double) t->wrs / (double) t->doorbells : 0;
 	if (json) {
 		put(&o, "{\"transport\":\"%s\",\"workers\":%u,", names, nw);
-		put(&o, "\"descriptors_submitted\":%llu,\"descriptors_completed\":%llu,"
-			"\"descriptors_refused\":%llu,\"bytes\":%llu,",
-		    (unsigned long long)b->st.descriptors_submitted,
-		    (unsigned long long)b->st.descriptors_completed,
-		    (unsigned long long)b->st.descriptors_refused,
-		    (unsigned long long)b->st.bytes);
-		put(&o, "\"doorbells\":%llu,\"wrs\":%llu,\"cqes\":%llu,"
-			"\"credit_stalls\":%llu,\"wr_per_doorbell\":{\"mean\":%.3f,\"histogram\":{",
-		    (unsigned long long)t->doorbells, (unsigned long long)t->wrs,
-		    (unsigned long long)t->cqes,
-		    (unsigned long long)t->credit_stalls, wpd);
+		put(&o,
+		    "\"descriptors_submitted\":%llu,\"descriptors_completed\":%"
+		    "llu,"
+		    "\"descriptors_refused\":%llu,\"bytes\":%llu,",
+		    (unsigned long long) b->st.descriptors_submitted,
+		    (unsigned long long) b->st.descriptors_completed,
+		    (unsigned long long) b->st.descriptors_refused,
+		    (unsigned long long) b->st.bytes);
+		put(&o,
+		    "\"doorbells\":%llu,\"wrs\":%llu,\"cqes\":%llu,"
+		    "\"credit_stalls\":%llu,\"wr_per_doorbell\":{\"mean\":%.3f,"
+		    "\"histogram\":{",
+		    (unsigned long long) t->doorbells,
+		    (unsigned long long) t->wrs, (unsigned long long) t->cqes,
+		    (unsigned long long) t->credit_stalls, wpd);
 		for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 			put(&o, "%s\"%s\":%llu", i ? "," : "",
 			    hist_label(i, lbl, sizeof(lbl)),
-			    (unsigned long long)t->wr_hist[i]);
-		put(&o, "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
-			"\"transfers_active\":%u,\"messages_rejected\":%llu,"
-			"\"workers_lost\":%llu,\"regions\":%u,\"per_transport\":[",
-		    (unsigned long long)b->st.transfers_done,
-		    (unsigned long long)b->st.transfers_failed,
+			    (unsigned long long) t->wr_hist[i]);
+		put(&o,
+		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
+		    "\"transfers_active\":%u,\"messages_rejected\":%llu,"
+		    "\"workers_lost\":%llu,\"regions\":%u,\"per_transport\":[",
+		    (unsigned long long) b->st.transfers_done,
+		    (unsigned long long) b->st.transfers_failed,
 		    b->xfers.nactive,
-		    (unsigned long long)b->st.messages_rejected,
-		    (unsigned long long)b->st.workers_lost, b->regions.live);
+		    (unsigned long long) b->st.messages_rejected,
+		    (unsigned long long) b->st.workers_lost, b->regions.live);
 		for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
 			const struct kvb_transport_stats *s;
 
 			if (!b->trs[i])
 				continue;
 			s = &b->trs[i]->stats;
-			put(&o, "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%llu,"
-				"\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu}",
+			put(&o,
+			    "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%"
+			    "llu,"
+			    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu}",
 			    nw++ ? "," : "", b->trs[i]->ops->name,
-			    (unsigned long long)s->doorbells,
-			    (unsigned long long)s->wrs,
-			    (unsigned long long)s->bytes,
-			    (unsigned long long)s->cqes,
-			    (unsigned long long)s->errors);
+			    (unsigned long long) s->doorbells,
+			    (unsigned long long) s->wrs,
+			    (unsigned long long) s->bytes,
+			    (unsigned long long) s->cqes,
+			    (unsigned long long) s->errors);
 		}
 		put(&o, "],");
 		gpu_stats(b, &o, 1);
@@ -147,15 +159,18 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 			if (!w->attached)
 				continue;
-			put(&o, "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_rank\":%u,"
-				"\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
-				"\"completed\":%llu,\"refused\":%llu,\"bytes\":%llu}",
-			    nw++ ? "," : "", w->id, (int)w->pid,
+			put(&o,
+			    "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_"
+			    "rank\":%u,"
+			    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
+			    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
+			    "llu}",
+			    nw++ ? "," : "", w->id, (int) w->pid,
 			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
-			    w->tp_size, (unsigned long long)w->st.submitted,
-			    (unsigned long long)w->st.completed,
-			    (unsigned long long)w->st.refused,
-			    (unsigned long long)w->st.bytes);
+			    w->tp_size, (unsigned long long) w->st.submitted,
+			    (unsigned long long) w->st.completed,
+			    (unsigned long long) w->st.refused,
+			    (unsigned long long) w->st.bytes);
 		}
 		put(&o, "]}\n");
 		return o.len;
@@ -163,32 +178,35 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	put(&o, "transport              %s\n", names);
 	put(&o, "workers                %u\n", nw);
 	put(&o, "descriptors_submitted  %llu\n",
-	    (unsigned long long)b->st.descriptors_submitted);
+	    (unsigned long long) b->st.descriptors_submitted);
 	put(&o, "descriptors_completed  %llu\n",
-	    (unsigned long long)b->st.descriptors_completed);
+	    (unsigned long long) b->st.descriptors_completed);
 	put(&o, "descriptors_refused    %llu\n",
-	    (unsigned long long)b->st.descriptors_refused);
-	put(&o, "bytes                  %llu\n", (unsigned long long)b->st.bytes);
-	put(&o, "doorbells              %llu\n", (unsigned long long)t->doorbells);
-	put(&o, "wrs                    %llu\n", (unsigned long long)t->wrs);
+	    (unsigned long long) b->st.descriptors_refused);
+	put(&o, "bytes                  %llu\n",
+	    (unsigned long long) b->st.bytes);
+	put(&o, "doorbells              %llu\n",
+	    (unsigned long long) t->doorbells);
+	put(&o, "wrs                    %llu\n", (unsigned long long) t->wrs);
 	put(&o, "wr_per_doorbell        %.2f\n", wpd);
 	put(&o, "credit_stalls          %llu\n",
-	    (unsigned long long)t->credit_stalls);
+	    (unsigned long long) t->credit_stalls);
 	put(&o, "transfers_done         %llu\n",
-	    (unsigned long long)b->st.transfers_done);
+	    (unsigned long long) b->st.transfers_done);
 	put(&o, "transfers_failed       %llu\n",
-	    (unsigned long long)b->st.transfers_failed);
+	    (unsigned long long) b->st.transfers_failed);
 	put(&o, "transfers_active       %u\n", b->xfers.nactive);
 	put(&o, "messages_rejected      %llu\n",
-	    (unsigned long long)b->st.messages_rejected);
+	    (unsigned long long) b->st.messages_rejected);
 	put(&o, "workers_lost           %llu\n",
-	    (unsigned long long)b->st.workers_lost);
+	    (unsigned long long) b->st.workers_lost);
 	gpu_stats(b, &o, 0);
 	put(&o, "wr_per_doorbell histogram:\n");
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 		if (t->wr_hist[i])
-			put(&o, "  %-10s %llu\n", hist_label(i, lbl, sizeof(lbl)),
-			    (unsigned long long)t->wr_hist[i]);
+			put(&o, "  %-10s %llu\n",
+			    hist_label(i, lbl, sizeof(lbl)),
+			    (unsigned long long) t->wr_hist[i]);
 	put(&o, "%-8s %-7s %-4s %-3s %-5s %12s %12s %9s %14s\n", "worker",
 	    "pid", "role", "dp", "tp", "submitted", "completed", "refused",
 	    "bytes");
@@ -197,12 +215,14 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 		if (!w->attached)
 			continue;
-		put(&o, "%-8u %-7d %-4s %-3u %u/%-3u %12llu %12llu %9llu %14llu\n",
-		    w->id, (int)w->pid, w->role == 1 ? "P" : "D", w->dp_rank,
-		    w->tp_rank, w->tp_size, (unsigned long long)w->st.submitted,
-		    (unsigned long long)w->st.completed,
-		    (unsigned long long)w->st.refused,
-		    (unsigned long long)w->st.bytes);
+		put(&o,
+		    "%-8u %-7d %-4s %-3u %u/%-3u %12llu %12llu %9llu %14llu\n",
+		    w->id, (int) w->pid, w->role == 1 ? "P" : "D", w->dp_rank,
+		    w->tp_rank, w->tp_size,
+		    (unsigned long long) w->st.submitted,
+		    (unsigned long long) w->st.completed,
+		    (unsigned long long) w->st.refused,
+		    (unsigned long long) w->st.bytes);
 	}
 	return o.len;
 }

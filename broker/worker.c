@@ -47,8 +47,10 @@ int kvb_worker_accept(struct kvb_broker *b)
 		return 0;
 	}
 	if (cred.uid != b->uid) {
-		log_warn("refused connection from pid %d: uid %u is not the broker's uid %u",
-			 (int)cred.pid, (unsigned)cred.uid, (unsigned)b->uid);
+		log_warn("refused connection from pid %d: uid %u is not the "
+			 "broker's uid %u",
+			 (int) cred.pid, (unsigned) cred.uid,
+			 (unsigned) b->uid);
 		b->st.messages_rejected++;
 		close(fd);
 		return 0;
@@ -59,18 +61,19 @@ int kvb_worker_accept(struct kvb_broker *b)
 			break;
 		}
 	if (!w) {
-		log_warn("refused connection from pid %d: %u workers attached (--max-workers)",
-			 (int)cred.pid, b->opt.max_workers);
+		log_warn("refused connection from pid %d: %u workers attached "
+			 "(--max-workers)",
+			 (int) cred.pid, b->opt.max_workers);
 		close(fd);
 		return 0;
 	}
 	{
-		uint16_t gen = (uint16_t)(w->gen + 1);
+		uint16_t gen = (uint16_t) (w->gen + 1);
 
 		memset(w, 0, sizeof(*w));
 		w->gen = gen ? gen : 1;
 	}
-	w->id = ((uint32_t)w->gen << 12) | i;
+	w->id = ((uint32_t) w->gen << 12) | i;
 	w->sock = fd;
 	w->efd = -1;
 	w->uid = cred.uid;
@@ -92,7 +95,7 @@ static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 {
 	h->magic = KVB_MSG_MAGIC;
 	h->version = KVB_PROTO_VERSION;
-	h->len = (uint32_t)len;
+	h->len = (uint32_t) len;
 	h->status = status;
 	if (kvb_ctl_send(w->sock, h, len, fds, nfds))
 		log_dbg("worker %u: reply failed", w->id);
@@ -113,15 +116,16 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 	    m->tp_size == 0 || m->tp_rank >= m->tp_size || sq < 2 ||
 	    (sq & (sq - 1)) || cq < 2 || (cq & (cq - 1)) || sq > (1u << 20) ||
 	    cq > (1u << 20)) {
-		log_warn("worker pid %d: refused HELLO: bad identity or ring sizes",
-			 (int)w->pid);
+		log_warn("worker pid %d: refused HELLO: bad identity or ring "
+			 "sizes",
+			 (int) w->pid);
 		return -EINVAL;
 	}
 	size = kvb_seg_bytes(sq, cq);
 	fds[0] = memfd_create("kvb-segment", MFD_CLOEXEC);
 	if (fds[0] < 0)
 		return -errno;
-	if (ftruncate(fds[0], (off_t)size) < 0) {
+	if (ftruncate(fds[0], (off_t) size) < 0) {
 		rc = -errno;
 		goto err_fd;
 	}
@@ -154,7 +158,7 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 	close(fds[0]);
 	b->st.workers_attached++;
 	log_info("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
-		 (int)w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
+		 (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
 		 w->tp_rank, w->tp_size);
 	return 0;
 
@@ -181,13 +185,14 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 		if (fd < 0 || (m->fd_offset & 4095))
 			return -EINVAL;
 		addr = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED,
-			    fd, (off_t)m->fd_offset);
+			    fd, (off_t) m->fd_offset);
 		if (addr == MAP_FAILED)
 			return -errno;
 	} else if (m->kind != KVB_MEM_GPU || fd >= 0) {
 		return -EINVAL;
 	} else if (!b->trs[KVB_TS_GPU]) {
-		log_warn("worker %u: GPU region refused: no gpu transport (start with --transport gpu or auto on a GPU node)",
+		log_warn("worker %u: GPU region refused: no gpu transport "
+			 "(start with --transport gpu or auto on a GPU node)",
 			 w->id);
 		return -ENODEV;
 	}
@@ -221,7 +226,7 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	rep->size = r->mr.len;
 	log_dbg("worker %u: %s region %#x %llu bytes key %llu flags %#x", w->id,
 		r->mr.kind == KVB_MEM_GPU ? "gpu" : "host", r->mr.id,
-		(unsigned long long)m->size, (unsigned long long)m->key,
+		(unsigned long long) m->size, (unsigned long long) m->key,
 		m->flags);
 	return 0;
 
@@ -245,7 +250,8 @@ static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
 		if (!r->used || r->dead || r->owner_role != m->role ||
 		    r->owner_dp != m->dp_rank || r->owner_tp != m->tp_rank ||
 		    r->key != m->key ||
-		    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		    !(r->mr.flags &
+		      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 			continue;
 		rep->region = r->mr.id;
 		rep->flags = r->mr.flags;
@@ -256,7 +262,8 @@ static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
 }
 
 static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
-		     const struct kvb_msg_open *m, struct kvb_msg_open_reply *rep)
+		     const struct kvb_msg_open *m,
+		     struct kvb_msg_open_reply *rep)
 {
 	struct kvb_xfer *x;
 	int err = 0;
@@ -264,8 +271,8 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
 	if (m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX)
 		return -EINVAL;
 	x = kvb_xfer_open(&b->xfers, w->id, m->id, m->id_len,
-			  kvb_now_ns() +
-				  (int64_t)b->opt.transfer_timeout_ms * 1000000,
+			  kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms *
+						 1000000,
 			  &err);
 	if (!x) {
 		if (err == -ENOSPC)
@@ -307,15 +314,17 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		if (n == -EMSGSIZE)
 			reject(b, w, "oversized message on the control socket");
 		else
-			kvb_worker_drop(b, w, n == -EPIPE ? "disconnected" :
-							    strerror(-n));
+			kvb_worker_drop(b, w,
+					n == -EPIPE ? "disconnected"
+						    : strerror(-n));
 		return;
 	}
-	if ((size_t)n < sizeof(m.h) || m.h.magic != KVB_MSG_MAGIC ||
-	    m.h.len != (uint32_t)n) {
+	if ((size_t) n < sizeof(m.h) || m.h.magic != KVB_MSG_MAGIC ||
+	    m.h.len != (uint32_t) n) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
-		reject(b, w, "garbage on the control socket (bad magic or length)");
+		reject(b, w,
+		       "garbage on the control socket (bad magic or length)");
 		return;
 	}
 	if (m.h.version != KVB_PROTO_VERSION) {
@@ -337,7 +346,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 
 #define NEED(T)                                                            \
 	do {                                                               \
-		if ((size_t)n != sizeof(T)) {                              \
+		if ((size_t) n != sizeof(T)) {                             \
 			reject(b, w, "control message of the wrong size"); \
 			return;                                            \
 		}                                                          \
@@ -369,8 +378,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 
 		for (unsigned i = 1; i < nfds; i++)
 			close(fds[i]);
-		if ((size_t)n < sizeof(m.reg) ||
-		    (size_t)n != sizeof(m.reg) + m.reg.payload_len) {
+		if ((size_t) n < sizeof(m.reg) ||
+		    (size_t) n != sizeof(m.reg) + m.reg.payload_len) {
 			if (fd >= 0)
 				close(fd);
 			reject(b, w, "control message of the wrong size");
@@ -413,7 +422,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 	}
 	case KVB_MSG_STATS: {
 		static char buf[KVB_MSG_MAX];
-		struct kvb_msg_hdr *h = (struct kvb_msg_hdr *)buf;
+		struct kvb_msg_hdr *h = (struct kvb_msg_hdr *) buf;
 		size_t len;
 
 		NEED(struct kvb_msg_stats);
@@ -443,7 +452,7 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 	if (w->attached) {
 		if (strcmp(why, "detached"))
 			b->st.workers_lost++;
-		log_info("worker %u (pid %d) %s", w->id, (int)w->pid, why);
+		log_info("worker %u (pid %d) %s", w->id, (int) w->pid, why);
 		kvb_engine_worker_gone(b, w);
 		for (uint32_t i = 0; i < b->nlive; i++)
 			if (b->live[i] == KVB_WSLOT(w->id)) {
@@ -453,7 +462,8 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {
-		log_info("connection from pid %d closed: %s", (int)w->pid, why);
+		log_info("connection from pid %d closed: %s", (int) w->pid,
+			 why);
 	}
 	epoll_ctl(b->epfd, EPOLL_CTL_DEL, w->sock, NULL);
 	close(w->sock);

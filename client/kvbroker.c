@@ -17,9 +17,10 @@
 #include "gpu/gpu_export.h"
 #endif
 
-#define SUBMIT_CHUNK 64u
-#define LIVENESS_EVERY 256u /* empty polls between broker liveness checks */
-#define WAIT_SPIN_NS 20000  /* busy-poll this long in kvb_wait before sleeping */
+#define SUBMIT_CHUNK   64u
+#define LIVENESS_EVERY 256u  /* empty polls between broker liveness checks */
+#define WAIT_SPIN_NS   20000 /* busy-poll this long in kvb_wait before sleeping \
+			      */
 
 struct kvb_ctx {
 	int sock;
@@ -45,7 +46,7 @@ static int64_t now_ns(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* One request/reply on the control socket, serialised by ctl_lock. */
@@ -122,7 +123,7 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	req.dp_rank = o->dp_rank;
 	req.tp_rank = o->tp_rank;
 	req.tp_size = o->tp_size;
-	req.pid = (uint32_t)getpid();
+	req.pid = (uint32_t) getpid();
 	req.sq_entries = o->sq_entries;
 	req.cq_entries = o->cq_entries;
 	rc = kvb_ctl_send(ctx->sock, &req, sizeof(req), NULL, 0);
@@ -195,8 +196,8 @@ static int mem_register(struct kvb_ctx *ctx, struct kvb_msg_mem_reg *req,
 	struct kvb_msg_mem_reply rep;
 	int rc;
 
-	rc = ctl_call(ctx, &req->h, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0,
-		      &rep, sizeof(rep), sizeof(rep));
+	rc = ctl_call(ctx, &req->h, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, &rep,
+		      sizeof(rep), sizeof(rep));
 	if (rc)
 		return rc;
 	out->id = rep.region;
@@ -218,7 +219,7 @@ int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 	fd = memfd_create("kvb-region", MFD_CLOEXEC);
 	if (fd < 0)
 		return -errno;
-	if (ftruncate(fd, (off_t)size) < 0) {
+	if (ftruncate(fd, (off_t) size) < 0) {
 		rc = -errno;
 		goto err_fd;
 	}
@@ -324,7 +325,8 @@ int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
 }
 
 int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
-		   uint32_t tp_rank, uint64_t key, struct kvb_remote_region *out)
+		   uint32_t tp_rank, uint64_t key,
+		   struct kvb_remote_region *out)
 {
 	struct kvb_msg_mem_lookup req;
 	struct kvb_msg_mem_reply rep;
@@ -359,7 +361,7 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
 	if (n == 0 || n > KVB_XFER_ID_MAX)
 		return -EINVAL;
 	kvb_msg_init(&req.h, KVB_MSG_OPEN, sizeof(req));
-	req.id_len = (uint32_t)n;
+	req.id_len = (uint32_t) n;
 	memcpy(req.id, id, n);
 	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
 	if (rc)
@@ -405,9 +407,9 @@ static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 			struct kvb_sqe *e = &sqe[i];
 
 			e->opcode = op;
-			e->flags = (s->flags & KVB_DESC_UNSIGNALED) ?
-					   KVB_SQE_F_UNSIGNALED :
-					   0;
+			e->flags = (s->flags & KVB_DESC_UNSIGNALED)
+					   ? KVB_SQE_F_UNSIGNALED
+					   : 0;
 			e->layer = s->layer;
 			e->transfer = s->transfer;
 			e->region = s->region;
@@ -431,7 +433,7 @@ static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 			return -EPIPE;
 		return -EAGAIN;
 	}
-	return (int)done;
+	return (int) done;
 }
 
 int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n)
@@ -447,8 +449,8 @@ int kvb_submit_read(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n)
 static int submit_ctl(struct kvb_ctx *ctx, uint8_t op, uint32_t handle,
 		      uint64_t len, uint64_t tag)
 {
-	struct kvb_sqe e = {.opcode = op, .transfer = handle, .len = len,
-			    .tag = tag};
+	struct kvb_sqe e = {
+		.opcode = op, .transfer = handle, .len = len, .tag = tag};
 
 	if (!ctx)
 		return -EINVAL;
@@ -499,10 +501,10 @@ int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max)
 	n = reap(ctx, c, max);
 	if (n) {
 		ctx->empty_polls = 0;
-		return (int)n;
+		return (int) n;
 	}
 	if (++ctx->empty_polls % LIVENESS_EVERY == 0 && !broker_alive(ctx))
-		return (n = reap(ctx, c, max)) ? (int)n : -EPIPE;
+		return (n = reap(ctx, c, max)) ? (int) n : -EPIPE;
 	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 		return -EPIPE;
 	return 0;
@@ -516,8 +518,8 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 
 	if (!ctx || !c || !max)
 		return -EINVAL;
-	deadline = timeout_ms < 0 ? INT64_MAX :
-				    start + (int64_t)timeout_ms * 1000000;
+	deadline = timeout_ms < 0 ? INT64_MAX
+				  : start + (int64_t) timeout_ms * 1000000;
 	for (;;) {
 		struct pollfd p[2] = {{.fd = ctx->worker_efd, .events = POLLIN},
 				      {.fd = ctx->sock, .events = POLLIN}};
@@ -526,7 +528,7 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 
 		n = reap(ctx, c, max);
 		if (n)
-			return (int)n;
+			return (int) n;
 		if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 			return -EPIPE;
 		if (now - start < WAIT_SPIN_NS && now < deadline)
@@ -542,10 +544,11 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		if (n) {
 			atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 0,
 					      memory_order_relaxed);
-			return (int)n;
+			return (int) n;
 		}
-		ms = deadline == INT64_MAX ? 1000 :
-					     (int)((deadline - now + 999999) / 1000000);
+		ms = deadline == INT64_MAX
+			     ? 1000
+			     : (int) ((deadline - now + 999999) / 1000000);
 		if (ms > 1000)
 			ms = 1000; /* re-check liveness at least every second */
 		if (poll(p, 2, ms) > 0) {

@@ -40,18 +40,19 @@ static int64_t now_ns(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* The byte P rank `p` writes at `off` of (layer, block index). */
 static inline uint8_t pattern(unsigned p, unsigned layer, uint64_t blk,
 			      uint64_t off)
 {
-	uint64_t x = (p + 1) * 0x9e3779b97f4a7c15ull ^ (layer + 1) * 0xbf58476d1ce4e5b9ull ^
+	uint64_t x = (p + 1) * 0x9e3779b97f4a7c15ull ^
+		     (layer + 1) * 0xbf58476d1ce4e5b9ull ^
 		     (blk + 1) * 0x94d049bb133111ebull ^ (off >> 3);
 
 	x ^= x >> 31;
-	return (uint8_t)(x ^ off);
+	return (uint8_t) (x ^ off);
 }
 
 /* D's block index for P's block index: runs of 4 contiguous on both
@@ -69,8 +70,10 @@ static uint64_t dst_block(uint64_t idx, uint64_t nblocks)
 static int attach(const struct cfg *c, enum kvb_role role, unsigned rank,
 		  unsigned size, struct kvb_ctx **ctx)
 {
-	struct kvb_attach_opts o = {.socket_path = c->socket, .role = role,
-				    .tp_rank = rank, .tp_size = size};
+	struct kvb_attach_opts o = {.socket_path = c->socket,
+				    .role = role,
+				    .tp_rank = rank,
+				    .tp_size = size};
 	int rc = kvb_attach(&o, ctx);
 
 	if (rc)
@@ -81,7 +84,7 @@ static int attach(const struct cfg *c, enum kvb_role role, unsigned rank,
 
 static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 {
-	uint64_t nblocks = (uint64_t)c->requests * c->blocks;
+	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes, bad = 0, checked = 0;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
 	uint32_t *h = calloc(c->requests, sizeof(*h));
@@ -93,7 +96,8 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 	if (!reg || !h || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
 		return 1;
 	for (l = 0; l < c->layers; l++) {
-		rc = kvb_mem_alloc(ctx, rsize, KVB_MEM_REMOTE_WRITE, l, &reg[l]);
+		rc = kvb_mem_alloc(ctx, rsize, KVB_MEM_REMOTE_WRITE, l,
+				   &reg[l]);
 		if (rc) {
 			fprintf(stderr, "kvb-demo: D%u alloc: %s\n", rank,
 				kvb_strerror(rc));
@@ -130,8 +134,11 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 				continue;
 			done++;
 			if (comp[i].status) {
-				fprintf(stderr, "kvb-demo: D%u request %" PRIu64 " failed: %s\n",
-					rank, req, kvb_strerror(comp[i].status));
+				fprintf(stderr,
+					"kvb-demo: D%u request %" PRIu64
+					" failed: %s\n",
+					rank, req,
+					kvb_strerror(comp[i].status));
 				bad++;
 				continue;
 			}
@@ -139,20 +146,30 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 				if (p % c->d != rank)
 					continue;
 				for (l = 0; l < c->layers; l++)
-					for (unsigned j = 0; j < c->blocks; j++) {
-						uint64_t src = req * c->blocks + j;
-						const uint8_t *dst = (const uint8_t *)reg[l].addr +
-							dst_block(src, nblocks) * c->block_bytes;
+					for (unsigned j = 0; j < c->blocks;
+					     j++) {
+						uint64_t src =
+							req * c->blocks + j;
+						const uint8_t *dst =
+							(const uint8_t *) reg[l]
+								.addr +
+							dst_block(src,
+								  nblocks) *
+								c->block_bytes;
 
-						for (uint64_t o = 0; o < c->block_bytes; o++)
-							bad += dst[o] != pattern(p, l, src, o);
+						for (uint64_t o = 0;
+						     o < c->block_bytes; o++)
+							bad += dst[o] !=
+							       pattern(p, l,
+								       src, o);
 						checked += c->block_bytes;
 					}
 			}
 		}
 	}
 	if (!c->quiet)
-		printf("D%u: %u requests, %" PRIu64 " bytes verified, %" PRIu64 " bad\n",
+		printf("D%u: %u requests, %" PRIu64 " bytes verified, %" PRIu64
+		       " bad\n",
 		       rank, done, checked, bad);
 	for (l = 0; l < c->layers; l++)
 		kvb_mem_free(ctx, &reg[l]);
@@ -165,14 +182,14 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 
 static int cmp_dbl(const void *a, const void *b)
 {
-	double x = *(const double *)a, y = *(const double *)b;
+	double x = *(const double *) a, y = *(const double *) b;
 
 	return x < y ? -1 : x > y;
 }
 
 static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 {
-	uint64_t nblocks = (uint64_t)c->requests * c->blocks;
+	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
 	struct kvb_remote_region *dst = calloc(c->layers, sizeof(*dst));
@@ -194,7 +211,8 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 			return 1;
 		for (uint64_t b = 0; b < nblocks; b++)
 			for (uint64_t o = 0; o < c->block_bytes; o++)
-				((uint8_t *)reg[l].addr)[b * c->block_bytes + o] =
+				((uint8_t *) reg[l]
+					 .addr)[b * c->block_bytes + o] =
 					pattern(rank, l, b, o);
 	}
 	if (read(go_fd, &byte, 1) != 1)
@@ -202,8 +220,9 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 	for (l = 0; l < c->layers; l++) {
 		rc = kvb_mem_lookup(ctx, KVB_ROLE_D, 0, drank, l, &dst[l]);
 		if (rc) {
-			fprintf(stderr, "kvb-demo: P%u lookup D%u layer %u: %s\n",
-				rank, drank, l, kvb_strerror(rc));
+			fprintf(stderr,
+				"kvb-demo: P%u lookup D%u layer %u: %s\n", rank,
+				drank, l, kvb_strerror(rc));
 			return 1;
 		}
 	}
@@ -224,29 +243,38 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 				unsigned sent = 0;
 
 				for (unsigned j = 0; j < c->blocks; j++) {
-					uint64_t b = (uint64_t)r * c->blocks + j;
+					uint64_t b =
+						(uint64_t) r * c->blocks + j;
 
 					descs[j] = (struct kvb_desc){
-						.transfer = h, .layer = (uint16_t)l,
+						.transfer = h,
+						.layer = (uint16_t) l,
 						.flags = KVB_DESC_UNSIGNALED,
 						.region = reg[l].id,
 						.peer_region = dst[l].id,
 						.offset = b * c->block_bytes,
-						.peer_offset = dst_block(b, nblocks) * c->block_bytes,
-						.len = c->block_bytes, .tag = r};
+						.peer_offset =
+							dst_block(b, nblocks) *
+							c->block_bytes,
+						.len = c->block_bytes,
+						.tag = r};
 				}
 				while (sent < c->blocks) {
-					rc = kvb_submit_write(ctx, descs + sent, c->blocks - sent);
+					rc = kvb_submit_write(ctx, descs + sent,
+							      c->blocks - sent);
 					if (rc == -EAGAIN)
-						continue; /* the broker drains: retry */
+						continue; /* the broker drains:
+							     retry */
 					if (rc < 0)
 						return 1;
-					sent += (unsigned)rc;
+					sent += (unsigned) rc;
 				}
 				res->writes += c->blocks;
 				res->bytes += c->blocks * c->block_bytes;
 			}
-			while ((rc = kvb_transfer_seal(ctx, h, c->layers * c->blocks, r)) == -EAGAIN)
+			while ((rc = kvb_transfer_seal(ctx, h,
+						       c->layers * c->blocks,
+						       r)) == -EAGAIN)
 				;
 			if (rc)
 				return 1;
@@ -257,13 +285,14 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 			int n = kvb_wait(ctx, comp, 64, 60000);
 
 			if (n < 0) {
-				fprintf(stderr, "kvb-demo: P%u wait: %s\n", rank,
-					kvb_strerror(n));
+				fprintf(stderr, "kvb-demo: P%u wait: %s\n",
+					rank, kvb_strerror(n));
 				return 1;
 			}
 			for (int i = 0; i < n; i++) {
 				if (comp[i].kind == KVB_COMP_DESC) {
-					res->failed++; /* unsignaled: only errors */
+					res->failed++; /* unsignaled: only
+							  errors */
 					continue;
 				}
 				if (comp[i].kind != KVB_COMP_TRANSFER)
@@ -272,13 +301,15 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 					res->failed++;
 				if (res->nlat < 4096)
 					res->lat_us[res->nlat++] =
-						(double)(now_ns() - t0[comp[i].tag]) / 1e3;
+						(double) (now_ns() -
+							  t0[comp[i].tag]) /
+						1e3;
 				done++;
 				open_now--;
 			}
 		}
 	}
-	res->elapsed_s = (double)(now_ns() - start) / 1e9;
+	res->elapsed_s = (double) (now_ns() - start) / 1e9;
 	if (write(res_fd, res, sizeof(*res)) != sizeof(*res))
 		return 1;
 	for (l = 0; l < c->layers; l++)
@@ -321,35 +352,45 @@ static int broker_stats(const char *sock, char *buf, size_t cap)
 	if (!n)
 		n = kvb_ctl_recv(fd, buf, cap - 1, NULL, NULL);
 	close(fd);
-	if (n < (int)sizeof(struct kvb_msg_hdr))
+	if (n < (int) sizeof(struct kvb_msg_hdr))
 		return n < 0 ? n : -EPROTO;
 	buf[n] = '\0';
 	memmove(buf, buf + sizeof(struct kvb_msg_hdr),
-		(size_t)n - sizeof(struct kvb_msg_hdr) + 1);
+		(size_t) n - sizeof(struct kvb_msg_hdr) + 1);
 	return 0;
 }
 
 static void usage(FILE *f)
 {
-	fputs("Usage: kvb-demo [--socket PATH] [--p N] [--d N] [--layers N] [--blocks N]\n"
-	      "                [--block-bytes N] [--requests N] [--inflight N] [--json FILE] [--quiet]\n"
-	      "P workers write --requests transfers of --layers x --blocks blocks of\n"
-	      "--block-bytes each into D workers through the running broker; D checks every byte.\n"
-	      "Defaults: --p 2 --d 2 --layers 32 --blocks 16 --block-bytes 4096 --requests 64 --inflight 8\n",
+	fputs("Usage: kvb-demo [--socket PATH] [--p N] [--d N] [--layers N] "
+	      "[--blocks N]\n"
+	      "                [--block-bytes N] [--requests N] [--inflight N] "
+	      "[--json FILE] [--quiet]\n"
+	      "P workers write --requests transfers of --layers x --blocks "
+	      "blocks of\n"
+	      "--block-bytes each into D workers through the running broker; D "
+	      "checks every byte.\n"
+	      "Defaults: --p 2 --d 2 --layers 32 --blocks 16 --block-bytes "
+	      "4096 --requests 64 --inflight 8\n",
 	      f);
 }
 
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{"socket", 1, NULL, 's'}, {"p", 1, NULL, 'p'},
-		{"d", 1, NULL, 'd'}, {"layers", 1, NULL, 'l'},
-		{"blocks", 1, NULL, 'b'}, {"block-bytes", 1, NULL, 'B'},
+		{"socket", 1, NULL, 's'},   {"p", 1, NULL, 'p'},
+		{"d", 1, NULL, 'd'},	    {"layers", 1, NULL, 'l'},
+		{"blocks", 1, NULL, 'b'},   {"block-bytes", 1, NULL, 'B'},
 		{"requests", 1, NULL, 'r'}, {"inflight", 1, NULL, 'i'},
-		{"json", 1, NULL, 'j'}, {"quiet", 0, NULL, 'q'},
-		{"help", 0, NULL, 'h'}, {NULL, 0, NULL, 0}};
-	struct cfg c = {.p = 2, .d = 2, .layers = 32, .blocks = 16,
-			.block_bytes = 4096, .requests = 64, .inflight = 8};
+		{"json", 1, NULL, 'j'},	    {"quiet", 0, NULL, 'q'},
+		{"help", 0, NULL, 'h'},	    {NULL, 0, NULL, 0}};
+	struct cfg c = {.p = 2,
+			.d = 2,
+			.layers = 32,
+			.blocks = 16,
+			.block_bytes = 4096,
+			.requests = 64,
+			.inflight = 8};
 	int ready[2], go[2], res[2], opt, fails = 0, status;
 	static struct p_result pr;
 	static double lat[1 << 16];
@@ -368,18 +409,42 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		switch (opt) {
-		case 's': c.socket = optarg; break;
-		case 'p': c.p = (unsigned)v; break;
-		case 'd': c.d = (unsigned)v; break;
-		case 'l': c.layers = (unsigned)v; break;
-		case 'b': c.blocks = (unsigned)v; break;
-		case 'B': c.block_bytes = v; break;
-		case 'r': c.requests = (unsigned)v; break;
-		case 'i': c.inflight = (unsigned)v; break;
-		case 'j': c.json = optarg; break;
-		case 'q': c.quiet = 1; break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 's':
+			c.socket = optarg;
+			break;
+		case 'p':
+			c.p = (unsigned) v;
+			break;
+		case 'd':
+			c.d = (unsigned) v;
+			break;
+		case 'l':
+			c.layers = (unsigned) v;
+			break;
+		case 'b':
+			c.blocks = (unsigned) v;
+			break;
+		case 'B':
+			c.block_bytes = v;
+			break;
+		case 'r':
+			c.requests = (unsigned) v;
+			break;
+		case 'i':
+			c.inflight = (unsigned) v;
+			break;
+		case 'j':
+			c.json = optarg;
+			break;
+		case 'q':
+			c.quiet = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (c.layers > 65535 || c.p > 64 || c.d > 64 || c.requests > 65536) {
@@ -397,7 +462,8 @@ int main(int argc, char **argv)
 	close(ready[1]);
 	for (i = 0; i < c.d; i++)
 		if (read(ready[0], &byte, 1) != 1) {
-			fprintf(stderr, "kvb-demo: a D worker failed to start\n");
+			fprintf(stderr,
+				"kvb-demo: a D worker failed to start\n");
 			return 1;
 		}
 	for (i = 0; i < c.p; i++)
@@ -425,34 +491,44 @@ int main(int argc, char **argv)
 	if (broker_stats(c.socket, js, sizeof(js)) < 0)
 		js[0] = '\0';
 	{
-		double db = json_num(js, "doorbells"), wrs = json_num(js, "wrs");
+		double db = json_num(js, "doorbells"),
+		       wrs = json_num(js, "wrs");
 		double p50 = nlat ? lat[nlat / 2] : 0;
-		double p99 = nlat ? lat[(size_t)(nlat * 0.99)] : 0;
+		double p99 = nlat ? lat[(size_t) (nlat * 0.99)] : 0;
 
-		printf("\n%-10s %-12s %-12s %-10s %-10s %-11s %-12s %-11s %-11s\n",
-		       "workers", "writes", "bytes", "flushes", "wrs", "wr/flush",
-		       "GB/s", "p50[us]", "p99[us]");
-		printf("%-10s %-12" PRIu64 " %-12" PRIu64 " %-10.0f %-10.0f %-11.2f %-12.3f %-11.1f %-11.1f\n",
+		printf("\n%-10s %-12s %-12s %-10s %-10s %-11s %-12s %-11s "
+		       "%-11s\n",
+		       "workers", "writes", "bytes", "flushes", "wrs",
+		       "wr/flush", "GB/s", "p50[us]", "p99[us]");
+		printf("%-10s %-12" PRIu64 " %-12" PRIu64
+		       " %-10.0f %-10.0f %-11.2f %-12.3f %-11.1f %-11.1f\n",
 		       "", writes, bytes, db, wrs, db > 0 ? wrs / db : 0,
-		       elapsed > 0 ? (double)bytes / elapsed / 1e9 : 0, p50, p99);
+		       elapsed > 0 ? (double) bytes / elapsed / 1e9 : 0, p50,
+		       p99);
 		printf("(%u P + %u D workers, %u layers x %u blocks x %" PRIu64
-		       " B, %u requests; flushes/wrs are the broker's totals since it started)\n",
+		       " B, %u requests; flushes/wrs are the broker's totals "
+		       "since it started)\n",
 		       c.p, c.d, c.layers, c.blocks, c.block_bytes, c.requests);
 		if (c.json) {
 			FILE *f = fopen(c.json, "w");
 
 			if (f) {
-				fprintf(f, "{\"writes\":%" PRIu64 ",\"bytes\":%" PRIu64
-					   ",\"failed\":%" PRIu64 ",\"elapsed_s\":%.6f,"
-					   "\"lat_p50_us\":%.2f,\"lat_p99_us\":%.2f,\"broker\":%s}\n",
-					writes, bytes, failed, elapsed, p50, p99,
-					js[0] ? js : "null");
+				fprintf(f,
+					"{\"writes\":%" PRIu64
+					",\"bytes\":%" PRIu64
+					",\"failed\":%" PRIu64
+					",\"elapsed_s\":%.6f,"
+					"\"lat_p50_us\":%.2f,\"lat_p99_us\":%."
+					"2f,\"broker\":%s}\n",
+					writes, bytes, failed, elapsed, p50,
+					p99, js[0] ? js : "null");
 				fclose(f);
 			}
 		}
 	}
 	if (fails || failed) {
-		fprintf(stderr, "kvb-demo: %d worker(s) failed, %" PRIu64 " errors\n",
+		fprintf(stderr,
+			"kvb-demo: %d worker(s) failed, %" PRIu64 " errors\n",
 			fails, failed);
 		return 1;
 	}

@@ -272,7 +272,7 @@ static int check_gpu_stats(void)
 	if (!n)
 		n = kvb_ctl_recv(fd, buf, sizeof(buf) - 1, NULL, NULL);
 	close(fd);
-	if (n <= (int)sizeof(struct kvb_msg_hdr))
+	if (n <= (int) sizeof(struct kvb_msg_hdr))
 		return 1;
 	buf[n] = '\0';
 	p = strstr(buf + sizeof(struct kvb_msg_hdr), "\"gpu\":{");
@@ -282,7 +282,7 @@ static int check_gpu_stats(void)
 			buf + sizeof(struct kvb_msg_hdr));
 		return 1;
 	}
-	printf("broker stats: %.*s\n", (int)(strchr(p, '}') - p + 1), p);
+	printf("broker stats: %.*s\n", (int) (strchr(p, '}') - p + 1), p);
 	return 0;
 }
 

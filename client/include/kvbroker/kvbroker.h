@@ -38,7 +38,7 @@ struct kvb_attach_opts {
 	uint32_t tp_size;
 	uint32_t sq_entries; /* 0 = broker default (power of two) */
 	uint32_t cq_entries; /* 0 = broker default */
-	int timeout_ms;      /* for attach and control calls; 0 = 5000 */
+	int timeout_ms;	     /* for attach and control calls; 0 = 5000 */
 };
 
 /*
@@ -67,7 +67,7 @@ uint32_t kvb_worker_id(const struct kvb_ctx *ctx);
 
 /* Region access flags */
 #define KVB_MEM_REMOTE_WRITE 0x1u /* peers may WRITE into this region */
-#define KVB_MEM_REMOTE_READ 0x2u  /* peers may READ from this region */
+#define KVB_MEM_REMOTE_READ  0x2u /* peers may READ from this region */
 
 struct kvb_region {
 	uint32_t id;
@@ -123,7 +123,8 @@ struct kvb_remote_region {
  * -ENOENT, -EPIPE. Thread-safe.
  */
 int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
-		   uint32_t tp_rank, uint64_t key, struct kvb_remote_region *out);
+		   uint32_t tp_rank, uint64_t key,
+		   struct kvb_remote_region *out);
 
 /*
  * Open a transfer by its id string (e.g. "tx-<uuid>", at most 255 bytes).
@@ -146,7 +147,7 @@ struct kvb_desc {
 	uint64_t offset;      /* in the local region */
 	uint64_t peer_offset; /* in the remote region */
 	uint64_t len;
-	uint64_t tag; /* echoed in the completion */
+	uint64_t tag;  /* echoed in the completion */
 	uint32_t peer; /* peer node; 0 = this node */
 };
 
@@ -182,7 +183,8 @@ enum kvb_comp_kind {
 struct kvb_completion {
 	uint64_t tag;
 	uint64_t bytes;
-	int32_t status; /* 0 or -errno: -EFAULT/-EINVAL refused, -ETIMEDOUT ... */
+	int32_t status; /* 0 or -errno: -EFAULT/-EINVAL refused, -ETIMEDOUT ...
+			 */
 	uint32_t transfer;
 	uint32_t kind; /* enum kvb_comp_kind */
 };
