@@ -111,6 +111,9 @@ struct kvb_transport_params {
 	int gpu_streams;        /* gpu: --gpu-streams */
 	int signal_every;       /* signal at least every N WRs (0 = default) */
 	uint32_t sq_depth;      /* send queue depth / credit per endpoint */
+	const char *host_ip;    /* tcp: listen address (NULL = 0.0.0.0) */
+	uint32_t tcp_port;      /* tcp: listen port, 0 = ephemeral */
+	int timeout_ms;         /* tcp: connect / stalled-peer limit, 0 = 10000 */
 };
 
 struct kvb_transport;
@@ -134,6 +137,20 @@ struct kvb_transport_ops {
 		    const struct kvb_xop *ops, unsigned n);
 	/* Reap up to max completions; returns count or -errno. */
 	int (*poll)(struct kvb_transport *t, struct kvb_xcqe *out, unsigned max);
+	/*
+	 * Optional (NULL = none). An fd that turns readable when poll() has
+	 * work to do (incoming bytes, a connection, an ack); the broker adds it
+	 * to its epoll set before sleeping. Returns the fd or -1.
+	 */
+	int (*wait_fd)(struct kvb_transport *t);
+	/*
+	 * Optional (NULL when connect(peer local_info) alone makes an endpoint
+	 * ready, as for tcp). The blob of one endpoint, sent back to the peer
+	 * in a two-message handshake (rdma: offer / answer, see rdma.h).
+	 * *len: capacity in, size out. Returns 0, -ENOSPC or -EINVAL.
+	 */
+	int (*ep_info)(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
+		       size_t *len);
 };
 
 struct kvb_transport {

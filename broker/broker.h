@@ -39,6 +39,9 @@ struct kvb_worker {
 	uint8_t cq_dirty;
 	uint32_t refused_logged; /* refusals logged (first few only) */
 	struct kvb_worker_stats st;
+	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
+	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
+	uint32_t nkv;
 };
 
 /* A descriptor between drain and completion. */
@@ -50,6 +53,7 @@ struct kvb_inflight {
 	uint32_t next;	     /* next merged descriptor (index), 0 = end */
 	uint32_t tail;	     /* head only: last of the merged list */
 	uint32_t lreg, rreg; /* region ids (refs held) */
+	uint32_t group;	     /* cross-node layer op it belongs to, 0 = none */
 	uint8_t flags;
 	uint8_t used;
 };
@@ -65,8 +69,20 @@ struct kvb_dest {
 
 #define KVB_INFLIGHT_MAX 65536u
 
-/* transport slots: same-node host copies, same-node GPU copies */
-enum { KVB_TS_HOST = 0, KVB_TS_GPU = 1, KVB_TS_MAX = 2 };
+/* transport slots: same-node host copies, same-node GPU copies, and the
+ * cross-node transports (destinations indexed by peer) */
+enum {
+	KVB_TS_HOST = 0,
+	KVB_TS_GPU = 1,
+	KVB_TS_TCP = 2,
+	KVB_TS_RDMA = 3,
+	KVB_TS_MAX = 4
+};
+
+struct kvb_xnode; /* remote.c */
+
+/* epoll tag of every cross-node fd (ZMQ sockets, tcp transport) */
+#define KVB_EP_REMOTE 4ull
 
 struct kvb_broker {
 	struct kvb_options opt;
@@ -88,6 +104,7 @@ struct kvb_broker {
 	uint32_t *dirty;	/* dest indices with pending ops */
 	uint32_t ndirty;
 	int64_t next_timer_ns;
+	struct kvb_xnode *rm; /* cross-node state, NULL without --host-ip */
 	struct {
 		uint64_t descriptors_submitted, descriptors_completed;
 		uint64_t descriptors_refused, bytes;
@@ -136,6 +153,57 @@ int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len);
 int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
 			  size_t len);
 void kvb_broker_gpu_unimport(struct kvb_region_ent *r);
+
+/* worker.c: reply to a control request (deferred replies, remote.c) */
+void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		      int status);
+
+/* engine.c, for remote.c */
+uint32_t kvb_inflight_alloc(struct kvb_broker *b);
+void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status);
+int kvb_dest_append(struct kvb_broker *b, uint32_t di,
+		    const struct kvb_xop *op);
+void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
+		  uint64_t tag, int32_t status, uint64_t bytes, uint32_t xfer);
+void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status);
+void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
+void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
+		      int status);
+
+/* remote.c: the cross-node bridge (all no-ops when b->rm is NULL) */
+int kvb_remote_init(struct kvb_broker *b);
+void kvb_remote_fini(struct kvb_broker *b);
+/* Drain notify, handshake and peer sockets; bounded. */
+void kvb_remote_service(struct kvb_broker *b);
+void kvb_remote_timers(struct kvb_broker *b, int64_t now);
+int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+/* Control requests: 1 = reply deferred (sent later), else status. */
+int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_msg_mem_kv *m);
+int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_msg_peer *m);
+int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_msg_xopen *m, uint32_t len,
+		     uint32_t *handle);
+/* KVB_OP_LAYER from a worker's ring */
+void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e);
+/* A cross-node transfer is ending with status: notify, fail deferred ops. */
+void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x,
+			 int status);
+/* Is the transfer complete (cross-node rules)? */
+int kvb_remote_xfer_complete(const struct kvb_xfer *x);
+/* Group (layer op) bookkeeping for complete_inflight */
+void kvb_remote_group_done(struct kvb_broker *b, uint32_t group, int status,
+			   uint64_t bytes);
+/* Register / unregister a host region with the cross-node transports. */
+void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
+/* notify and handshake messages rejected */
+uint64_t kvb_remote_rejected(struct kvb_broker *b);
+size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf,
+			size_t cap);
 
 /* stats.c: text or JSON into buf; returns length */
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap);

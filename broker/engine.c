@@ -64,6 +64,7 @@ static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 
 	if (t)
 		t->ops->dereg_mr(t, &r->mr);
+	kvb_remote_dereg(b, r);
 	if (r->mr.kind == KVB_MEM_GPU)
 		kvb_broker_gpu_unimport(r);
 	else if (r->map_base)
@@ -138,9 +139,8 @@ void kvb_wake_workers(struct kvb_broker *b)
 	}
 }
 
-static void post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
-		     uint64_t tag, int32_t status, uint64_t bytes,
-		     uint32_t xfer)
+void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
+		  uint64_t tag, int32_t status, uint64_t bytes, uint32_t xfer)
 {
 	struct kvb_worker *w = kvb_worker_by_id(b, worker);
 	struct kvb_cqe c = {.tag = tag,
@@ -153,10 +153,9 @@ static void post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		kvb_complete(b, w, &c);
 }
 
-static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
 
 /* End a transfer with `status`, tell its worker and its destinations. */
-static void xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
+void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	int64_t deadline =
@@ -170,9 +169,12 @@ static void xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	if (status && status != -ECANCELED)
 		log_info("transfer '%s' of worker %u failed: %s", x->id,
 			 x->worker, kvb_strerror(status));
+	if (x->rx)
+		kvb_remote_xfer_end(b, x, status);
 	kvb_xfer_end(&b->xfers, x);
-	post_cqe(b, copy.worker, KVB_CQ_TRANSFER, copy.seal_tag, status, 0,
-		 handle);
+	if (copy.opened) /* nobody to tell about an id it never opened */
+		kvb_post_cqe(b, copy.worker, KVB_CQ_TRANSFER, copy.seal_tag,
+			     status, 0, handle);
 	/* the local analogue of write_done: each destination worker's entry
 	 * for the same id counts one notification (its seal says how many) */
 	for (uint32_t i = 0; i < copy.ndests; i++) {
@@ -193,18 +195,18 @@ static void xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		} else {
 			y->completed++;
 		}
-		xfer_maybe_finish(b, y);
+		kvb_xfer_maybe_finish(b, y);
 	}
 }
 
-static void xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
+void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 {
-	if (kvb_xfer_complete(x))
-		xfer_finish(b, x, x->first_err);
+	if (x->rx ? kvb_remote_xfer_complete(x) : kvb_xfer_complete(x))
+		kvb_xfer_finish(b, x, x->first_err);
 }
 
-static void xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
-			 int status)
+void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
+		      int status)
 {
 	struct kvb_xfer *x;
 
@@ -220,11 +222,11 @@ static void xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 	} else {
 		x->completed++;
 	}
-	xfer_maybe_finish(b, x);
+	kvb_xfer_maybe_finish(b, x);
 }
 
 /* Complete a (possibly merged) chain of in-flight descriptors. */
-static void complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
+void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 {
 	while (idx) {
 		struct kvb_inflight *e = &b->inf[idx];
@@ -243,20 +245,37 @@ static void complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		b->st.descriptors_completed++;
 		if (!status)
 			b->st.bytes += e->bytes;
-		if (w) {
+		if (e->group) {
+			kvb_remote_group_done(b, e->group, status, e->bytes);
+		} else if (w) {
 			w->st.completed++;
 			if (!status)
 				w->st.bytes += e->bytes;
 			if (status || !(e->flags & KVB_SQE_F_UNSIGNALED))
-				post_cqe(b, e->worker, KVB_CQ_DESC, e->tag,
+				kvb_post_cqe(b, e->worker, KVB_CQ_DESC, e->tag,
 					 status, status ? 0 : e->bytes,
 					 e->xfer);
 		}
-		xfer_account(b, e->xfer, e->worker, status);
+		if (!e->group)
+			kvb_xfer_account(b, e->xfer, e->worker, status);
+		e->group = 0;
 		e->used = 0;
 		b->inf_free[b->inf_nfree++] = idx;
 		idx = next;
 	}
+}
+
+uint32_t kvb_inflight_alloc(struct kvb_broker *b)
+{
+	uint32_t idx;
+
+	if (!b->inf_nfree)
+		return 0;
+	idx = b->inf_free[--b->inf_nfree];
+	memset(&b->inf[idx], 0, sizeof(b->inf[idx]));
+	b->inf[idx].tail = idx;
+	b->inf[idx].used = 1;
+	return idx;
 }
 
 static void refuse(struct kvb_broker *b, struct kvb_worker *w,
@@ -278,13 +297,13 @@ static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 				 ? " (further refusals counted, not logged)"
 				 : "");
 	}
-	post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
+	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
 		x->submitted++;
 		x->failed++;
 		if (!x->first_err)
 			x->first_err = rc;
-		xfer_maybe_finish(b, x);
+		kvb_xfer_maybe_finish(b, x);
 	}
 }
 
@@ -312,8 +331,8 @@ static int dest_push(struct kvb_broker *b, uint32_t di,
 
 /* Append an op to its destination, merging with the last one if both
  * sides are contiguous. */
-static int dest_append(struct kvb_broker *b, uint32_t di,
-		       const struct kvb_xop *op)
+int kvb_dest_append(struct kvb_broker *b, uint32_t di,
+		    const struct kvb_xop *op)
 {
 	struct kvb_dest *d = &b->dests[di];
 
@@ -322,6 +341,8 @@ static int dest_append(struct kvb_broker *b, uint32_t di,
 
 		if (last->opcode == op->opcode && last->local == op->local &&
 		    last->remote.mr == op->remote.mr &&
+		    last->remote.region == op->remote.region &&
+		    last->remote.addr == op->remote.addr &&
 		    last->local_off + last->len == op->local_off &&
 		    last->remote_off + last->len == op->remote_off &&
 		    last->len + op->len <= MERGE_MAX_LEN) {
@@ -352,13 +373,13 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	case KVB_OP_ABORT:
 		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 		if (!x) {
-			post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
+			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
 				 e->transfer);
 			return;
 		}
 		if (e->opcode == KVB_OP_ABORT) {
 			x->seal_tag = e->tag;
-			xfer_finish(b, x, -ECANCELED);
+			kvb_xfer_finish(b, x, -ECANCELED);
 			return;
 		}
 		if (e->len > UINT32_MAX) {
@@ -368,10 +389,13 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		x->sealed = 1;
 		x->expected = (uint32_t) e->len;
 		x->seal_tag = e->tag;
-		xfer_maybe_finish(b, x);
+		kvb_xfer_maybe_finish(b, x);
 		return;
 	case KVB_OP_NOP:
-		post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
+		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
+		return;
+	case KVB_OP_LAYER:
+		kvb_remote_layer(b, w, e);
 		return;
 	default:
 		break;
@@ -439,12 +463,12 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		uint32_t di = ts * b->opt.max_workers + KVB_WSLOT(r->owner);
 
 		if (!b->trs[ts]) {
-			complete_inflight(b, idx, -EOPNOTSUPP);
+			kvb_complete_inflight(b, idx, -EOPNOTSUPP);
 			return;
 		}
 		b->dests[di].tr = b->trs[ts];
-		if (dest_append(b, di, &op))
-			complete_inflight(b, idx, -ENOMEM);
+		if (kvb_dest_append(b, di, &op))
+			kvb_complete_inflight(b, idx, -ENOMEM);
 	}
 }
 
@@ -468,7 +492,7 @@ static unsigned flush(struct kvb_broker *b)
 			if (rc < 0) {
 				/* the transport took none: fail the chain */
 				for (unsigned i = 0; i < n; i++)
-					complete_inflight(
+					kvb_complete_inflight(
 						b,
 						(uint32_t) d->ops[off + i]
 							.cookie,
@@ -511,7 +535,7 @@ static unsigned reap_one(struct kvb_broker *b, struct kvb_transport *t)
 			return total;
 		}
 		for (int i = 0; i < n; i++)
-			complete_inflight(b, (uint32_t) c[i].cookie,
+			kvb_complete_inflight(b, (uint32_t) c[i].cookie,
 					  c[i].status);
 		total += (unsigned) n;
 	} while (n == (int) POLL_BATCH);
@@ -563,12 +587,13 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 
 void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 {
+	kvb_remote_timers(b, now);
 	/* backwards: kvb_xfer_end() swaps the last active entry into place */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->deadline_ns <= now)
-			xfer_finish(b, x, -ETIMEDOUT);
+			kvb_xfer_finish(b, x, -ETIMEDOUT);
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
@@ -585,6 +610,7 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
 	uint32_t id = w->id;
 
+	kvb_remote_worker_gone(b, w);
 	/* ops not yet posted that read or write its memory: cancel them */
 	for (uint32_t k = 0; k < b->ndirty; k++) {
 		struct kvb_dest *d = &b->dests[b->dirty[k]];
@@ -592,7 +618,7 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 
 		for (uint32_t i = 0; i < d->n; i++) {
 			if (op_touches(&d->ops[i], id))
-				complete_inflight(
+				kvb_complete_inflight(
 					b, (uint32_t) d->ops[i].cookie, -ENXIO);
 			else
 				d->ops[keep++] = d->ops[i];
@@ -604,7 +630,7 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->worker == id)
-			xfer_finish(b, x, -ECANCELED);
+			kvb_xfer_finish(b, x, -ECANCELED);
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}

@@ -50,12 +50,16 @@ static int open_transport(struct kvb_broker *b)
 	char why[256] = "";
 	int rc;
 
-	if (k == KVB_TR_TCP || k == KVB_TR_RDMA) {
-		log_err("transport %s: unavailable: the cross-node bridge for "
-			"it "
-			"is not in this version (see README, 'Not there yet')",
-			kvb_transport_name(k));
+	if (k == KVB_TR_RDMA) {
+		log_err("transport rdma: unavailable: the broker does not drive "
+			"the rdma transport in this version (see README, 'Not "
+			"there yet'); use --transport tcp");
 		return -ENOTSUP;
+	}
+	if (k == KVB_TR_TCP && !b->opt.cross_node) {
+		log_err("transport tcp needs --host-ip (the address peers "
+			"reach this node on)");
+		return -EINVAL;
 	}
 	/* same-node host memory always goes through local */
 	rc = kvb_local_ops.open(&p, &b->trs[KVB_TS_HOST], why, sizeof(why));
@@ -80,10 +84,9 @@ static int open_transport(struct kvb_broker *b)
 			log_info("transport gpu ready: GPU-to-GPU regions use "
 				 "GPU copies");
 	}
-	if (k == KVB_TR_AUTO)
-		log_info("transport auto: host memory uses local (the "
-			 "cross-node "
-			 "tcp/rdma bridge is not in this version)");
+	if (k == KVB_TR_AUTO && !b->opt.cross_node)
+		log_info("transport auto: same-node only (no --host-ip: no "
+			 "cross-node bridge)");
 	log_info("transport local ready");
 	return 0;
 }
@@ -167,6 +170,9 @@ static int setup(struct kvb_broker *b)
 	rc = open_listener(b);
 	if (rc)
 		return rc;
+	rc = kvb_remote_init(b);
+	if (rc)
+		return rc;
 	if ((rc = ep_add(b->epfd, b->listen_fd, EP_LISTEN)) ||
 	    (rc = ep_add(b->epfd, b->efd, EP_EFD)) ||
 	    (rc = ep_add(b->epfd, b->sigfd, EP_SIG)))
@@ -198,6 +204,8 @@ static void service_events(struct kvb_broker *b, int timeout_ms)
 					 si.ssi_signo);
 				b->stop = 1;
 			}
+		} else if (tag == KVB_EP_REMOTE) {
+			/* drained below */
 		} else if (tag & EP_WORKER_TAG) {
 			struct kvb_worker *w =
 				&b->workers[(uint32_t) (tag & 0xffffffffu)];
@@ -206,6 +214,7 @@ static void service_events(struct kvb_broker *b, int timeout_ms)
 				kvb_worker_ctl(b, w);
 		}
 	}
+	kvb_remote_service(b);
 }
 
 /* Announce sleep to every worker, then re-check their rings (Dekker). */
@@ -305,6 +314,7 @@ static void teardown(struct kvb_broker *b)
 		close(b->listen_fd);
 		unlink(b->opt.socket_path);
 	}
+	kvb_remote_fini(b);
 	for (int i = 0; i < KVB_TS_MAX; i++)
 		if (b->trs[i])
 			b->trs[i]->ops->close(b->trs[i]);

@@ -72,8 +72,12 @@ void kvb_options_usage(FILE *f)
 	      "30)\n"
 	      "  --defer-timeout S      seconds a write waits for remote "
 	      "blocks (default 60)\n"
-	      "  --host-ip IP           address for the ZMQ bridge (default "
-	      "127.0.0.1)\n"
+	      "  --host-ip IP           this node's address: enables the "
+	      "cross-node\n"
+	      "                         bridge (notify ports, handshake port, "
+	      "tcp)\n"
+	      "  --data-port N          tcp transport port (default 0 = any "
+	      "free)\n"
 	      "  --notify-port N        (default 61005)\n"
 	      "  --handshake-port N     (default 6301)\n"
 	      "  --read-mode            D pulls (READ) instead of P pushing\n"
@@ -142,6 +146,7 @@ enum {
 	O_GSTREAMS,
 	O_HELP,
 	O_VER,
+	O_DPORT,
 };
 
 static const struct option longopts[] = {
@@ -158,6 +163,7 @@ static const struct option longopts[] = {
 	{"defer-timeout", required_argument, NULL, O_DTO},
 	{"host-ip", required_argument, NULL, O_HOST},
 	{"notify-port", required_argument, NULL, O_NPORT},
+	{"data-port", required_argument, NULL, O_DPORT},
 	{"handshake-port", required_argument, NULL, O_HPORT},
 	{"read-mode", no_argument, NULL, O_READ},
 	{"trusted-hosts", required_argument, NULL, O_TRUST},
@@ -279,6 +285,13 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			if (copy_str(o->host_ip, sizeof(o->host_ip), a))
 				return fail(err, err_len,
 					    "--host-ip: too long");
+			o->cross_node = 1;
+			break;
+		case O_DPORT:
+			if (parse_int(a, 0, 65535, &v))
+				return fail(err, err_len,
+					    "--data-port: bad port '%s'", a);
+			o->data_port = (uint16_t) v;
 			break;
 		case O_NPORT:
 		case O_HPORT:

@@ -27,6 +27,8 @@ struct kvb_options {
 	uint32_t transfer_timeout_ms;
 	uint32_t defer_timeout_ms;
 	char host_ip[64];
+	int cross_node;	    /* --host-ip given: bridge, handshake, tcp */
+	uint16_t data_port; /* tcp transport listen port, 0 = any */
 	uint16_t notify_port;
 	uint16_t handshake_port;
 	int read_mode;

@@ -11,6 +11,7 @@
 
 #include "segment.h"
 #include "transport.h"
+#include "zmq/blocks.h"
 
 #define KVB_MAX_REGIONS 65536u
 
@@ -25,6 +26,10 @@ struct kvb_region_ent {
 	uint8_t dead;      /* freed or owner gone: unmapped when refs == 0 */
 	void *map_base;    /* what to munmap (host) */
 	uint64_t map_len;
+	uint8_t has_kv;    /* kvb_mem_set_kv(): offered to peer brokers */
+	uint8_t tcp_reg;   /* registered with the tcp transport too */
+	uint32_t layer;
+	struct kvb_kv_geom geom;
 };
 
 struct kvb_regions {

@@ -132,7 +132,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) b->st.transfers_done,
 		    (unsigned long long) b->st.transfers_failed,
 		    b->xfers.nactive,
-		    (unsigned long long) b->st.messages_rejected,
+		    (unsigned long long) (b->st.messages_rejected +
+					  kvb_remote_rejected(b)),
 		    (unsigned long long) b->st.workers_lost, b->regions.live);
 		for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
 			const struct kvb_transport_stats *s;
@@ -153,6 +154,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		}
 		put(&o, "],");
 		gpu_stats(b, &o, 1);
+		o.len += kvb_remote_stats(b, 1, o.buf + o.len, o.cap - o.len);
 		put(&o, "\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
 			const struct kvb_worker *w = &b->workers[i];
@@ -197,10 +199,12 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) b->st.transfers_failed);
 	put(&o, "transfers_active       %u\n", b->xfers.nactive);
 	put(&o, "messages_rejected      %llu\n",
-	    (unsigned long long) b->st.messages_rejected);
+	    (unsigned long long) (b->st.messages_rejected +
+				  kvb_remote_rejected(b)));
 	put(&o, "workers_lost           %llu\n",
 	    (unsigned long long) b->st.workers_lost);
 	gpu_stats(b, &o, 0);
+	o.len += kvb_remote_stats(b, 0, o.buf + o.len, o.cap - o.len);
 	put(&o, "wr_per_doorbell histogram:\n");
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 		if (t->wr_hist[i])

@@ -91,6 +91,15 @@ int kvb_worker_accept(struct kvb_broker *b)
 }
 
 static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		  int status, const int *fds, unsigned nfds);
+
+void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		      int status)
+{
+	reply(w, h, len, status, NULL, 0);
+}
+
+static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		  int status, const int *fds, unsigned nfds)
 {
 	h->magic = KVB_MSG_MAGIC;
@@ -157,6 +166,7 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
 	close(fds[0]);
 	b->st.workers_attached++;
+	kvb_remote_worker_attached(b, w);
 	log_info("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
 		 (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
 		 w->tp_rank, w->tp_size);
@@ -221,6 +231,7 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	rc = t->ops->reg_mr(t, &r->mr);
 	if (rc)
 		goto err_import;
+	kvb_remote_reg(b, r);
 	rep->region = r->mr.id;
 	rep->flags = r->mr.flags;
 	rep->size = r->mr.len;
@@ -279,6 +290,7 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
 			log_warn("worker %u: transfer table full", w->id);
 		return err;
 	}
+	x->opened = 1;
 	rep->handle = kvb_xfer_handle(&b->xfers, x);
 	return 0;
 }
@@ -291,7 +303,8 @@ static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
 
 void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 {
-	union {
+	/* static: one broker thread; XOPEN carries block lists */
+	static union {
 		struct kvb_msg_hdr h;
 		struct kvb_msg_hello hello;
 		struct kvb_msg_mem_reg reg;
@@ -299,7 +312,10 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_mem_lookup lookup;
 		struct kvb_msg_open open;
 		struct kvb_msg_stats stats;
-		char raw[1024];
+		struct kvb_msg_mem_kv kv;
+		struct kvb_msg_peer peer;
+		struct kvb_msg_xopen xopen;
+		char raw[KVB_MSG_MAX];
 	} m;
 	int fds[KVB_CTL_MAX_FDS];
 	unsigned nfds = KVB_CTL_MAX_FDS;
@@ -432,6 +448,32 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		reply(w, h, sizeof(*h) + len + 1, 0, NULL, 0);
 		return;
 	}
+	case KVB_MSG_MEM_KV:
+		NEED(struct kvb_msg_mem_kv);
+		rc = kvb_remote_mem_kv(b, w, &m.kv);
+		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
+		return;
+	case KVB_MSG_PEER: {
+		struct kvb_msg_peer_reply rep = {.h.type = KVB_MSG_PEER};
+
+		NEED(struct kvb_msg_peer);
+		rc = kvb_remote_peer_req(b, w, &m.peer);
+		if (rc != 1) /* 1: the handshake answers later */
+			reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_XOPEN: {
+		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_XOPEN};
+
+		if ((size_t) n < sizeof(m.xopen)) {
+			reject(b, w, "control message of the wrong size");
+			return;
+		}
+		rc = kvb_remote_xopen(b, w, &m.xopen, (uint32_t) n,
+				      &rep.handle);
+		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
 	case KVB_MSG_BYE:
 		NEED(struct kvb_msg_hdr);
 		reply(w, &m.h, sizeof(m.h), 0, NULL, 0);
@@ -468,6 +510,9 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 	epoll_ctl(b->epfd, EPOLL_CTL_DEL, w->sock, NULL);
 	close(w->sock);
 	free(w->ovf);
+	free(w->kv_layer);
+	w->kv_layer = NULL;
+	w->nkv = 0;
 	w->id = 0;
 	w->attached = 0;
 	b->nworkers--;

@@ -135,6 +135,8 @@ struct kvb_xfer *kvb_xfer_get(struct kvb_xfers *t, uint32_t handle,
 	return x;
 }
 
+void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
+
 void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 {
 	uint32_t s = (uint32_t)(x - t->v);
@@ -152,6 +154,8 @@ void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 	t->lru_hash[t->lru_next] = x->hash;
 	t->lru_worker[t->lru_next] = x->worker;
 	t->lru_next = (t->lru_next + 1) % KVB_TERMINAL_LRU;
+	if (x->rx && kvb_xfer_rx_free)
+		kvb_xfer_rx_free(x->rx);
 	memset(x, 0, sizeof(*x));
 	x->gen = gen;
 }

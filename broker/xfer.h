@@ -33,7 +33,13 @@ struct kvb_xfer {
 	int64_t deadline_ns;
 	uint32_t ndests;   /* workers whose regions this transfer wrote */
 	uint32_t dests[KVB_XFER_MAX_DESTS];
+	uint8_t opened;	   /* the owner opened it (not only a message) */
+	struct kvb_rxfer *rx; /* cross-node state (heap), NULL = local */
 };
+
+struct kvb_rxfer; /* broker/remote.h */
+/* Frees x->rx; set by the broker (remote.c). */
+extern void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
 
 struct kvb_xfers {
 	struct kvb_xfer *v;      /* KVB_MAX_XFERS slots, slot 0 unused */

@@ -370,6 +370,99 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
 	return 0;
 }
 
+int kvb_mem_set_kv(struct kvb_ctx *ctx, uint32_t region, uint32_t layer,
+		   const struct kvb_kv_geometry *g)
+{
+	struct kvb_msg_mem_kv req;
+	struct kvb_msg_hdr rep;
+
+	if (!ctx || !g)
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_MEM_KV, sizeof(req));
+	req.region = region;
+	req.layer = layer;
+	req.layout = g->layout;
+	req.num_blocks = g->num_blocks;
+	req.block_size = g->block_size;
+	req.num_heads = g->num_heads;
+	req.head_dim = g->head_dim;
+	req.elem_size = g->elem_size;
+	return ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+}
+
+int kvb_peer_connect(struct kvb_ctx *ctx, const char *host, uint16_t port,
+		     uint32_t *peer)
+{
+	struct kvb_msg_peer req;
+	struct kvb_msg_peer_reply rep;
+	size_t n;
+	int rc;
+
+	if (!ctx || !host || !peer || port == 0)
+		return -EINVAL;
+	n = strlen(host);
+	if (n == 0 || n >= sizeof(req.host))
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_PEER, sizeof(req));
+	memcpy(req.host, host, n);
+	req.port = port;
+	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	if (rc)
+		return rc;
+	*peer = rep.peer;
+	return 0;
+}
+
+int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *id,
+			     const struct kvb_remote_xfer *x, uint32_t *handle)
+{
+	struct kvb_msg_xopen *req;
+	struct kvb_msg_open_reply rep;
+	size_t n, len;
+	uint32_t nb, nr;
+	int rc;
+
+	if (!ctx || !id || !x || !handle || x->mode > KVB_XFER_READ ||
+	    (x->flags & ~(KVB_XFER_F_NO_ANNOUNCE | KVB_XFER_F_PLAIN_RELEASE)))
+		return -EINVAL;
+	n = strlen(id);
+	nb = x->nblocks;
+	nr = x->remote_blocks ? x->nremote : 0;
+	if (n == 0 || n > KVB_XFER_ID_MAX || (nb && !x->blocks))
+		return -EINVAL;
+	len = sizeof(*req) + ((size_t) nb + nr) * sizeof(uint32_t);
+	if (len > KVB_MSG_MAX)
+		return -E2BIG;
+	if (x->notify_host && strlen(x->notify_host) >= sizeof(req->notify_host))
+		return -EINVAL;
+	req = calloc(1, len);
+	if (!req)
+		return -ENOMEM;
+	kvb_msg_init(&req->h, KVB_MSG_XOPEN, (uint32_t) len);
+	req->id_len = (uint32_t) n;
+	memcpy(req->id, id, n);
+	req->peer = x->peer;
+	req->mode = x->mode;
+	req->flags = x->flags;
+	req->remote_dp_rank = x->remote_dp_rank;
+	req->nblocks = nb;
+	req->nremote = nr;
+	if (x->notify_host)
+		strcpy(req->notify_host, x->notify_host);
+	req->notify_port = x->notify_port;
+	if (nb)
+		memcpy(req + 1, x->blocks, nb * sizeof(uint32_t));
+	if (nr)
+		memcpy((uint32_t *) (req + 1) + nb, x->remote_blocks,
+		       nr * sizeof(uint32_t));
+	rc = ctl_call(ctx, &req->h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	free(req);
+	if (rc)
+		return rc;
+	*handle = rep.handle;
+	return 0;
+}
+
 /* Tell a sleeping broker there is work. Pairs with the broker's sleep path. */
 static inline void wake_broker(struct kvb_ctx *ctx)
 {
@@ -471,6 +564,27 @@ int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
 int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag)
 {
 	return submit_ctl(ctx, KVB_OP_ABORT, handle, 0, tag);
+}
+
+int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
+		     uint64_t tag, uint32_t flags)
+{
+	struct kvb_sqe e = {.opcode = KVB_OP_LAYER,
+			    .transfer = handle,
+			    .layer = layer,
+			    .tag = tag,
+			    .flags = (flags & KVB_DESC_UNSIGNALED)
+					     ? KVB_SQE_F_UNSIGNALED
+					     : 0};
+
+	if (!ctx || (flags & ~KVB_DESC_UNSIGNALED))
+		return -EINVAL;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	if (kvb_ring_enqueue_bulk(&ctx->seg.sq, &e, 1) != 1)
+		return broker_alive(ctx) ? -EAGAIN : -EPIPE;
+	wake_broker(ctx);
+	return 1;
 }
 
 static unsigned reap(struct kvb_ctx *ctx, struct kvb_completion *c,

@@ -24,6 +24,9 @@ enum kvb_msg_type {
 	KVB_MSG_OPEN = 5,      /* intern a transfer id */
 	KVB_MSG_STATS = 6,     /* kvbctl: no HELLO needed */
 	KVB_MSG_BYE = 7,
+	KVB_MSG_MEM_KV = 8,    /* KV geometry and layer of a region */
+	KVB_MSG_PEER = 9,      /* handshake with a peer broker (deferred reply) */
+	KVB_MSG_XOPEN = 10,    /* open a cross-node transfer; blocks follow */
 };
 
 struct kvb_msg_hdr {
@@ -100,5 +103,43 @@ struct kvb_msg_stats {
 	uint32_t pad;
 };
 /* stats reply: header + NUL-terminated text */
+
+struct kvb_msg_mem_kv {
+	struct kvb_msg_hdr h;
+	uint32_t region;
+	uint32_t layer;
+	uint32_t layout, num_blocks, block_size, num_heads, head_dim,
+		elem_size;
+};
+
+struct kvb_msg_peer {
+	struct kvb_msg_hdr h;
+	char host[64]; /* NUL-terminated */
+	uint32_t port; /* the peer broker's handshake port */
+	uint32_t pad;
+};
+
+struct kvb_msg_peer_reply {
+	struct kvb_msg_hdr h;
+	uint32_t peer;
+	uint32_t pad;
+};
+
+/* XOPEN: this header, then nblocks + nremote uint32 block ids. */
+struct kvb_msg_xopen {
+	struct kvb_msg_hdr h;
+	uint32_t id_len;
+	char id[KVB_XFER_ID_MAX + 1];
+	uint32_t peer;
+	uint32_t mode;	/* 0 = WRITE, 1 = READ */
+	uint32_t flags; /* KVB_XFER_F_* of the public header */
+	uint32_t remote_dp_rank;
+	uint32_t nblocks;
+	uint32_t nremote;
+	char notify_host[64]; /* "" = the peer's */
+	uint32_t notify_port; /* 0 = the peer's */
+	uint32_t pad;
+};
+/* reply: struct kvb_msg_open_reply */
 
 #endif /* KVB_SHM_PROTO_H */

@@ -56,6 +56,7 @@ enum kvb_sq_op {
 	KVB_OP_READ = 2,  /* peer region -> local region */
 	KVB_OP_SEAL = 3,  /* transfer expects `len` writes in all */
 	KVB_OP_ABORT = 4, /* fail the transfer with -ECANCELED */
+	KVB_OP_LAYER = 5, /* cross-node: write (or read) one layer's blocks */
 };
 
 /* Submission flags */

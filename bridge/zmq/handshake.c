@@ -106,6 +106,14 @@ static int decode_region(struct kvb_hs_region *r, const msgpack_object *map,
 	r->geom.elem_size = (uint32_t) v[6];
 	r->addr = v[7];
 	r->rkey = (uint32_t) v[8];
+	{
+		const msgpack_object *o = _kvb_mp_map_get(map, "layer");
+
+		if (o && (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+			  o->via.u64 > UINT32_MAX))
+			return bad(reason, "region layer");
+		r->layer = o ? (uint32_t) o->via.u64 : 0;
+	}
 	if (region_check(r))
 		return bad(reason, "region geometry does not fit its size");
 	return 0;
@@ -240,6 +248,31 @@ static int decode_desc(struct kvb_hs_desc *d, const msgpack_object *top,
 	node = _kvb_mp_map_get(top, "node_id");
 	if (!node || _kvb_mp_get_ident(node, d->node_id, KVB_HS_NODE_ID_MAX))
 		return bad(reason, "node_id is not a valid id string");
+	{
+		const msgpack_object *o = _kvb_mp_map_get(top, "host");
+		uint64_t v;
+
+		if (o && _kvb_mp_get_ident(o, d->host, sizeof(d->host) - 1))
+			return bad(reason, "host is not a valid address string");
+		if (_kvb_mp_map_get(top, "notify_port")) {
+			if (get_u(top, "notify_port", 65535, &v, reason,
+				  "notify_port"))
+				return -EBADMSG;
+			d->notify_port = (uint32_t) v;
+		}
+		if (_kvb_mp_map_get(top, "hs_port")) {
+			if (get_u(top, "hs_port", 65535, &v, reason,
+				  "hs_port"))
+				return -EBADMSG;
+			d->hs_port = (uint32_t) v;
+		}
+		if (_kvb_mp_map_get(top, "instance")) {
+			if (get_u(top, "instance", UINT64_MAX, &v, reason,
+				  "instance"))
+				return -EBADMSG;
+			d->instance = v;
+		}
+	}
 	ret = decode_transports(d, _kvb_mp_map_get(top, "transports"), reason);
 	if (ret)
 		return ret;
@@ -305,6 +338,13 @@ static int validate(const struct kvb_hs_desc *d)
 	if (d->ntransports > KVB_HS_TRANSPORT_MAX ||
 	    d->nworkers > KVB_HS_WORKERS_MAX || (d->nworkers && !d->workers))
 		return -EINVAL;
+	if (d->host[0] &&
+	    _kvb_mp_ident_check((const uint8_t *) d->host,
+				strnlen(d->host, sizeof(d->host)),
+				sizeof(d->host) - 1))
+		return -EINVAL;
+	if (d->notify_port > 65535 || d->hs_port > 65535)
+		return -EINVAL;
 	for (i = 0; i < d->ntransports; i++) {
 		const struct kvb_hs_transport *t = &d->transports[i];
 
@@ -344,8 +384,9 @@ static int pack_region(msgpack_packer *pk, const struct kvb_hs_region *r)
 {
 	int e = 0;
 
-	e |= msgpack_pack_map(pk, 10);
+	e |= msgpack_pack_map(pk, 11);
 	e |= pack_kv_u64(pk, "id", r->id);
+	e |= pack_kv_u64(pk, "layer", r->layer);
 	e |= pack_kv_u64(pk, "size", r->size);
 	e |= _kvb_mp_pack_cstr(pk, "layout");
 	e |= _kvb_mp_pack_cstr(pk, layout_name(r->geom.layout));
@@ -364,12 +405,19 @@ static int pack_desc(msgpack_packer *pk, const struct kvb_hs_desc *d)
 	uint32_t i, j;
 	int e = 0;
 
-	e |= msgpack_pack_map(pk, 5);
+	e |= msgpack_pack_map(pk, d->host[0] ? 9 : 8);
 	e |= _kvb_mp_pack_cstr(pk, "kvb");
 	e |= _kvb_mp_pack_cstr(pk, HS_MAGIC);
 	e |= pack_kv_u64(pk, "version", KVB_HS_VERSION);
 	e |= _kvb_mp_pack_cstr(pk, "node_id");
 	e |= _kvb_mp_pack_cstr(pk, d->node_id);
+	if (d->host[0]) {
+		e |= _kvb_mp_pack_cstr(pk, "host");
+		e |= _kvb_mp_pack_cstr(pk, d->host);
+	}
+	e |= pack_kv_u64(pk, "notify_port", d->notify_port);
+	e |= pack_kv_u64(pk, "hs_port", d->hs_port);
+	e |= pack_kv_u64(pk, "instance", d->instance);
 	e |= _kvb_mp_pack_cstr(pk, "transports");
 	e |= msgpack_pack_array(pk, d->ntransports);
 	for (i = 0; i < d->ntransports; i++) {

@@ -47,6 +47,7 @@ struct kvb_hs_region {
 	struct kvb_kv_geom geom;
 	uint64_t addr; /* remote virtual address of offset 0 (0 if none) */
 	uint32_t rkey;
+	uint32_t layer; /* model layer the region holds ("layer", default 0) */
 };
 
 struct kvb_hs_worker {
@@ -61,6 +62,14 @@ struct kvb_hs_worker {
 struct kvb_hs_desc {
 	uint32_t version; /* KVB_HS_VERSION when decoded */
 	char node_id[KVB_HS_NODE_ID_MAX + 1];
+	/*
+	 * Optional (absent = 0 / ""): where the node's control ports are, and
+	 * a random number that changes whenever the broker restarts.
+	 */
+	char host[64];	      /* "host": the address peers reach it on */
+	uint32_t notify_port; /* "notify_port": base of the notify ports */
+	uint32_t hs_port;     /* "hs_port": its handshake port */
+	uint64_t instance;    /* "instance" */
 	uint32_t ntransports;
 	struct kvb_hs_transport transports[KVB_HS_TRANSPORT_MAX];
 	uint32_t nworkers;

@@ -180,7 +180,7 @@ static void test_before_hello(void **state)
 
 static void test_sizes(void **state)
 {
-	static char big[4000];
+	static char big[KVB_MSG_MAX + 4096];
 	struct kvb_msg_hello m;
 	struct kvb_msg_hdr rep;
 	int fd, n;

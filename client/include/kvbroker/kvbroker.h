@@ -174,6 +174,115 @@ int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
 /* Abort a transfer: it completes with -ECANCELED. Single submitting thread. */
 int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag);
 
+/*
+ * ---- Cross-node transfers (MoRIIO's WRITE and READ modes) ----
+ *
+ * The broker must run with --host-ip (it then binds every worker's notify
+ * ports and its handshake port, and opens the tcp transport).
+ *
+ * KV layout of a layer: a region holds one layer's KV tensor, dense, shaped
+ * [2, num_blocks, block_size, heads, head_dim] (KVB_KV_KV_FIRST) or
+ * [num_blocks, 2, block_size, heads, head_dim] (KVB_KV_BLOCK_FIRST), with
+ * elements of elem_size bytes. Peers address it by layer and block id.
+ */
+#define KVB_KV_KV_FIRST	   0u
+#define KVB_KV_BLOCK_FIRST 1u
+
+struct kvb_kv_geometry {
+	uint32_t layout; /* KVB_KV_KV_FIRST or KVB_KV_BLOCK_FIRST */
+	uint32_t num_blocks;
+	uint32_t block_size; /* tokens per block */
+	uint32_t num_heads;  /* KV heads held by this worker */
+	uint32_t head_dim;
+	uint32_t elem_size; /* bytes per element (2 for bf16) */
+};
+
+/*
+ * Declare that region `region` (of this worker) holds layer `layer` with
+ * this layout; it is then offered to peer brokers in the handshake. One
+ * region per layer per worker. Returns 0, -EINVAL (bad layout, the tensor
+ * does not fit the region), -ENOENT, -EEXIST (layer already declared),
+ * -EPIPE. Thread-safe.
+ */
+int kvb_mem_set_kv(struct kvb_ctx *ctx, uint32_t region, uint32_t layer,
+		   const struct kvb_kv_geometry *layout);
+
+/*
+ * Handshake with the broker of another node, reached at host:port (its
+ * --handshake-port). The broker caches peers: every worker gets the same
+ * peer number for the same address. A later call refreshes what the broker
+ * knows of the peer (its workers and regions). Returns 0 with *peer set,
+ * -EHOSTUNREACH / -ETIMEDOUT (no answer), -EPROTONOSUPPORT (other version),
+ * -EACCES (not in --trusted-hosts, either side), -ENOTCONN (the broker has
+ * no --host-ip), -EPIPE. Thread-safe.
+ */
+int kvb_peer_connect(struct kvb_ctx *ctx, const char *host, uint16_t port,
+		     uint32_t *peer);
+
+enum kvb_xfer_mode {
+	KVB_XFER_WRITE = 0, /* P pushes into D (MoRIIO's default) */
+	KVB_XFER_READ = 1,  /* D pulls from P (MoRIIO read_mode) */
+};
+
+/* Flags of struct kvb_remote_xfer */
+#define KVB_XFER_F_NO_ANNOUNCE	 0x1u /* D/WRITE: do not send remote_blocks */
+#define KVB_XFER_F_PLAIN_RELEASE 0x2u /* D/READ: plain-string release */
+
+struct kvb_remote_xfer {
+	uint32_t peer;		 /* from kvb_peer_connect */
+	uint32_t mode;		 /* enum kvb_xfer_mode */
+	uint32_t flags;		 /* KVB_XFER_F_* */
+	uint32_t remote_dp_rank; /* D: the P instance's DP rank */
+	const uint32_t *blocks;	 /* this worker's block ids */
+	uint32_t nblocks;
+	const uint32_t *remote_blocks; /* D/READ: P's block ids */
+	uint32_t nremote;
+	const char *notify_host; /* NULL: the peer's host */
+	uint16_t notify_port;	 /* 0: the peer's notify port base */
+};
+
+/*
+ * Open a cross-node transfer named transfer_id (echoed verbatim on the wire).
+ * What follows depends on this worker's role and the mode:
+ *
+ * - P, WRITE: `blocks` are P's block ids. Submit one kvb_submit_layer() per
+ *   layer as its KV is ready; writes wait for D's remote_blocks (at most
+ *   --defer-timeout). Seal with the number of layers: after every layer
+ *   landed the broker sends write_done to each D rank written and the seal's
+ *   KVB_COMP_TRANSFER follows. A typed release (D's abort) ends it with
+ *   -ECANCELED.
+ * - D, WRITE: `blocks` are D's block ids; the broker sends remote_blocks to
+ *   every P TP rank of remote_dp_rank (once per node and transfer id). Seal
+ *   with the number of write_done messages to wait for (1: each D rank is
+ *   written by one P rank).
+ * - D, READ: `blocks` are D's, `remote_blocks` P's (as many). Submit one
+ *   kvb_submit_layer() per layer, seal with the number of layers; when all
+ *   reads are done (or failed) the broker sends release to the P rank read
+ *   from, then completes the transfer.
+ * - P, READ: `blocks` are P's; seal with 0: the transfer completes when D's
+ *   release ACKs arrived (consumer_tp / producer_tp of them when D has the
+ *   larger TP, else one).
+ *
+ * A transfer that cannot finish fails within --transfer-timeout (or the
+ * defer timeout) with a status; none stays pending. Returns 0 with *handle,
+ * -EINVAL, -ENOENT (unknown peer), -ESTALE (the id ended already),
+ * -ENOSPC, -EPIPE. Thread-safe.
+ */
+int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
+			     const struct kvb_remote_xfer *x,
+			     uint32_t *handle);
+
+/*
+ * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
+ * transfer opened with kvb_transfer_open_remote(). Completes as one
+ * descriptor (KVB_COMP_DESC with `tag`, status 0 or -errno; KVB_DESC_UNSIGNALED
+ * in flags: only on failure). A second submission of the same layer fails
+ * with -EEXIST. Returns 1, -EAGAIN (ring full), -EPIPE. Single submitting
+ * thread.
+ */
+int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
+		     uint64_t tag, uint32_t flags);
+
 enum kvb_comp_kind {
 	KVB_COMP_DESC = 1,     /* one descriptor */
 	KVB_COMP_TRANSFER = 2, /* a whole transfer ended */
