@@ -1,0 +1,181 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# Two kvbroker nodes in two network namespaces joined by a veth pair
+# (192.0.2.1 = node A, prefill; 192.0.2.2 = node B, decode), created here and
+# deleted on exit whatever happens. Needs root and `ip netns`; exits 77
+# (skipped) without them.
+#
+#   netns-test.sh BUILD_DIR CASE
+#
+# CASE: write | write_hetero | read | read_hetero | peer_killed | bad_input
+# Every worker checks its own outcome (D checks every byte); the script
+# checks the exit codes, and for the failure cases the brokers' counters.
+set -u
+BUILD=${1:?build dir}
+CASE=${2:?case}
+SRC=$(cd "$(dirname "$0")" && pwd)
+BROKER=$BUILD/broker/kvbroker
+KVBCTL=$BUILD/broker/kvbctl
+WORKER=$BUILD/tests/xnode/xnode_worker
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root (ip netns)"
+command -v ip >/dev/null || skip "no ip(8) (iproute2)"
+
+TAG=$$
+NA=kvbA$TAG NB=kvbB$TAG
+T=$(mktemp -d /tmp/kvb-xnode.XXXXXX)
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	ip netns del "$NA" 2>/dev/null
+	ip netns del "$NB" 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+fail() {
+	echo "FAIL: $*"
+	for f in "$T"/*.log; do
+		[ -f "$f" ] || continue
+		echo "---- $f (tail)"
+		tail -n 40 "$f"
+	done
+	exit 1
+}
+
+ip netns add "$NA" 2>/dev/null || skip "cannot create network namespaces"
+ip netns add "$NB" || fail "netns $NB"
+ip link add "va$TAG" type veth peer name "vb$TAG" || fail "veth"
+ip link set "va$TAG" netns "$NA" && ip link set "vb$TAG" netns "$NB" || fail "veth move"
+ip -n "$NA" addr add 192.0.2.1/24 dev "va$TAG"
+ip -n "$NB" addr add 192.0.2.2/24 dev "vb$TAG"
+for n in "$NA" "$NB"; do ip -n "$n" link set lo up; done
+ip -n "$NA" link set "va$TAG" up
+ip -n "$NB" link set "vb$TAG" up
+ip -n "$NA" link show "va$TAG" | grep -q "state UP" || sleep 0.5
+
+TTO=${KVB_XNODE_TTO:-8}
+start_broker() { # node ns ip
+	ip netns exec "$2" "$BROKER" --socket "$T/$1.sock" --host-ip "$3" \
+		--transport tcp --transfer-timeout "$TTO" --defer-timeout "$TTO" \
+		--busy-poll-us 20 >>"$T/broker-$1.log" 2>&1 &
+	PIDS+=($!)
+	eval "BPID_$1=$!"
+	for _ in $(seq 100); do
+		[ -S "$T/$1.sock" ] && return 0
+		sleep 0.05
+	done
+	fail "broker $1 did not start"
+}
+stats() { # node -> JSON
+	KVB_SOCKET="$T/$1.sock" "$KVBCTL" stats --json
+}
+json_get() { # json key -> number (first match)
+	python3 -c 'import json,sys; d=json.loads(sys.argv[1]); k=sys.argv[2].split(".")
+for p in k: d=d[p]
+print(d)' "$1" "$2"
+}
+
+# run_pair MODE P_TP D_TP [extra worker args...]: P workers on A, D on B
+run_pair() {
+	local mode=$1 ptp=$2 dtp=$3
+	shift 3
+	local wp=() rc=0
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	for ((r = 0; r < ptp; r++)); do
+		ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+			--peer 192.0.2.2:6301 --mode "$mode" --tp $r --tp-size "$ptp" \
+			--peer-tp-size "$dtp" --barrier "$T/bar" "$@" \
+			>>"$T/worker-P$r.log" 2>&1 &
+		wp+=($!)
+	done
+	for ((r = 0; r < dtp; r++)); do
+		ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+			--peer 192.0.2.1:6301 --mode "$mode" --tp $r --tp-size "$dtp" \
+			--peer-tp-size "$ptp" --barrier "$T/bar" "$@" \
+			>>"$T/worker-D$r.log" 2>&1 &
+		wp+=($!)
+	done
+	for p in "${wp[@]}"; do wait "$p" || rc=1; done
+	cat "$T"/worker-*.log | grep '^xnode_worker' | sort | tail -n 16
+	return $rc
+}
+
+start_broker a "$NA" 192.0.2.1
+start_broker b "$NB" 192.0.2.2
+
+case "$CASE" in
+write) run_pair write 2 2 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP2" ;;
+write_hetero) run_pair write 2 4 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP4" ;;
+read) run_pair read 2 2 --layers 32 --xfers 8 --conc 4 || fail "READ TP2<-TP2" ;;
+read_hetero) run_pair read 2 4 --layers 32 --xfers 8 --conc 4 || fail "READ TP4<-TP2" ;;
+peer_killed)
+	# D's broker dies while P's transfers wait on it: they must fail within
+	# the transfer timeout, A keeps serving, and takes B back after restart.
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 --tp 0 --tp-size 1 --peer-tp-size 1 \
+		--barrier "$T/bar" --layers 20 --xfers 2 --conc 2 --prefix dead \
+		--layer-delay-ms 100 --expect-fail --timeout $((TTO * 3)) >>"$T/worker-P-dead.log" 2>&1 &
+	wpp=$!
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --tp 0 --tp-size 1 --peer-tp-size 1 \
+		--barrier "$T/bar" --layers 20 --xfers 2 --conc 2 --prefix dead \
+		>>"$T/worker-D-dead.log" 2>&1 &
+	PIDS+=($!)
+	# P submits a layer every 100 ms; B dies after a few of them
+	sleep 1.5
+	kill -9 "$BPID_b"
+	t0=$(date +%s)
+	wait "$wpp" || fail "P's transfers did not all fail after the peer died"
+	t1=$(date +%s)
+	[ $((t1 - t0)) -le $((TTO + 5)) ] || fail "P's transfers took $((t1 - t0)) s to fail (timeout $TTO s)"
+	rm -f "$T/b.sock"
+	start_broker b "$NB" 192.0.2.2
+	run_pair write 1 1 --layers 8 --xfers 4 --conc 2 --prefix after || fail "no transfer after the peer restarted"
+	s=$(stats a)
+	echo "A: transfers_failed $(json_get "$s" transfers_failed)"
+	[ "$(json_get "$s" transfers_failed)" -ge 2 ] || fail "failures not counted"
+	;;
+bad_input)
+	PY=${KVB_PYTHON:-/usr/bin/python3}
+	[ -x "$PY" ] || skip "no $PY"
+	"$PY" -c "import zmq, msgpack" 2>/dev/null || skip "python3-zmq / python3-msgpack missing"
+	# a good run first, so both sides know each other
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix warm || fail "warm-up transfer"
+	# a D worker and a P worker stay attached while the peer script sends
+	# bad input; P's hold-0 is aborted by a release, hold-1 never gets
+	# remote_blocks and must expire after the defer timeout
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --hold-s $((TTO + 4)) --xfers 0 \
+		>>"$T/worker-D-hold.log" 2>&1 &
+	wd=$!
+	sleep 1
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 --xfers 2 --conc 2 --prefix hold \
+		--layers 4 --expect-fail --timeout $((TTO * 2)) \
+		>>"$T/worker-P-hold.log" 2>&1 &
+	wp=$!
+	sleep 1
+	ip netns exec "$NB" "$PY" "$SRC/bad_input.py" "$KVBCTL" "$T/a.sock" \
+		"$T/b.sock" 192.0.2.1 61005 192.0.2.2 61005 \
+		>"$T/bad_input.log" 2>&1 || fail "bad_input.py: $(cat "$T/bad_input.log")"
+	wait "$wp" || fail "P hold worker: its transfers did not both fail"
+	wait "$wd"
+	s=$(stats a)
+	[ "$(json_get "$s" remote.defer_expired)" -ge 1 ] || fail "no defer expiry counted"
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after || fail "good transfer after bad input"
+	cat "$T/bad_input.log"
+	;;
+*) echo "unknown case $CASE"; exit 2 ;;
+esac
+
+for n in a b; do
+	s=$(stats $n) || fail "kvbctl stats $n"
+	echo "broker $n: done $(json_get "$s" transfers_done) failed $(json_get "$s" transfers_failed) rejected $(json_get "$s" messages_rejected)"
+done
+kill -TERM "$BPID_a" "$BPID_b" 2>/dev/null
+wait "$BPID_a" || fail "broker a exit status"
+echo "PASS: $CASE"

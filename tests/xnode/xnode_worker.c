@@ -1,0 +1,480 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One P or D worker of the cross-node tests (tests/xnode/netns-test.sh).
+ *
+ * Every worker allocates `layers` KV regions ([2, blocks, 16, heads, 64],
+ * bf16-sized elements), declares them with kvb_mem_set_kv(), waits at a
+ * file barrier until every worker of the run is attached, connects to the
+ * other node's broker, and runs `xfers` transfers (`conc` at a time) named
+ * "<prefix>-<i>". Block lists are a function of i, so both sides agree on
+ * them without talking. P fills its blocks with a pattern of (its TP rank,
+ * layer, block, K/V, byte); D checks every byte of every block it received
+ * against the P rank that feeds it, and that blocks outside the list stayed
+ * zero. Exit 0 = all transfers ended as expected and the bytes are right.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvbroker/kvbroker.h"
+
+#define BLOCK_SIZE 16u
+#define HEAD_DIM   64u
+#define ELEM	   2u
+
+static struct {
+	const char *socket, *peer_host, *barrier, *prefix;
+	int role, mode, dp, tp, tp_size, peer_tp_size, peer_dp;
+	unsigned layers, nblocks, per_xfer, xfers, conc, heads;
+	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
+} o = {.role = KVB_ROLE_P,
+       .tp_size = 1,
+       .peer_tp_size = 1,
+       .layers = 32,
+       .nblocks = 256,
+       .per_xfer = 24,
+       .xfers = 8,
+       .conc = 4,
+       .heads = 1,
+       .prefix = "tx",
+       .timeout_s = 60};
+
+static uint64_t block_len(void)
+{
+	return (uint64_t) BLOCK_SIZE * o.heads * HEAD_DIM * ELEM;
+}
+
+static uint8_t pattern(unsigned src_tp, unsigned layer, uint32_t block,
+		       unsigned kv, uint64_t off)
+{
+	uint64_t h = (uint64_t) src_tp * 1000003u + layer * 7919u +
+		     (uint64_t) block * 104729u + kv * 31u + off * 13u;
+
+	return (uint8_t) (h ^ (h >> 11) ^ 0x5a);
+}
+
+/* P's and D's block ids of transfer i: distinct, shuffled, runs of 2-3. */
+static void blocks_of(unsigned i, int side_d, uint32_t *out)
+{
+	unsigned n = o.per_xfer, base = (i * n * (side_d ? 3 : 5)) % o.nblocks;
+
+	for (unsigned j = 0; j < n; j++) {
+		unsigned k = side_d ? (j % 3 == 2 ? j + 7 : j) : j;
+
+		out[j] = (base + k) % o.nblocks;
+	}
+	/* make the list unique when the +7 jump collides */
+	for (unsigned j = 0; j < n; j++)
+		for (unsigned k = 0; k < j; k++)
+			if (out[k] == out[j]) {
+				out[j] = (out[j] + 1) % o.nblocks;
+				k = (unsigned) -1;
+			}
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int barrier(void)
+{
+	char path[512];
+	FILE *f;
+	int64_t end = now_ms() + 30000;
+	unsigned want;
+
+	if (!o.barrier)
+		return 0;
+	snprintf(path, sizeof(path), "%s/%c-%d-%d", o.barrier,
+		 o.role == KVB_ROLE_P ? 'P' : 'D', o.dp, o.tp);
+	f = fopen(path, "w");
+	if (!f)
+		return -errno;
+	fclose(f);
+	want = (unsigned) (o.tp_size + o.peer_tp_size);
+	while (now_ms() < end) {
+		unsigned n = 0;
+		char p2[512];
+
+		for (int r = 0; r < 2; r++)
+			for (int t = 0; t < (r ? o.peer_tp_size : o.tp_size);
+			     t++) {
+				int me_p = o.role == KVB_ROLE_P;
+				char c = (r == 0) == me_p ? 'P' : 'D';
+				int dp = r == 0 ? o.dp : o.peer_dp;
+
+				snprintf(p2, sizeof(p2), "%s/%c-%d-%d",
+					 o.barrier, c, dp, t);
+				n += access(p2, F_OK) == 0;
+			}
+		if (n >= want)
+			return 0;
+		usleep(20000);
+	}
+	fprintf(stderr, "xnode_worker: barrier timed out\n");
+	return -ETIMEDOUT;
+}
+
+/* The P rank whose data D rank `d` receives. */
+static unsigned source_of(unsigned d)
+{
+	unsigned L = (unsigned) o.tp_size, R = (unsigned) o.peer_tp_size;
+
+	if (L == R)
+		return d;
+	return R > L ? d * (R / L) : d / (L / R);
+}
+
+static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
+		       const uint32_t *db, const uint32_t *pb)
+{
+	uint64_t bl = block_len();
+	const uint8_t *base = r->addr;
+	unsigned src = source_of((unsigned) o.tp);
+
+	for (unsigned j = 0; j < o.per_xfer; j++)
+		for (unsigned kv = 0; kv < 2; kv++) {
+			const uint8_t *p =
+				base + (kv * (uint64_t) o.nblocks + db[j]) * bl;
+
+			for (uint64_t b = 0; b < bl; b++)
+				if (p[b] != pattern(src, layer, pb[j], kv, b)) {
+					fprintf(stderr,
+						"xnode_worker D tp %d: transfer "
+						"%u layer %u block %u (P %u) "
+						"%c byte %llu: %#x, expected "
+						"%#x\n",
+						o.tp, i, layer, db[j], pb[j],
+						kv ? 'V' : 'K',
+						(unsigned long long) b, p[b],
+						pattern(src, layer, pb[j], kv,
+							b));
+					return -1;
+				}
+		}
+	return 0;
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: xnode_worker --role P|D --socket PATH --peer HOST:PORT "
+		"[--mode write|read] [--dp N] [--tp N] [--tp-size N] "
+		"[--peer-tp-size N] [--peer-dp N] [--layers N] [--blocks N] "
+		"[--per-xfer N] [--xfers N] [--conc N] [--prefix S] "
+		"[--barrier DIR] [--expect-fail] [--timeout S] "
+		"[--layer-delay-ms N]\n");
+}
+
+static int parse(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{"role", 1, 0, 'r'},	  {"socket", 1, 0, 's'},
+		{"peer", 1, 0, 'p'},	  {"mode", 1, 0, 'm'},
+		{"dp", 1, 0, 'd'},	  {"tp", 1, 0, 't'},
+		{"tp-size", 1, 0, 'T'},	  {"peer-tp-size", 1, 0, 'R'},
+		{"peer-dp", 1, 0, 'D'},	  {"layers", 1, 0, 'l'},
+		{"blocks", 1, 0, 'b'},	  {"per-xfer", 1, 0, 'n'},
+		{"xfers", 1, 0, 'x'},	  {"conc", 1, 0, 'c'},
+		{"prefix", 1, 0, 'P'},	  {"barrier", 1, 0, 'B'},
+		{"expect-fail", 0, 0, 'F'}, {"timeout", 1, 0, 'o'},
+		{"layer-delay-ms", 1, 0, 'L'}, {"hold-s", 1, 0, 'H'},
+		{0, 0, 0, 0}};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'r':
+			o.role = optarg[0] == 'D' ? KVB_ROLE_D : KVB_ROLE_P;
+			break;
+		case 's':
+			o.socket = optarg;
+			break;
+		case 'p': {
+			static char host[64];
+			char *colon = strrchr(optarg, ':');
+
+			if (!colon || colon - optarg >= 64)
+				return -1;
+			memcpy(host, optarg, (size_t) (colon - optarg));
+			o.peer_host = host;
+			o.peer_port = atoi(colon + 1);
+			break;
+		}
+		case 'm':
+			o.mode = !strcmp(optarg, "read") ? KVB_XFER_READ
+							 : KVB_XFER_WRITE;
+			break;
+		case 'd':
+			o.dp = atoi(optarg);
+			break;
+		case 't':
+			o.tp = atoi(optarg);
+			break;
+		case 'T':
+			o.tp_size = atoi(optarg);
+			break;
+		case 'R':
+			o.peer_tp_size = atoi(optarg);
+			break;
+		case 'D':
+			o.peer_dp = atoi(optarg);
+			break;
+		case 'l':
+			o.layers = (unsigned) atoi(optarg);
+			break;
+		case 'b':
+			o.nblocks = (unsigned) atoi(optarg);
+			break;
+		case 'n':
+			o.per_xfer = (unsigned) atoi(optarg);
+			break;
+		case 'x':
+			o.xfers = (unsigned) atoi(optarg);
+			break;
+		case 'c':
+			o.conc = (unsigned) atoi(optarg);
+			break;
+		case 'P':
+			o.prefix = optarg;
+			break;
+		case 'B':
+			o.barrier = optarg;
+			break;
+		case 'F':
+			o.expect_fail = 1;
+			break;
+		case 'o':
+			o.timeout_s = atoi(optarg);
+			break;
+		case 'L':
+			o.layer_delay_ms = atoi(optarg);
+			break;
+		case 'H':
+			o.hold_s = atoi(optarg);
+			break;
+		default:
+			return -1;
+		}
+	}
+	if (!o.socket || !o.peer_host || o.layers == 0 || o.conc == 0 ||
+	    o.per_xfer == 0 || o.per_xfer * 3 > o.nblocks ||
+	    o.per_xfer > 4096)
+		return -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct kvb_attach_opts ao = {0};
+	struct kvb_ctx *ctx;
+	struct kvb_region *reg;
+	struct kvb_kv_geometry g;
+	uint32_t peer = 0, *handles;
+	uint32_t pb[4096], db[4096];
+	unsigned started = 0, ended = 0, bad = 0, ok = 0;
+	int64_t deadline;
+	int rc, is_p;
+
+	if (parse(argc, argv)) {
+		usage();
+		return 2;
+	}
+	is_p = o.role == KVB_ROLE_P;
+	ao.socket_path = o.socket;
+	ao.role = (enum kvb_role) o.role;
+	ao.dp_rank = (uint32_t) o.dp;
+	ao.tp_rank = (uint32_t) o.tp;
+	ao.tp_size = (uint32_t) o.tp_size;
+	ao.timeout_ms = 10000;
+	rc = kvb_attach(&ao, &ctx);
+	if (rc) {
+		fprintf(stderr, "xnode_worker: attach: %s\n", kvb_strerror(rc));
+		return 1;
+	}
+	g = (struct kvb_kv_geometry){KVB_KV_KV_FIRST, o.nblocks, BLOCK_SIZE,
+				     o.heads, HEAD_DIM, ELEM};
+	reg = calloc(o.layers, sizeof(*reg));
+	handles = calloc(o.xfers, sizeof(*handles));
+	for (unsigned l = 0; l < o.layers; l++) {
+		uint64_t size = 2 * (uint64_t) o.nblocks * block_len();
+
+		rc = kvb_mem_alloc(ctx, size,
+				   KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ,
+				   l, &reg[l]);
+		if (!rc)
+			rc = kvb_mem_set_kv(ctx, reg[l].id, l, &g);
+		if (rc) {
+			fprintf(stderr, "xnode_worker: region %u: %s\n", l,
+				kvb_strerror(rc));
+			return 1;
+		}
+		if (is_p) { /* every block carries its pattern */
+			uint8_t *p = reg[l].addr;
+
+			for (uint32_t blk = 0; blk < o.nblocks; blk++)
+				for (unsigned kv = 0; kv < 2; kv++)
+					for (uint64_t b = 0; b < block_len();
+					     b++)
+						p[(kv * (uint64_t) o.nblocks +
+						   blk) * block_len() +
+						  b] = pattern((unsigned) o.tp,
+							       l, blk, kv, b);
+		}
+	}
+	if (barrier())
+		return 1;
+	/* the peer may still be registering: retry for a few seconds */
+	deadline = now_ms() + 15000;
+	do {
+		rc = kvb_peer_connect(ctx, o.peer_host, (uint16_t) o.peer_port,
+				      &peer);
+		if (rc)
+			usleep(200000);
+	} while (rc && now_ms() < deadline);
+	if (rc) {
+		fprintf(stderr, "xnode_worker: peer %s:%d: %s\n", o.peer_host,
+			o.peer_port, kvb_strerror(rc));
+		return 1;
+	}
+	if (o.hold_s) /* just be there (registered) for a while */
+		sleep((unsigned) o.hold_s);
+	deadline = now_ms() + (int64_t) o.timeout_s * 1000;
+	while (ended < o.xfers && now_ms() < deadline) {
+		struct kvb_completion c[64];
+		int n;
+
+		while (started < o.xfers && started - ended < o.conc) {
+			unsigned i = started;
+			char id[128];
+			struct kvb_remote_xfer rx = {.peer = peer,
+						     .mode = (uint32_t) o.mode,
+						     .remote_dp_rank =
+							     (uint32_t) o.peer_dp};
+			uint32_t expect;
+			int64_t retry_end = now_ms() + 10000;
+
+			blocks_of(i, 0, pb);
+			blocks_of(i, 1, db);
+			snprintf(id, sizeof(id), "%s-%u", o.prefix, i);
+			rx.blocks = is_p ? pb : db;
+			rx.nblocks = o.per_xfer;
+			if (!is_p && o.mode == KVB_XFER_READ) {
+				rx.remote_blocks = pb;
+				rx.nremote = o.per_xfer;
+			}
+			do { /* D: the P side may not be known yet */
+				rc = kvb_transfer_open_remote(ctx, id, &rx,
+							      &handles[i]);
+				if (rc == -EHOSTUNREACH) {
+					usleep(100000);
+					kvb_peer_connect(ctx, o.peer_host,
+							 (uint16_t) o.peer_port,
+							 &peer);
+				}
+			} while (rc == -EHOSTUNREACH && now_ms() < retry_end);
+			if (rc) {
+				fprintf(stderr, "xnode_worker: open %s: %s\n",
+					id, kvb_strerror(rc));
+				return 1;
+			}
+			if ((is_p && o.mode == KVB_XFER_WRITE) ||
+			    (!is_p && o.mode == KVB_XFER_READ)) {
+				for (unsigned l = 0; l < o.layers; l++) {
+					if (o.layer_delay_ms)
+						usleep((useconds_t)
+							       o.layer_delay_ms *
+						       1000);
+					while ((rc = kvb_submit_layer(
+							ctx, handles[i],
+							(uint16_t) l, l,
+							KVB_DESC_UNSIGNALED)) ==
+					       -EAGAIN)
+						usleep(100);
+				}
+				expect = o.layers;
+			} else if (is_p) {
+				expect = 0; /* READ: D's release ends it */
+			} else {
+				expect = 1; /* one write_done */
+			}
+			rc = kvb_transfer_seal(ctx, handles[i], expect,
+					       1000000 + i);
+			if (rc) {
+				fprintf(stderr, "xnode_worker: seal: %s\n",
+					kvb_strerror(rc));
+				return 1;
+			}
+			started++;
+		}
+		n = kvb_wait(ctx, c, 64, 200);
+		if (n == -ETIMEDOUT)
+			continue;
+		if (n < 0) {
+			fprintf(stderr, "xnode_worker: wait: %s\n",
+				kvb_strerror(n));
+			return 1;
+		}
+		for (int k = 0; k < n; k++) {
+			unsigned i;
+
+			if (c[k].kind == KVB_COMP_DESC) {
+				if (c[k].status && !o.expect_fail)
+					fprintf(stderr,
+						"xnode_worker: layer %llu "
+						"failed: %s\n",
+						(unsigned long long) c[k].tag,
+						kvb_strerror(c[k].status));
+				continue;
+			}
+			if (c[k].kind != KVB_COMP_TRANSFER)
+				continue;
+			i = (unsigned) (c[k].tag - 1000000);
+			ended++;
+			if (c[k].status) {
+				bad++;
+				if (!o.expect_fail)
+					fprintf(stderr,
+						"xnode_worker %c tp %d: "
+						"transfer %u: %s\n",
+						is_p ? 'P' : 'D', o.tp, i,
+						kvb_strerror(c[k].status));
+				continue;
+			}
+			if (!is_p) {
+				int good = 1;
+
+				blocks_of(i, 0, pb);
+				blocks_of(i, 1, db);
+				for (unsigned l = 0; l < o.layers && good; l++)
+					good = !check_layer(&reg[l], l, i, db,
+							    pb);
+				if (!good) {
+					bad++;
+					continue;
+				}
+			}
+			ok++;
+		}
+	}
+	printf("xnode_worker %c dp %d tp %d/%d: %u transfers, %u ok, %u "
+	       "failed, %u unfinished\n",
+	       is_p ? 'P' : 'D', o.dp, o.tp, o.tp_size, o.xfers, ok, bad,
+	       o.xfers - ended);
+	kvb_detach(ctx);
+	free(reg);
+	free(handles);
+	if (ended < o.xfers)
+		return 1;
+	if (o.expect_fail)
+		return bad == o.xfers ? 0 : 1;
+	return bad ? 1 : 0;
+}
