@@ -1,0 +1,593 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Endpoints: the requesting side. An endpoint owns one outgoing connection,
+ * dialed lazily by post() and again by the first post() after it broke.
+ * Each accepted op takes a slot (the credit) until the peer's ACK (WRITE) or
+ * READ_RESP (READ) comes back, or the connection fails; then it completes.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "tcp/tcp_priv.h"
+
+int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
+		    socklen_t salen, struct kvb_ep **out)
+{
+	struct kvb_ep *ep;
+	uint32_t i;
+
+	ep = calloc(1, sizeof(*ep));
+	if (!ep)
+		return -ENOMEM;
+	ep->slots = calloc(tt->depth, sizeof(*ep->slots));
+	if (!ep->slots)
+		goto err_ep;
+	if (_kvb_tcp_rx_init(&ep->rx))
+		goto err_slots;
+	ep->tag.kind = TCP_K_EP;
+	ep->tt = tt;
+	ep->sa = *sa;
+	ep->salen = salen;
+	ep->fd = -1;
+	ep->state = EP_IDLE;
+	ep->depth = tt->depth;
+	for (i = 0; i < ep->depth; i++) {
+		ep->slots[i].seq = i;
+		ep->slots[i].next_free = i + 1;
+	}
+	ep->next = tt->eps;
+	if (ep->next)
+		ep->next->prev = ep;
+	tt->eps = ep;
+	tt->st.eps_open++;
+	*out = ep;
+	return 0;
+
+err_slots:
+	free(ep->slots);
+err_ep:
+	free(ep);
+	return -ENOMEM;
+}
+
+static void ep_close_fd(struct kvb_ep *ep)
+{
+	if (ep->fd >= 0)
+		close(ep->fd);
+	ep->fd = -1;
+	ep->events = 0;
+	ep->state = EP_IDLE;
+	_kvb_tcp_txq_clear(&ep->tx);
+	_kvb_tcp_rx_reset(&ep->rx);
+}
+
+static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
+{
+	struct tcp_transport *tt = ep->tt;
+	struct tcp_slot *s = &ep->slots[idx];
+	int st = s->err ? s->err : status;
+
+	_kvb_tcp_cq_push(tt, s->cookie, st);
+	if (st)
+		tt->base.stats.errors++;
+	s->used = 0;
+	s->answered = 0;
+	s->err = 0;
+	s->local = NULL;
+	s->dst = NULL;
+	s->next_free = ep->free_head;
+	ep->free_head = idx;
+	ep->used--;
+	tt->inflight--;
+}
+
+/* Complete every op in flight with err and drop the connection. */
+static void ep_fail(struct kvb_ep *ep, int err, int dialing)
+{
+	uint32_t i;
+
+	ep_close_fd(ep);
+	for (i = 0; i < ep->depth && ep->used; i++)
+		if (ep->slots[i].used)
+			ep_complete(ep, i, err);
+	ep->last_err = err;
+	/* a dial that failed is not retried for a while: fail fast instead */
+	if (dialing)
+		ep->backoff_until = tcp_now() + TCP_BACKOFF_NS;
+	ep->tt->st.conn_failed++;
+}
+
+void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete)
+{
+	struct tcp_transport *tt = ep->tt;
+	uint32_t i;
+
+	ep_close_fd(ep);
+	for (i = 0; complete && i < ep->depth && ep->used; i++)
+		if (ep->slots[i].used)
+			ep_complete(ep, i, -ECONNABORTED);
+	tt->inflight -= ep->used;
+	_kvb_tcp_rx_free(&ep->rx);
+	free(ep->slots);
+	if (ep->prev)
+		ep->prev->next = ep->next;
+	else
+		tt->eps = ep->next;
+	if (ep->next)
+		ep->next->prev = ep->prev;
+	tt->st.eps_open--;
+	free(ep);
+}
+
+static int ep_update(struct kvb_ep *ep)
+{
+	uint32_t want;
+
+	if (ep->state == EP_CONNECTING)
+		want = EPOLLOUT;
+	else
+		want = EPOLLIN | (ep->tx.n ? EPOLLOUT : 0);
+	return _kvb_tcp_epoll_set(ep->tt, ep->fd, &ep->tag, &ep->events, want);
+}
+
+static int ep_dial(struct kvb_ep *ep)
+{
+	struct tcp_transport *tt = ep->tt;
+	int fd, rc;
+
+	fd = socket(ep->sa.ss_family,
+		    SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	_kvb_tcp_sock_tune(tt, fd);
+	if (ep->dialed)
+		tt->st.reconnects++;
+	ep->dialed = 1;
+	ep->fd = fd;
+	ep->events = 0;
+	ep->last_progress = tcp_now();
+	if (!connect(fd, (struct sockaddr *) &ep->sa, ep->salen)) {
+		ep->state = EP_CONNECTED;
+	} else if (errno == EINPROGRESS) {
+		ep->state = EP_CONNECTING;
+		ep->deadline = ep->last_progress + tt->timeout_ns;
+		_kvb_tcp_timer_want(tt, ep->deadline);
+	} else {
+		rc = -errno;
+		ep_close_fd(ep);
+		return rc;
+	}
+	rc = ep_update(ep);
+	if (rc)
+		ep_close_fd(ep);
+	return rc;
+}
+
+/* Send what is queued, within the per-poll budget; every call a doorbell. */
+static int ep_flush(struct kvb_ep *ep)
+{
+	struct tcp_transport *tt = ep->tt;
+	uint64_t sent = 0;
+
+	while (ep->tx.n && sent < TCP_TX_BUDGET) {
+		int64_t rc = _kvb_tcp_txq_send(tt, &ep->tx, ep->fd);
+
+		tt->base.stats.doorbells++;
+		if (rc == -EAGAIN)
+			break;
+		if (rc < 0)
+			return (int) rc;
+		if (rc)
+			ep->last_progress = tcp_now();
+		sent += (uint64_t) rc;
+	}
+	return 0;
+}
+
+/* 0 if op can go on the wire, else the status it completes with. */
+static int op_check(struct tcp_transport *tt, const struct kvb_xop *op)
+{
+	if (op->opcode != KVB_XOP_WRITE && op->opcode != KVB_XOP_READ)
+		return -EINVAL;
+	if (!op->local)
+		return -EINVAL;
+	if (op->len > KVB_TCP_MAX_OP)
+		return -EMSGSIZE;
+	if (op->local_off > op->local->len ||
+	    op->len > op->local->len - op->local_off)
+		return -EFAULT;
+	if (_kvb_tcp_mr_find(tt, op->local->id) != op->local)
+		return -ENOENT;
+	return 0;
+}
+
+/* Ops [i, n) that go in the frame starting at op i: records and segs. */
+static void run_size(struct tcp_transport *tt, const struct kvb_xop *ops,
+		     unsigned i, unsigned n, unsigned *nrec, unsigned *nseg)
+{
+	uint32_t code = ops[i].opcode;
+
+	*nrec = 0;
+	*nseg = 0;
+	for (; i < n && *nrec < KVB_TCP_MAX_RECS; i++) {
+		if (op_check(tt, &ops[i]))
+			continue;
+		if (ops[i].opcode != code)
+			break;
+		(*nrec)++;
+		if (code == KVB_XOP_WRITE && ops[i].len)
+			(*nseg)++;
+	}
+}
+
+static void frames_free(struct tcp_frame *f)
+{
+	while (f) {
+		struct tcp_frame *next = f->next;
+
+		free(f);
+		f = next;
+	}
+}
+
+/* Ops [0, take) into frames; ops failing op_check complete at once. */
+static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
+		    uint64_t *bytes, unsigned *good)
+{
+	struct tcp_transport *tt = ep->tt;
+	struct tcp_frame *first = NULL, **link = &first, *f;
+	struct kvb_tcp_hdr h;
+	unsigned i, nrec, nseg, rec = 0, seg = 0, left = 0;
+	uint32_t code = 0;
+
+	/* allocate every frame first: nothing is committed on -ENOMEM */
+	for (i = 0; i < take; i++) {
+		if (op_check(tt, &ops[i]))
+			continue;
+		if (left && ops[i].opcode == code) {
+			left--;
+			continue;
+		}
+		run_size(tt, ops, i, take, &nrec, &nseg);
+		f = _kvb_tcp_frame_new(
+			nseg, KVB_TCP_HDR_LEN + nrec * KVB_TCP_REC_LEN, 0);
+		if (!f) {
+			frames_free(first);
+			return -ENOMEM;
+		}
+		*link = f;
+		link = &f->next;
+		code = ops[i].opcode;
+		left = nrec - 1;
+	}
+
+	memset(&h, 0, sizeof(h));
+	f = NULL;
+	for (i = 0; i < take; i++) {
+		const struct kvb_xop *op = &ops[i];
+		struct kvb_tcp_rec r;
+		struct tcp_slot *s;
+		uint32_t idx;
+		int err = op_check(tt, op);
+
+		if (err) {
+			_kvb_tcp_cq_push(tt, op->cookie, err);
+			tt->base.stats.errors++;
+			continue;
+		}
+		if (!f) {
+			f = first;
+			first = f->next;
+			memset(&h, 0, sizeof(h));
+			h.type = op->opcode == KVB_XOP_WRITE
+					 ? KVB_TCP_F_WRITE
+					 : KVB_TCP_F_READ_REQ;
+			rec = 0;
+			seg = 0;
+		}
+		idx = ep->free_head;
+		s = &ep->slots[idx];
+		ep->free_head = s->next_free;
+		s->seq = (((s->seq >> 32) + 1) << 32) | idx;
+		s->cookie = op->cookie;
+		s->local = op->local;
+		s->len = op->len;
+		s->opcode = op->opcode;
+		s->err = 0;
+		s->used = 1;
+		s->answered = 0;
+		s->dst = op->opcode == KVB_XOP_READ
+				 ? (char *) op->local->addr + op->local_off
+				 : NULL;
+		memset(&r, 0, sizeof(r));
+		r.seq = s->seq;
+		r.region = op->remote.region;
+		r.off = op->remote_off;
+		r.len = op->len;
+		kvb_tcp_rec_encode(&r, f->meta + KVB_TCP_HDR_LEN +
+					       rec * KVB_TCP_REC_LEN);
+		rec++;
+		if (op->opcode == KVB_XOP_WRITE && op->len) {
+			f->seg[seg].base =
+				(const char *) op->local->addr + op->local_off;
+			f->seg[seg].len = op->len;
+			f->seg[seg].mr = op->local;
+			f->seg[seg++].ref = idx;
+			h.payload += op->len;
+		}
+		if (!ep->used)
+			ep->last_progress = tcp_now();
+		ep->used++;
+		tt->inflight++;
+		(*good)++;
+		*bytes += op->len;
+		if (rec * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN == f->meta_len) {
+			h.count = (uint16_t) rec;
+			kvb_tcp_hdr_encode(&h, f->meta);
+			_kvb_tcp_txq_push(&ep->tx, f);
+			tt->st.frames_tx++;
+			f = NULL;
+		}
+	}
+	return 0;
+}
+
+int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
+		  const struct kvb_xop *ops, unsigned n)
+{
+	struct tcp_transport *tt = to_tcp(t);
+	unsigned take, limit, iovs = 0, run = 0, good = 0, i;
+	uint32_t prev = 0;
+	uint64_t bytes = 0;
+	int rc;
+
+	if (!ep || (!ops && n))
+		return -EINVAL;
+	if (!n)
+		return 0;
+	limit = ep->depth - ep->used;
+	if (!limit) {
+		t->stats.credit_stalls++;
+		return 0;
+	}
+	if (limit > n)
+		limit = n;
+	/* the chain must fit one sendmsg: one iovec per frame and payload */
+	for (take = 0; take < limit; take++) {
+		const struct kvb_xop *op = &ops[take];
+		unsigned need = 0, fresh;
+
+		if (op_check(tt, op))
+			continue;
+		fresh = op->opcode != prev || run == KVB_TCP_MAX_RECS;
+		need = fresh + (op->opcode == KVB_XOP_WRITE && op->len);
+		if (iovs + need > TCP_IOV_MAX)
+			break;
+		iovs += need;
+		if (fresh) {
+			prev = op->opcode;
+			run = 0;
+		}
+		run++;
+	}
+	rc = _kvb_tcp_cq_reserve(tt, take);
+	if (rc)
+		return rc;
+
+	if (ep->state == EP_IDLE && tcp_now() < ep->backoff_until) {
+		for (i = 0; i < take; i++) {
+			int err = op_check(tt, &ops[i]);
+
+			_kvb_tcp_cq_push(tt, ops[i].cookie,
+					 err ? err : ep->last_err);
+			t->stats.errors++;
+		}
+		_kvb_tcp_timer_want(tt, 1);
+		return (int) take;
+	}
+
+	rc = ep_queue(ep, ops, take, &bytes, &good);
+	if (rc)
+		return rc;
+	if (!good) {
+		_kvb_tcp_timer_want(tt, 1);
+		return (int) take;
+	}
+	if (ep->state == EP_IDLE) {
+		rc = ep_dial(ep);
+		if (rc)
+			ep_fail(ep, rc, 1);
+	}
+	if (ep->state != EP_CONNECTED) {
+		/* queued until the dial completes: no doorbell yet */
+		t->stats.wrs += good;
+		t->stats.bytes += bytes;
+		t->stats.wr_hist[kvb_wr_hist_bucket(good)]++;
+	} else {
+		int64_t sent = _kvb_tcp_txq_send(tt, &ep->tx, ep->fd);
+
+		kvb_stats_doorbell(&t->stats, good, bytes);
+		if (sent > 0)
+			ep->last_progress = tcp_now();
+		if (sent < 0 && sent != -EAGAIN)
+			ep_fail(ep, (int) sent, 0);
+		else if (ep_update(ep))
+			ep_fail(ep, -ENOMEM, 0);
+	}
+	if (tt->cq_len)
+		_kvb_tcp_timer_want(tt, 1);
+	return (int) take;
+}
+
+static int ep_on_recs(struct kvb_ep *ep)
+{
+	struct tcp_rx *rx = &ep->rx;
+	uint32_t code =
+		rx->h.type == KVB_TCP_F_ACK ? KVB_XOP_WRITE : KVB_XOP_READ;
+	uint64_t total = 0;
+	unsigned i;
+
+	for (i = 0; i < rx->h.count; i++) {
+		struct tcp_item *it = &rx->items[i];
+		struct kvb_tcp_rec *r = &it->rec;
+		uint32_t idx;
+		struct tcp_slot *s;
+
+		kvb_tcp_rec_decode(r, rx->rbuf + i * KVB_TCP_REC_LEN);
+		idx = (uint32_t) r->seq;
+		if (r->region || r->off || r->status > 0 || idx >= ep->depth)
+			return -EPROTO;
+		s = &ep->slots[idx];
+		if (!s->used || s->seq != r->seq || s->answered ||
+		    s->opcode != code)
+			return -EPROTO;
+		if (code == KVB_XOP_WRITE ? r->len != 0
+					  : r->len != (r->status ? 0 : s->len))
+			return -EPROTO;
+		s->answered = 1;
+		total += r->len;
+		it->slot = idx;
+		it->got = 0;
+		it->dst = s->dst;
+		it->mr = s->dst ? s->local : NULL;
+	}
+	if (total != rx->h.payload)
+		return -EPROTO;
+	if (code == KVB_XOP_READ) {
+		_kvb_tcp_rx_begin_pay(rx, rx->h.count, 1);
+		return 0;
+	}
+	for (i = 0; i < rx->h.count; i++)
+		ep_complete(ep, rx->items[i].slot, rx->items[i].rec.status);
+	_kvb_tcp_rx_begin_pay(rx, 0, 0);
+	return 0;
+}
+
+static int ep_on(void *owner, enum tcp_rx_ev ev, unsigned idx)
+{
+	struct kvb_ep *ep = owner;
+	struct tcp_rx *rx = &ep->rx;
+	unsigned i;
+
+	switch (ev) {
+	case EV_HDR:
+		if (kvb_tcp_hdr_decode(&rx->h, rx->hbuf))
+			return -EPROTO;
+		if (rx->h.type != KVB_TCP_F_ACK &&
+		    rx->h.type != KVB_TCP_F_READ_RESP)
+			return -EPROTO;
+		if (rx->h.type == KVB_TCP_F_ACK && rx->h.payload)
+			return -EPROTO;
+		_kvb_tcp_rx_begin_recs(rx);
+		return 0;
+	case EV_RECS:
+		return ep_on_recs(ep);
+	case EV_FRAME:
+		if (rx->h.type != KVB_TCP_F_READ_RESP)
+			return 0;
+		for (i = 0; i < rx->n; i++) {
+			int st = rx->items[i].rec.status;
+
+			if (!st)
+				st = kvb_tcp_status_get(rx->tbuf + 4 * i);
+			ep_complete(ep, rx->items[i].slot,
+				    st > 0 ? -EPROTO : st);
+		}
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+void _kvb_tcp_ep_event(struct kvb_ep *ep, uint32_t events)
+{
+	struct tcp_transport *tt = ep->tt;
+	int rc, err = 0;
+	socklen_t len = sizeof(err);
+
+	if (ep->fd < 0)
+		return;
+	if (ep->state == EP_CONNECTING) {
+		if (getsockopt(ep->fd, SOL_SOCKET, SO_ERROR, &err, &len))
+			err = errno;
+		if (err) {
+			ep_fail(ep, -err, 1);
+			return;
+		}
+		ep->state = EP_CONNECTED;
+		ep->last_progress = tcp_now();
+		events |= EPOLLOUT;
+	}
+	if (events & EPOLLOUT) {
+		rc = ep_flush(ep);
+		if (rc) {
+			ep_fail(ep, rc, 0);
+			return;
+		}
+	}
+	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+		rc = _kvb_tcp_rx_pump(tt, &ep->rx, ep->fd, ep_on, ep,
+				      &ep->last_progress);
+		if (rc < 0) {
+			if (rc == -EPROTO)
+				tt->st.rejected++;
+			ep_fail(ep, rc, 0);
+			return;
+		}
+	}
+	if (ep_update(ep))
+		ep_fail(ep, -ENOMEM, 0);
+}
+
+void _kvb_tcp_ep_tick(struct kvb_ep *ep, uint64_t now, uint64_t *next)
+{
+	uint64_t dl;
+
+	if (ep->state == EP_CONNECTING) {
+		dl = ep->deadline;
+		if (now >= dl) {
+			ep_fail(ep, -ETIMEDOUT, 1);
+			return;
+		}
+	} else if (ep->state == EP_CONNECTED && ep->used) {
+		/* ops in flight and not a byte either way: a stalled peer */
+		dl = ep->last_progress + ep->tt->timeout_ns;
+		if (now >= dl) {
+			ep_fail(ep, -ETIMEDOUT, 0);
+			return;
+		}
+	} else {
+		return;
+	}
+	if (dl < *next)
+		*next = dl;
+}
+
+static void ep_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref)
+{
+	struct kvb_ep *ep = owner;
+	struct tcp_slot *s = &ep->slots[ref];
+
+	(void) f;
+	if (s->used && s->opcode == KVB_XOP_WRITE)
+		s->err = -ENOENT;
+}
+
+void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr)
+{
+	uint32_t i;
+
+	_kvb_tcp_rx_drop_mr(&ep->rx, mr);
+	_kvb_tcp_txq_drop_mr(&ep->tx, mr, ep_drop_seg, ep);
+	for (i = 0; i < ep->depth; i++) {
+		struct tcp_slot *s = &ep->slots[i];
+
+		if (!s->used || s->local != mr || s->opcode != KVB_XOP_READ)
+			continue;
+		s->dst = NULL;
+		s->err = -ENOENT;
+	}
+}

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The `tcp` transport: one-sided WRITE and READ between two brokers over
+ * TCP, what the broker uses across nodes without RDMA hardware.
+ *
+ * Each broker opens one transport (a listening socket); a peer's
+ * local_info() blob is enough to connect() (no ep_info round trip). An
+ * endpoint is one outgoing connection: this side sends requests on it (WRITE
+ * with payload, READ requests) and the peer answers with acks and READ
+ * payloads. Connections the peer dials to us are served inside poll(): the
+ * receiver checks every (region, offset, length) against the regions
+ * registered here and their KVB_MEM_REMOTE_WRITE / KVB_MEM_REMOTE_READ
+ * flags before landing a byte. Frame format, rules and counters: docs/tcp.md.
+ *
+ * Single-threaded and non-blocking: every call does bounded work and never
+ * sleeps. The broker sleeps on ops->wait_fd() (an epoll fd) and calls poll()
+ * when it turns readable; not thread-safe, one thread owns a transport.
+ */
+#ifndef KVB_BRIDGE_TCP_TCP_H
+#define KVB_BRIDGE_TCP_TCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+extern const struct kvb_transport_ops kvb_tcp_ops;
+
+/* Size of the local_info() blob (version 1). */
+#define KVB_TCP_BLOB_LEN 40
+
+/* Largest single op (bigger ones complete with -EMSGSIZE). */
+#define KVB_TCP_MAX_OP (1ull << 30)
+
+struct kvb_tcp_stats {
+	uint64_t writev_calls;	/* sendmsg calls, both roles */
+	uint64_t frames_tx;	/* frames queued for sending */
+	uint64_t frames_rx;	/* frames received whole */
+	uint64_t bytes_tx;	/* socket bytes sent */
+	uint64_t bytes_rx;	/* socket bytes received */
+	uint64_t rejected;	/* malformed frames: connection closed */
+	uint64_t refused_ops;	/* remote ops answered with an error status */
+	uint64_t conn_accepted; /* connections accepted */
+	uint64_t conn_failed;	/* endpoint connections lost or not made */
+	uint64_t reconnects;	/* dials of an endpoint after its first */
+	uint64_t conns_open;	/* accepted connections open now */
+	uint64_t eps_open;	/* endpoints now */
+};
+
+/* The port the transport listens on (useful with tcp_port 0), or -EINVAL. */
+int kvb_tcp_port(struct kvb_transport *t);
+
+/*
+ * Copy the transport's counters to *out. Same thread as poll().
+ */
+void kvb_tcp_get_stats(struct kvb_transport *t, struct kvb_tcp_stats *out);
+
+/*
+ * connect() for a peer whose blob names no address (it listens on 0.0.0.0
+ * or ::): dial `host` (a numeric IPv4 or IPv6 address, normally the one the
+ * broker used to reach the peer's control channel) at the blob's port.
+ * Also usable with a blob that has an address: `host` wins. The blob is
+ * checked as by connect(). Returns 0, -EPROTO (bad blob), -EINVAL (host not
+ * a numeric address) or -ENOMEM. Same thread as poll().
+ */
+int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
+			 const char *host, struct kvb_ep **ep);
+
+/*
+ * Build a version-1 blob for a peer known only by address and port (tools,
+ * tests: kvb-tcp-bench --connect). `ip` is numeric; `nonce` may be 0.
+ * *len: capacity in, size out. Returns 0, -ENOSPC (*len = size needed) or
+ * -EINVAL.
+ */
+int kvb_tcp_blob_make(const char *ip, uint16_t port, uint64_t nonce, void *blob,
+		      size_t *len);
+
+#endif /* KVB_BRIDGE_TCP_TCP_H */

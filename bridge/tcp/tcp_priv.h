@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internals of the tcp transport, shared by its files:
+ *   tcp.c    open/close, regions, blobs, poll loop, timer, completions
+ *   dial.c   endpoints: connect, post, responses (the requesting side)
+ *   serve.c  accepted connections: requests, acks, READ payloads
+ *   rx.c     the receive state machine both sides parse frames with
+ *   tx.c     the per-connection send queue (one sendmsg per doorbell)
+ *   wire.c   byte layouts
+ */
+#ifndef KVB_BRIDGE_TCP_PRIV_H
+#define KVB_BRIDGE_TCP_PRIV_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include "tcp/tcp.h"
+#include "tcp/wire.h"
+
+#define TCP_DEPTH_DEFAULT   1024u
+#define TCP_TIMEOUT_DEFAULT 10000 /* ms */
+#define TCP_BACKOFF_NS	    (100ull * 1000000ull)
+#define TCP_RX_BUDGET	    (8u << 20)	/* bytes received per poll() */
+#define TCP_TX_BUDGET	    (16u << 20) /* bytes sent per connection per poll */
+#define TCP_ZBUF	    (64u << 10) /* discard and zero buffers */
+#define TCP_IOV_MAX	    1024u /* iovecs per readv/sendmsg (<= IOV_MAX) */
+#define TCP_TX_FRAMES_MAX   256u  /* served conn: stop reading beyond */
+#define TCP_MAX_CONNS	    4096u
+#define TCP_ACCEPT_BURST    32u
+#define TCP_EVENTS	    64
+#define TCP_BUF_WANT	    (4 << 20)
+#define TCP_EV_REG	    0x80000000u /* epoll_set: fd is in the set */
+
+_Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
+
+enum tcp_kind { TCP_K_LISTEN = 1, TCP_K_TIMER, TCP_K_EP, TCP_K_CONN };
+
+/* What an epoll event's data.ptr points at (first member of its owner). */
+struct tcp_tag {
+	int kind;
+};
+
+/* ---- send queue (tx.c) ---- */
+
+/* A payload piece: memory of a region (base), or zeros (base NULL). */
+struct tcp_seg {
+	const char *base;
+	uint64_t len;
+	struct kvb_mr *mr;
+	uint32_t ref; /* slot (dialer) or record index (server) */
+};
+
+/* One frame: meta (header + records), segs, trailer; sent in that order. */
+struct tcp_frame {
+	struct tcp_frame *next;
+	uint8_t *meta;
+	uint8_t *trailer;
+	uint32_t meta_len, trailer_len;
+	unsigned nseg;
+	unsigned part; /* 0 meta, 1..nseg seg[part - 1], nseg + 1 trailer */
+	uint64_t done; /* bytes of `part` already sent */
+	struct tcp_seg seg[];
+};
+
+struct tcp_txq {
+	struct tcp_frame *head, *tail;
+	unsigned n;
+};
+
+/* ---- receive state machine (rx.c) ---- */
+
+enum tcp_rx_state { RX_HDR, RX_RECS, RX_PAY, RX_TRAILER };
+enum tcp_rx_ev { EV_NONE, EV_HDR, EV_RECS, EV_ITEM, EV_FRAME };
+
+struct tcp_item {
+	struct kvb_tcp_rec rec;
+	char *dst;	   /* landing address, NULL = discard */
+	struct kvb_mr *mr; /* region dst points into */
+	uint64_t got;
+	uint32_t slot; /* dialer: slot of the op */
+};
+
+struct tcp_rx {
+	enum tcp_rx_state st;
+	uint8_t hbuf[KVB_TCP_HDR_LEN];
+	unsigned hgot;
+	struct kvb_tcp_hdr h;
+	uint8_t *rbuf; /* raw records */
+	uint32_t rgot, rlen;
+	struct tcp_item *items;
+	unsigned n, cur;
+	uint8_t *tbuf; /* trailer */
+	uint32_t tgot, tlen;
+};
+
+/* ---- endpoint (dial.c) ---- */
+
+enum tcp_ep_state { EP_IDLE, EP_CONNECTING, EP_CONNECTED };
+
+struct tcp_slot {
+	uint64_t seq; /* gen << 32 | index */
+	uint64_t cookie;
+	struct kvb_mr *local;
+	char *dst; /* READ: landing address, NULL once local is gone */
+	uint64_t len;
+	uint32_t opcode;
+	int32_t err; /* forced status (local region deregistered) */
+	uint32_t next_free;
+	uint8_t used, answered;
+};
+
+struct kvb_ep {
+	struct tcp_tag tag;
+	struct tcp_transport *tt;
+	struct kvb_ep *prev, *next;
+	struct sockaddr_storage sa;
+	socklen_t salen;
+	int fd;
+	enum tcp_ep_state state;
+	uint32_t events;
+	int last_err;
+	int dialed;
+	uint64_t backoff_until, deadline, last_progress;
+	uint32_t depth, used, free_head, gen;
+	struct tcp_slot *slots;
+	struct tcp_txq tx;
+	struct tcp_rx rx;
+};
+
+/* ---- accepted connection (serve.c) ---- */
+
+struct tcp_conn {
+	struct tcp_tag tag;
+	struct tcp_transport *tt;
+	struct tcp_conn *prev, *next;
+	struct tcp_conn *dnext; /* on the flush list */
+	int fd;
+	uint32_t events;
+	int dirty;
+	struct tcp_rx rx;
+	struct tcp_txq tx;
+	struct kvb_tcp_rec *acks; /* acks not yet framed */
+	unsigned nacks, acks_cap;
+};
+
+/* ---- transport (tcp.c) ---- */
+
+struct tcp_transport {
+	struct kvb_transport base;
+	int epfd, lfd, tfd;
+	struct tcp_tag ltag, ttag;
+	int family;
+	uint8_t addr[16];
+	uint16_t port;
+	uint64_t nonce;
+	uint64_t timeout_ns;
+	int timeout_ms;
+	uint32_t depth;
+	int sndbuf, rcvbuf;  /* 0: leave the kernel's autotuning alone */
+	struct kvb_mr **mrs; /* sorted by id */
+	unsigned nmr, mr_cap;
+	struct kvb_ep *eps;
+	struct tcp_conn *conns, *dirty;
+	unsigned nconns;
+	struct kvb_xcqe *cq;
+	unsigned cq_cap, cq_head, cq_len;
+	uint64_t inflight; /* used slots over all endpoints */
+	uint64_t timer_at; /* absolute ns the timerfd is armed for, 0 = none */
+	char *scratch;	   /* discard target, TCP_ZBUF */
+	char *zeros;	   /* never written, TCP_ZBUF */
+	uint64_t rx_budget;
+	struct iovec iov[TCP_IOV_MAX];
+	struct kvb_tcp_stats st;
+};
+
+#define to_tcp(t) container_of(t, struct tcp_transport, base)
+
+static inline uint64_t tcp_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+static inline uint64_t tcp_rand64(void)
+{
+	uint64_t v = 0;
+
+	while (!v)
+		if (getrandom(&v, sizeof(v), 0) != sizeof(v))
+			v = (uint64_t) tcp_now() ^ 0x9e3779b97f4a7c15ull;
+	return v;
+}
+
+/* tcp.c */
+struct kvb_mr *_kvb_tcp_mr_find(struct tcp_transport *tt, uint32_t id);
+void _kvb_tcp_cq_push(struct tcp_transport *tt, uint64_t cookie, int status);
+int _kvb_tcp_cq_reserve(struct tcp_transport *tt, uint64_t n);
+void _kvb_tcp_timer_want(struct tcp_transport *tt, uint64_t at);
+int _kvb_tcp_epoll_set(struct tcp_transport *tt, int fd, struct tcp_tag *tag,
+		       uint32_t *cur, uint32_t want);
+void _kvb_tcp_sock_tune(struct tcp_transport *tt, int fd);
+int _kvb_tcp_sockaddr(const char *ip, uint16_t port,
+		      struct sockaddr_storage *sa, socklen_t *len);
+
+/* tx.c */
+struct tcp_frame *_kvb_tcp_frame_new(unsigned nseg, uint32_t meta_len,
+				     uint32_t trailer_len);
+void _kvb_tcp_txq_push(struct tcp_txq *q, struct tcp_frame *f);
+void _kvb_tcp_txq_clear(struct tcp_txq *q);
+/* One sendmsg of the queue head: bytes sent, -EAGAIN, or -errno. */
+int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd);
+/* Replace unsent payload of `mr` by zeros; drop(owner, ref) per seg. */
+void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr,
+			  void (*drop)(void *owner, struct tcp_frame *f,
+				       uint32_t ref),
+			  void *owner);
+
+/* rx.c */
+int _kvb_tcp_rx_init(struct tcp_rx *rx);
+void _kvb_tcp_rx_free(struct tcp_rx *rx);
+void _kvb_tcp_rx_reset(struct tcp_rx *rx);
+void _kvb_tcp_rx_begin_recs(struct tcp_rx *rx);
+void _kvb_tcp_rx_begin_pay(struct tcp_rx *rx, unsigned n, int trailer);
+void _kvb_tcp_rx_drop_mr(struct tcp_rx *rx, struct kvb_mr *mr);
+/*
+ * Read from fd within the transport's budget, feeding `on` every event
+ * (`on` returns 0, 1 to stop reading after this readv, or -errno).
+ * Returns 0 (would block or budget spent), -ECONNRESET (peer closed), the
+ * negative errno of the read, or what `on` returned when negative.
+ */
+int _kvb_tcp_rx_pump(struct tcp_transport *tt, struct tcp_rx *rx, int fd,
+		     int (*on)(void *owner, enum tcp_rx_ev ev, unsigned idx),
+		     void *owner, uint64_t *progress);
+
+/* dial.c */
+int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
+		    socklen_t salen, struct kvb_ep **out);
+void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete);
+void _kvb_tcp_ep_event(struct kvb_ep *ep, uint32_t events);
+void _kvb_tcp_ep_tick(struct kvb_ep *ep, uint64_t now, uint64_t *next);
+void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr);
+int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
+		  const struct kvb_xop *ops, unsigned n);
+
+/* serve.c */
+void _kvb_tcp_accept(struct tcp_transport *tt);
+void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events);
+void _kvb_tcp_conn_flush_all(struct tcp_transport *tt);
+void _kvb_tcp_conn_destroy(struct tcp_conn *c);
+void _kvb_tcp_conn_drop_mr(struct tcp_conn *c, struct kvb_mr *mr);
+
+#endif /* KVB_BRIDGE_TCP_PRIV_H */
