@@ -306,11 +306,11 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 		struct kvb_hs_worker *hw = &d->workers[nw];
 		uint32_t nr = 0;
 
-		if (!w->attached || (w->role != KVB_ROLE_P &&
-				     w->role != KVB_ROLE_D))
+		if (!w->attached ||
+		    (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
 			continue;
-		hw->role = w->role == KVB_ROLE_P ? KVB_HS_ROLE_P
-						 : KVB_HS_ROLE_D;
+		hw->role =
+			w->role == KVB_ROLE_P ? KVB_HS_ROLE_P : KVB_HS_ROLE_D;
 		hw->dp_rank = w->dp_rank;
 		hw->tp_rank = w->tp_rank;
 		hw->tp_size = w->tp_size;
@@ -322,10 +322,9 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 		for (uint32_t l = 0; l < w->nkv && nr < KVB_HS_REGIONS_MAX;
 		     l++) {
 			struct kvb_region_ent *r =
-				w->kv_layer[l]
-					? kvb_region_get(&b->regions,
-							 w->kv_layer[l])
-					: NULL;
+				w->kv_layer[l] ? kvb_region_get(&b->regions,
+								w->kv_layer[l])
+					       : NULL;
 			struct kvb_hs_region *hr = &hw->regions[nr];
 
 			if (!r || r->dead || !r->has_kv)
@@ -408,8 +407,7 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 	}
 	log_info("peer %u %s:%u (node %s, %u workers) connected over %s",
 		 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
-		 p->desc.nworkers,
-		 b->trs[peer_ts(p)]->ops->name);
+		 p->desc.nworkers, b->trs[peer_ts(p)]->ops->name);
 	return 0;
 }
 
@@ -476,8 +474,8 @@ static int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 		p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
 		if (!p->dealer)
 			return -errno;
-		snprintf(ep, sizeof(ep), strchr(p->host, ':') ? "tcp://[%s]:%u"
-							      : "tcp://%s:%u",
+		snprintf(ep, sizeof(ep),
+			 strchr(p->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
 			 p->host, p->port);
 		if (zmq_setsockopt(p->dealer, ZMQ_LINGER, &zero,
 				   sizeof(zero)) ||
@@ -724,37 +722,41 @@ void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 {
 	struct kvb_xnode *rm = b->rm;
 	struct kvb_group *g;
+	struct kvb_peer *p;
 
 	if (!rm || !gi || gi >= MAX_GROUPS || !rm->groups[gi].used)
 		return;
 	g = &rm->groups[gi];
+	p = peer_get(rm, g->peer);
 	if (status && !g->err)
 		g->err = status;
 	if (!status)
 		g->bytes += bytes;
-	if (status && conn_error(status)) {
-		struct kvb_peer *p = peer_get(rm, g->peer);
-
-		if (p)
-			p->stale = 1;
-	}
-	if (--g->remaining)
-		return;
-	if (g->err || !(g->flags & KVB_SQE_F_UNSIGNALED))
-		kvb_post_cqe(b, g->worker, KVB_CQ_DESC, g->tag, g->err,
-			     g->err ? 0 : g->bytes, g->xfer);
-	{
+	if (!--g->remaining) {
 		uint32_t xfer = g->xfer, worker = g->worker;
 		int err = g->err;
 
+		if (err || !(g->flags & KVB_SQE_F_UNSIGNALED))
+			kvb_post_cqe(b, worker, KVB_CQ_DESC, g->tag, err,
+				     err ? 0 : g->bytes, xfer);
 		group_free(rm, gi);
 		kvb_xfer_account(b, xfer, worker, err);
 	}
+	/*
+	 * A connection error: the peer may come back as another broker
+	 * instance with other regions behind the same ids. Post nothing more
+	 * to it until a new handshake (which reconnects to a new instance).
+	 * Done last: failing the queued ops re-enters this function.
+	 */
+	if (status && conn_error(status) && p && !p->stale) {
+		p->stale = 1;
+		for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++)
+			fail_dest_ops(b, peer_id(rm, p), ts, -ECONNRESET);
+	}
 }
 
-static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x,
-		       uint64_t tag, int status, const char *why,
-		       uint16_t layer)
+static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
+		       int status, const char *why, uint16_t layer)
 {
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	uint32_t worker = x->worker;
@@ -778,7 +780,8 @@ static int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 		rx->ntargets = 0;
 		if (R >= L) {
 			for (uint32_t d = r * (R / L);
-			     d < (r + 1) * (R / L) && rx->ntargets < MAX_TARGETS;
+			     d < (r + 1) * (R / L) &&
+			     rx->ntargets < MAX_TARGETS;
 			     d++)
 				rx->targets[rx->ntargets++] = d;
 		} else if (r % (L / R) == 0) {
@@ -821,6 +824,9 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 	return 0;
 }
 
+static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
+		       uint16_t layer, uint64_t tag, uint8_t flags);
+
 static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			uint16_t layer, uint64_t tag, uint8_t flags)
 {
@@ -850,8 +856,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	}
 	ts = peer_ts(p);
 	if (!ts || !b->trs[ts]) {
-		fail_layer(b, x, tag, -EHOSTUNREACH,
-			   "no transport to the peer", layer);
+		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
+			   layer);
 		return;
 	}
 	rc = compute_targets(w, p, rx);
@@ -861,6 +867,25 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			   "compatible TP size",
 			   layer);
 		return;
+	}
+	/* a region the peer's descriptor lacks: its worker may have come
+	 * after our handshake; ask again once, then give up */
+	for (uint32_t t = 0; t < rx->ntargets; t++) {
+		const struct kvb_hs_worker *hw = desc_worker(
+			&p->desc,
+			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P,
+			rx->remote_dp, rx->targets[t]);
+
+		if ((hw && desc_layer(hw, layer)) || rx->refreshed)
+			continue;
+		rx->refreshed = 1;
+		p->stale = 1;
+		if (defer_layer(b, rx, layer, tag, flags) == 0) {
+			if (p->state != PEER_HS)
+				peer_start_hs(b, p);
+			return;
+		}
+		break;
 	}
 	gi = group_alloc(rm);
 	if (!gi) {
@@ -883,12 +908,12 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		goto out;
 	}
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
-		uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D
-						       : KVB_HS_ROLE_P;
+		uint32_t role =
+			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 		const struct kvb_hs_worker *hw = desc_worker(
 			&p->desc, role, rx->remote_dp, rx->targets[t]);
-		const struct kvb_hs_region *hr = hw ? desc_layer(hw, layer)
-						    : NULL;
+		const struct kvb_hs_region *hr =
+			hw ? desc_layer(hw, layer) : NULL;
 		int n;
 
 		if (!hr) {
@@ -944,8 +969,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			op.len = ents[i].len;
 			op.cookie = idx;
 			{
-				uint32_t di = ts * b->opt.max_workers +
-					      rx->peer;
+				uint32_t di =
+					ts * b->opt.max_workers + rx->peer;
 
 				b->dests[di].tr = b->trs[ts];
 				b->dests[di].ep = p->ep[ts];
@@ -1169,8 +1194,9 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 
 	if (!rm)
 		return -ENOTCONN;
-	if ((uint64_t) len != sizeof(*m) + ((uint64_t) m->nblocks +
-					    m->nremote) * sizeof(uint32_t) ||
+	if ((uint64_t) len !=
+		    sizeof(*m) + ((uint64_t) m->nblocks + m->nremote) *
+					 sizeof(uint32_t) ||
 	    m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX ||
 	    m->mode > KVB_XFER_READ || !memchr(m->notify_host, 0, 64) ||
 	    m->notify_port > 65535)
@@ -1182,8 +1208,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	    (!p || !p->have_desc))
 		return -ENOENT;
 	/* block lists each mode needs */
-	if ((w->role == KVB_ROLE_P || m->mode == KVB_XFER_WRITE) &&
-	    !m->nblocks)
+	if ((w->role == KVB_ROLE_P || m->mode == KVB_XFER_WRITE) && !m->nblocks)
 		return -EINVAL;
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ &&
 	    (!m->nblocks || m->nremote != m->nblocks))
@@ -1210,8 +1235,8 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		if (!rx)
 			goto nomem;
 		x->rx = rx;
-	} else if (rx->have_rblocks && (m->mode != KVB_XFER_WRITE ||
-					rx->nrb != m->nblocks)) {
+	} else if (rx->have_rblocks &&
+		   (m->mode != KVB_XFER_WRITE || rx->nrb != m->nblocks)) {
 		log_warn("transfer '%s': remote_blocks had %u blocks, P opened "
 			 "it with %u",
 			 x->id, rx->nrb, m->nblocks);
@@ -1239,8 +1264,8 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	memcpy(rx->notify_host, m->notify_host, sizeof(rx->notify_host));
 	rx->notify_port = (uint16_t) m->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
-	x->deadline_ns = kvb_now_ns() +
-			 (int64_t) b->opt.transfer_timeout_ms * 1000000;
+	x->deadline_ns =
+		kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms * 1000000;
 	x->opened = 1;
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE &&
 	    !(m->flags & KVB_XFER_F_NO_ANNOUNCE)) {
@@ -1300,9 +1325,8 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 					       rx->target_tp,
 					       KVB_PORT_DP_TIMES_TP);
 
-			if (port > 0 &&
-			    !send_msg(b, w, peer_notify_host(p, rx),
-				      (uint32_t) port, &m))
+			if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
+						  (uint32_t) port, &m))
 				rm->st.write_done_sent++;
 		}
 	} else if (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ) {
@@ -1311,9 +1335,10 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 
 		if (!rx->ntargets && compute_targets(w, p, rx))
 			return;
-		if (kvb_zmsg_init(&m, rx->flags & KVB_XFER_F_PLAIN_RELEASE
-					      ? KVB_ZMSG_PLAIN
-					      : KVB_ZMSG_RELEASE,
+		if (kvb_zmsg_init(&m,
+				  rx->flags & KVB_XFER_F_PLAIN_RELEASE
+					  ? KVB_ZMSG_PLAIN
+					  : KVB_ZMSG_RELEASE,
 				  x->id))
 			return;
 		if (m.type == KVB_ZMSG_RELEASE) {
@@ -1466,8 +1491,7 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_xfer_finish(b, x, -ECANCELED);
 		return 0;
 	}
-	if (m->type == KVB_ZMSG_RELEASE &&
-	    (m->flags & KVB_ZMSG_F_CONSUMER_TP))
+	if (m->type == KVB_ZMSG_RELEASE && (m->flags & KVB_ZMSG_F_CONSUMER_TP))
 		rx->acks_needed = (uint32_t) kvb_tp_release_acks(
 			w->tp_size, m->consumer_tp_size);
 	rx->acks_got++;
@@ -1528,11 +1552,11 @@ static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 static void on_notify_log(void *arg, int level, const char *line)
 {
 	if (level == KVB_NOTIFY_LOG_WARN)
-		log_warn("notify (worker %u): %s",
-			 (uint32_t) (uintptr_t) arg, line);
+		log_warn("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
+			 line);
 	else
-		log_info("notify (worker %u): %s",
-			 (uint32_t) (uintptr_t) arg, line);
+		log_info("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
+			 line);
 }
 
 static void notify_close(struct kvb_broker *b, struct kvb_worker *w)
@@ -1576,9 +1600,8 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 		return rc;
 	}
 	if (alias) {
-		int ap = kvb_port_of(b->opt.notify_port, w->dp_rank,
-				     w->tp_rank, w->tp_size,
-				     KVB_PORT_DP_PLUS_TP);
+		int ap = kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				     w->tp_size, KVB_PORT_DP_PLUS_TP);
 		int taken = 0;
 
 		/* an alias never takes another worker's primary port */
@@ -1610,9 +1633,9 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 	rc = notify_open(b, w, 1);
 	if (rc == -EADDRINUSE) {
 		/* maybe a worker of ours holds it as its alias: take it back */
-		int mine = kvb_port_of(b->opt.notify_port, w->dp_rank,
-				       w->tp_rank, w->tp_size,
-				       KVB_PORT_DP_TIMES_TP);
+		int mine =
+			kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				    w->tp_size, KVB_PORT_DP_TIMES_TP);
 
 		for (uint32_t i = 0; i < b->nlive; i++) {
 			struct kvb_worker *v = &b->workers[b->live[i]];
@@ -1631,9 +1654,8 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 		log_warn("worker %u: notify port %d unavailable (%s): no "
 			 "cross-node messages for it",
 			 w->id,
-			 kvb_port_of(b->opt.notify_port, w->dp_rank,
-				     w->tp_rank, w->tp_size,
-				     KVB_PORT_DP_TIMES_TP),
+			 kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				     w->tp_size, KVB_PORT_DP_TIMES_TP),
 			 strerror(-rc));
 	else if (kvb_notify_ports(w->notify, ports, 2) > 0)
 		log_info("worker %u: notify port %u", w->id, ports[0]);
@@ -1728,8 +1750,8 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 	    m->port == 0 || m->port > 65535)
 		return -EINVAL;
 	if (!trusted(rm, m->host)) {
-		log_warn("worker %u: peer %s is not in --trusted-hosts",
-			 w->id, m->host);
+		log_warn("worker %u: peer %s is not in --trusted-hosts", w->id,
+			 m->host);
 		return -EACCES;
 	}
 	p = peer_find(rm, m->host, (uint16_t) m->port, 1);
@@ -1843,8 +1865,8 @@ int kvb_remote_init(struct kvb_broker *b)
 		return -ENOMEM;
 	b->rm = rm;
 	rm->router_fd = -1;
-	rm->npeers_max = b->opt.max_workers < MAX_PEERS ? b->opt.max_workers
-							: MAX_PEERS;
+	rm->npeers_max =
+		b->opt.max_workers < MAX_PEERS ? b->opt.max_workers : MAX_PEERS;
 	if (getrandom(&rm->instance, sizeof(rm->instance), 0) !=
 	    sizeof(rm->instance))
 		rm->instance = (uint64_t) kvb_now_ns() ^ (uint64_t) getpid();
@@ -1872,7 +1894,8 @@ int kvb_remote_init(struct kvb_broker *b)
 			rc = kvb_tcp_ops.open(&p, &b->trs[KVB_TS_TCP], why,
 					      sizeof(why));
 			if (rc) {
-				log_err("transport tcp: cannot listen on %s:%u: "
+				log_err("transport tcp: cannot listen on "
+					"%s:%u: "
 					"%s",
 					b->opt.host_ip, b->opt.data_port,
 					why[0] ? why : strerror(-rc));
@@ -1885,8 +1908,7 @@ int kvb_remote_init(struct kvb_broker *b)
 				if (fd >= 0)
 					ep_add(b, fd);
 			}
-			log_info("transport tcp ready on %s:%d",
-				 b->opt.host_ip,
+			log_info("transport tcp ready on %s:%d", b->opt.host_ip,
 				 kvb_tcp_port(b->trs[KVB_TS_TCP]));
 		}
 	}
@@ -2055,9 +2077,8 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    "\"state\":\"%s\",\"stale\":%u,\"node\":\"%s\","
 			    "\"workers\":%u,\"transport\":\"%s\","
 			    "\"handshakes\":%llu,\"failures\":%llu}",
-			    k++ ? "," : "", i, p->host, p->port,
-			    sn[p->state], p->stale,
-			    p->have_desc ? p->desc.node_id : "",
+			    k++ ? "," : "", i, p->host, p->port, sn[p->state],
+			    p->stale, p->have_desc ? p->desc.node_id : "",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none",
 			    (unsigned long long) p->handshakes,

@@ -169,6 +169,42 @@ bad_input)
 	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after || fail "good transfer after bad input"
 	cat "$T/bad_input.log"
 	;;
+bench)
+	# Not a test (run by hand, see docs/tcp.md): TCP path bandwidth for
+	# 1 MiB writes against iperf3 over the same veth, then writev calls per
+	# layer op with 8 P workers x 32 layers.
+	command -v iperf3 >/dev/null || skip "no iperf3"
+	ip netns exec "$NB" iperf3 -s -1 -B 192.0.2.2 >/dev/null 2>&1 &
+	PIDS+=($!)
+	sleep 0.5
+	ip netns exec "$NA" iperf3 -c 192.0.2.2 -t 5 -J >"$T/iperf.json" 2>/dev/null || fail "iperf3"
+	ipf=$(python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' "$T/iperf.json")
+	echo "iperf3 (1 stream, 5 s): $ipf Gbit/s"
+	# 32 KV heads x 64 x bf16 x 16 tokens = 64 KiB blocks; 16 contiguous
+	# blocks = one 1 MiB write for K and one for V per layer
+	run_pair write 1 1 --heads 32 --blocks 64 --per-xfer 16 --contig \
+		--no-verify --layers 32 --xfers ${BENCH_XFERS:-48} --conc 8 \
+		--prefix bw >/dev/null || fail "bandwidth run"
+	kv=$(grep -h 'xnode_worker P.*Gbit' "$T"/worker-P0.log | sed 's/.*(\([0-9.]*\) Gbit.*/\1/')
+	echo "kvbroker tcp, 1 MiB writes: $kv Gbit/s of payload (P side, open to last completion)"
+	python3 -c "import sys; print('ratio kvbroker/iperf3: %.2f' % (float(sys.argv[1])/float(sys.argv[2])))" "$kv" "$ipf"
+	s0=$(stats a)
+	run_pair write 8 8 --layers 32 --xfers 16 --conc 4 --prefix wv --no-verify \
+		>/dev/null || fail "8x32 run"
+	s1=$(stats a)
+	python3 - "$s0" "$s1" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def tcp(d):
+    return [t for t in d["per_transport"] if t["name"] == "tcp"][0]
+ops = b["remote"]["layer_ops"] - a["remote"]["layer_ops"]
+db = tcp(b)["doorbells"] - tcp(a)["doorbells"]
+wrs = tcp(b)["wrs"] - tcp(a)["wrs"]
+print(f"8 P workers x 32 layers x 16 transfers: {ops} layer ops, {wrs} tcp WRs, "
+      f"{db} writev calls: {db/ops:.4f} writev per layer op (1/{ops/db:.1f}), "
+      f"{wrs/db:.1f} WRs per writev")
+PY
+	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac
 

@@ -31,6 +31,11 @@ static struct {
 	int role, mode, dp, tp, tp_size, peer_tp_size, peer_dp;
 	unsigned layers, nblocks, per_xfer, xfers, conc, heads;
 	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
+	int contig, no_verify;
+	/* moriio_peer / untrusted cases */
+	const char *expect_cancel, *check, *hold_until;
+	char notify_host[64];
+	int notify_port, expect_peer_error;
 } o = {.role = KVB_ROLE_P,
        .tp_size = 1,
        .peer_tp_size = 1,
@@ -62,6 +67,12 @@ static void blocks_of(unsigned i, int side_d, uint32_t *out)
 {
 	unsigned n = o.per_xfer, base = (i * n * (side_d ? 3 : 5)) % o.nblocks;
 
+	if (o.contig) { /* one run per transfer on both sides (bandwidth) */
+		base = (i * n) % (o.nblocks - n + 1);
+		for (unsigned j = 0; j < n; j++)
+			out[j] = base + j;
+		return;
+	}
 	for (unsigned j = 0; j < n; j++) {
 		unsigned k = side_d ? (j % 3 == 2 ? j + 7 : j) : j;
 
@@ -82,6 +93,22 @@ static int64_t now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Is transfer index i in the comma-separated list (NULL: no)? */
+static int in_list(const char *list, unsigned i)
+{
+	while (list && *list) {
+		char *end;
+		unsigned long v = strtoul(list, &end, 10);
+
+		if (end == list)
+			return 0;
+		if (v == i)
+			return 1;
+		list = *end == ',' ? end + 1 : end;
+	}
+	return 0;
 }
 
 static int barrier(void)
@@ -148,7 +175,8 @@ static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 			for (uint64_t b = 0; b < bl; b++)
 				if (p[b] != pattern(src, layer, pb[j], kv, b)) {
 					fprintf(stderr,
-						"xnode_worker D tp %d: transfer "
+						"xnode_worker D tp %d: "
+						"transfer "
 						"%u layer %u block %u (P %u) "
 						"%c byte %llu: %#x, expected "
 						"%#x\n",
@@ -171,23 +199,51 @@ static void usage(void)
 		"[--peer-tp-size N] [--peer-dp N] [--layers N] [--blocks N] "
 		"[--per-xfer N] [--xfers N] [--conc N] [--prefix S] "
 		"[--barrier DIR] [--expect-fail] [--timeout S] "
-		"[--layer-delay-ms N]\n");
+		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
+		"[--hold-s S]\n"
+		"  [--notify-override HOST:PORT]  write_done/release go there\n"
+		"  [--expect-cancel LIST]  these transfer indexes must end "
+		"with\n"
+		"                          -ECANCELED, the others succeed\n"
+		"  [--expect-peer-error]  kvb_peer_connect must fail with "
+		"-EACCES\n"
+		"  [--hold-until FILE]  with --hold-s: stop holding once FILE "
+		"exists\n"
+		"  [--check LIST]  D, after holding: check the bytes of these\n"
+		"                  transfers (opened by nobody here)\n");
 }
 
 static int parse(int argc, char **argv)
 {
-	static const struct option lo[] = {
-		{"role", 1, 0, 'r'},	  {"socket", 1, 0, 's'},
-		{"peer", 1, 0, 'p'},	  {"mode", 1, 0, 'm'},
-		{"dp", 1, 0, 'd'},	  {"tp", 1, 0, 't'},
-		{"tp-size", 1, 0, 'T'},	  {"peer-tp-size", 1, 0, 'R'},
-		{"peer-dp", 1, 0, 'D'},	  {"layers", 1, 0, 'l'},
-		{"blocks", 1, 0, 'b'},	  {"per-xfer", 1, 0, 'n'},
-		{"xfers", 1, 0, 'x'},	  {"conc", 1, 0, 'c'},
-		{"prefix", 1, 0, 'P'},	  {"barrier", 1, 0, 'B'},
-		{"expect-fail", 0, 0, 'F'}, {"timeout", 1, 0, 'o'},
-		{"layer-delay-ms", 1, 0, 'L'}, {"hold-s", 1, 0, 'H'},
-		{0, 0, 0, 0}};
+	static const struct option lo[] = {{"role", 1, 0, 'r'},
+					   {"socket", 1, 0, 's'},
+					   {"peer", 1, 0, 'p'},
+					   {"mode", 1, 0, 'm'},
+					   {"dp", 1, 0, 'd'},
+					   {"tp", 1, 0, 't'},
+					   {"tp-size", 1, 0, 'T'},
+					   {"peer-tp-size", 1, 0, 'R'},
+					   {"peer-dp", 1, 0, 'D'},
+					   {"layers", 1, 0, 'l'},
+					   {"blocks", 1, 0, 'b'},
+					   {"per-xfer", 1, 0, 'n'},
+					   {"xfers", 1, 0, 'x'},
+					   {"conc", 1, 0, 'c'},
+					   {"prefix", 1, 0, 'P'},
+					   {"barrier", 1, 0, 'B'},
+					   {"expect-fail", 0, 0, 'F'},
+					   {"timeout", 1, 0, 'o'},
+					   {"layer-delay-ms", 1, 0, 'L'},
+					   {"hold-s", 1, 0, 'H'},
+					   {"heads", 1, 0, 'h'},
+					   {"contig", 0, 0, 'C'},
+					   {"no-verify", 0, 0, 'V'},
+					   {"notify-override", 1, 0, 'N'},
+					   {"expect-cancel", 1, 0, 'X'},
+					   {"expect-peer-error", 0, 0, 'E'},
+					   {"hold-until", 1, 0, 'U'},
+					   {"check", 1, 0, 'K'},
+					   {0, 0, 0, 0}};
 	int c;
 
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -261,13 +317,47 @@ static int parse(int argc, char **argv)
 		case 'H':
 			o.hold_s = atoi(optarg);
 			break;
+		case 'h':
+			o.heads = (unsigned) atoi(optarg);
+			break;
+		case 'C':
+			o.contig = 1;
+			break;
+		case 'V':
+			o.no_verify = 1;
+			break;
+		case 'N': {
+			char *colon = strrchr(optarg, ':');
+
+			if (!colon || colon - optarg >= 64 || colon == optarg)
+				return -1;
+			memcpy(o.notify_host, optarg,
+			       (size_t) (colon - optarg));
+			o.notify_host[colon - optarg] = 0;
+			o.notify_port = atoi(colon + 1);
+			if (o.notify_port <= 0 || o.notify_port > 65535)
+				return -1;
+			break;
+		}
+		case 'X':
+			o.expect_cancel = optarg;
+			break;
+		case 'E':
+			o.expect_peer_error = 1;
+			break;
+		case 'U':
+			o.hold_until = optarg;
+			break;
+		case 'K':
+			o.check = optarg;
+			break;
 		default:
 			return -1;
 		}
 	}
 	if (!o.socket || !o.peer_host || o.layers == 0 || o.conc == 0 ||
 	    o.per_xfer == 0 || o.per_xfer * 3 > o.nblocks ||
-	    o.per_xfer > 4096)
+	    o.per_xfer > 4096 || o.heads == 0)
 		return -1;
 	return 0;
 }
@@ -281,7 +371,7 @@ int main(int argc, char **argv)
 	uint32_t peer = 0, *handles;
 	uint32_t pb[4096], db[4096];
 	unsigned started = 0, ended = 0, bad = 0, ok = 0;
-	int64_t deadline;
+	int64_t deadline, t_start;
 	int rc, is_p;
 
 	if (parse(argc, argv)) {
@@ -301,7 +391,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	g = (struct kvb_kv_geometry){KVB_KV_KV_FIRST, o.nblocks, BLOCK_SIZE,
-				     o.heads, HEAD_DIM, ELEM};
+				     o.heads,	      HEAD_DIM,	 ELEM};
 	reg = calloc(o.layers, sizeof(*reg));
 	handles = calloc(o.xfers, sizeof(*handles));
 	for (unsigned l = 0; l < o.layers; l++) {
@@ -332,21 +422,58 @@ int main(int argc, char **argv)
 	}
 	if (barrier())
 		return 1;
-	/* the peer may still be registering: retry for a few seconds */
+	/* the peer may still be registering: retry for a few seconds, but
+	 * not after a refusal that a retry cannot change */
 	deadline = now_ms() + 15000;
 	do {
 		rc = kvb_peer_connect(ctx, o.peer_host, (uint16_t) o.peer_port,
 				      &peer);
-		if (rc)
+		if (rc && rc != -EACCES && rc != -EPROTONOSUPPORT)
 			usleep(200000);
-	} while (rc && now_ms() < deadline);
+	} while (rc && rc != -EACCES && rc != -EPROTONOSUPPORT &&
+		 now_ms() < deadline);
+	if (o.expect_peer_error) {
+		printf("xnode_worker %c tp %d: peer %s:%d: %s (expected %s)\n",
+		       is_p ? 'P' : 'D', o.tp, o.peer_host, o.peer_port,
+		       rc ? kvb_strerror(rc) : "connected",
+		       kvb_strerror(-EACCES));
+		kvb_detach(ctx);
+		return rc == -EACCES ? 0 : 1;
+	}
 	if (rc) {
 		fprintf(stderr, "xnode_worker: peer %s:%d: %s\n", o.peer_host,
 			o.peer_port, kvb_strerror(rc));
 		return 1;
 	}
-	if (o.hold_s) /* just be there (registered) for a while */
-		sleep((unsigned) o.hold_s);
+	if (o.hold_s) { /* just be there (registered) for a while */
+		int64_t hold_end = now_ms() + (int64_t) o.hold_s * 1000;
+
+		while (now_ms() < hold_end &&
+		       !(o.hold_until && access(o.hold_until, F_OK) == 0))
+			usleep(50000);
+	}
+	if (o.check && !is_p) { /* transfers another process drove here */
+		unsigned nbad = 0, nchk = 0;
+
+		for (unsigned i = 0; i < 4096; i++) {
+			int good = 1;
+
+			if (!in_list(o.check, i))
+				continue;
+			nchk++;
+			blocks_of(i, 0, pb);
+			blocks_of(i, 1, db);
+			for (unsigned l = 0; l < o.layers && good; l++)
+				good = !check_layer(&reg[l], l, i, db, pb);
+			nbad += !good;
+		}
+		printf("xnode_worker D dp %d tp %d/%d: bytes of %u transfer(s) "
+		       "checked, %u bad\n",
+		       o.dp, o.tp, o.tp_size, nchk, nbad);
+		if (nbad)
+			return 1;
+	}
+	t_start = now_ms();
 	deadline = now_ms() + (int64_t) o.timeout_s * 1000;
 	while (ended < o.xfers && now_ms() < deadline) {
 		struct kvb_completion c[64];
@@ -355,10 +482,10 @@ int main(int argc, char **argv)
 		while (started < o.xfers && started - ended < o.conc) {
 			unsigned i = started;
 			char id[128];
-			struct kvb_remote_xfer rx = {.peer = peer,
-						     .mode = (uint32_t) o.mode,
-						     .remote_dp_rank =
-							     (uint32_t) o.peer_dp};
+			struct kvb_remote_xfer rx = {
+				.peer = peer,
+				.mode = (uint32_t) o.mode,
+				.remote_dp_rank = (uint32_t) o.peer_dp};
 			uint32_t expect;
 			int64_t retry_end = now_ms() + 10000;
 
@@ -367,6 +494,10 @@ int main(int argc, char **argv)
 			snprintf(id, sizeof(id), "%s-%u", o.prefix, i);
 			rx.blocks = is_p ? pb : db;
 			rx.nblocks = o.per_xfer;
+			if (o.notify_port) {
+				rx.notify_host = o.notify_host;
+				rx.notify_port = (uint16_t) o.notify_port;
+			}
 			if (!is_p && o.mode == KVB_XFER_READ) {
 				rx.remote_blocks = pb;
 				rx.nremote = o.per_xfer;
@@ -390,8 +521,8 @@ int main(int argc, char **argv)
 			    (!is_p && o.mode == KVB_XFER_READ)) {
 				for (unsigned l = 0; l < o.layers; l++) {
 					if (o.layer_delay_ms)
-						usleep((useconds_t)
-							       o.layer_delay_ms *
+						usleep((useconds_t) o
+							       .layer_delay_ms *
 						       1000);
 					while ((rc = kvb_submit_layer(
 							ctx, handles[i],
@@ -427,7 +558,9 @@ int main(int argc, char **argv)
 			unsigned i;
 
 			if (c[k].kind == KVB_COMP_DESC) {
-				if (c[k].status && !o.expect_fail)
+				if (c[k].status && !o.expect_fail &&
+				    !(o.expect_cancel &&
+				      c[k].status == -ECANCELED))
 					fprintf(stderr,
 						"xnode_worker: layer %llu "
 						"failed: %s\n",
@@ -439,6 +572,25 @@ int main(int argc, char **argv)
 				continue;
 			i = (unsigned) (c[k].tag - 1000000);
 			ended++;
+			if (o.expect_cancel && in_list(o.expect_cancel, i)) {
+				/* counted as ok when it ended as expected */
+				if (c[k].status == -ECANCELED) {
+					ok++;
+				} else {
+					bad++;
+					fprintf(stderr,
+						"xnode_worker %c tp %d: "
+						"transfer %u: %s, expected "
+						"%s\n",
+						is_p ? 'P' : 'D', o.tp, i,
+						c[k].status
+							? kvb_strerror(
+								  c[k].status)
+							: "success",
+						kvb_strerror(-ECANCELED));
+				}
+				continue;
+			}
 			if (c[k].status) {
 				bad++;
 				if (!o.expect_fail)
@@ -449,7 +601,7 @@ int main(int argc, char **argv)
 						kvb_strerror(c[k].status));
 				continue;
 			}
-			if (!is_p) {
+			if (!is_p && !o.no_verify) {
 				int good = 1;
 
 				blocks_of(i, 0, pb);
@@ -469,6 +621,16 @@ int main(int argc, char **argv)
 	       "failed, %u unfinished\n",
 	       is_p ? 'P' : 'D', o.dp, o.tp, o.tp_size, o.xfers, ok, bad,
 	       o.xfers - ended);
+	if (ok && now_ms() > t_start) {
+		double secs = (double) (now_ms() - t_start) / 1000.0;
+		double bytes = (double) ok * o.layers * o.per_xfer * 2.0 *
+			       (double) block_len();
+
+		printf("xnode_worker %c tp %d: %.0f bytes in %.3f s: %.3f GB/s "
+		       "(%.2f Gbit/s) of KV payload\n",
+		       is_p ? 'P' : 'D', o.tp, bytes, secs, bytes / secs / 1e9,
+		       bytes * 8 / secs / 1e9);
+	}
 	kvb_detach(ctx);
 	free(reg);
 	free(handles);
