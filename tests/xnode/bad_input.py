@@ -5,12 +5,17 @@ could send it. Each message must be rejected: logged, counted in
 `kvbctl stats` messages_rejected (exactly one more per message), dropped,
 and the listener must keep serving (the next message is handled too).
 
-usage: bad_input.py KVBCTL A_SOCK B_SOCK P_HOST P_PORT D_HOST D_PORT
+usage: bad_input.py KVBCTL A_SOCK B_SOCK P_HOST P_PORT D_HOST D_PORT [HS_PORT]
 P_* is a P worker's notify port (it holds transfers hold-0 and hold-1, and
-hold-0 was opened with 24 blocks); D_* a D worker's notify port.
+hold-0 was opened with 24 blocks); D_* a D worker's notify port. HS_PORT
+(default 6301) is the handshake port of P_HOST's broker (A): garbage and a
+descriptor of another version must be refused with a reply
+[int32 LE status][reason] and counted in messages_rejected.
 """
+import errno
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -19,6 +24,7 @@ import msgpack
 import zmq
 
 kvbctl, a_sock, b_sock, p_host, p_port, d_host, d_port = sys.argv[1:8]
+hs_port = int(sys.argv[8]) if len(sys.argv) > 8 else 6301
 
 
 def stats(sock):
@@ -101,6 +107,53 @@ expect("P", P, m(type="remote_blocks", transfer_id="hold-0", req_id="r",
        "remote_blocks for a terminal transfer")
 P.close()
 D.close()
+
+
+def expect_hs(payload, what, want_status, want_in_reason):
+    """Send one handshake request to A; check the refusal and its count."""
+    global failures
+    before = rejected(a_sock)
+    s = dealer(p_host, hs_port)
+    s.send(payload)
+    frames = s.recv_multipart() if s.poll(3000) else None
+    s.close()
+    problems = []
+    if frames is None:
+        problems.append("no reply within 3 s")
+    elif len(frames) != 2 or len(frames[0]) != 4:
+        problems.append(f"reply frames {[len(f) for f in frames]}, "
+                        "want [4 bytes][reason]")
+    else:
+        status = struct.unpack("<i", frames[0])[0]
+        reason = frames[1].decode("utf-8", "replace")
+        if status != want_status:
+            problems.append(f"status {status}, want {want_status}")
+        if want_in_reason not in reason:
+            problems.append(f"reason {reason!r} lacks {want_in_reason!r}")
+    deadline = time.time() + 3
+    now = rejected(a_sock)
+    while now < before + 1 and time.time() < deadline:
+        time.sleep(0.05)
+        now = rejected(a_sock)
+    time.sleep(0.1)
+    now = rejected(a_sock)
+    if now != before + 1:
+        problems.append(f"messages_rejected {before} -> {now} (want +1)")
+    print(f"{'BAD' if problems else 'ok '} handshake port, {what}: "
+          f"{'; '.join(problems) if problems else 'refused as expected'}")
+    if frames is not None and len(frames) == 2 and len(frames[0]) == 4:
+        print(f"    reply: status {struct.unpack('<i', frames[0])[0]}, "
+              f"reason {frames[1].decode('utf-8', 'replace')!r}, "
+              f"messages_rejected {before} -> {now}")
+    if problems:
+        failures += 1
+
+
+expect_hs(b"\xc1\xff\x00\x13garbage", "garbage bytes", -errno.EBADMSG, "")
+expect_hs(m(kvb="engine", version=2, node_id="other:6301",
+            host="192.0.2.2", hs_port=6301, notify_port=61005, workers=[]),
+          "descriptor of handshake version 2", -errno.EPROTONOSUPPORT,
+          "version")
 ctx.term()
 print("bad_input:", "all rejected as expected" if not failures
       else f"{failures} check(s) failed")

@@ -8,7 +8,8 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | read | read_hetero | peer_killed | bad_input
+# CASE: write | write_hetero | read | read_hetero | peer_killed | bad_input |
+#       moriio_peer | untrusted
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
 set -u
@@ -57,17 +58,19 @@ ip -n "$NB" link set "vb$TAG" up
 ip -n "$NA" link show "va$TAG" | grep -q "state UP" || sleep 0.5
 
 TTO=${KVB_XNODE_TTO:-8}
-start_broker() { # node ns ip
-	ip netns exec "$2" "$BROKER" --socket "$T/$1.sock" --host-ip "$3" \
+start_broker() { # node ns ip [extra broker args...]
+	local node=$1 ns=$2 ip=$3
+	shift 3
+	ip netns exec "$ns" "$BROKER" --socket "$T/$node.sock" --host-ip "$ip" \
 		--transport tcp --transfer-timeout "$TTO" --defer-timeout "$TTO" \
-		--busy-poll-us 20 >>"$T/broker-$1.log" 2>&1 &
+		--busy-poll-us 20 "$@" >>"$T/broker-$node.log" 2>&1 &
 	PIDS+=($!)
-	eval "BPID_$1=$!"
+	eval "BPID_$node=$!"
 	for _ in $(seq 100); do
-		[ -S "$T/$1.sock" ] && return 0
+		[ -S "$T/$node.sock" ] && return 0
 		sleep 0.05
 	done
-	fail "broker $1 did not start"
+	fail "broker $node did not start"
 }
 stats() { # node -> JSON
 	KVB_SOCKET="$T/$1.sock" "$KVBCTL" stats --json
@@ -103,7 +106,10 @@ run_pair() {
 	return $rc
 }
 
-start_broker a "$NA" 192.0.2.1
+A_ARGS=()
+# untrusted: A only talks to a host that is not B
+[ "$CASE" = untrusted ] && A_ARGS=(--trusted-hosts 192.0.2.9)
+start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
 start_broker b "$NB" 192.0.2.2
 
 case "$CASE" in
@@ -160,7 +166,7 @@ bad_input)
 	wp=$!
 	sleep 1
 	ip netns exec "$NB" "$PY" "$SRC/bad_input.py" "$KVBCTL" "$T/a.sock" \
-		"$T/b.sock" 192.0.2.1 61005 192.0.2.2 61005 \
+		"$T/b.sock" 192.0.2.1 61005 192.0.2.2 61005 6301 \
 		>"$T/bad_input.log" 2>&1 || fail "bad_input.py: $(cat "$T/bad_input.log")"
 	wait "$wp" || fail "P hold worker: its transfers did not both fail"
 	wait "$wd"
@@ -204,6 +210,90 @@ print(f"8 P workers x 32 layers x 16 transfers: {ops} layer ops, {wrs} tcp WRs, 
       f"{db} writev calls: {db/ops:.4f} writev per layer op (1/{ops/db:.1f}), "
       f"{wrs/db:.1f} WRs per writev")
 PY
+	;;
+moriio_peer)
+	# moriio_peer.py plays a vLLM MoRIIO D instance toward P's broker: it
+	# sends remote_blocks / release to P's notify ports and takes write_done
+	# on its own ROUTERs (MP + tp on B, P's --notify-override). Two real D
+	# workers on B (TP2, open nothing) hold the regions the data lands in;
+	# once the script saw write_done they check the bytes of mp-0 and mp-1.
+	PY=${KVB_PYTHON:-/usr/bin/python3}
+	[ -x "$PY" ] || skip "no $PY"
+	"$PY" -c "import zmq, msgpack" 2>/dev/null || skip "python3-zmq / python3-msgpack missing"
+	MP=63005 L=4
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	wd=() wp=()
+	for r in 0 1; do
+		ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+			--peer 192.0.2.1:6301 --tp $r --tp-size 2 --peer-tp-size 2 \
+			--barrier "$T/bar" --layers $L --xfers 0 --hold-s 60 \
+			--hold-until "$T/mp-done" --check 0,1 \
+			>>"$T/worker-D$r-hold.log" 2>&1 &
+		wd+=($!)
+		PIDS+=($!)
+	done
+	# WRITE: mp-0 and mp-1 succeed, mp-2 and mp-3 are aborted by D
+	for r in 0 1; do
+		ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+			--peer 192.0.2.2:6301 --tp $r --tp-size 2 --peer-tp-size 2 \
+			--barrier "$T/bar" --layers $L --xfers 4 --conc 4 \
+			--prefix mp --notify-override 192.0.2.2:$MP \
+			--expect-cancel 2,3 --timeout $((TTO * 3)) \
+			>>"$T/worker-P$r.log" 2>&1 &
+		wp+=($!)
+		PIDS+=($!)
+	done
+	ip netns exec "$NB" "$PY" "$SRC/moriio_peer.py" write "$KVBCTL" \
+		"$T/a.sock" 192.0.2.1 61005 192.0.2.2 $MP mp $L 2 \
+		>"$T/moriio_write.log" 2>&1 || fail "moriio_peer.py write: $(cat "$T/moriio_write.log")"
+	touch "$T/mp-done"
+	for p in "${wp[@]}"; do
+		wait "$p" || fail "P worker (WRITE): a transfer did not end as expected"
+	done
+	for p in "${wd[@]}"; do
+		wait "$p" || fail "D worker: the bytes P wrote are not right"
+	done
+	cat "$T/moriio_write.log"
+	# READ: P seals with 0 and waits for D's release ACKs
+	wp=()
+	for r in 0 1; do
+		ip netns exec "$NA" "$WORKER" --role P --mode read \
+			--socket "$T/a.sock" --peer 192.0.2.2:6301 --tp $r \
+			--tp-size 2 --peer-tp-size 2 --layers $L --xfers 4 \
+			--conc 4 --prefix rd --timeout $((TTO * 3)) \
+			>>"$T/worker-P$r-read.log" 2>&1 &
+		wp+=($!)
+		PIDS+=($!)
+	done
+	ip netns exec "$NB" "$PY" "$SRC/moriio_peer.py" read "$KVBCTL" \
+		"$T/a.sock" 192.0.2.1 61005 192.0.2.2 $MP rd $L 2 \
+		>"$T/moriio_read.log" 2>&1 || fail "moriio_peer.py read: $(cat "$T/moriio_read.log")"
+	for p in "${wp[@]}"; do
+		wait "$p" || fail "P worker (READ): a transfer did not complete"
+	done
+	cat "$T/moriio_read.log"
+	cat "$T"/worker-*.log | grep '^xnode_worker' | sort
+	;;
+untrusted)
+	# A runs with --trusted-hosts 192.0.2.9: B's handshake is refused by
+	# A (-EACCES back to B's worker), and A refuses to ask B itself;
+	# neither worker may spend its retry window on it
+	s0=$(stats a)
+	t0=$(date +%s)
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-D-untrusted.log" 2>&1 || fail "D on B: kvb_peer_connect did not fail with EACCES"
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-P-untrusted.log" 2>&1 || fail "P on A: kvb_peer_connect did not fail with EACCES"
+	t1=$(date +%s)
+	[ $((t1 - t0)) -le 8 ] || fail "the refused connects took $((t1 - t0)) s (retried?)"
+	cat "$T"/worker-*-untrusted.log
+	s=$(stats a)
+	r0=$(json_get "$s0" remote.handshakes_refused) r1=$(json_get "$s" remote.handshakes_refused)
+	echo "A: handshakes_refused $r0 -> $r1"
+	[ "$r1" -ge $((r0 + 1)) ] || fail "A did not count the refused handshake"
+	grep -q "refused: not in --trusted-hosts" "$T/broker-a.log" || fail "A did not log the refusal"
 	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac

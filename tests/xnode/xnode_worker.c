@@ -370,7 +370,7 @@ int main(int argc, char **argv)
 	struct kvb_kv_geometry g;
 	uint32_t peer = 0, *handles;
 	uint32_t pb[4096], db[4096];
-	unsigned started = 0, ended = 0, bad = 0, ok = 0;
+	unsigned started = 0, ended = 0, bad = 0, ok = 0, cancelled = 0;
 	int64_t deadline, t_start;
 	int rc, is_p;
 
@@ -573,9 +573,8 @@ int main(int argc, char **argv)
 			i = (unsigned) (c[k].tag - 1000000);
 			ended++;
 			if (o.expect_cancel && in_list(o.expect_cancel, i)) {
-				/* counted as ok when it ended as expected */
 				if (c[k].status == -ECANCELED) {
-					ok++;
+					cancelled++;
 				} else {
 					bad++;
 					fprintf(stderr,
@@ -618,9 +617,12 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("xnode_worker %c dp %d tp %d/%d: %u transfers, %u ok, %u "
-	       "failed, %u unfinished\n",
+	       "failed, %u unfinished",
 	       is_p ? 'P' : 'D', o.dp, o.tp, o.tp_size, o.xfers, ok, bad,
 	       o.xfers - ended);
+	if (o.expect_cancel)
+		printf(", %u cancelled as expected", cancelled);
+	printf("\n");
 	if (ok && now_ms() > t_start) {
 		double secs = (double) (now_ms() - t_start) / 1000.0;
 		double bytes = (double) ok * o.layers * o.per_xfer * 2.0 *
