@@ -50,15 +50,10 @@ static int open_transport(struct kvb_broker *b)
 	char why[256] = "";
 	int rc;
 
-	if (k == KVB_TR_RDMA) {
-		log_err("transport rdma: unavailable: the broker does not drive "
-			"the rdma transport in this version (see README, 'Not "
-			"there yet'); use --transport tcp");
-		return -ENOTSUP;
-	}
-	if (k == KVB_TR_TCP && !b->opt.cross_node) {
-		log_err("transport tcp needs --host-ip (the address peers "
-			"reach this node on)");
+	if ((k == KVB_TR_TCP || k == KVB_TR_RDMA) && !b->opt.cross_node) {
+		log_err("transport %s needs --host-ip (the address peers "
+			"reach this node on)",
+			kvb_transport_name(k));
 		return -EINVAL;
 	}
 	/* same-node host memory always goes through local */

@@ -28,6 +28,7 @@ struct kvb_region_ent {
 	uint64_t map_len;
 	uint8_t has_kv;    /* kvb_mem_set_kv(): offered to peer brokers */
 	uint8_t tcp_reg;   /* registered with the tcp transport too */
+	uint8_t rdma_reg;  /* ... and with the rdma transport */
 	uint32_t layer;
 	struct kvb_kv_geom geom;
 };

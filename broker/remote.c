@@ -37,6 +37,9 @@
 #ifdef KVB_HAVE_TCP
 #include "tcp/tcp.h"
 #endif
+#ifdef KVB_HAVE_RDMA
+#include "rdma/rdma.h"
+#endif
 
 #define MAX_PEERS     64u
 #define PEER_WAITERS  32u
@@ -66,6 +69,18 @@ struct kvb_peer {
 	uint32_t nwaiters;
 	int last_err;
 	uint64_t handshakes, failures;
+	uint8_t ep_pending; /* rdma offer sent, answer awaited */
+	int64_t ep_deadline;
+	uint64_t ep_offers, ep_answers;
+};
+
+/* "ep" handshake message: an endpoint blob of one transport (rdma offer or
+ * answer), sent by the broker at host:port (its handshake address). */
+struct ep_msg {
+	char host[64];
+	uint32_t port;
+	uint32_t len;
+	uint8_t blob[KVB_HS_CONN_MAX];
 };
 
 struct kvb_group {
@@ -241,10 +256,37 @@ static uint32_t peer_notify_base(const struct kvb_peer *p,
 }
 
 /* Transport slot serving a peer (0 = none). */
+static const struct kvb_hs_transport *
+desc_transport(const struct kvb_hs_desc *d, const char *name)
+{
+	for (uint32_t i = 0; i < d->ntransports; i++)
+		if (!strcmp(d->transports[i].name, name))
+			return &d->transports[i];
+	return NULL;
+}
+
+/* Both sides speak rdma: it is the transport for this peer. */
+static int peer_wants_rdma(const struct kvb_peer *p)
+{
+	return g_b->trs[KVB_TS_RDMA] && p->have_desc &&
+	       desc_transport(&p->desc, "rdma");
+}
+
+static int rdma_ready(const struct kvb_peer *p)
+{
+#ifdef KVB_HAVE_RDMA
+	return p->ep[KVB_TS_RDMA] &&
+	       kvb_rdma_ep_state(g_b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA]) ==
+		       KVB_RDMA_EP_READY;
+#else
+	return 0;
+#endif
+}
+
 static unsigned peer_ts(const struct kvb_peer *p)
 {
-	if (p->ep[KVB_TS_RDMA])
-		return KVB_TS_RDMA;
+	if (peer_wants_rdma(p))
+		return rdma_ready(p) ? KVB_TS_RDMA : 0;
 	if (p->ep[KVB_TS_TCP])
 		return KVB_TS_TCP;
 	return 0;
@@ -293,6 +335,28 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 			snprintf(ht->name, sizeof(ht->name), "tcp");
 			ht->conn_len = (uint32_t) len;
 			d->ntransports = 1;
+		} else {
+			free(ht->conn);
+			ht->conn = NULL;
+		}
+	}
+	if (b->trs[KVB_TS_RDMA]) {
+		struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+		struct kvb_hs_transport *ht = &d->transports[d->ntransports];
+		size_t len = KVB_HS_CONN_MAX;
+
+		ht->conn = malloc(len);
+		if (!ht->conn)
+			return -ENOMEM;
+		int rc = t->ops->local_info(t, ht->conn, &len);
+
+		if (rc)
+			log_warn("rdma: no connection data to offer: %s",
+				 strerror(-rc));
+		if (rc == 0) {
+			snprintf(ht->name, sizeof(ht->name), "rdma");
+			ht->conn_len = (uint32_t) len;
+			d->ntransports++;
 		} else {
 			free(ht->conn);
 			ht->conn = NULL;
@@ -375,7 +439,7 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 		      struct kvb_hs_desc *d)
 {
 	int same = p->have_desc && p->desc.instance == d->instance &&
-		   p->ep[KVB_TS_TCP];
+		   (p->ep[KVB_TS_TCP] || p->ep[KVB_TS_RDMA]);
 	int rc = 0;
 
 	kvb_hs_fini(&p->desc);
@@ -400,9 +464,23 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 				 p->port, strerror(-rc));
 	}
 #endif
+	if (peer_wants_rdma(p)) {
+		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
+			 "pairs connect on first use)",
+			 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
+			 p->desc.nworkers);
+		return 0;
+	}
 	if (!peer_ts(p)) {
-		log_warn("peer %s:%u (%s): no transport in common", p->host,
-			 p->port, p->desc.node_id);
+		char names[128] = "";
+
+		for (uint32_t i = 0; i < p->desc.ntransports; i++)
+			snprintf(names + strlen(names),
+				 sizeof(names) - strlen(names), "%s%s",
+				 i ? "," : "", p->desc.transports[i].name);
+		log_warn("peer %s:%u (%s): no transport in common (it offers "
+			 "'%s')",
+			 p->host, p->port, p->desc.node_id, names);
 		return rc ? rc : -EPROTONOSUPPORT;
 	}
 	log_info("peer %u %s:%u (node %s, %u workers) connected over %s",
@@ -437,6 +515,8 @@ static void close_dealer(struct kvb_broker *b, struct kvb_peer *p)
 }
 
 static void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
+static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+		     const void *body, size_t len);
 
 static void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 {
@@ -456,6 +536,36 @@ static void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 		issue_deferred_of_peer(b, peer_id(b->rm, p));
 }
 
+static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
+{
+	char ep[96];
+	int zero = 0, hwm = 4, rc;
+	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
+	size_t sz = sizeof(p->dealer_fd);
+
+	if (p->dealer)
+		return 0;
+	p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
+	if (!p->dealer)
+		return -errno;
+	snprintf(ep, sizeof(ep),
+		 strchr(p->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
+		 p->host, p->port);
+	if (zmq_setsockopt(p->dealer, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_setsockopt(p->dealer, ZMQ_SNDHWM, &hwm, sizeof(hwm)) ||
+	    zmq_setsockopt(p->dealer, ZMQ_MAXMSGSIZE, &maxmsg,
+			   sizeof(maxmsg)) ||
+	    zmq_connect(p->dealer, ep) ||
+	    zmq_getsockopt(p->dealer, ZMQ_FD, &p->dealer_fd, &sz)) {
+		rc = -errno;
+		zmq_close(p->dealer);
+		p->dealer = NULL;
+		return rc;
+	}
+	ep_add(b, p->dealer_fd);
+	return 0;
+}
+
 static int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 {
 	struct kvb_hs_desc d;
@@ -465,32 +575,9 @@ static int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 
 	if (p->state == PEER_HS)
 		return 0;
-	if (!p->dealer) {
-		char ep[96];
-		int zero = 0, hwm = 4;
-		int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
-		size_t sz = sizeof(p->dealer_fd);
-
-		p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
-		if (!p->dealer)
-			return -errno;
-		snprintf(ep, sizeof(ep),
-			 strchr(p->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
-			 p->host, p->port);
-		if (zmq_setsockopt(p->dealer, ZMQ_LINGER, &zero,
-				   sizeof(zero)) ||
-		    zmq_setsockopt(p->dealer, ZMQ_SNDHWM, &hwm, sizeof(hwm)) ||
-		    zmq_setsockopt(p->dealer, ZMQ_MAXMSGSIZE, &maxmsg,
-				   sizeof(maxmsg)) ||
-		    zmq_connect(p->dealer, ep) ||
-		    zmq_getsockopt(p->dealer, ZMQ_FD, &p->dealer_fd, &sz)) {
-			rc = -errno;
-			zmq_close(p->dealer);
-			p->dealer = NULL;
-			return rc;
-		}
-		ep_add(b, p->dealer_fd);
-	}
+	rc = peer_dealer(b, p);
+	if (rc)
+		return rc;
 	rc = own_desc(b, &d);
 	if (!rc)
 		rc = kvb_hs_encode(&d, &buf, &len);
@@ -506,6 +593,161 @@ static int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 	p->hs_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
 	p->next_refresh = kvb_now_ns() + REFRESH_NS;
 	return 0;
+}
+
+/*
+ * rdma: make this peer's endpoint ready. The side that needs to post sends
+ * an "ep" offer (its endpoint blob) on the handshake channel; the peer
+ * connects it and answers with its own; both QP sets are then in RTS (the
+ * rdma transport pairs crossing offers itself, see rdma.h).
+ */
+static int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+	const struct kvb_hs_transport *ht = desc_transport(&p->desc, "rdma");
+	static struct ep_msg m;
+	size_t len = sizeof(m.blob);
+	int rc;
+
+	if (!t || !ht)
+		return -EPROTONOSUPPORT;
+	if (p->ep_pending)
+		return 0;
+	if (!p->ep[KVB_TS_RDMA]) {
+		rc = t->ops->connect(t, ht->conn, ht->conn_len,
+				     &p->ep[KVB_TS_RDMA]);
+		if (rc) {
+			log_warn("peer %s:%u: rdma connect: %s", p->host,
+				 p->port, strerror(-rc));
+			return rc;
+		}
+	}
+	if (rdma_ready(p))
+		return 0;
+	memset(&m, 0, sizeof(m));
+	snprintf(m.host, sizeof(m.host), "%s", b->opt.host_ip);
+	m.port = b->opt.handshake_port;
+	rc = kvb_rdma_ep_info(t, p->ep[KVB_TS_RDMA], m.blob, &len);
+	if (rc)
+		return rc;
+	m.len = (uint32_t) len;
+	rc = peer_dealer(b, p);
+	if (rc)
+		return rc;
+	if (zmq_send(p->dealer, "ep", 2, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(p->dealer, &m, offsetof(struct ep_msg, blob) + len,
+		     ZMQ_DONTWAIT) < 0)
+		return -errno;
+	p->ep_pending = 1;
+	p->ep_offers++;
+	p->ep_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
+	return 0;
+#else
+	return -EPROTONOSUPPORT;
+#endif
+}
+
+/* An rdma blob from the peer (offer or answer): connect it. */
+static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
+		     size_t len)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+	struct kvb_ep *ep = NULL;
+	int rc;
+
+	if (!t)
+		return -EPROTONOSUPPORT;
+	rc = t->ops->connect(t, blob, len, &ep);
+	if (rc)
+		return rc;
+	if (p->ep[KVB_TS_RDMA] && p->ep[KVB_TS_RDMA] != ep) {
+		/* the peer's endpoint of an older life: drop ours */
+		fail_dest_ops(b, peer_id(b->rm, p), KVB_TS_RDMA, -ECONNRESET);
+		t->ops->disconnect(t, p->ep[KVB_TS_RDMA]);
+	}
+	p->ep[KVB_TS_RDMA] = ep;
+	if (rdma_ready(p)) {
+		log_info("peer %u %s:%u: rdma queue pairs ready",
+			 peer_id(b->rm, p), p->host, p->port);
+		p->stale = 0;
+	}
+	return 0;
+#else
+	return -EPROTONOSUPPORT;
+#endif
+}
+
+/* "ep" request on the handshake port: [id]["ep"][struct ep_msg]. */
+static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
+{
+	struct ep_msg m;
+	size_t n = zmq_msg_size(body);
+	struct kvb_peer *p;
+	int rc = -EBADMSG;
+	static const char why_bad[] = "malformed ep message",
+			  why_peer[] = "unknown peer: hand-shake first";
+
+	memset(&m, 0, sizeof(m));
+	if (n >= offsetof(struct ep_msg, blob) && n <= sizeof(m)) {
+		memcpy(&m, zmq_msg_data(body), n);
+		if (memchr(m.host, 0, sizeof(m.host)) &&
+		    m.len == n - offsetof(struct ep_msg, blob))
+			rc = 0;
+	}
+	if (rc) {
+		b->rm->st.hs_refused++;
+		hs_reply(b->rm->router, id, rc, why_bad, sizeof(why_bad) - 1);
+		return;
+	}
+	p = peer_find(b->rm, m.host, (uint16_t) m.port, 0);
+	if (!p || !p->have_desc) {
+		b->rm->st.hs_refused++;
+		hs_reply(b->rm->router, id, -ENOENT, why_peer,
+			 sizeof(why_peer) - 1);
+		return;
+	}
+	rc = rdma_take(b, p, m.blob, m.len);
+#ifdef KVB_HAVE_RDMA
+	if (!rc) {
+		static struct ep_msg a;
+		size_t len = sizeof(a.blob);
+
+		memset(&a, 0, sizeof(a));
+		snprintf(a.host, sizeof(a.host), "%s", b->opt.host_ip);
+		a.port = b->opt.handshake_port;
+		rc = kvb_rdma_ep_info(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA],
+				      a.blob, &len);
+		if (!rc) {
+			zmq_msg_t idc;
+			int32_t ok = 0;
+
+			a.len = (uint32_t) len;
+			zmq_msg_init(&idc);
+			zmq_msg_copy(&idc, id);
+			if (zmq_msg_send(&idc, b->rm->router,
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+				zmq_msg_close(&idc);
+			else {
+				zmq_send(b->rm->router, &ok, sizeof(ok),
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
+				zmq_send(b->rm->router, "ep", 2,
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
+				zmq_send(b->rm->router, &a,
+					 offsetof(struct ep_msg, blob) + len,
+					 ZMQ_DONTWAIT);
+			}
+			p->ep_answers++;
+			if (rdma_ready(p))
+				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			return;
+		}
+	}
+#endif
+	log_warn("peer %s:%u: rdma endpoint refused: %s", m.host, m.port,
+		 strerror(-rc));
+	hs_reply(b->rm->router, id, rc, "rdma endpoint refused", 21);
 }
 
 /* Read one multipart message (at most `max` frames); -EAGAIN if none. */
@@ -550,15 +792,47 @@ static void close_frames(zmq_msg_t *f, int n)
 static void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 {
 	for (unsigned k = 0; k < HS_DRAIN && p->dealer; k++) {
-		zmq_msg_t f[2];
+		zmq_msg_t f[3];
 		struct kvb_hs_desc d;
 		const char *reason = NULL;
 		int32_t status;
 		int n = 0, rc;
 
-		rc = recv_frames(p->dealer, f, 2, &n);
+		rc = recv_frames(p->dealer, f, 3, &n);
 		if (rc == -EAGAIN)
 			return;
+		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(status) &&
+		    zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
+			/* the answer to our rdma offer */
+			struct ep_msg m;
+			size_t sz = zmq_msg_size(&f[2]);
+
+			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+			memset(&m, 0, sizeof(m));
+			if (sz >= offsetof(struct ep_msg, blob) &&
+			    sz <= sizeof(m))
+				memcpy(&m, zmq_msg_data(&f[2]), sz);
+			close_frames(f, n);
+			p->ep_pending = 0;
+			rc = status ? status
+				    : (m.len == sz - offsetof(struct ep_msg,
+							      blob)
+					       ? rdma_take(b, p, m.blob, m.len)
+					       : -EBADMSG);
+			if (rc) {
+				log_warn("peer %s:%u: rdma answer: %s", p->host,
+					 p->port, strerror(-rc));
+				continue;
+			}
+			if (rdma_ready(p))
+				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			continue;
+		}
+		if (!rc && n == 3) {
+			close_frames(f, n);
+			rc = -EBADMSG;
+		}
 		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
 			if (!rc)
 				close_frames(f, n);
@@ -618,7 +892,7 @@ static void hs_serve(struct kvb_broker *b)
 	struct kvb_xnode *rm = b->rm;
 
 	for (unsigned k = 0; k < HS_DRAIN; k++) {
-		zmq_msg_t f[2];
+		zmq_msg_t f[3];
 		struct kvb_hs_desc d, mine;
 		const char *reason = NULL, *addr;
 		char host[64];
@@ -627,14 +901,32 @@ static void hs_serve(struct kvb_broker *b)
 		struct kvb_peer *p;
 		int n = 0, rc;
 
-		rc = recv_frames(rm->router, f, 2, &n);
+		rc = recv_frames(rm->router, f, 3, &n);
 		if (rc == -EAGAIN)
 			return;
+		if (!rc && n == 3 && zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
+			addr = zmq_msg_gets(&f[2], "Peer-Address");
+			if (!trusted(rm, addr ? addr : "?")) {
+				rm->st.hs_refused++;
+				hs_reply(rm->router, &f[0], -EACCES,
+					 "not in --trusted-hosts", 22);
+			} else {
+				hs_serve_ep(b, &f[0], &f[2]);
+			}
+			close_frames(f, n);
+			continue;
+		}
 		if (rc || n != 2) {
-			if (!rc)
+			static const char why[] = "malformed request";
+
+			if (!rc) {
+				hs_reply(rm->router, &f[0], -EBADMSG, why,
+					 sizeof(why) - 1);
 				close_frames(f, n);
+			}
 			rm->st.hs_refused++;
-			log_warn("handshake port: malformed request dropped");
+			log_warn("handshake port: malformed request refused");
 			continue;
 		}
 		addr = zmq_msg_gets(&f[1], "Peer-Address");
@@ -653,9 +945,8 @@ static void hs_serve(struct kvb_broker *b)
 				   &reason);
 		if (rc) {
 			rm->st.hs_refused++;
-			log_warn("handshake from %s refused: %s%s", host,
-				 reason ? reason : strerror(-rc),
-				 rc == -EPROTONOSUPPORT ? "" : "");
+			log_warn("handshake from %s refused: %s", host,
+				 reason ? reason : strerror(-rc));
 			if (rc == -EPROTONOSUPPORT)
 				log_warn("peer %s speaks handshake version %u, "
 					 "this broker %u",
@@ -709,12 +1000,17 @@ static void group_free(struct kvb_xnode *rm, uint32_t gi)
 	rm->gfree[rm->ngfree++] = gi;
 }
 
+/* A completion status that says the peer (or what we know of it) changed:
+ * connection errors, and remote access errors (a region deregistered or
+ * replaced there: our descriptor is stale; on rdma the QPs were reset). */
 static int conn_error(int status)
 {
-	return status == -ECONNRESET || status == -ECONNREFUSED ||
-	       status == -ECONNABORTED || status == -ETIMEDOUT ||
-	       status == -EPIPE || status == -ENOTCONN ||
-	       status == -EHOSTUNREACH || status == -ENETUNREACH;
+	return status == -EACCES || status == -EREMOTEIO || status == -EIO ||
+	       status == -ECANCELED || status == -ECONNRESET ||
+	       status == -ECONNREFUSED || status == -ECONNABORTED ||
+	       status == -ETIMEDOUT || status == -EPIPE ||
+	       status == -ENOTCONN || status == -EHOSTUNREACH ||
+	       status == -ENETUNREACH;
 }
 
 void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
@@ -819,6 +1115,16 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 	}
 	if (p->stale || p->state == PEER_HS) {
 		*why = "peer reconnecting";
+		return 1;
+	}
+	if (peer_wants_rdma(p) && !rdma_ready(p)) {
+		int rc = rdma_offer(b, p);
+
+		if (rc < 0) {
+			*why = "rdma queue pairs cannot connect";
+			return rc;
+		}
+		*why = "rdma queue pairs connecting";
 		return 1;
 	}
 	return 0;
@@ -1714,15 +2020,34 @@ int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
+static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+
 void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
+	rdma_reg(b, r);
 	if (!t || r->mr.kind != KVB_MEM_HOST ||
 	    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 		return;
 	if (t->ops->reg_mr(t, &r->mr) == 0)
 		r->tcp_reg = 1;
+}
+
+static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
+{
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+	int rc;
+
+	if (!t || r->mr.kind != KVB_MEM_HOST ||
+	    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return;
+	rc = t->ops->reg_mr(t, &r->mr);
+	if (rc)
+		log_warn("region %#x: rdma registration failed: %s", r->mr.id,
+			 strerror(-rc));
+	else
+		r->rdma_reg = 1;
 }
 
 void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
@@ -1732,6 +2057,10 @@ void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
 	if (t && r->tcp_reg)
 		t->ops->dereg_mr(t, &r->mr);
 	r->tcp_reg = 0;
+	t = b->trs[KVB_TS_RDMA];
+	if (t && r->rdma_reg)
+		t->ops->dereg_mr(t, &r->mr);
+	r->rdma_reg = 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1799,6 +2128,14 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 	for (uint32_t i = 1; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];
 
+		if (p->ep_pending && now >= p->ep_deadline) {
+			log_warn("peer %s:%u: no answer to the rdma offer "
+				 "within "
+				 "%lld s",
+				 p->host, p->port,
+				 (long long) (HS_TIMEOUT_NS / 1000000000));
+			p->ep_pending = 0; /* the next layer op offers again */
+		}
 		if (p->state == PEER_HS && now >= p->hs_deadline) {
 			log_warn("peer %s:%u: no handshake answer within %lld "
 				 "s",
@@ -1911,6 +2248,45 @@ int kvb_remote_init(struct kvb_broker *b)
 			log_info("transport tcp ready on %s:%d", b->opt.host_ip,
 				 kvb_tcp_port(b->trs[KVB_TS_TCP]));
 		}
+	}
+#endif
+#ifdef KVB_HAVE_RDMA
+	if (b->opt.transport == KVB_TR_RDMA ||
+	    b->opt.transport == KVB_TR_AUTO) {
+		struct kvb_transport_params p = {
+			.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
+			.ib_port = b->opt.ib_port,
+			.gid_index = b->opt.gid_index,
+			.post_batch_size = b->opt.post_batch_size,
+			.qp_per_peer = b->opt.qp_per_transfer,
+		};
+		char why[256] = "";
+
+		rc = kvb_rdma_ops.open(&p, &b->trs[KVB_TS_RDMA], why,
+				       sizeof(why));
+		if (rc && b->opt.transport == KVB_TR_RDMA) {
+			log_err("transport rdma: unavailable: %s",
+				why[0] ? why : strerror(-rc));
+			return rc;
+		}
+		if (rc)
+			log_info("transport auto: rdma unavailable (%s); "
+				 "across nodes: tcp",
+				 why[0] ? why : strerror(-rc));
+		else
+			log_info("transport rdma ready (%s%s): peers that "
+				 "offer rdma use it",
+				 b->opt.rdma_dev[0] ? b->opt.rdma_dev
+						    : "first device",
+				 b->opt.transport == KVB_TR_RDMA
+					 ? ", no tcp"
+					 : ", tcp for "
+					   "the others");
+	}
+#else
+	if (b->opt.transport == KVB_TR_RDMA) {
+		log_err("transport rdma: this build has no libibverbs");
+		return -ENOTSUP;
 	}
 #endif
 	rm->router = zmq_socket(rm->zctx, ZMQ_ROUTER);

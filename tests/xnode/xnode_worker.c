@@ -36,6 +36,8 @@ static struct {
 	const char *expect_cancel, *check, *hold_until;
 	char notify_host[64];
 	int notify_port, expect_peer_error;
+	int swap_layer, swap_after, expect_some_fail, swapped;
+	unsigned last_ok; /* highest transfer index that succeeded, + 1 */
 } o = {.role = KVB_ROLE_P,
        .tp_size = 1,
        .peer_tp_size = 1,
@@ -199,6 +201,7 @@ static void usage(void)
 		"[--peer-tp-size N] [--peer-dp N] [--layers N] [--blocks N] "
 		"[--per-xfer N] [--xfers N] [--conc N] [--prefix S] "
 		"[--barrier DIR] [--expect-fail] [--timeout S] "
+		"[--swap-layer L --swap-after-xfers N] [--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S]\n"
 		"  [--notify-override HOST:PORT]  write_done/release go there\n"
@@ -238,6 +241,9 @@ static int parse(int argc, char **argv)
 					   {"heads", 1, 0, 'h'},
 					   {"contig", 0, 0, 'C'},
 					   {"no-verify", 0, 0, 'V'},
+					   {"swap-layer", 1, 0, 'S'},
+					   {"swap-after-xfers", 1, 0, 'A'},
+					   {"expect-some-fail", 0, 0, 'e'},
 					   {"notify-override", 1, 0, 'N'},
 					   {"expect-cancel", 1, 0, 'X'},
 					   {"expect-peer-error", 0, 0, 'E'},
@@ -308,6 +314,15 @@ static int parse(int argc, char **argv)
 		case 'F':
 			o.expect_fail = 1;
 			break;
+		case 'S':
+			o.swap_layer = atoi(optarg);
+			break;
+		case 'A':
+			o.swap_after = atoi(optarg);
+			break;
+		case 'e':
+			o.expect_some_fail = 1;
+			break;
 		case 'o':
 			o.timeout_s = atoi(optarg);
 			break;
@@ -362,13 +377,16 @@ static int parse(int argc, char **argv)
 	return 0;
 }
 
+/* globals: still reachable (not leaks) on the early exits */
+static struct kvb_region *reg;
+static uint32_t *handles;
+
 int main(int argc, char **argv)
 {
 	struct kvb_attach_opts ao = {0};
 	struct kvb_ctx *ctx;
-	struct kvb_region *reg;
 	struct kvb_kv_geometry g;
-	uint32_t peer = 0, *handles;
+	uint32_t peer = 0;
 	uint32_t pb[4096], db[4096];
 	unsigned started = 0, ended = 0, bad = 0, ok = 0, cancelled = 0;
 	int64_t deadline, t_start;
@@ -476,6 +494,35 @@ int main(int argc, char **argv)
 	t_start = now_ms();
 	deadline = now_ms() + (int64_t) o.timeout_s * 1000;
 	while (ended < o.xfers && now_ms() < deadline) {
+		/* D: replace one layer's region mid-run (the P side's writes to
+		 * the old one fail with a remote access error) */
+		if (o.swap_after && !o.swapped &&
+		    ended >= (unsigned) o.swap_after &&
+		    (unsigned) o.swap_layer < o.layers) {
+			struct kvb_region nr;
+			unsigned l = (unsigned) o.swap_layer;
+
+			o.swapped = 1;
+			rc = kvb_mem_free(ctx, &reg[l]);
+			if (!rc)
+				rc = kvb_mem_alloc(ctx,
+						   2 * (uint64_t) o.nblocks *
+							   block_len(),
+						   KVB_MEM_REMOTE_WRITE |
+							   KVB_MEM_REMOTE_READ,
+						   l, &nr);
+			if (!rc)
+				rc = kvb_mem_set_kv(ctx, nr.id, l, &g);
+			if (rc) {
+				fprintf(stderr, "xnode_worker: swap: %s\n",
+					kvb_strerror(rc));
+				return 1;
+			}
+			reg[l] = nr;
+			printf("xnode_worker %c tp %d: layer %u region "
+			       "replaced after %u transfers ended\n",
+			       is_p ? 'P' : 'D', o.tp, l, ended);
+		}
 		struct kvb_completion c[64];
 		int n;
 
@@ -614,6 +661,8 @@ int main(int argc, char **argv)
 				}
 			}
 			ok++;
+			if (i + 1 > o.last_ok)
+				o.last_ok = i + 1;
 		}
 	}
 	printf("xnode_worker %c dp %d tp %d/%d: %u transfers, %u ok, %u "
@@ -640,5 +689,7 @@ int main(int argc, char **argv)
 		return 1;
 	if (o.expect_fail)
 		return bad == o.xfers ? 0 : 1;
+	if (o.expect_some_fail) /* some failed, and the last one succeeded */
+		return bad && o.last_ok == o.xfers ? 0 : 1;
 	return bad ? 1 : 0;
 }

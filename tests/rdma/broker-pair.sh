@@ -1,0 +1,116 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# Two kvbroker daemons on one RDMA device (soft-RoCE rxe0 in the guest of
+# rxe-runner.sh), real RC queue pairs between them, P workers on broker A and
+# D workers on broker B (tests/xnode/xnode_worker: every byte checked at D).
+#
+#   broker-pair.sh BUILD_DIR CASE     CASE: write | read | wcerr
+#
+# wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
+# old region fail with a remote access error, exactly the transfers that hit
+# it fail, the queue pairs reset and reconnect, a fresh handshake brings the
+# new region, and the last transfers succeed.
+# Exits 77 without an RDMA device or without root.
+set -u
+BUILD=${1:?build dir}
+CASE=${2:?case}
+BROKER=$BUILD/broker/kvbroker
+KVBCTL=$BUILD/broker/kvbctl
+WORKER=$BUILD/tests/xnode/xnode_worker
+IP=${KVB_PAIR_IP:-192.0.2.1}
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root"
+ls /sys/class/infiniband/ 2>/dev/null | grep -q . || skip "no RDMA device"
+[ -x "$WORKER" ] || skip "xnode_worker not built"
+ip addr show 2>/dev/null | grep -q "inet $IP/" || skip "no interface with $IP"
+ip link set lo up 2>/dev/null
+
+T=$(mktemp -d /tmp/kvb-pair.XXXXXX)
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+fail() {
+	echo "FAIL: $*"
+	for f in "$T"/*.log; do
+		echo "---- $f (tail)"
+		tail -n 30 "$f"
+	done
+	exit 1
+}
+TTO=${KVB_PAIR_TTO:-8}
+start_broker() { # name hs_port notify_port
+	"$BROKER" --socket "$T/$1.sock" --host-ip "$IP" --transport rdma \
+		--handshake-port "$2" --notify-port "$3" \
+		--transfer-timeout "$TTO" --defer-timeout "$TTO" \
+		>>"$T/broker-$1.log" 2>&1 &
+	PIDS+=($!)
+	eval "BPID_$1=$!"
+	for _ in $(seq 200); do
+		[ -S "$T/$1.sock" ] && return 0
+		sleep 0.05
+	done
+	fail "broker $1 did not start"
+}
+stats() { KVB_SOCKET="$T/$1.sock" "$KVBCTL" stats --json; }
+
+# run MODE P_TP D_TP [worker args...]
+run() {
+	local mode=$1 ptp=$2 dtp=$3 rc=0 wp=()
+	shift 3
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	for ((r = 0; r < ptp; r++)); do
+		"$WORKER" --role P --socket "$T/a.sock" --peer "$IP:6401" \
+			--mode "$mode" --tp $r --tp-size "$ptp" --peer-tp-size "$dtp" \
+			--barrier "$T/bar" --timeout $((TTO * 4)) "$@" \
+			>>"$T/worker-P$r.log" 2>&1 &
+		wp+=($!)
+	done
+	for ((r = 0; r < dtp; r++)); do
+		"$WORKER" --role D --socket "$T/b.sock" --peer "$IP:6301" \
+			--mode "$mode" --tp $r --tp-size "$dtp" --peer-tp-size "$ptp" \
+			--barrier "$T/bar" --timeout $((TTO * 4)) "$@" ${DARGS:-} \
+			>>"$T/worker-D$r.log" 2>&1 &
+		wp+=($!)
+	done
+	for p in "${wp[@]}"; do wait "$p" || rc=1; done
+	grep -h '^xnode_worker' "$T"/worker-*.log | sort
+	return $rc
+}
+
+start_broker a 6301 61005
+start_broker b 6401 62005
+
+case "$CASE" in
+write) run write 2 2 --layers 8 --xfers 6 --conc 3 || fail "WRITE over rdma" ;;
+read) run read 2 2 --layers 8 --xfers 6 --conc 3 || fail "READ over rdma" ;;
+wcerr)
+	# P writes a layer every 50 ms, one transfer at a time; D swaps layer
+	# 3's region as soon as its 3rd transfer ended: the 4th transfer's
+	# layer 3 write hits the old region
+	DARGS="--swap-layer 3 --swap-after-xfers 3" run write 1 1 --layers 8 \
+		--xfers 8 --conc 1 --layer-delay-ms 50 --expect-some-fail ||
+		fail "a work-completion error did not fail just the transfers that hit it"
+	;;
+*) echo "unknown case $CASE"; exit 2 ;;
+esac
+s=$(stats a) || fail "stats"
+python3 - "$s" <<'PY' || true
+import json, sys
+d = json.loads(sys.argv[1])
+for t in d["per_transport"]:
+    if t["name"] == "rdma":
+        print(f"broker A rdma: {t['wrs']} WRs in {t['doorbells']} doorbells "
+              f"({t['wrs']/max(t['doorbells'],1):.1f} per doorbell), "
+              f"{t['cqes']} CQEs, {t['errors']} errors")
+print("broker A: done", d["transfers_done"], "failed", d["transfers_failed"])
+PY
+grep -h "rdma queue pairs ready\|refused\|rdma" "$T"/broker-*.log | head -n 12
+kill -TERM "$BPID_a" "$BPID_b"
+wait "$BPID_a" || fail "broker a exit status"
+echo "PASS: rdma $CASE"
