@@ -113,6 +113,45 @@ static int in_list(const char *list, unsigned i)
 	return 0;
 }
 
+/*
+ * READ mode: in vLLM, P has its transfer before D learns P's block ids, so
+ * D never reads (and releases) a transfer P has not opened. Here P opens
+ * all its transfers first, then marks "open-P-<dp>-<tp>"; D waits for every
+ * P rank's mark before reading.
+ */
+static int read_sync(int is_p)
+{
+	char path[512];
+	int64_t end = now_ms() + 30000;
+
+	if (!o.barrier || o.mode != KVB_XFER_READ)
+		return 0;
+	if (is_p) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s/open-P-%d-%d", o.barrier, o.dp,
+			 o.tp);
+		f = fopen(path, "w");
+		if (!f)
+			return -errno;
+		fclose(f);
+		return 0;
+	}
+	while (now_ms() < end) {
+		int n = 0;
+
+		for (int t = 0; t < o.peer_tp_size; t++) {
+			snprintf(path, sizeof(path), "%s/open-P-%d-%d",
+				 o.barrier, o.peer_dp, t);
+			n += access(path, F_OK) == 0;
+		}
+		if (n == o.peer_tp_size)
+			return 0;
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
+}
+
 static int barrier(void)
 {
 	char path[512];
@@ -526,7 +565,13 @@ int main(int argc, char **argv)
 		struct kvb_completion c[64];
 		int n;
 
-		while (started < o.xfers && started - ended < o.conc) {
+		if (started == 0 && !is_p && read_sync(0)) {
+			fprintf(stderr, "xnode_worker: P never opened\n");
+			return 1;
+		}
+		while (started < o.xfers &&
+		       (started - ended < o.conc ||
+			(is_p && o.mode == KVB_XFER_READ))) {
 			unsigned i = started;
 			char id[128];
 			struct kvb_remote_xfer rx = {
@@ -592,6 +637,8 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			started++;
+			if (is_p && started == o.xfers && read_sync(1))
+				return 1;
 		}
 		n = kvb_wait(ctx, c, 64, 200);
 		if (n == -ETIMEDOUT)
