@@ -2365,13 +2365,60 @@ put_(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 		*len += (size_t) n < cap - *len ? (size_t) n : cap - *len - 1;
 }
 
+#define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
+
+/* Per-QP counters of a peer's rdma endpoint (kvbctl stats). */
+static void qp_stats(struct kvb_broker *b, const struct kvb_peer *p, int json,
+		     char *buf, size_t cap, size_t *lenp)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_rdma_qp_stats q;
+	size_t len = *lenp;
+
+	for (unsigned i = 0;
+	     p->ep[KVB_TS_RDMA] &&
+	     !kvb_rdma_qp_stats(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], i, &q);
+	     i++) {
+		if (json)
+			PUT("%s{\"qpn\":%u,\"credits\":%u,\"depth\":%u,"
+			    "\"in_flight\":%u,\"doorbells\":%llu,\"wrs\":%llu,"
+			    "\"ops\":%llu,\"bytes\":%llu,\"cqes\":%llu,"
+			    "\"credit_stalls\":%llu,\"wc_errors\":%llu,"
+			    "\"resets\":%llu}",
+			    i ? "," : "", q.qpn, q.credits, q.depth,
+			    q.in_flight, (unsigned long long) q.chain.chains,
+			    (unsigned long long) q.chain.wrs,
+			    (unsigned long long) q.chain.ops,
+			    (unsigned long long) q.chain.bytes,
+			    (unsigned long long) q.chain.cqes,
+			    (unsigned long long) q.chain.credit_stalls,
+			    (unsigned long long) q.chain.wc_errors,
+			    (unsigned long long) q.chain.resets);
+		else
+			PUT("  qp %-6u            %llu WRs in %llu doorbells "
+			    "(%.1f per doorbell), %llu CQEs, %llu credit "
+			    "stalls, %llu WC errors, %u/%u in flight\n",
+			    q.qpn, (unsigned long long) q.chain.wrs,
+			    (unsigned long long) q.chain.chains,
+			    q.chain.chains ? (double) q.chain.wrs /
+						     (double) q.chain.chains
+					   : 0.0,
+			    (unsigned long long) q.chain.cqes,
+			    (unsigned long long) q.chain.credit_stalls,
+			    (unsigned long long) q.chain.wc_errors, q.in_flight,
+			    q.depth);
+	}
+	*lenp = len;
+#else
+	(void) b, (void) p, (void) json, (void) buf, (void) cap, (void) lenp;
+#endif
+}
+
 size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
 	struct kvb_xnode *rm = b->rm;
 	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
 	size_t len = 0;
-
-#define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
 
 	if (!rm || !cap)
 		return 0;
@@ -2452,7 +2499,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 			PUT("%s{\"id\":%u,\"host\":\"%s\",\"port\":%u,"
 			    "\"state\":\"%s\",\"stale\":%u,\"node\":\"%s\","
 			    "\"workers\":%u,\"transport\":\"%s\","
-			    "\"handshakes\":%llu,\"failures\":%llu}",
+			    "\"handshakes\":%llu,\"failures\":%llu,\"qps\":[",
 			    k++ ? "," : "", i, p->host, p->port, sn[p->state],
 			    p->stale, p->have_desc ? p->desc.node_id : "",
 			    p->have_desc ? p->desc.nworkers : 0,
@@ -2467,6 +2514,9 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    p->have_desc ? p->desc.node_id : "-",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none");
+		qp_stats(b, p, json, buf, cap, &len);
+		if (json)
+			PUT("]}");
 	}
 	if (json)
 		PUT("]},");

@@ -97,6 +97,11 @@ wcerr)
 		--xfers 8 --conc 1 --layer-delay-ms 50 --expect-some-fail ||
 		fail "a work-completion error did not fail just the transfers that hit it"
 	;;
+bench)
+	# not a test: 8 P workers x 32 layers through one broker pair
+	run write 8 8 --layers 32 --xfers ${PAIR_XFERS:-4} --conc 2 \
+		--no-verify >/dev/null || fail "8x32 run"
+	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac
 s=$(stats a) || fail "stats"
@@ -110,7 +115,8 @@ for t in d["per_transport"]:
               f"{t['cqes']} CQEs, {t['errors']} errors")
 print("broker A: done", d["transfers_done"], "failed", d["transfers_failed"])
 PY
-grep -h "rdma queue pairs ready\|refused\|rdma" "$T"/broker-*.log | head -n 12
+KVB_SOCKET="$T/a.sock" "$KVBCTL" stats | grep -E "^peer|^  qp|^wr_per_doorbell|^doorbells|^wrs"
+grep -h "rdma queue pairs ready\|refused" "$T"/broker-*.log | head -n 12
 kill -TERM "$BPID_a" "$BPID_b"
 wait "$BPID_a" || fail "broker a exit status"
 echo "PASS: rdma $CASE"
