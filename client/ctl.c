@@ -24,8 +24,8 @@ int kvb_default_socket(char *buf, unsigned long len)
 		n = snprintf(buf, len, "%s/kvbroker.sock", xdg);
 	else
 		n = snprintf(buf, len, "/tmp/kvbroker-%u.sock",
-			     (unsigned)getuid());
-	if (n < 0 || (unsigned long)n >= len)
+			     (unsigned) getuid());
+	if (n < 0 || (unsigned long) n >= len)
 		return -ENAMETOOLONG;
 	return n;
 }
@@ -45,7 +45,7 @@ int kvb_ctl_connect(const char *path, int timeout_ms)
 		return -errno;
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+	if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
 		rc = -errno;
 		close(fd);
 		return rc;
@@ -66,7 +66,7 @@ int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
 		 unsigned nfds)
 {
 	char cbuf[CMSG_SPACE(sizeof(int) * KVB_CTL_MAX_FDS)];
-	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+	struct iovec iov = {.iov_base = (void *) msg, .iov_len = len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 	ssize_t n;
 
@@ -89,14 +89,15 @@ int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EAGAIN ? -ETIMEDOUT : -errno;
-	return (size_t)n == len ? 0 : -EIO;
+	return (size_t) n == len ? 0 : -EIO;
 }
 
 int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 {
 	char cbuf[CMSG_SPACE(sizeof(int) * KVB_CTL_MAX_FDS)];
 	struct iovec iov = {.iov_base = buf, .iov_len = cap};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1,
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
 			    .msg_control = cbuf,
 			    .msg_controllen = sizeof(cbuf)};
 	unsigned got = 0, want = nfds ? *nfds : 0;
@@ -110,7 +111,7 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 		return errno == EAGAIN ? -ETIMEDOUT : -errno;
 	for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		unsigned k, cnt;
-		int *p = (int *)CMSG_DATA(c);
+		int *p = (int *) CMSG_DATA(c);
 
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -119,7 +120,8 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 			if (got < want)
 				fds[got++] = p[k];
 			else
-				close(p[k]); /* never leak what we did not ask for */
+				close(p[k]); /* never leak what we did not ask
+						for */
 		}
 	}
 	if (nfds)
@@ -133,21 +135,69 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 			*nfds = 0;
 		return -EMSGSIZE;
 	}
-	return (int)n;
+	return (int) n;
 }
 
 int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
 			size_t min_len)
 {
-	if (n < (int)sizeof(*h) || h->magic != KVB_MSG_MAGIC ||
+	if (n < (int) sizeof(*h) || h->magic != KVB_MSG_MAGIC ||
 	    h->version != KVB_PROTO_VERSION || h->type != type ||
-	    h->len != (uint32_t)n)
+	    h->len != (uint32_t) n)
 		return -EPROTO;
 	if (h->status)
 		return h->status < 0 ? h->status : -EPROTO;
-	if ((size_t)n < min_len)
+	if ((size_t) n < min_len)
 		return -EPROTO;
 	return 0;
+}
+
+int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
+		  int timeout_ms)
+{
+	struct kvb_msg_stats req;
+	size_t len;
+	char *msg;
+	int fd, n;
+
+	if (!socket_path || !buf || !cap)
+		return -EINVAL;
+	buf[0] = '\0';
+	msg = malloc(KVB_MSG_MAX + 1);
+	if (!msg)
+		return -ENOMEM;
+	fd = kvb_ctl_connect(socket_path, timeout_ms);
+	if (fd < 0) {
+		free(msg);
+		return fd;
+	}
+	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
+	req.json = json ? 1 : 0;
+	n = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
+	if (!n)
+		n = kvb_ctl_recv(fd, msg, KVB_MSG_MAX, NULL, NULL);
+	close(fd);
+	if (n >= 0) {
+		int rc = kvb_ctl_check_reply((const struct kvb_msg_hdr *) msg,
+					     n, KVB_MSG_STATS,
+					     sizeof(struct kvb_msg_hdr) + 1);
+
+		if (rc)
+			n = rc;
+	}
+	if (n < 0) {
+		free(msg);
+		return n;
+	}
+	msg[n] = '\0'; /* the text is NUL-terminated; make sure */
+	len = strlen(msg + sizeof(struct kvb_msg_hdr));
+	if (len + 1 > cap) {
+		free(msg);
+		return -ENOSPC;
+	}
+	memcpy(buf, msg + sizeof(struct kvb_msg_hdr), len + 1);
+	free(msg);
+	return (int) len;
 }
 
 const char *kvb_strerror(int status)

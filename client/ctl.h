@@ -26,5 +26,14 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds);
 /* Check a reply's header against the request type; 0 or the status. */
 int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
 			size_t min_len);
+/*
+ * Ask the broker at socket_path for its counters (KVB_MSG_STATS): a table,
+ * or one JSON object with json != 0. The reply's text, NUL-terminated, goes
+ * to buf. Returns its length (without the NUL), -ENOSPC when it does not fit
+ * in cap bytes (buf then holds nothing), or -errno (-ENOENT / -ECONNREFUSED:
+ * no broker there, -ETIMEDOUT after timeout_ms, -EPROTO: a bad reply).
+ */
+int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
+		  int timeout_ms);
 
 #endif

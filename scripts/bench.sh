@@ -6,7 +6,13 @@
 #
 # Environment: BUILD (default build), QUICK=1 (a short version, about a
 # minute: fewer steps, fewer samples), ITERS_SMALL / ITERS_LARGE (steps per
-# worker of the two workload cases), KVBENCH (the binary).
+# worker of the two workload cases on `local`), ITERS_TCP_SMALL /
+# ITERS_TCP_LARGE (the same on `tcp`), KVBENCH (the binary).
+#
+# tcp: kvbench places P and D in two network namespaces joined by a veth
+# pair when run as root with `ip netns` (it makes and deletes them itself),
+# else on loopback; the tables say which. Skipped when kvbench was built
+# without the tcp transport.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -20,12 +26,16 @@ if [ "$QUICK" = 1 ]; then QNOTE=", QUICK=1: the short version"; fi
 if [ "$QUICK" = 1 ]; then
 	ITERS_SMALL=${ITERS_SMALL:-30}
 	ITERS_LARGE=${ITERS_LARGE:-6}
+	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-20}
+	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-2}
 	RATE_S=2
 	LAT_N=100000
 	RING_S=1
 else
 	ITERS_SMALL=${ITERS_SMALL:-1500}
 	ITERS_LARGE=${ITERS_LARGE:-100}
+	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-1000}
+	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-40}
 	RATE_S=5
 	LAT_N=300000
 	RING_S=2
@@ -44,41 +54,69 @@ mkdir -p "$RES"
 CMDS=()
 # run NAME ARGS...: kvbench ARGS, table to $RES/NAME.txt and the terminal
 run() {
-	local name=$1
+	local name=$1 t0
 	shift
-	CMDS+=("$KVBENCH $*")
 	echo
 	echo "== $name: kvbench $*"
+	t0=$(date +%s)
 	"$KVBENCH" "$@" | tee "$RES/$name.txt"
+	CMDS+=("$KVBENCH $*    # $(($(date +%s) - t0)) s")
 }
 
+TCP=0
+if "$KVBENCH" workload --transport tcp --help >/dev/null 2>&1; then
+	TCP=1
+fi
 start=$(date +%s)
-echo "bench: transport local only (tcp, rdma, gpu: not available in this build yet)"
+if [ "$TCP" = 1 ]; then
+	echo "bench: transports local and tcp (rdma, gpu: not in kvbench yet)"
+else
+	echo "bench: transport local only (kvbench built without tcp)"
+fi
 
 # 0. correctness first: every byte checked at D, both modes
 run verify workload --workers 2 --layers 32 --iters 2 --mode both --verify \
 	--json "$RES/verify.json"
 
 # 1. small blocks: message-rate bound (512 B, 32 layers x 16 blocks)
-SMALL=(--layers 32 --blocks 16 --block-bytes 512 --requests 8
-	--iters "$ITERS_SMALL" --no-verify --mode both)
-run workload-small workload "${SMALL[@]}" --sweep-workers 1,2,4,8 \
+SMALL=(--layers 32 --blocks 16 --block-bytes 512 --requests 8 --no-verify
+	--mode both)
+run workload-small workload "${SMALL[@]}" --iters "$ITERS_SMALL" \
+	--sweep-workers 1,2,4,8 \
 	--json "$RES/workload-small.json" --plot "$RES/workload-small.png"
 
 # 2. large blocks: bandwidth bound (256 KiB, 32 layers x 4 blocks)
-LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4
-	--iters "$ITERS_LARGE" --no-verify --mode both)
-run workload-large workload "${LARGE[@]}" --sweep-workers 1,2,4,8 \
+LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify
+	--mode both)
+run workload-large workload "${LARGE[@]}" --iters "$ITERS_LARGE" \
+	--sweep-workers 1,2,4,8 \
 	--json "$RES/workload-large.json" --plot "$RES/workload-large.png"
 
-# 3. the broker's own limits
+# 3. tcp, two nodes: the same two cases (fewer steps: the wire is slower),
+#    after a correctness pass
+if [ "$TCP" = 1 ]; then
+	run verify-tcp workload --transport tcp --workers 2 --layers 32 \
+		--iters 2 --mode both --verify --json "$RES/verify-tcp.json"
+	run workload-tcp-small workload --transport tcp "${SMALL[@]}" \
+		--iters "$ITERS_TCP_SMALL" --sweep-workers 1,2,4,8 \
+		--json "$RES/workload-tcp-small.json" \
+		--plot "$RES/workload-tcp-small.png"
+	run workload-tcp-large workload --transport tcp "${LARGE[@]}" \
+		--iters "$ITERS_TCP_LARGE" --sweep-workers 1,2,4,8 \
+		--json "$RES/workload-tcp-large.json" \
+		--plot "$RES/workload-tcp-large.png"
+else
+	rm -f "$RES"/verify-tcp.* "$RES"/workload-tcp-*
+fi
+
+# 4. the broker's own limits
 run rate rate --workers 1 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate.json"
 run rate2 rate --workers 2 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate2.json"
 run lat lat --samples "$LAT_N" --json "$RES/lat.json"
 
-# 4. the ring against DPDK's rte_ring
+# 5. the ring against DPDK's rte_ring
 if ! "$KVBENCH" ring --help 2>&1 | grep -q 'built without'; then
 	run ring ring --seconds "$RING_S" --json "$RES/ring.json"
 else
@@ -91,21 +129,69 @@ elapsed=$(($(date +%s) - start))
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)
 table() { sed 's/^/    /' "$RES/$1.txt"; }
+# the tcp placement kvbench reported ("network namespaces ..." / "loopback")
+where=
+if [ "$TCP" = 1 ]; then
+	where=$(sed -n '1s/^kvbench workload: transport tcp, //p' "$RES/verify-tcp.txt")
+fi
+# broker/direct ratios of every workload sweep, one markdown table
+ratios() {
+	command -v python3 >/dev/null || {
+		echo "(python3 missing: see the tables below)"
+		return
+	}
+	python3 - "$RES" <<'PY'
+import json, os, sys
+res = sys.argv[1]
+cases = [("local", "small", "workload-small"), ("local", "large", "workload-large"),
+         ("tcp", "small", "workload-tcp-small"), ("tcp", "large", "workload-tcp-large")]
+cols = [("doorbells", "doorbells"), ("wr_per_doorbell", "WR/db"),
+        ("msg_rate_mps", "MsgRate"), ("bw_gbps", "BW"), ("lat_p50_us", "p50"),
+        ("lat_p99_us", "p99"), ("lat_p999_us", "p99.9"), ("cpu_s", "cpu"),
+        ("post_cpu_us_per_wr", "post_cpu")]
+print("| transport | blocks | W | " + " | ".join(c[1] for c in cols) + " |")
+print("|---|---|---|" + "---|" * len(cols))
+for tr, blk, name in cases:
+    path = os.path.join(res, name + ".json")
+    if not os.path.exists(path):
+        continue
+    d = json.load(open(path))
+    where = d["config"].get("placement", "")
+    for pt in d.get("sweep", []):
+        r = pt.get("ratio")
+        if not r:
+            continue
+        cells = ["n/a" if r.get(k) is None else "%.2f" % r[k] for k, _ in cols]
+        label = tr + (" (%s)" % where if where else "")
+        print("| %s | %s | %d | %s |" % (label, blk, pt["workers"], " | ".join(cells)))
+PY
+}
 {
 	cat <<EOF
 # kvbroker benchmarks
 
-Generated by \`make bench\` (\`scripts/bench.sh\`${QNOTE}; ITERS_SMALL=$ITERS_SMALL,
-ITERS_LARGE=$ITERS_LARGE steps per worker) on
-$(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by hand: run
-\`make bench\` again.
+Generated by \`make bench\` (here: \`BUILD=$BUILD scripts/bench.sh\`${QNOTE}; steps per worker:
+ITERS_SMALL=$ITERS_SMALL, ITERS_LARGE=$ITERS_LARGE on \`local\`,
+ITERS_TCP_SMALL=${ITERS_TCP_SMALL}, ITERS_TCP_LARGE=${ITERS_TCP_LARGE} on
+\`tcp\`) on $(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by
+hand: run \`make bench\` again.
 
 - Machine: $(nproc) CPUs, ${cpu:-unknown CPU}, ${mem}, Linux $(uname -r).
   Shared with other jobs: figures are noisy; compare the ratios of one run.
-- Transport: \`local\` (the broker's memcpy path). \`tcp\`, \`rdma\` and \`gpu\`
-  are not available in this build yet; kvbench refuses them.
+- Transports: \`local\` (one node, the broker's memcpy path)${where:+ and
+  \`tcp\` (two nodes: ${where})}. \`rdma\` and \`gpu\` are not in kvbench
+  yet; it refuses them.
 - Raw results: \`bench/results/*.json\` (one object per run: \`direct\`,
-  \`broker\`, \`ratio\` = broker/direct) and \`*.txt\` (the tables below).
+  \`broker\`, \`ratio\` = broker/direct; null = not measurable) and \`*.txt\`
+  (the tables below).
+
+## At a glance: broker / direct
+
+Each cell is the broker's figure divided by direct's at the same worker
+count W (below 1: the broker has less of it; for MsgRate and BW, above 1
+is better).
+
+$(ratios)
 
 ## What is measured
 
@@ -116,42 +202,88 @@ writes that request's B blocks of that layer: the order a forward pass
 produces them. Blocks land at scattered D offsets, so no two writes merge:
 one descriptor = one WR in both modes.
 
-- **direct**: every worker drives its own \`local\` transport instance, one
+- **direct**: every worker drives its own transport instance, one
   \`post()\` (one doorbell) per (request, layer) chain: what vLLM's MoRIIO
   connector does per worker today.
-- **broker**: the same writes go through a kvbroker that kvbench starts
-  (private socket); the workers submit descriptors into their rings, seal
-  each request, and D workers seal expecting their P writer (write_done).
+- **broker**: the same writes go through kvbroker; the workers submit into
+  their rings, seal each request, and D workers seal expecting their P
+  writer (write_done).
 
-Columns: \`WR/db\` = WRs per doorbell (transport counters; broker: its STATS);
-\`post_cpu\` = CPU per WR inside post() (direct: thread CPU time around each
-\`post()\`; **broker: the broker process's whole CPU time / WRs, an upper
-bound** that also counts draining rings, validation, completions and idle
-spinning); \`MsgRate\` = descriptors/s; \`BW\` in GB/s (1e9 B); latency from a
+On \`local\` (one node) kvbench starts one broker on a private socket and
+direct workers copy into the D workers' memory.
+
+On \`tcp\` (two nodes) the P side and the D side each have their own network
+stack: two namespaces joined by a veth pair when kvbench runs as root, else
+loopback (the tables' first line says which).
+
+- **direct**: every P worker opens its own \`tcp\` transport and its own
+  socket to its D peer and posts one chain per (request, layer); every D
+  worker is a receiver process with its own \`tcp\` transport and its layer
+  regions registered (one receiver per D worker). A request is done when its
+  last WR is acked (the bytes landed in D's memory).
+- **broker**: two kvbrokers (\`--transport tcp --host-ip\`: the P node's and
+  the D node's); workers declare one KV region per layer
+  (\`kvb_mem_set_kv\`), meet with \`kvb_peer_connect\`, and run MoRIIO's WRITE
+  path: D opens each request with its block ids (\`remote_blocks\` to P) and
+  seals expecting one \`write_done\`; P opens it, calls \`kvb_submit_layer\`
+  per layer and seals with the layer count. Figures are the P broker's
+  (\`kvbctl stats --json\`: per_transport \`tcp\`, remote \`layer_ops\`).
+
+Columns: \`WR/db\` = WRs per doorbell (transport counters; broker: its STATS;
+on \`tcp\` a doorbell is a \`sendmsg\` carrying WRs); \`post_cpu\` = CPU per WR
+inside post() (direct: thread CPU time around each \`post()\`; **broker: the
+broker process's whole CPU time / WRs, an upper bound** that also counts
+draining rings, validation, completions and idle spinning; **n/a on \`tcp\`**:
+sending goes on in \`poll()\` after \`post()\` returns, so no post-only figure
+exists); \`MsgRate\` = descriptors/s; \`BW\` in GB/s (1e9 B); latency from a
 request's first write to its write_done; \`cpu\` = CPU seconds of the P
-workers, plus the broker's in broker mode; \`ratio\` = broker / direct.
+workers, plus the broker's in broker mode (\`tcp\`: P workers + D side, the
+receivers or D workers, verification excluded, + both brokers);
+\`ratio\` = broker / direct.
 
 Defaults of \`kvbench workload\` model Llama-3-70B at TP=8: 80 layers; 16-token
 blocks; 8 KV heads / TP 8 = 1 head per rank; head dim 128; bf16; K and V:
 block bytes per rank per layer = 2 x 16 x 1 x 128 x 2 = **8192**. The sweep
 below uses 32 layers and two block sizes to separate the two regimes.
 
-## Correctness pass (every byte verified at D)
+## local: correctness pass (every byte verified at D)
 
 $(table verify)
 
-## Small blocks (512 B): message rate
+## local: small blocks (512 B), message rate
 
 ![small blocks](bench/results/workload-small.png)
 
 $(table workload-small)
 
-## Large blocks (256 KiB): bandwidth
+## local: large blocks (256 KiB), bandwidth
 
 ![large blocks](bench/results/workload-large.png)
 
 $(table workload-large)
 
+EOF
+	if [ "$TCP" = 1 ]; then
+		cat <<EOF
+## tcp: correctness pass (every byte verified at D)
+
+$(table verify-tcp)
+
+## tcp: small blocks (512 B), message rate
+
+![tcp small blocks](bench/results/workload-tcp-small.png)
+
+$(table workload-tcp-small)
+
+## tcp: large blocks (256 KiB), bandwidth
+
+![tcp large blocks](bench/results/workload-tcp-large.png)
+
+$(table workload-tcp-large)
+
+EOF
+	fi
+	cat <<EOF
 ## Broker limits (foundation issue, Speed)
 
 Descriptors per second, tiny unsignaled writes (target >= 10 M/s):
@@ -179,6 +311,26 @@ burst (chains of up to \`--burst\` WRs per destination instead of B per
 to RDMA, where a doorbell is an \`ibv_post_send\` + MMIO and the NIC does the
 copies.
 
+EOF
+	if [ "$TCP" = 1 ]; then
+		cat <<'EOF'
+## How to read this on the `tcp` transport
+
+In direct mode each worker's (request, layer) chain of B WRs is one
+`sendmsg` on its own socket (a few more when a socket fills up): WR/db stays
+near B. The P broker sends the chains of all its workers to the one peer
+node over one connection, up to 1024 iovecs per `sendmsg` (about 510 WRs
+with their headers), so WR/db grows with what queues up while a `sendmsg`
+is in flight. Both modes move the same bytes through the same kernel TCP
+stack and the same (virtual) link. On this 2-core machine the worker
+processes, receivers and brokers all share the two cores: CPU seconds and
+latencies include waiting for a core. Broker-mode latency also carries
+MoRIIO's control path (`remote_blocks` from D before P's layers go,
+`write_done` over ZMQ after the last ack).
+
+EOF
+	fi
+	cat <<EOF
 ## Commands
 
 \`\`\`

@@ -335,29 +335,13 @@ static double json_num(const char *js, const char *key)
 
 static int broker_stats(const char *sock, char *buf, size_t cap)
 {
-	struct kvb_msg_stats req;
 	char path[108];
-	int fd, n;
 
 	if (sock)
 		snprintf(path, sizeof(path), "%s", sock);
 	else if (kvb_default_socket(path, sizeof(path)) < 0)
 		return -ENAMETOOLONG;
-	fd = kvb_ctl_connect(path, 3000);
-	if (fd < 0)
-		return fd;
-	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
-	req.json = 1;
-	n = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
-	if (!n)
-		n = kvb_ctl_recv(fd, buf, cap - 1, NULL, NULL);
-	close(fd);
-	if (n < (int) sizeof(struct kvb_msg_hdr))
-		return n < 0 ? n : -EPROTO;
-	buf[n] = '\0';
-	memmove(buf, buf + sizeof(struct kvb_msg_hdr),
-		(size_t) n - sizeof(struct kvb_msg_hdr) + 1);
-	return 0;
+	return kvb_ctl_stats(path, 1, buf, cap, 3000);
 }
 
 static void usage(FILE *f)

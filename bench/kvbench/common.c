@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,16 +134,28 @@ int kvb_bench_parse_double(const char *opt, const char *arg, double min,
 	return 0;
 }
 
-int kvb_bench_check_transport(const char *arg)
+int kvb_bench_check_transport(const char *arg, int tcp_ok)
 {
 	if (!strcmp(arg, "local"))
-		return 0;
-	if (!strcmp(arg, "tcp") || !strcmp(arg, "rdma") ||
-	    !strcmp(arg, "gpu")) {
+		return KVB_BENCH_TR_LOCAL;
+	if (!strcmp(arg, "tcp")) {
+#ifdef KVB_HAVE_TCP
+		if (tcp_ok)
+			return KVB_BENCH_TR_TCP;
+		fprintf(stderr, "kvbench: --transport tcp: only `kvbench "
+				"workload` measures tcp\n");
+#else
+		fprintf(stderr, "kvbench: --transport tcp: this kvbench was "
+				"built without the tcp transport "
+				"(bridge/tcp)\n");
+#endif
+		return -1;
+	}
+	if (!strcmp(arg, "rdma") || !strcmp(arg, "gpu")) {
 		fprintf(stderr,
-			"kvbench: --transport %s: not available in this build "
-			"yet (only 'local')\n",
-			arg);
+			"kvbench: --transport %s: not available in kvbench "
+			"yet (local%s)\n",
+			arg, tcp_ok ? ", tcp" : "");
 		return -1;
 	}
 	fprintf(stderr,
@@ -229,13 +242,14 @@ int kvb_bench_broker_start(struct bench_broker *b, const char *path,
 		return -1;
 	snprintf(b->sock, sizeof(b->sock), "/tmp/kvbench-%d-%lld.sock",
 		 (int) getpid(), (long long) (kvb_bench_now_ns() % 1000000000));
+	kvb_bench_cleanup_path(b->sock, 1);
 	snprintf(args, sizeof(args), "%s %s", extra ? extra : "",
 		 more ? more : "");
 	argv[argc++] = bin;
 	argv[argc++] = "--socket";
 	argv[argc++] = b->sock;
 	argv[argc++] = "--transport";
-	argv[argc++] = "local";
+	argv[argc++] = (char *) (b->transport ? b->transport : "local");
 	argv[argc++] = "--log-level";
 	argv[argc++] = "warn";
 	for (tok = strtok_r(args, " ", &save); tok && argc < 62;
@@ -248,6 +262,10 @@ int kvb_bench_broker_start(struct bench_broker *b, const char *path,
 		return -1;
 	}
 	if (b->pid == 0) {
+		/* dies with kvbench, even if kvbench is killed */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (b->netns && kvb_bench_enter_netns(b->netns))
+			_exit(127);
 		execv(bin, argv);
 		fprintf(stderr, "kvbench: exec %s: %s\n", bin, strerror(errno));
 		_exit(127);
@@ -281,8 +299,11 @@ void kvb_bench_broker_stop(struct bench_broker *b)
 	int64_t deadline = kvb_bench_now_ns() + 5000000000ll;
 	int status;
 
-	if (b->pid <= 0)
+	if (b->pid <= 0) {
+		if (b->sock[0]) /* it never started: forget its socket */
+			kvb_bench_cleanup_path(b->sock, 0);
 		return;
+	}
 	kill(b->pid, SIGTERM);
 	while (waitpid(b->pid, &status, WNOHANG) == 0) {
 		if (kvb_bench_now_ns() > deadline) {
@@ -295,29 +316,15 @@ void kvb_bench_broker_stop(struct bench_broker *b)
 		usleep(5000);
 	}
 	unlink(b->sock);
+	kvb_bench_cleanup_path(b->sock, 0);
 	b->pid = 0;
 }
 
 int kvb_bench_broker_stats(const struct bench_broker *b, char *buf, size_t cap)
 {
-	struct kvb_msg_stats req;
-	int fd, n;
+	int n = kvb_ctl_stats(b->sock, 1, buf, cap, 3000);
 
-	fd = kvb_ctl_connect(b->sock, 3000);
-	if (fd < 0)
-		return fd;
-	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
-	req.json = 1;
-	n = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
-	if (!n)
-		n = kvb_ctl_recv(fd, buf, cap - 1, NULL, NULL);
-	close(fd);
-	if (n < (int) sizeof(struct kvb_msg_hdr))
-		return n < 0 ? n : -EPROTO;
-	buf[n] = '\0';
-	memmove(buf, buf + sizeof(struct kvb_msg_hdr),
-		(size_t) n - sizeof(struct kvb_msg_hdr) + 1);
-	return 0;
+	return n < 0 ? n : 0;
 }
 
 double kvb_bench_json_num(const char *js, const char *key)

@@ -14,13 +14,34 @@
 #define KVB_BENCH_MAX_SWEEP   16u
 
 enum { MODE_DIRECT = 1, MODE_BROKER = 2 };
+enum { KVB_BENCH_TR_LOCAL = 0, KVB_BENCH_TR_TCP = 1 };
+/* --net: where the two sides of a tcp run live */
+enum { NET_AUTO = 0, NET_NETNS = 1, NET_LOOPBACK = 2 };
+
+/*
+ * Placement of a tcp run: side 0 = P (prefill node), side 1 = D (decode
+ * node). With netns, two network namespaces joined by a veth pair; else both
+ * on 127.0.0.1 with distinct ports.
+ */
+struct bench_net {
+	int netns;	    /* 1: namespaces, 0: loopback */
+	char ns[2][40];	    /* namespace names (netns) */
+	char veth[2][16];   /* veth ends (netns) */
+	char ip[2][16];	    /* P's and D's addresses */
+	int hs_port[2];	    /* the brokers' --handshake-port */
+	int notify_port[2]; /* the brokers' --notify-port */
+	char why[160];	    /* loopback: why not namespaces */
+};
 
 /* The workload subcommand's knobs (see workload_usage()). */
 struct wl_cfg {
 	unsigned workers, layers, requests, blocks, iters;
 	uint64_t block_bytes;
-	double rate; /* requests/s, 0 = back to back */
-	int modes;   /* MODE_* bits */
+	double rate;		    /* requests/s, 0 = back to back */
+	int modes;		    /* MODE_* bits */
+	int transport;		    /* KVB_BENCH_TR_* */
+	int net;		    /* NET_*: where a tcp run's sides live */
+	const struct bench_net *nw; /* tcp: the placement in use */
 	int verify, progress;
 	const char *json, *plot, *broker, *broker_opts;
 	unsigned sweep[KVB_BENCH_MAX_SWEEP], nsweep;
@@ -37,10 +58,13 @@ struct wl_pres {
 	uint64_t cpu_ns;      /* the worker process's CPU during the run */
 	int64_t end_ns;	      /* CLOCK_MONOTONIC when its last request ended */
 	uint64_t nlat;
-	volatile uint64_t done; /* requests done so far (progress line) */
-	uint64_t dbad;		/* D side: bad bytes (D workers use this) */
-	uint64_t dchecked;	/* D side: bytes verified */
-	int ok;			/* 1 = finished cleanly */
+	volatile uint64_t done;	  /* requests done so far (progress line) */
+	uint64_t dbad;		  /* D side: bad bytes (D workers use this) */
+	uint64_t dchecked;	  /* D side: bytes verified */
+	uint64_t verify_ns;	  /* D side: thread CPU spent verifying */
+	volatile uint64_t opened; /* tcp broker D: requests opened so far */
+	volatile int port; /* tcp direct D: the receiver's listening port */
+	int ok;		   /* 1 = finished cleanly */
 };
 
 /* One mode's figures, as printed and written to JSON. */
@@ -50,6 +74,8 @@ struct wl_figs {
 	double worker_post_cpu_us_per_wr, msg_rate_mps, bw_gbps;
 	double lat_p50_us, lat_p99_us, lat_p999_us, cpu_s;
 	double cpu_workers_s, cpu_broker_s, elapsed_s, bytes, open_wait_s;
+	double cpu_d_s;	  /* tcp: the D side's processes (not verifying) */
+	double layer_ops; /* tcp broker: the P broker's remote layer ops */
 	uint64_t verified_bytes, bad_bytes, failed;
 };
 
@@ -57,6 +83,8 @@ struct wl_figs {
 struct bench_broker {
 	pid_t pid;
 	char sock[108];
+	const char *transport; /* set before start: NULL = local */
+	const char *netns;     /* set before start: run it in there */
 };
 
 /* common.c */
@@ -73,8 +101,12 @@ int kvb_bench_parse_u64(const char *opt, const char *arg, uint64_t min,
 			uint64_t max, uint64_t *out);
 int kvb_bench_parse_double(const char *opt, const char *arg, double min,
 			   double max, double *out);
-/* Refuse transports other than local with a clear message; 0 or -1. */
-int kvb_bench_check_transport(const char *arg);
+/*
+ * KVB_BENCH_TR_* of --transport; refuses what is not measurable here (tcp
+ * only where tcp_ok and the tcp transport is built) with a clear message:
+ * -1.
+ */
+int kvb_bench_check_transport(const char *arg, int tcp_ok);
 /* Sort samples and read the q-quantile (0..1); 0 if none. */
 void kvb_bench_sort(double *v, size_t n);
 double kvb_bench_quantile(const double *sorted, size_t n, double q);
@@ -97,6 +129,27 @@ double kvb_bench_json_num(const char *js, const char *key);
 int kvb_bench_progress_wanted(int forced);
 
 /*
+ * net.c: cleanup on every exit path (atexit, SIGINT/SIGTERM/SIGHUP/SIGQUIT:
+ * registered socket paths unlinked, namespaces deleted) and the placement
+ * of tcp runs. kvb_bench_cleanup_init() once in the parent, first.
+ */
+void kvb_bench_cleanup_init(void);
+/* Register (add = 1) or forget (0) a path to unlink on exit. */
+void kvb_bench_cleanup_path(const char *path, int add);
+/* In a child: join the network namespace `name`; 0 or -1 (printed). */
+int kvb_bench_enter_netns(const char *name);
+/*
+ * want = NET_*: namespaces when asked for or (auto) when root and `ip netns`
+ * works, else loopback (NET_AUTO: n->why says why). 0, or -1 when
+ * NET_NETNS was asked for and cannot be had (printed).
+ */
+int kvb_bench_net_setup(struct bench_net *n, int want);
+/* Delete what setup made (also done at exit and on a signal). */
+void kvb_bench_net_teardown(struct bench_net *n);
+/* One line saying where the two sides run. */
+void kvb_bench_net_describe(const struct bench_net *n, char *buf, size_t cap);
+
+/*
  * workload.c / wl_workers.c. Workers pass two barriers with the parent:
  * write a byte to ready_fd, read one from go[0] (setup done), then the same
  * with go[1] (warm-up done); the measured run starts after the second.
@@ -113,6 +166,37 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res);
 int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res);
+/*
+ * wl_tcp.c: the same four workers on the tcp transport. The D workers run
+ * first; `shm` is the parent's results area (wl_pres of P rank i at 2i, of
+ * D rank i at 2i+1), through which D publishes its port / opened count.
+ */
+int wl_tcp_direct_p(const struct wl_cfg *c, unsigned rank, void *shm,
+		    int notify_fd, int ready_fd, const int *go,
+		    struct wl_pres *res);
+int wl_tcp_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
+		    int notify_fd, int ready_fd, const int *go,
+		    struct wl_pres *res);
+int wl_tcp_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
+		    int ready_fd, const int *go, struct wl_pres *res);
+int wl_tcp_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
+		    void *shm, int ready_fd, const int *go,
+		    struct wl_pres *res);
+struct wl_pres *wl_pres_at(void *shm, const struct wl_cfg *c, unsigned i);
+
+/* wl_workers.c helpers the tcp workers share */
+double *wl_pres_lat(struct wl_pres *r);
+void wl_fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
+		 uint64_t *base);
+uint64_t wl_src_block(const struct wl_cfg *c, uint64_t q, unsigned j);
+uint64_t wl_dst_block(const struct wl_cfg *c, uint64_t q, unsigned j);
+uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
+		       void *const *layer_base, uint64_t q);
+void *wl_memfd_map(uint64_t len);
+int wl_sync_start(int ready_fd, int go_fd);
+unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
+		      int64_t go_ns);
+
 /* D-side slots per layer region: every request its own (verify) or R */
 uint64_t wl_dslots(const struct wl_cfg *c);
 uint64_t wl_region_bytes_p(const struct wl_cfg *c);

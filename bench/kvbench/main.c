@@ -28,8 +28,9 @@ static void usage(FILE *f)
 	      "entries\n"
 	      "`kvbench SUBCOMMAND --help` lists each one's options and "
 	      "defaults.\n"
-	      "Transport: local only in this build (tcp, rdma, gpu: not "
-	      "available yet).\n",
+	      "Transports: local; tcp in `workload` (--transport tcp: two "
+	      "network\n"
+	      "namespaces when root, else loopback); rdma, gpu: not yet.\n",
 	      f);
 }
 

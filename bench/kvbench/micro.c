@@ -201,8 +201,8 @@ static void micro_usage(FILE *f, int lat)
 		      "  --seconds S        measured time (default 3)\n",
 		      f);
 	fputs("  --json FILE        also write the results as JSON\n"
-	      "  --transport T      local (default); tcp, rdma, gpu: not in "
-	      "this build yet\n"
+	      "  --transport T      local only (tcp: `kvbench workload "
+	      "--transport tcp`)\n"
 	      "  --broker PATH      kvbroker binary (default $KVBROKER, else "
 	      "the build tree's)\n"
 	      "  --broker-opts STR  more broker options, space-separated\n"
@@ -278,7 +278,7 @@ static int micro_parse(struct micro_cfg *c, int lat, int argc, char **argv)
 			c->json = a;
 			break;
 		case 't':
-			if (kvb_bench_check_transport(a))
+			if (kvb_bench_check_transport(a, 0) < 0)
 				return -1;
 			break;
 		case 'k':

@@ -3,6 +3,7 @@
 #include "kvbench.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -31,12 +32,62 @@ static const struct {
 	FIG(descs),
 	FIG(bytes),
 	FIG(open_wait_s),
+	FIG(cpu_d_s),
+	FIG(layer_ops),
 };
 #define NFIGS_RATIO 10u /* the issue's figures: ratio for these */
 
 static double fig(const struct wl_figs *f, unsigned i)
 {
 	return *(const double *) ((const char *) f + figs[i].off);
+}
+
+/* broker / direct; NAN (n/a) when either is n/a, 0 when direct is 0 */
+static double ratio(const struct wl_figs *d, const struct wl_figs *b,
+		    unsigned i)
+{
+	if (isnan(fig(d, i)) || isnan(fig(b, i)))
+		return NAN;
+	return fig(d, i) > 0 ? fig(b, i) / fig(d, i) : 0;
+}
+
+/* a JSON number, null for n/a */
+static void json_num(FILE *f, double v)
+{
+	if (isnan(v))
+		fputs("null", f);
+	else
+		fprintf(f, "%.6g", v);
+}
+
+/* v with 3 decimals, "n/a" for NAN */
+static const char *col3(char *buf, size_t cap, double v)
+{
+	if (isnan(v))
+		snprintf(buf, cap, "n/a");
+	else
+		snprintf(buf, cap, "%.3f", v);
+	return buf;
+}
+
+/* s inside a JSON string: quotes, backslashes, control bytes escaped */
+static void json_str(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char) *s;
+
+		if (ch == '"' || ch == '\\')
+			fprintf(f, "\\%c", ch);
+		else if (ch < 0x20)
+			fprintf(f, "\\u%04x", ch);
+		else
+			fputc(ch, f);
+	}
+}
+
+static const char *tr_name(const struct wl_cfg *c)
+{
+	return c->transport == KVB_BENCH_TR_TCP ? "tcp" : "local";
 }
 
 void wl_table_header(void)
@@ -53,12 +104,15 @@ void wl_table_header(void)
 void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 		  const struct wl_figs *f)
 {
-	printf("%-7s %4u %8llu %10.0f %10.0f %9.2f %8.3f %12.3f %10.3f %9.1f "
+	char pc[32];
+
+	printf("%-7s %4u %8llu %10.0f %10.0f %9.2f %8s %12.3f %10.3f %9.1f "
 	       "%9.1f %9.1f %9.2f %8s\n",
 	       mode, w, (unsigned long long) c->block_bytes, f->descs,
-	       f->doorbells, f->wr_per_doorbell, f->post_cpu_us_per_wr,
-	       f->msg_rate_mps, f->bw_gbps, f->lat_p50_us, f->lat_p99_us,
-	       f->lat_p999_us, f->cpu_s,
+	       f->doorbells, f->wr_per_doorbell,
+	       col3(pc, sizeof(pc), f->post_cpu_us_per_wr), f->msg_rate_mps,
+	       f->bw_gbps, f->lat_p50_us, f->lat_p99_us, f->lat_p999_us,
+	       f->cpu_s,
 	       !c->verify     ? "off"
 	       : f->bad_bytes ? "BAD"
 			      : "ok");
@@ -66,63 +120,83 @@ void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 
 void wl_ratio_row(unsigned w, const struct wl_figs *d, const struct wl_figs *b)
 {
-	const struct wl_figs *x[2] = {d, b};
 	double r[16];
+	char pc[32];
 
 	for (unsigned i = 0; i < NFIGS_RATIO; i++)
-		r[i] = fig(x[0], i) > 0 ? fig(x[1], i) / fig(x[0], i) : 0;
-	printf("%-7s %4u %8s %10s %10.3f %9.2f %8.3f %12.3f %10.3f %9.2f %9.2f "
+		r[i] = ratio(d, b, i);
+	printf("%-7s %4u %8s %10s %10.3f %9.2f %8s %12.3f %10.3f %9.2f %9.2f "
 	       "%9.2f %9.2f\n",
-	       "ratio", w, "", "", r[1], r[2], r[3], r[4], r[5], r[6], r[7],
-	       r[8], r[9]);
+	       "ratio", w, "", "", r[1], r[2], col3(pc, sizeof(pc), r[3]), r[4],
+	       r[5], r[6], r[7], r[8], r[9]);
 }
 
-static void json_figs(FILE *f, const char *key, const struct wl_figs *x,
-		      int broker)
+static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
+		      const struct wl_figs *x, int broker)
 {
 	fprintf(f, "\"%s\":{", key);
-	for (unsigned i = 0; i < sizeof(figs) / sizeof(figs[0]); i++)
-		fprintf(f, "%s\"%s\":%.6g", i ? "," : "", figs[i].name,
-			fig(x, i));
+	for (unsigned i = 0; i < sizeof(figs) / sizeof(figs[0]); i++) {
+		fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
+		json_num(f, fig(x, i));
+	}
 	fprintf(f,
 		",\"post_cpu_source\":\"%s\",\"verified_bytes\":%llu,"
 		"\"bad_bytes\":%llu,\"failed\":%llu}",
-		broker ? "broker process CPU / WRs (upper bound)"
-		       : "thread CPU inside post() / WRs",
+		c->transport == KVB_BENCH_TR_TCP
+			? "n/a on tcp: sending continues in poll() after "
+			  "post() (rest of a sendmsg, acks)"
+		: broker ? "broker process CPU / WRs (upper bound)"
+			 : "thread CPU inside post() / WRs",
 		(unsigned long long) x->verified_bytes,
 		(unsigned long long) x->bad_bytes,
 		(unsigned long long) x->failed);
 }
 
-static void json_point(FILE *f, unsigned w, const struct wl_figs *d,
+/* "direct", "broker" and (both valid) "ratio", each after a comma */
+static void json_modes(FILE *f, const struct wl_cfg *c, const struct wl_figs *d,
 		       const struct wl_figs *b)
 {
-	int comma = 0;
-
-	fprintf(f, "{\"workers\":%u", w);
-	comma = 1;
 	if (d->valid) {
-		fputs(comma ? "," : "", f);
-		json_figs(f, "direct", d, 0);
+		fputs(",", f);
+		json_figs(f, c, "direct", d, 0);
 	}
 	if (b->valid) {
 		fputs(",", f);
-		json_figs(f, "broker", b, 1);
+		json_figs(f, c, "broker", b, 1);
 	}
 	if (d->valid && b->valid) {
 		fputs(",\"ratio\":{", f);
-		for (unsigned i = 0; i < NFIGS_RATIO; i++)
-			fprintf(f, "%s\"%s\":%.6g", i ? "," : "", figs[i].name,
-				fig(d, i) > 0 ? fig(b, i) / fig(d, i) : 0);
+		for (unsigned i = 0; i < NFIGS_RATIO; i++) {
+			fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
+			json_num(f, ratio(d, b, i));
+		}
 		fputs("}", f);
 	}
+}
+
+static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
+		       const struct wl_figs *d, const struct wl_figs *b)
+{
+	fprintf(f, "{\"workers\":%u", w);
+	json_modes(f, c, d, b);
 	fputs("}", f);
 }
 
 static void json_config(FILE *f, const struct wl_cfg *c)
 {
+	fprintf(f, "\"config\":{\"transport\":\"%s\",", tr_name(c));
+	if (c->nw) {
+		fprintf(f,
+			"\"placement\":\"%s\",\"p_ip\":\"%s\",\"d_ip\":\"%s\","
+			"\"placement_note\":\"",
+			c->nw->netns ? "netns" : "loopback", c->nw->ip[0],
+			c->nw->ip[1]);
+		json_str(f, c->nw->netns ? "two network namespaces, veth pair"
+					 : c->nw->why);
+		fputs("\",", f);
+	}
 	fprintf(f,
-		"\"config\":{\"transport\":\"local\",\"layers\":%u,\"blocks\":%"
+		"\"layers\":%u,\"blocks\":%"
 		"u,"
 		"\"block_bytes\":%llu,\"requests\":%u,\"iters\":%u,\"rate\":%g,"
 		"\"verify\":%s,\"broker_opts\":\"%s\"}",
@@ -146,30 +220,12 @@ int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	if (!c->nsweep) {
 		/* one point: its keys at the top level */
 		fprintf(f, ",\"workers\":%u", ws[0]);
-		if (res[0][0].valid) {
-			fputs(",", f);
-			json_figs(f, "direct", &res[0][0], 0);
-		}
-		if (res[0][1].valid) {
-			fputs(",", f);
-			json_figs(f, "broker", &res[0][1], 1);
-		}
-		if (res[0][0].valid && res[0][1].valid) {
-			fputs(",\"ratio\":{", f);
-			for (unsigned i = 0; i < NFIGS_RATIO; i++)
-				fprintf(f, "%s\"%s\":%.6g", i ? "," : "",
-					figs[i].name,
-					fig(&res[0][0], i) > 0
-						? fig(&res[0][1], i) /
-							  fig(&res[0][0], i)
-						: 0);
-			fputs("}", f);
-		}
+		json_modes(f, c, &res[0][0], &res[0][1]);
 	} else {
 		fputs(",\"sweep\":[", f);
 		for (unsigned k = 0; k < n; k++) {
 			fputs(k ? "," : "", f);
-			json_point(f, ws[k], &res[k][0], &res[k][1]);
+			json_point(f, c, ws[k], &res[k][0], &res[k][1]);
 		}
 		fputs("]", f);
 	}
@@ -197,15 +253,18 @@ int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	fprintf(g,
 		"set terminal pngcairo size 1200,480 font ',10'\n"
 		"set output '%s'\n"
-		"set multiplot layout 1,2 title 'kvbench workload, local "
-		"transport: "
+		"set multiplot layout 1,2 title 'kvbench workload, %s "
+		"transport%s: "
 		"%u layers x %u blocks x %llu B, %u requests/step'\n"
 		"set logscale x 2\nset xlabel 'workers (P processes)'\n"
 		"set grid\nset key top left\nset yrange [0:*]\n"
 		"set xrange [%g:%g]\nset xtics (",
-		c->plot, c->layers, c->blocks,
-		(unsigned long long) c->block_bytes, c->requests, wmin / 1.25,
-		wmax * 1.25);
+		c->plot, tr_name(c),
+		!c->nw	       ? ""
+		: c->nw->netns ? " (two network namespaces)"
+			       : " (loopback)",
+		c->layers, c->blocks, (unsigned long long) c->block_bytes,
+		c->requests, wmin / 1.25, wmax * 1.25);
 	for (unsigned k = 0; k < n; k++)
 		fprintf(g, "%s%u", k ? "," : "", ws[k]);
 	fputs(")\n", g);

@@ -57,7 +57,12 @@ size_t wl_pres_size(const struct wl_cfg *c)
 	return (n + 63) & ~(size_t) 63;
 }
 
-static double *pres_lat(struct wl_pres *r)
+struct wl_pres *wl_pres_at(void *shm, const struct wl_cfg *c, unsigned i)
+{
+	return (struct wl_pres *) ((char *) shm + i * wl_pres_size(c));
+}
+
+double *wl_pres_lat(struct wl_pres *r)
 {
 	return (double *) (r + 1);
 }
@@ -72,8 +77,8 @@ static inline uint64_t pat(unsigned p, unsigned l, uint64_t blk, uint64_t w)
 	return x ^ (x >> 29);
 }
 
-static void fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
-		     uint64_t *base)
+void wl_fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
+		 uint64_t *base)
 {
 	uint64_t nblk = (uint64_t) c->requests * c->blocks;
 	uint64_t words = c->block_bytes / 8;
@@ -83,12 +88,12 @@ static void fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
 			base[b * words + w] = pat(rank, l, b, w);
 }
 
-static uint64_t src_block(const struct wl_cfg *c, uint64_t q, unsigned j)
+uint64_t wl_src_block(const struct wl_cfg *c, uint64_t q, unsigned j)
 {
 	return (q % c->requests) * c->blocks + j;
 }
 
-static uint64_t dst_block(const struct wl_cfg *c, uint64_t q, unsigned j)
+uint64_t wl_dst_block(const struct wl_cfg *c, uint64_t q, unsigned j)
 {
 	uint64_t n = wl_dslots(c) * c->blocks;
 
@@ -96,16 +101,16 @@ static uint64_t dst_block(const struct wl_cfg *c, uint64_t q, unsigned j)
 }
 
 /* Check request q's blocks in every layer region; returns bad words. */
-static uint64_t verify_req(const struct wl_cfg *c, unsigned rank,
-			   void *const *layer_base, uint64_t q)
+uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
+		       void *const *layer_base, uint64_t q)
 {
 	uint64_t words = c->block_bytes / 8, bad = 0;
 
 	for (unsigned l = 0; l < c->layers; l++)
 		for (unsigned j = 0; j < c->blocks; j++) {
 			const uint64_t *d = (const uint64_t *) layer_base[l] +
-					    dst_block(c, q, j) * words;
-			uint64_t sb = src_block(c, q, j);
+					    wl_dst_block(c, q, j) * words;
+			uint64_t sb = wl_src_block(c, q, j);
 
 			for (uint64_t w = 0; w < words; w++)
 				bad += d[w] != pat(rank, l, sb, w);
@@ -116,7 +121,7 @@ static uint64_t verify_req(const struct wl_cfg *c, unsigned rank,
 /* A barrier with the parent: every worker passes it twice, after setup
  * and after the warm-up. */
 /* A shared memfd mapping of len bytes, MAP_FAILED on error. */
-static void *memfd_map(uint64_t len)
+void *wl_memfd_map(uint64_t len)
 {
 	int fd = memfd_create("kvbench-p", MFD_CLOEXEC);
 	void *p = MAP_FAILED;
@@ -128,7 +133,7 @@ static void *memfd_map(uint64_t len)
 	return p;
 }
 
-static int sync_start(int ready_fd, int go_fd)
+int wl_sync_start(int ready_fd, int go_fd)
 {
 	char byte = 1;
 
@@ -139,8 +144,8 @@ static int sync_start(int ready_fd, int go_fd)
 
 /* First request of the next step and how many it takes (>= 1), honouring
  * --rate: request q arrives at go + q / rate. */
-static unsigned next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
-			  int64_t go_ns)
+unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
+		      int64_t go_ns)
 {
 	uint64_t n = total - next < c->requests ? total - next : c->requests;
 	int64_t due, now;
@@ -184,10 +189,10 @@ static int direct_warm(const struct wl_cfg *c, struct kvb_transport *t,
 				ops[j] = (struct kvb_xop){
 					.opcode = KVB_XOP_WRITE,
 					.local = &src[l],
-					.local_off = src_block(c, q, j) *
+					.local_off = wl_src_block(c, q, j) *
 						     c->block_bytes,
 					.remote.mr = &dst[l],
-					.remote_off = dst_block(c, q, j) *
+					.remote_off = wl_dst_block(c, q, j) *
 						      c->block_bytes,
 					.len = c->block_bytes};
 			while (sent < c->blocks) {
@@ -217,7 +222,7 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 	struct kvb_xcqe cqe[COMP_BATCH];
 	struct kvb_transport *t = NULL;
 	struct kvb_ep *ep = NULL;
-	double *lat = pres_lat(res);
+	double *lat = wl_pres_lat(res);
 	uint64_t cpu0, db0, wrs0;
 	int64_t go_ns;
 	char why[128];
@@ -225,7 +230,7 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 	int rc;
 
 	/* the same kind of memory as kvb_mem_alloc() gives in broker mode */
-	pmem = memfd_map(pb * c->layers);
+	pmem = wl_memfd_map(pb * c->layers);
 	if (!src || !dst || !ops || !left || !t0 || pmem == MAP_FAILED) {
 		fprintf(stderr, "kvbench: P%u (direct): out of memory\n", rank);
 		return 1;
@@ -246,11 +251,11 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 					 .kind = KVB_MEM_HOST,
 					 .addr = (char *) dmaps[rank] + l * db,
 					 .len = db};
-		fill_src(c, rank, l, (uint64_t *) src[l].addr);
+		wl_fill_src(c, rank, l, (uint64_t *) src[l].addr);
 		if (t->ops->reg_mr(t, &src[l]) || t->ops->reg_mr(t, &dst[l]))
 			return 1;
 	}
-	if (sync_start(ready_fd, go[0]))
+	if (wl_sync_start(ready_fd, go[0]))
 		return 1;
 	if ((rc = direct_warm(c, t, ep, src, dst, ops))) {
 		fprintf(stderr, "kvbench: P%u: warm-up: %s\n", rank,
@@ -259,12 +264,12 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 	}
 	db0 = t->stats.doorbells;
 	wrs0 = t->stats.wrs;
-	if (sync_start(ready_fd, go[1]))
+	if (wl_sync_start(ready_fd, go[1]))
 		return 1;
 	go_ns = kvb_bench_now_ns();
 	cpu0 = kvb_bench_proc_cpu_ns();
 	while (next < total) {
-		unsigned n = next_step(c, next, total, go_ns), pending = n;
+		unsigned n = wl_next_step(c, next, total, go_ns), pending = n;
 
 		for (unsigned l = 0; l < c->layers; l++)
 			for (unsigned i = 0; i < n; i++) {
@@ -280,11 +285,11 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 						.opcode = KVB_XOP_WRITE,
 						.local = &src[l],
 						.local_off =
-							src_block(c, q, j) *
+							wl_src_block(c, q, j) *
 							c->block_bytes,
 						.remote.mr = &dst[l],
 						.remote_off =
-							dst_block(c, q, j) *
+							wl_dst_block(c, q, j) *
 							c->block_bytes,
 						.len = c->block_bytes,
 						.cookie = i};
@@ -359,7 +364,7 @@ int wl_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		return 1;
 	for (unsigned l = 0; l < c->layers; l++)
 		base[l] = (char *) dmaps[rank] + l * db;
-	if (sync_start(ready_fd, go[0]) || sync_start(ready_fd, go[1]))
+	if (wl_sync_start(ready_fd, go[0]) || wl_sync_start(ready_fd, go[1]))
 		return 1;
 	while (res->done < total) {
 		ssize_t n = read(notify_fd, &q, sizeof(q));
@@ -372,7 +377,7 @@ int wl_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 			return 1;
 		}
 		if (c->verify) {
-			res->dbad += verify_req(c, rank, base, q);
+			res->dbad += wl_verify_req(c, rank, base, q);
 			res->dchecked += (uint64_t) c->layers * c->blocks *
 					 c->block_bytes;
 		}
@@ -404,7 +409,7 @@ static int p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
 		       unsigned n, const int64_t *t0, struct wl_pres *res)
 {
 	struct kvb_completion comp[COMP_BATCH];
-	double *lat = pres_lat(res);
+	double *lat = wl_pres_lat(res);
 	unsigned pending = n;
 
 	while (pending) {
@@ -461,9 +466,9 @@ static int broker_warm(const struct wl_cfg *c, struct kvb_ctx *ctx,
 					.flags = last ? 0 : KVB_DESC_UNSIGNALED,
 					.region = reg[l].id,
 					.peer_region = dst[l].id,
-					.offset = src_block(c, q, j) *
+					.offset = wl_src_block(c, q, j) *
 						  c->block_bytes,
-					.peer_offset = dst_block(c, q, j) *
+					.peer_offset = wl_dst_block(c, q, j) *
 						       c->block_bytes,
 					.len = c->block_bytes,
 					.tag = last ? WARM_TAG : 0};
@@ -523,21 +528,21 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 				rank, l, kvb_strerror(rc));
 			return 1;
 		}
-		fill_src(c, rank, l, reg[l].addr);
+		wl_fill_src(c, rank, l, reg[l].addr);
 	}
-	if (sync_start(ready_fd, go[0]))
+	if (wl_sync_start(ready_fd, go[0]))
 		return 1;
 	if ((rc = broker_warm(c, ctx, reg, dst, d))) {
 		fprintf(stderr, "kvbench: P%u: warm-up: %s\n", rank,
 			kvb_strerror(rc));
 		return 1;
 	}
-	if (sync_start(ready_fd, go[1]))
+	if (wl_sync_start(ready_fd, go[1]))
 		return 1;
 	go_ns = kvb_bench_now_ns();
 	cpu0 = kvb_bench_proc_cpu_ns();
 	while (next < total) {
-		unsigned n = next_step(c, next, total, go_ns);
+		unsigned n = wl_next_step(c, next, total, go_ns);
 		int64_t t_open;
 
 		for (unsigned i = 0; i < n; i++) {
@@ -566,10 +571,11 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 						.flags = KVB_DESC_UNSIGNALED,
 						.region = reg[l].id,
 						.peer_region = dst[l].id,
-						.offset = src_block(c, q, j) *
-							  c->block_bytes,
+						.offset =
+							wl_src_block(c, q, j) *
+							c->block_bytes,
 						.peer_offset =
-							dst_block(c, q, j) *
+							wl_dst_block(c, q, j) *
 							c->block_bytes,
 						.len = c->block_bytes,
 						.tag = q};
@@ -645,7 +651,7 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		base[l] = reg[l].addr;
 		memset(base[l], 0, db); /* pages allocated before the run */
 	}
-	if (sync_start(ready_fd, go[0]) || sync_start(ready_fd, go[1]))
+	if (wl_sync_start(ready_fd, go[0]) || wl_sync_start(ready_fd, go[1]))
 		return 1;
 	while (res->done < total) {
 		int k;
@@ -685,8 +691,8 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 					kvb_strerror(comp[i].status));
 				res->failed++;
 			} else if (c->verify) {
-				res->dbad +=
-					verify_req(c, rank, base, comp[i].tag);
+				res->dbad += wl_verify_req(c, rank, base,
+							   comp[i].tag);
 				res->dchecked += (uint64_t) c->layers *
 						 c->blocks * c->block_bytes;
 			}

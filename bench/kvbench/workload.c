@@ -9,12 +9,14 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stddef.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,8 +53,16 @@ static void workload_usage(FILE *f)
 	      "(default 4)\n"
 	      "  --rate X           requests/s arriving (default 0 = back to "
 	      "back)\n"
-	      "  --transport T      local (default); tcp, rdma, gpu: not in "
-	      "this build yet\n"
+	      "  --transport T      local (default) or tcp (two nodes: see "
+	      "--net); rdma,\n"
+	      "                     gpu: not in kvbench yet\n"
+	      "  --net N            tcp placement: auto (default: two network "
+	      "namespaces\n"
+	      "                     joined by a veth pair, 192.0.2.1 = P, "
+	      "192.0.2.2 = D,\n"
+	      "                     when root and `ip netns` works, else "
+	      "loopback), netns,\n"
+	      "                     loopback (127.0.0.1, distinct ports)\n"
 	      "  --mode M           direct | broker | both (default both)\n"
 	      "  --verify           D checks every byte (default on)\n"
 	      "  --no-verify        skip it (speed runs: D regions then hold R "
@@ -90,7 +100,24 @@ static void workload_usage(FILE *f)
 	      "kvb_submit_write()). msg_rate_mps = descriptors/s in millions; "
 	      "bw_gbps in\n"
 	      "GB/s (1e9 bytes); latency from a request's first write to its "
-	      "write_done.\n",
+	      "write_done.\n"
+	      "\n"
+	      "tcp: direct = every P worker opens its own tcp transport and "
+	      "socket to its\n"
+	      "D peer, a receiver process per D worker (its own tcp transport, "
+	      "regions\n"
+	      "registered, polling); broker = two kvbrokers (--transport tcp "
+	      "--host-ip, P\n"
+	      "node and D node), workers on MoRIIO's WRITE path "
+	      "(kvb_transfer_open_remote,\n"
+	      "kvb_submit_layer per layer). doorbells = sendmsg calls sending "
+	      "WRs (direct:\n"
+	      "the workers' transports; broker: the P broker's \"tcp\" "
+	      "counters); post_cpu:\n"
+	      "n/a (null in JSON): tcp's sending continues outside post(). "
+	      "cpu = P workers\n"
+	      "+ D side (receivers or D workers, not verifying) + both "
+	      "brokers.\n",
 	      f);
 }
 
@@ -157,7 +184,7 @@ static int wait_ready(int fd, unsigned n, struct run_pids *rp, const char *what)
 
 static struct wl_pres *pres_at(void *shm, const struct wl_cfg *c, unsigned i)
 {
-	return (struct wl_pres *) ((char *) shm + i * wl_pres_size(c));
+	return wl_pres_at(shm, c, i);
 }
 
 /* The D regions of direct mode: one memfd per D rank, all layers. */
@@ -204,10 +231,12 @@ static void progress(const struct wl_cfg *c, void *shm, const char *what,
 static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 		       const struct wl_cfg *c, unsigned rank, void *const *maps,
 		       const int *nfd, const char *sock, int ready_w,
-		       const int *go_r, struct wl_pres *res)
+		       const int *go_r, void *shm)
 {
+	struct wl_pres *res = pres_at(shm, c, slot);
+	int tcp = c->transport == KVB_BENCH_TR_TCP;
 	pid_t pid = fork();
-	int rc;
+	int rc = 1;
 
 	if (pid < 0) {
 		perror("kvbench: fork");
@@ -218,15 +247,63 @@ static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 		rp->exited[slot] = 0;
 		return 0;
 	}
-	if (mode == MODE_DIRECT)
+	/* dies with kvbench, whatever kills it */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (tcp && c->nw->netns &&
+	    kvb_bench_enter_netns(c->nw->ns[is_d ? 1 : 0]))
+		_exit(1);
+	if (!tcp && mode == MODE_DIRECT)
 		rc = is_d ? wl_direct_d(c, rank, maps, nfd[0], ready_w, go_r,
 					res)
 			  : wl_direct_p(c, rank, maps, nfd[1], ready_w, go_r,
 					res);
-	else
+	else if (!tcp)
 		rc = is_d ? wl_broker_d(c, rank, sock, ready_w, go_r, res)
 			  : wl_broker_p(c, rank, sock, ready_w, go_r, res);
+#ifdef KVB_HAVE_TCP
+	else if (mode == MODE_DIRECT)
+		rc = is_d ? wl_tcp_direct_d(c, rank, maps, nfd[0], ready_w,
+					    go_r, res)
+			  : wl_tcp_direct_p(c, rank, shm, nfd[1], ready_w, go_r,
+					    res);
+	else
+		rc = is_d ? wl_tcp_broker_d(c, rank, sock, shm, ready_w, go_r,
+					    res)
+			  : wl_tcp_broker_p(c, rank, sock, ready_w, go_r, res);
+#endif
 	_exit(rc);
+}
+
+/* "key":number inside the broker's per_transport entry of `name`. */
+static double tr_num(const char *js, const char *name, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "{\"name\":\"%s\"", name);
+	p = strstr(js, pat);
+	return p ? kvb_bench_json_num(p, key) : -1;
+}
+
+/* Start the two brokers of a tcp broker run (P node, D node). */
+static int start_tcp_brokers(const struct wl_cfg *c, struct bench_broker *b)
+{
+	const struct bench_net *nw = c->nw;
+
+	for (int s = 0; s < 2; s++) {
+		char more[256];
+
+		snprintf(more, sizeof(more),
+			 "--host-ip %s --handshake-port %d --notify-port %d "
+			 "--transfer-timeout 30 --defer-timeout 30",
+			 nw->ip[s], nw->hs_port[s], nw->notify_port[s]);
+		b[s].transport = "tcp";
+		b[s].netns = nw->netns ? nw->ns[s] : NULL;
+		if (kvb_bench_broker_start(&b[s], c->broker, c->broker_opts,
+					   more))
+			return -1;
+	}
+	return 0;
 }
 
 /* Run one mode at c->workers; fills f. 0 or -1. */
@@ -234,7 +311,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 {
 	const char *what = mode == MODE_DIRECT ? "direct" : "broker";
 	size_t shm_len = 2 * c->workers * wl_pres_size(c);
-	struct bench_broker br = {0};
+	struct bench_broker br[2] = {{0}}; /* local: [0]; tcp: P, D node */
+	int tcp = c->transport == KVB_BENCH_TR_TCP;
 	struct run_pids rp = {.n = 0};
 	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
 	int ready[2] = {-1, -1}, go[2] = {-1, -1}, go2[2] = {-1, -1};
@@ -244,7 +322,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	static char js0[1 << 16], js1[1 << 16];
 	int want_progress = kvb_bench_progress_wanted(c->progress);
 	int64_t go_ns, last_prog, end_ns = 0;
-	uint64_t total_lat = 0, post_ns = 0, cpu_ns = 0;
+	uint64_t total_lat = 0, post_ns = 0, cpu_ns = 0, dcpu_ns = 0;
 	unsigned i, p_left;
 	int rc = -1;
 	void *shm;
@@ -266,8 +344,10 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	}
 	go_r[0] = go[0];
 	go_r[1] = go2[0];
-	if (mode == MODE_BROKER &&
-	    kvb_bench_broker_start(&br, c->broker, c->broker_opts, NULL))
+	if (mode == MODE_BROKER && tcp && start_tcp_brokers(c, br))
+		goto out;
+	if (mode == MODE_BROKER && !tcp &&
+	    kvb_bench_broker_start(&br[0], c->broker, c->broker_opts, NULL))
 		goto out;
 	if (mode == MODE_DIRECT) {
 		if (direct_maps(c, maps))
@@ -281,15 +361,13 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	/* D first: in broker mode P looks their regions up */
 	for (i = 0; i < c->workers; i++)
 		if (fork_worker(&rp, 2 * i + 1, mode, 1, c, i, maps, nfd[i],
-				br.sock, ready[1], go_r,
-				pres_at(shm, c, 2 * i + 1)))
+				br[tcp].sock, ready[1], go_r, shm))
 			goto out_kill;
 	if (wait_ready(ready[0], c->workers, &rp, what))
 		goto out_kill;
 	for (i = 0; i < c->workers; i++)
 		if (fork_worker(&rp, 2 * i, mode, 0, c, i, maps, nfd[i],
-				br.sock, ready[1], go_r,
-				pres_at(shm, c, 2 * i)))
+				br[0].sock, ready[1], go_r, shm))
 			goto out_kill;
 	if (wait_ready(ready[0], c->workers, &rp, what))
 		goto out_kill;
@@ -299,12 +377,14 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			goto out_kill;
 	if (wait_ready(ready[0], 2 * c->workers, &rp, what))
 		goto out_kill;
-	if (br.pid) {
-		if (kvb_bench_broker_stats(&br, js0, sizeof(js0))) {
+	if (br[0].pid) {
+		if (kvb_bench_broker_stats(&br[0], js0, sizeof(js0))) {
 			fprintf(stderr, "kvbench: broker stats failed\n");
 			goto out_kill;
 		}
-		bcpu0 = kvb_bench_pid_cpu_s(br.pid);
+		bcpu0 = kvb_bench_pid_cpu_s(br[0].pid);
+		if (br[1].pid)
+			bcpu0 += kvb_bench_pid_cpu_s(br[1].pid);
 	}
 	go_ns = last_prog = kvb_bench_now_ns();
 	for (i = 0; i < 2 * c->workers; i++)
@@ -320,10 +400,12 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			left += !rp.exited[i];
 			p_left += i % 2 == 0 && !rp.exited[i];
 		}
-		if (!p_left && br.pid && !end_ns) {
+		if (!p_left && br[0].pid && !end_ns) {
 			end_ns = kvb_bench_now_ns();
-			bcpu1 = kvb_bench_pid_cpu_s(br.pid);
-			if (kvb_bench_broker_stats(&br, js1, sizeof(js1))) {
+			bcpu1 = kvb_bench_pid_cpu_s(br[0].pid);
+			if (br[1].pid)
+				bcpu1 += kvb_bench_pid_cpu_s(br[1].pid);
+			if (kvb_bench_broker_stats(&br[0], js1, sizeof(js1))) {
 				fprintf(stderr,
 					"kvbench: broker stats failed\n");
 				goto out_kill;
@@ -360,6 +442,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		post_ns += p->post_cpu_ns;
 		f->open_wait_s += (double) p->ctl_ns / 1e9;
 		cpu_ns += p->cpu_ns;
+		dcpu_ns += d->cpu_ns;
 		total_lat += p->nlat;
 		if (p->end_ns - go_ns > f->elapsed_s * 1e9)
 			f->elapsed_s = (double) (p->end_ns - go_ns) / 1e9;
@@ -381,7 +464,15 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	f->cpu_workers_s = (double) cpu_ns / 1e9;
 	f->worker_post_cpu_us_per_wr =
 		f->descs ? (double) post_ns / 1e3 / f->descs : 0;
-	if (mode == MODE_BROKER) {
+	if (mode == MODE_BROKER && tcp) {
+		/* the P broker's tcp transport: what it sent */
+		f->doorbells = tr_num(js1, "tcp", "doorbells") -
+			       tr_num(js0, "tcp", "doorbells");
+		f->wrs = tr_num(js1, "tcp", "wrs") - tr_num(js0, "tcp", "wrs");
+		f->layer_ops = kvb_bench_json_num(js1, "layer_ops") -
+			       kvb_bench_json_num(js0, "layer_ops");
+		f->cpu_broker_s = bcpu1 - bcpu0;
+	} else if (mode == MODE_BROKER) {
 		f->doorbells = kvb_bench_json_num(js1, "doorbells") -
 			       kvb_bench_json_num(js0, "doorbells");
 		f->wrs = kvb_bench_json_num(js1, "wrs") -
@@ -393,7 +484,13 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->post_cpu_us_per_wr =
 			f->wrs > 0 ? (double) post_ns / 1e3 / f->wrs : 0;
 	}
-	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s;
+	if (tcp) {
+		/* not measurable: a WR's sending goes on in poll() after
+		 * post() (the rest of a sendmsg, the acks) */
+		f->post_cpu_us_per_wr = NAN;
+		f->cpu_d_s = (double) dcpu_ns / 1e9;
+	}
+	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s + f->cpu_d_s;
 	f->wr_per_doorbell = f->doorbells > 0 ? f->wrs / f->doorbells : 0;
 	if (f->elapsed_s > 0) {
 		f->msg_rate_mps = f->descs / f->elapsed_s / 1e6;
@@ -413,7 +510,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 out_kill:
 	kill_all(&rp);
 out:
-	kvb_bench_broker_stop(&br);
+	kvb_bench_broker_stop(&br[0]);
+	kvb_bench_broker_stop(&br[1]);
 	for (i = 0; i < c->workers; i++) {
 		if (maps[i])
 			munmap(maps[i], wl_region_bytes_d(c) * c->layers);
@@ -482,6 +580,7 @@ enum {
 	O_PROGRESS,
 	O_BROKER,
 	O_BOPTS,
+	O_NET,
 	O_HELP,
 };
 
@@ -504,6 +603,7 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 					   {"progress", 0, NULL, O_PROGRESS},
 					   {"broker", 1, NULL, O_BROKER},
 					   {"broker-opts", 1, NULL, O_BOPTS},
+					   {"net", 1, NULL, O_NET},
 					   {"help", 0, NULL, O_HELP},
 					   {NULL, 0, NULL, 0}};
 	uint64_t v;
@@ -560,8 +660,24 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 				return -1;
 			break;
 		case O_TRANSPORT:
-			if (kvb_bench_check_transport(a))
+			c->transport = kvb_bench_check_transport(a, 1);
+			if (c->transport < 0)
 				return -1;
+			break;
+		case O_NET:
+			if (!strcmp(a, "auto"))
+				c->net = NET_AUTO;
+			else if (!strcmp(a, "netns"))
+				c->net = NET_NETNS;
+			else if (!strcmp(a, "loopback"))
+				c->net = NET_LOOPBACK;
+			else {
+				fprintf(stderr,
+					"kvbench: --net: '%s' is not auto, "
+					"netns or loopback\n",
+					a);
+				return -1;
+			}
 			break;
 		case O_MODE:
 			if (!strcmp(a, "direct"))
@@ -623,6 +739,10 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 			argv[optind]);
 		return -1;
 	}
+	if (c->transport == KVB_BENCH_TR_TCP && c->block_bytes % 2) {
+		fprintf(stderr, "kvbench: --block-bytes must be even\n");
+		return -1;
+	}
 	if (c->plot && !c->nsweep) {
 		fprintf(stderr, "kvbench: --plot needs --sweep-workers (it "
 				"draws against the worker count)\n");
@@ -647,6 +767,7 @@ int kvb_bench_workload_main(int argc, char **argv)
 			   .modes = MODE_DIRECT | MODE_BROKER,
 			   .verify = 1};
 	static struct wl_figs res[KVB_BENCH_MAX_SWEEP][2];
+	static struct bench_net net;
 	unsigned ws[KVB_BENCH_MAX_SWEEP], n, k;
 	int rc = parse(&c, argc, argv), fails = 0;
 	uint64_t mem;
@@ -671,9 +792,25 @@ int kvb_bench_workload_main(int argc, char **argv)
 			(double) mem / (1 << 30));
 		return 2;
 	}
-	printf("kvbench workload: transport local (tcp, rdma, gpu: not "
-	       "available in this build yet)\n"
-	       "%u layers x %u blocks x %llu B per request per rank, %u "
+	kvb_bench_cleanup_init(); /* broker sockets, namespaces */
+	if (c.transport == KVB_BENCH_TR_TCP) {
+		char where[320];
+
+		if (kvb_bench_net_setup(&net, c.net))
+			return 2;
+		c.nw = &net;
+		kvb_bench_net_describe(&net, where, sizeof(where));
+		printf("kvbench workload: transport tcp, %s\n"
+		       "direct: a tcp transport and socket per P worker, a "
+		       "receiver process per D worker; broker: kvbroker "
+		       "--transport tcp on each side\n",
+		       where);
+	} else {
+		printf("kvbench workload: transport local (one node; "
+		       "--transport "
+		       "tcp for two)\n");
+	}
+	printf("%u layers x %u blocks x %llu B per request per rank, %u "
 	       "requests/step, %u steps, rate %s, verify %s\n",
 	       c.layers, c.blocks, (unsigned long long) c.block_bytes,
 	       c.requests, c.iters, c.rate > 0 ? "limited" : "unlimited",
@@ -700,7 +837,11 @@ int kvb_bench_workload_main(int argc, char **argv)
 		if (res[k][0].valid && res[k][1].valid)
 			wl_ratio_row(ws[k], &res[k][0], &res[k][1]);
 	}
-	if (c.modes & MODE_BROKER)
+	if (c.transport == KVB_BENCH_TR_TCP)
+		printf("post_cpu n/a on tcp (sending continues in poll()); cpu "
+		       "= "
+		       "P workers + D side (not verifying) + brokers\n");
+	else if (c.modes & MODE_BROKER)
 		printf("broker post_cpu = broker process CPU / WRs: an upper "
 		       "bound (drain, validation, completions, idle spin)\n");
 	if (c.json &&
@@ -708,5 +849,7 @@ int kvb_bench_workload_main(int argc, char **argv)
 		fails++;
 	if (c.plot && wl_plot(&c, ws, n, (const struct wl_figs(*)[2]) res))
 		fails++;
+	if (c.nw)
+		kvb_bench_net_teardown(&net);
 	return fails ? 1 : 0;
 }
