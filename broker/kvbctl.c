@@ -12,8 +12,10 @@
 static void usage(FILE *f)
 {
 	fputs("Usage: kvbctl [--socket PATH] stats [--json]\n"
-	      "  stats    print the broker's counters (workers, descriptors, bytes,\n"
-	      "           doorbells, wrs, wr_per_doorbell, transfers, rejections)\n"
+	      "  stats    print the broker's counters (workers, descriptors, "
+	      "bytes,\n"
+	      "           doorbells, wrs, wr_per_doorbell, transfers, "
+	      "rejections)\n"
 	      "  --json   one JSON object instead of a table\n",
 	      f);
 }
@@ -27,9 +29,8 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	static char buf[KVB_MSG_MAX];
-	struct kvb_msg_stats req;
 	char path[108] = "";
-	int c, json = 0, fd, n, rc;
+	int c, json = 0, n;
 
 	while ((c = getopt_long(argc, argv, "+", lo, NULL)) != -1) {
 		switch (c) {
@@ -55,7 +56,8 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "--json")) {
 			json = 1;
 		} else {
-			fprintf(stderr, "kvbctl: unknown argument '%s'\n", argv[i]);
+			fprintf(stderr, "kvbctl: unknown argument '%s'\n",
+				argv[i]);
 			return 2;
 		}
 	}
@@ -63,25 +65,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvbctl: socket path too long\n");
 		return 2;
 	}
-	fd = kvb_ctl_connect(path, 3000);
-	if (fd < 0) {
-		fprintf(stderr, "kvbctl: cannot reach a broker at %s: %s\n", path,
-			strerror(-fd));
+	n = kvb_ctl_stats(path, json, buf, sizeof(buf), 3000);
+	if (n < 0) {
+		fprintf(stderr, "kvbctl: no stats from a broker at %s: %s\n",
+			path, strerror(-n));
 		return 1;
 	}
-	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
-	req.json = (uint32_t)json;
-	rc = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
-	n = rc ? rc : kvb_ctl_recv(fd, buf, sizeof(buf) - 1, NULL, NULL);
-	close(fd);
-	if (n < 0 || (rc = kvb_ctl_check_reply((struct kvb_msg_hdr *)buf, n,
-					       KVB_MSG_STATS,
-					       sizeof(struct kvb_msg_hdr) + 1))) {
-		fprintf(stderr, "kvbctl: stats request failed: %s\n",
-			strerror(n < 0 ? -n : -rc));
-		return 1;
-	}
-	buf[n] = '\0';
-	fputs(buf + sizeof(struct kvb_msg_hdr), stdout);
+	fputs(buf, stdout);
 	return 0;
 }

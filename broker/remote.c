@@ -391,7 +391,10 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 					       : NULL;
 			struct kvb_hs_region *hr = &hw->regions[nr];
 
-			if (!r || r->dead || !r->has_kv)
+			/* peers only see what they may access */
+			if (!r || r->dead || !r->has_kv ||
+			    !(r->mr.flags &
+			      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 				continue;
 			hr->id = r->mr.id;
 			hr->size = r->mr.len;
@@ -2027,8 +2030,9 @@ void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
 	rdma_reg(b, r);
-	if (!t || r->mr.kind != KVB_MEM_HOST ||
-	    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+	/* every host region: the tcp receiver checks the KVB_MEM_REMOTE_*
+	 * flags itself before landing or sending a byte */
+	if (!t || r->mr.kind != KVB_MEM_HOST)
 		return;
 	if (t->ops->reg_mr(t, &r->mr) == 0)
 		r->tcp_reg = 1;
@@ -2039,8 +2043,10 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	int rc;
 
-	if (!t || r->mr.kind != KVB_MEM_HOST ||
-	    !(r->mr.flags & (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+	/* every host region: a source of our writes needs a local key too.
+	 * Remote access is still what the descriptor offers: only regions
+	 * with KVB_MEM_REMOTE_* go there with their rkey. */
+	if (!t || r->mr.kind != KVB_MEM_HOST)
 		return;
 	rc = t->ops->reg_mr(t, &r->mr);
 	if (rc)
