@@ -7,12 +7,21 @@
 # Environment: BUILD (default build), QUICK=1 (a short version, about a
 # minute: fewer steps, fewer samples), ITERS_SMALL / ITERS_LARGE (steps per
 # worker of the two workload cases on `local`), ITERS_TCP_SMALL /
-# ITERS_TCP_LARGE (the same on `tcp`), KVBENCH (the binary).
+# ITERS_TCP_LARGE (the same on `tcp`), ITERS_RDMA_SMALL (the small-block case
+# on `rdma`), KVBENCH (the binary), RDMA=0 (skip the rdma step).
 #
 # tcp: kvbench places P and D in two network namespaces joined by a veth
 # pair when run as root with `ip netns` (it makes and deletes them itself),
 # else on loopback; the tables say which. Skipped when kvbench was built
 # without the tcp transport.
+#
+# rdma: one boot of the soft-RoCE guest (tests/rdma/rxe-runner.sh, qemu TCG,
+# rxe0 on 192.0.2.1) runs every rdma case; the guest sees the host's / read
+# only, so the cases write under $BUILD/bench-rdma and the results are copied
+# to bench/results afterwards. Skipped, with a line saying why, without qemu
+# (or the kernel package), or when kvbench was built without libibverbs.
+# Soft-RoCE under TCG is ~1000x slower than a NIC: few steps, small blocks
+# only (the large-block sweep alone takes minutes per step there).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -28,6 +37,7 @@ if [ "$QUICK" = 1 ]; then
 	ITERS_LARGE=${ITERS_LARGE:-6}
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-20}
 	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-2}
+	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-2}
 	RATE_S=2
 	LAT_N=100000
 	RING_S=1
@@ -36,6 +46,7 @@ else
 	ITERS_LARGE=${ITERS_LARGE:-100}
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-1000}
 	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-40}
+	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-20}
 	RATE_S=5
 	LAT_N=300000
 	RING_S=2
@@ -67,11 +78,23 @@ TCP=0
 if "$KVBENCH" workload --transport tcp --help >/dev/null 2>&1; then
 	TCP=1
 fi
+# rdma: kvbench built with it, the guest runner's qemu there
+RDMA_WHY=
+if [ "${RDMA:-1}" = 0 ]; then
+	RDMA_WHY="RDMA=0"
+elif ! "$KVBENCH" workload --transport rdma --help >/dev/null 2>&1; then
+	RDMA_WHY="kvbench built without the rdma transport (libibverbs)"
+elif ! command -v qemu-system-x86_64 >/dev/null; then
+	RDMA_WHY="qemu-system-x86_64 not installed (scripts/deps.sh): no soft-RoCE guest"
+fi
 start=$(date +%s)
 if [ "$TCP" = 1 ]; then
-	echo "bench: transports local and tcp (rdma, gpu: not in kvbench yet)"
+	echo "bench: transports local, tcp${RDMA_WHY:-, rdma (soft-RoCE guest)}; gpu: not in kvbench yet"
 else
-	echo "bench: transport local only (kvbench built without tcp)"
+	echo "bench: transport local${RDMA_WHY:- and rdma (soft-RoCE guest)} (kvbench built without tcp)"
+fi
+if [ -n "$RDMA_WHY" ]; then
+	echo "bench: rdma skipped: $RDMA_WHY"
 fi
 
 # 0. correctness first: every byte checked at D, both modes
@@ -109,14 +132,84 @@ else
 	rm -f "$RES"/verify-tcp.* "$RES"/workload-tcp-*
 fi
 
-# 4. the broker's own limits
+# 4. rdma, in one boot of the soft-RoCE guest: a correctness pass, then the
+#    small-block sweep
+SMALL_RDMA=(--layers 32 --blocks 16 --block-bytes 512 --requests 8
+	--no-verify --mode both)
+RDMA_CASES=(
+	"verify-rdma workload --transport rdma --workers 2 --layers 32 --iters 2 --mode both --verify"
+	"workload-rdma-small workload --transport rdma ${SMALL_RDMA[*]} --iters $ITERS_RDMA_SMALL --sweep-workers 1,2,4,8"
+)
+RDMA_OK=0
+rm -f "$RES"/verify-rdma.* "$RES"/workload-rdma-*
+if [ -z "$RDMA_WHY" ]; then
+	JOB=$(readlink -f "$BUILD")/bench-rdma
+	KVB_ABS=$(readlink -f "$KVBENCH")
+	rm -rf "$JOB" && mkdir -p "$JOB"
+	# the guest's job: every case, output under $JOB (the guest's only
+	# writable host folder)
+	{
+		echo '#!/bin/sh'
+		echo "# scripts/bench.sh: the rdma cases, inside the soft-RoCE guest"
+		echo "rc=0"
+		for c in "${RDMA_CASES[@]}"; do
+			name=${c%% *}
+			plot=
+			[ "$name" = verify-rdma ] || plot=" --plot $JOB/$name.png"
+			echo "t0=\$(date +%s)"
+			echo "$KVB_ABS ${c#* } --json $JOB/$name.json$plot \\"
+			echo "	>$JOB/$name.txt 2>$JOB/$name.err || rc=1"
+			echo "echo \$((\$(date +%s) - t0)) >$JOB/$name.time"
+		done
+		echo 'exit $rc'
+	} >"$JOB/run.sh"
+	chmod +x "$JOB/run.sh"
+	echo
+	echo "== rdma: one soft-RoCE guest boot: tests/rdma/rxe-runner.sh $JOB/run.sh"
+	t0=$(date +%s)
+	set +e
+	KVB_RXE_RW="$JOB" KVB_RXE_TIMEOUT=${KVB_RXE_TIMEOUT:-600} \
+		tests/rdma/rxe-runner.sh "$JOB/run.sh" >"$JOB/guest.log" 2>&1
+	grc=$?
+	set -e
+	if [ "$grc" = 77 ]; then
+		RDMA_WHY="the soft-RoCE guest cannot start here: $(grep -m1 SKIPPED "$JOB/guest.log" | sed 's/^[* ]*//; s/[* ]*$//')"
+		echo "bench: rdma skipped: $RDMA_WHY"
+	else
+		for c in "${RDMA_CASES[@]}"; do
+			name=${c%% *}
+			[ -s "$JOB/$name.txt" ] || continue
+			plot=
+			[ "$name" = verify-rdma ] || plot=" --plot $RES/$name.png"
+			echo
+			echo "== $name (in the guest): kvbench ${c#* }"
+			cat "$JOB/$name.txt"
+			cp "$JOB/$name.txt" "$RES/"
+			for ext in json png; do
+				[ ! -e "$JOB/$name.$ext" ] || cp "$JOB/$name.$ext" "$RES/"
+			done
+			CMDS+=("$KVBENCH ${c#* } --json $RES/$name.json$plot    # in the guest, $(cat "$JOB/$name.time" 2>/dev/null || echo '?') s")
+		done
+		CMDS+=("# the rdma runs above, in one guest: KVB_RXE_RW=$JOB tests/rdma/rxe-runner.sh $JOB/run.sh    # $(($(date +%s) - t0)) s with the boot")
+		if [ "$grc" = 0 ]; then
+			RDMA_OK=1
+		else
+			echo "bench: the rdma step failed (guest status $grc): see $JOB/guest.log and $JOB/*.err" >&2
+			tail -n 20 "$JOB/guest.log" >&2
+			cat "$JOB"/*.err >&2 2>/dev/null || true
+			RDMA_WHY="the rdma step failed (guest status $grc)"
+		fi
+	fi
+fi
+
+# 5. the broker's own limits
 run rate rate --workers 1 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate.json"
 run rate2 rate --workers 2 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate2.json"
 run lat lat --samples "$LAT_N" --json "$RES/lat.json"
 
-# 5. the ring against DPDK's rte_ring
+# 6. the ring against DPDK's rte_ring
 if ! "$KVBENCH" ring --help 2>&1 | grep -q 'built without'; then
 	run ring ring --seconds "$RING_S" --json "$RES/ring.json"
 else
@@ -144,7 +237,8 @@ ratios() {
 import json, os, sys
 res = sys.argv[1]
 cases = [("local", "small", "workload-small"), ("local", "large", "workload-large"),
-         ("tcp", "small", "workload-tcp-small"), ("tcp", "large", "workload-tcp-large")]
+         ("tcp", "small", "workload-tcp-small"), ("tcp", "large", "workload-tcp-large"),
+         ("rdma", "small", "workload-rdma-small")]
 cols = [("doorbells", "doorbells"), ("wr_per_doorbell", "WR/db"),
         ("msg_rate_mps", "MsgRate"), ("bw_gbps", "BW"), ("lat_p50_us", "p50"),
         ("lat_p99_us", "p99"), ("lat_p999_us", "p99.9"), ("cpu_s", "cpu"),
@@ -157,6 +251,8 @@ for tr, blk, name in cases:
         continue
     d = json.load(open(path))
     where = d["config"].get("placement", "")
+    if where == "rdma":
+        where = "soft-RoCE %s" % d["config"].get("device", "")
     for pt in d.get("sweep", []):
         r = pt.get("ratio")
         if not r:
@@ -173,14 +269,18 @@ PY
 Generated by \`make bench\` (here: \`BUILD=$BUILD scripts/bench.sh\`${QNOTE}; steps per worker:
 ITERS_SMALL=$ITERS_SMALL, ITERS_LARGE=$ITERS_LARGE on \`local\`,
 ITERS_TCP_SMALL=${ITERS_TCP_SMALL}, ITERS_TCP_LARGE=${ITERS_TCP_LARGE} on
-\`tcp\`) on $(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by
+\`tcp\`, ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL} on \`rdma\`) on $(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by
 hand: run \`make bench\` again.
 
 - Machine: $(nproc) CPUs, ${cpu:-unknown CPU}, ${mem}, Linux $(uname -r).
   Shared with other jobs: figures are noisy; compare the ratios of one run.
-- Transports: \`local\` (one node, the broker's memcpy path)${where:+ and
-  \`tcp\` (two nodes: ${where})}. \`rdma\` and \`gpu\` are not in kvbench
-  yet; it refuses them.
+- Transports: \`local\` (one node, the broker's memcpy path)${where:+,
+  \`tcp\` (two nodes: ${where})}$(if [ "$RDMA_OK" = 1 ]; then
+		echo ", \`rdma\` (RC queue pairs on soft-RoCE rxe0 in a"
+		echo "  qemu TCG guest: compare ratios only, absolute figures are far below a NIC's)"
+	else
+		echo ". \`rdma\`: not run here (${RDMA_WHY})"
+	fi). \`gpu\` is not in kvbench yet; it refuses it.
 - Raw results: \`bench/results/*.json\` (one object per run: \`direct\`,
   \`broker\`, \`ratio\` = broker/direct; null = not measurable) and \`*.txt\`
   (the tables below).
@@ -283,6 +383,20 @@ $(table workload-tcp-large)
 
 EOF
 	fi
+	if [ "$RDMA_OK" = 1 ]; then
+		cat <<EOF
+## rdma: correctness pass (every byte verified at D)
+
+$(table verify-rdma)
+
+## rdma: small blocks (512 B), message rate
+
+![rdma small blocks](bench/results/workload-rdma-small.png)
+
+$(table workload-rdma-small)
+
+EOF
+	fi
 	cat <<EOF
 ## Broker limits (foundation issue, Speed)
 
@@ -327,6 +441,39 @@ processes, receivers and brokers all share the two cores: CPU seconds and
 latencies include waiting for a core. Broker-mode latency also carries
 MoRIIO's control path (`remote_blocks` from D before P's layers go,
 `write_done` over ZMQ after the last ack).
+
+EOF
+	fi
+	if [ "$RDMA_OK" = 1 ]; then
+		cat <<'EOF'
+## How to read this on the `rdma` transport
+
+Everything runs in one soft-RoCE guest (qemu TCG, 2 vCPUs, `rxe0` on
+`dummy0` = 192.0.2.1): P and D share one verbs device, and every WRITE is
+real RC traffic through the kernel's rxe driver, emulated in software on
+an emulated CPU. Compare the ratios; the absolute rates are far below a
+NIC's.
+
+- **direct**: every P worker opens its own `rdma` transport (device
+  context, PD, CQ) and one RC queue pair to a receiver process per D
+  worker, which holds the registered regions and answers the QP handshake
+  (`connect`/`kvb_rdma_ep_info` offer and answer, over a socketpair between
+  the two processes). One `ibv_post_send` per (request, layer) chain:
+  WR/db = B. `post_cpu` = wall time inside `ibv_post_send`
+  (`kvb_rdma_time_posts`) per WR: on soft-RoCE the post is a syscall into
+  the rxe driver, on a NIC it is a doorbell write.
+- **broker**: two kvbrokers `--transport rdma --host-ip 192.0.2.1` on the
+  one device, each with its own handshake and notify ports (as
+  `tests/rdma/broker-pair.sh`), the workers on MoRIIO's WRITE path as on
+  `tcp`. The P broker gathers every worker's chains to the peer node onto
+  one QP and posts up to its send-queue credit per `ibv_post_send`: WR/db
+  is several times direct's. Figures from the P broker's stats
+  (per_transport `rdma`); `post_cpu` n/a: the broker does not time its
+  posts.
+- Message rate and latency are bound by the rxe kernel threads, which
+  share the guest's two vCPUs with every worker, receiver and broker;
+  broker-mode latency also carries the control path (`remote_blocks`,
+  `write_done`).
 
 EOF
 	fi

@@ -151,11 +151,24 @@ int kvb_bench_check_transport(const char *arg, int tcp_ok)
 #endif
 		return -1;
 	}
-	if (!strcmp(arg, "rdma") || !strcmp(arg, "gpu")) {
+	if (!strcmp(arg, "rdma")) {
+#if defined(KVB_HAVE_RDMA) && defined(KVB_HAVE_TCP)
+		if (tcp_ok)
+			return KVB_BENCH_TR_RDMA;
+		fprintf(stderr, "kvbench: --transport rdma: only `kvbench "
+				"workload` measures rdma\n");
+#else
+		fprintf(stderr, "kvbench: --transport rdma: this kvbench was "
+				"built without the rdma transport "
+				"(libibverbs)\n");
+#endif
+		return -1;
+	}
+	if (!strcmp(arg, "gpu")) {
 		fprintf(stderr,
 			"kvbench: --transport %s: not available in kvbench "
 			"yet (local%s)\n",
-			arg, tcp_ok ? ", tcp" : "");
+			arg, tcp_ok ? ", tcp, rdma" : "");
 		return -1;
 	}
 	fprintf(stderr,

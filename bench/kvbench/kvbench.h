@@ -14,7 +14,7 @@
 #define KVB_BENCH_MAX_SWEEP   16u
 
 enum { MODE_DIRECT = 1, MODE_BROKER = 2 };
-enum { KVB_BENCH_TR_LOCAL = 0, KVB_BENCH_TR_TCP = 1 };
+enum { KVB_BENCH_TR_LOCAL = 0, KVB_BENCH_TR_TCP = 1, KVB_BENCH_TR_RDMA = 2 };
 /* --net: where the two sides of a tcp run live */
 enum { NET_AUTO = 0, NET_NETNS = 1, NET_LOOPBACK = 2 };
 
@@ -31,6 +31,8 @@ struct bench_net {
 	int hs_port[2];	    /* the brokers' --handshake-port */
 	int notify_port[2]; /* the brokers' --notify-port */
 	char why[160];	    /* loopback: why not namespaces */
+	int rdma;	    /* rdma: one device, both brokers on ip[0] */
+	char rdma_dev[64];  /* rdma: the device in use */
 };
 
 /* The workload subcommand's knobs (see workload_usage()). */
@@ -41,6 +43,7 @@ struct wl_cfg {
 	int modes;		    /* MODE_* bits */
 	int transport;		    /* KVB_BENCH_TR_* */
 	int net;		    /* NET_*: where a tcp run's sides live */
+	const char *rdma_ip;	    /* rdma: the brokers' --host-ip */
 	const struct bench_net *nw; /* tcp: the placement in use */
 	int verify, progress;
 	const char *json, *plot, *broker, *broker_opts;
@@ -63,6 +66,7 @@ struct wl_pres {
 	uint64_t dchecked;	  /* D side: bytes verified */
 	uint64_t verify_ns;	  /* D side: thread CPU spent verifying */
 	volatile uint64_t opened; /* tcp broker D: requests opened so far */
+	uint64_t verbs_post_ns;	  /* rdma direct: wall time in ibv_post_send */
 	volatile int port; /* tcp direct D: the receiver's listening port */
 	int ok;		   /* 1 = finished cleanly */
 };
@@ -183,6 +187,21 @@ int wl_tcp_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		    void *shm, int ready_fd, const int *go,
 		    struct wl_pres *res);
 struct wl_pres *wl_pres_at(void *shm, const struct wl_cfg *c, unsigned i);
+/*
+ * wl_rdma.c: direct mode on the rdma transport (broker mode runs the tcp
+ * broker workers above against two `--transport rdma` brokers). `hs` is a
+ * SOCK_SEQPACKET socket to the peer worker: the QP handshake, then P's
+ * request notifications.
+ */
+int wl_rdma_direct_p(const struct wl_cfg *c, unsigned rank, int hs,
+		     int ready_fd, const int *go, struct wl_pres *res);
+int wl_rdma_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
+		     int hs, int ready_fd, const int *go, struct wl_pres *res);
+/*
+ * Can an rdma transport open here? 0, or -1 with the reason printed (no
+ * device: run it in the soft-RoCE guest). Fills n for an rdma run.
+ */
+int wl_rdma_probe(struct bench_net *n, const char *ip);
 
 /* wl_workers.c helpers the tcp workers share */
 double *wl_pres_lat(struct wl_pres *r);

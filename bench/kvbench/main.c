@@ -28,9 +28,12 @@ static void usage(FILE *f)
 	      "entries\n"
 	      "`kvbench SUBCOMMAND --help` lists each one's options and "
 	      "defaults.\n"
-	      "Transports: local; tcp in `workload` (--transport tcp: two "
-	      "network\n"
-	      "namespaces when root, else loopback); rdma, gpu: not yet.\n",
+	      "Transports: local; tcp and rdma in `workload` (--transport "
+	      "tcp: two network\n"
+	      "namespaces when root, else loopback; --transport rdma: a verbs "
+	      "device, e.g.\n"
+	      "the soft-RoCE guest of tests/rdma/rxe-runner.sh); gpu: not "
+	      "yet.\n",
 	      f);
 }
 

@@ -87,7 +87,9 @@ static void json_str(FILE *f, const char *s)
 
 static const char *tr_name(const struct wl_cfg *c)
 {
-	return c->transport == KVB_BENCH_TR_TCP ? "tcp" : "local";
+	return c->transport == KVB_BENCH_TR_RDMA  ? "rdma"
+	       : c->transport == KVB_BENCH_TR_TCP ? "tcp"
+						  : "local";
 }
 
 void wl_table_header(void)
@@ -145,6 +147,11 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 		c->transport == KVB_BENCH_TR_TCP
 			? "n/a on tcp: sending continues in poll() after "
 			  "post() (rest of a sendmsg, acks)"
+		: c->transport == KVB_BENCH_TR_RDMA
+			? (broker ? "n/a on rdma: the broker does not time "
+				    "its ibv_post_send calls"
+				  : "wall time inside ibv_post_send "
+				    "(kvb_rdma_post_ns) / WRs")
 		: broker ? "broker process CPU / WRs (upper bound)"
 			 : "thread CPU inside post() / WRs",
 		(unsigned long long) x->verified_bytes,
@@ -185,7 +192,14 @@ static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
 static void json_config(FILE *f, const struct wl_cfg *c)
 {
 	fprintf(f, "\"config\":{\"transport\":\"%s\",", tr_name(c));
-	if (c->nw) {
+	if (c->nw && c->nw->rdma) {
+		fprintf(f,
+			"\"placement\":\"rdma\",\"device\":\"%s\",\"host_ip\":"
+			"\"%s\","
+			"\"placement_note\":\"one device, two brokers on one "
+			"address, distinct ports\",",
+			c->nw->rdma_dev, c->nw->ip[0]);
+	} else if (c->nw) {
 		fprintf(f,
 			"\"placement\":\"%s\",\"p_ip\":\"%s\",\"d_ip\":\"%s\","
 			"\"placement_note\":\"",
@@ -261,6 +275,7 @@ int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 		"set xrange [%g:%g]\nset xtics (",
 		c->plot, tr_name(c),
 		!c->nw	       ? ""
+		: c->nw->rdma  ? " (soft-RoCE / verbs device)"
 		: c->nw->netns ? " (two network namespaces)"
 			       : " (loopback)",
 		c->layers, c->blocks, (unsigned long long) c->block_bytes,

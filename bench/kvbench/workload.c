@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,9 +54,15 @@ static void workload_usage(FILE *f)
 	      "(default 4)\n"
 	      "  --rate X           requests/s arriving (default 0 = back to "
 	      "back)\n"
-	      "  --transport T      local (default) or tcp (two nodes: see "
-	      "--net); rdma,\n"
+	      "  --transport T      local (default), tcp (two nodes: see "
+	      "--net) or rdma\n"
+	      "                     (a verbs device: the soft-RoCE guest, see "
+	      "docs/testing.md);\n"
 	      "                     gpu: not in kvbench yet\n"
+	      "  --rdma-ip A        rdma broker mode: both brokers' --host-ip "
+	      "(default\n"
+	      "                     192.0.2.1, the soft-RoCE guest's); "
+	      "$KVB_RDMA_DEV: device\n"
 	      "  --net N            tcp placement: auto (default: two network "
 	      "namespaces\n"
 	      "                     joined by a veth pair, 192.0.2.1 = P, "
@@ -117,7 +124,19 @@ static void workload_usage(FILE *f)
 	      "n/a (null in JSON): tcp's sending continues outside post(). "
 	      "cpu = P workers\n"
 	      "+ D side (receivers or D workers, not verifying) + both "
-	      "brokers.\n",
+	      "brokers.\n"
+	      "\n"
+	      "rdma: as tcp, with RDMA WRITEs on RC queue pairs: direct = "
+	      "every P worker\n"
+	      "its own rdma transport and QP to a receiver per D worker (QP "
+	      "handshake over\n"
+	      "a socketpair), one ibv_post_send per (request, layer); broker "
+	      "= two\n"
+	      "kvbrokers --transport rdma on one device, distinct ports. "
+	      "doorbells =\n"
+	      "ibv_post_send calls; post_cpu: direct = wall time inside "
+	      "ibv_post_send per\n"
+	      "WR, broker n/a (null: the broker does not time its posts).\n",
 	      f);
 }
 
@@ -234,7 +253,7 @@ static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 		       const int *go_r, void *shm)
 {
 	struct wl_pres *res = pres_at(shm, c, slot);
-	int tcp = c->transport == KVB_BENCH_TR_TCP;
+	int tcp = c->transport != KVB_BENCH_TR_LOCAL;
 	pid_t pid = fork();
 	int rc = 1;
 
@@ -260,6 +279,13 @@ static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 	else if (!tcp)
 		rc = is_d ? wl_broker_d(c, rank, sock, ready_w, go_r, res)
 			  : wl_broker_p(c, rank, sock, ready_w, go_r, res);
+#if defined(KVB_HAVE_RDMA) && defined(KVB_HAVE_TCP)
+	else if (c->transport == KVB_BENCH_TR_RDMA && mode == MODE_DIRECT)
+		rc = is_d ? wl_rdma_direct_d(c, rank, maps, nfd[0], ready_w,
+					     go_r, res)
+			  : wl_rdma_direct_p(c, rank, nfd[1], ready_w, go_r,
+					     res);
+#endif
 #ifdef KVB_HAVE_TCP
 	else if (mode == MODE_DIRECT)
 		rc = is_d ? wl_tcp_direct_d(c, rank, maps, nfd[0], ready_w,
@@ -285,19 +311,37 @@ static double tr_num(const char *js, const char *name, const char *key)
 	return p ? kvb_bench_json_num(p, key) : -1;
 }
 
-/* Start the two brokers of a tcp broker run (P node, D node). */
+/* The transport's name, as the broker's stats name it. */
+static const char *tr_str(const struct wl_cfg *c)
+{
+	return c->transport == KVB_BENCH_TR_RDMA  ? "rdma"
+	       : c->transport == KVB_BENCH_TR_TCP ? "tcp"
+						  : "local";
+}
+
+/*
+ * Start the two brokers of a tcp or rdma broker run (P node, D node; rdma:
+ * one device, one address, distinct ports, as tests/rdma/broker-pair.sh).
+ */
 static int start_tcp_brokers(const struct wl_cfg *c, struct bench_broker *b)
 {
 	const struct bench_net *nw = c->nw;
+	/* soft-RoCE under TCG is ~1000x slower than a NIC */
+	int tto = c->transport == KVB_BENCH_TR_RDMA ? 120 : 30;
 
 	for (int s = 0; s < 2; s++) {
 		char more[256];
 
 		snprintf(more, sizeof(more),
 			 "--host-ip %s --handshake-port %d --notify-port %d "
-			 "--transfer-timeout 30 --defer-timeout 30",
-			 nw->ip[s], nw->hs_port[s], nw->notify_port[s]);
-		b[s].transport = "tcp";
+			 "--transfer-timeout %d --defer-timeout %d",
+			 nw->ip[s], nw->hs_port[s], nw->notify_port[s], tto,
+			 tto);
+		if (nw->rdma) /* the device the direct workers use too */
+			snprintf(more + strlen(more),
+				 sizeof(more) - strlen(more), " --rdma-dev %s",
+				 nw->rdma_dev);
+		b[s].transport = tr_str(c);
 		b[s].netns = nw->netns ? nw->ns[s] : NULL;
 		if (kvb_bench_broker_start(&b[s], c->broker, c->broker_opts,
 					   more))
@@ -312,7 +356,10 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	const char *what = mode == MODE_DIRECT ? "direct" : "broker";
 	size_t shm_len = 2 * c->workers * wl_pres_size(c);
 	struct bench_broker br[2] = {{0}}; /* local: [0]; tcp: P, D node */
-	int tcp = c->transport == KVB_BENCH_TR_TCP;
+	/* tcp or rdma: two nodes, two brokers */
+	int tcp = c->transport != KVB_BENCH_TR_LOCAL;
+	int rdma = c->transport == KVB_BENCH_TR_RDMA;
+	uint64_t verbs_ns = 0;
 	struct run_pids rp = {.n = 0};
 	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
 	int ready[2] = {-1, -1}, go[2] = {-1, -1}, go2[2] = {-1, -1};
@@ -352,8 +399,12 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	if (mode == MODE_DIRECT) {
 		if (direct_maps(c, maps))
 			goto out;
+		/* rdma: [0] D's end, [1] P's: the QP handshake, then
+		 * the notifications */
 		for (i = 0; i < c->workers; i++)
-			if (pipe(nfd[i])) {
+			if (rdma ? socketpair(AF_UNIX, SOCK_SEQPACKET, 0,
+					      nfd[i])
+				 : pipe(nfd[i])) {
 				perror("kvbench: pipe");
 				goto out;
 			}
@@ -440,6 +491,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->verified_bytes += d->dchecked;
 		f->bad_bytes += d->dbad * 8;
 		post_ns += p->post_cpu_ns;
+		verbs_ns += p->verbs_post_ns;
 		f->open_wait_s += (double) p->ctl_ns / 1e9;
 		cpu_ns += p->cpu_ns;
 		dcpu_ns += d->cpu_ns;
@@ -465,10 +517,11 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	f->worker_post_cpu_us_per_wr =
 		f->descs ? (double) post_ns / 1e3 / f->descs : 0;
 	if (mode == MODE_BROKER && tcp) {
-		/* the P broker's tcp transport: what it sent */
-		f->doorbells = tr_num(js1, "tcp", "doorbells") -
-			       tr_num(js0, "tcp", "doorbells");
-		f->wrs = tr_num(js1, "tcp", "wrs") - tr_num(js0, "tcp", "wrs");
+		/* the P broker's tcp / rdma transport: what it sent */
+		f->doorbells = tr_num(js1, tr_str(c), "doorbells") -
+			       tr_num(js0, tr_str(c), "doorbells");
+		f->wrs = tr_num(js1, tr_str(c), "wrs") -
+			 tr_num(js0, tr_str(c), "wrs");
 		f->layer_ops = kvb_bench_json_num(js1, "layer_ops") -
 			       kvb_bench_json_num(js0, "layer_ops");
 		f->cpu_broker_s = bcpu1 - bcpu0;
@@ -485,9 +538,13 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			f->wrs > 0 ? (double) post_ns / 1e3 / f->wrs : 0;
 	}
 	if (tcp) {
-		/* not measurable: a WR's sending goes on in poll() after
-		 * post() (the rest of a sendmsg, the acks) */
-		f->post_cpu_us_per_wr = NAN;
+		/* tcp: not measurable, a WR's sending goes on in poll() after
+		 * post() (the rest of a sendmsg, the acks); rdma: the time
+		 * inside ibv_post_send (direct), the broker does not time it */
+		f->post_cpu_us_per_wr =
+			rdma && mode == MODE_DIRECT && f->wrs > 0
+				? (double) verbs_ns / 1e3 / f->wrs
+				: NAN;
 		f->cpu_d_s = (double) dcpu_ns / 1e9;
 	}
 	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s + f->cpu_d_s;
@@ -581,6 +638,7 @@ enum {
 	O_BROKER,
 	O_BOPTS,
 	O_NET,
+	O_RDMA_IP,
 	O_HELP,
 };
 
@@ -604,6 +662,7 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 					   {"broker", 1, NULL, O_BROKER},
 					   {"broker-opts", 1, NULL, O_BOPTS},
 					   {"net", 1, NULL, O_NET},
+					   {"rdma-ip", 1, NULL, O_RDMA_IP},
 					   {"help", 0, NULL, O_HELP},
 					   {NULL, 0, NULL, 0}};
 	uint64_t v;
@@ -679,6 +738,17 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 				return -1;
 			}
 			break;
+		case O_RDMA_IP:
+			if (strlen(a) >=
+			    sizeof(((struct bench_net *) 0)->ip[0])) {
+				fprintf(stderr,
+					"kvbench: --rdma-ip: '%s' is not an "
+					"IPv4 address\n",
+					a);
+				return -1;
+			}
+			c->rdma_ip = a;
+			break;
 		case O_MODE:
 			if (!strcmp(a, "direct"))
 				c->modes = MODE_DIRECT;
@@ -739,7 +809,7 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 			argv[optind]);
 		return -1;
 	}
-	if (c->transport == KVB_BENCH_TR_TCP && c->block_bytes % 2) {
+	if (c->transport != KVB_BENCH_TR_LOCAL && c->block_bytes % 2) {
 		fprintf(stderr, "kvbench: --block-bytes must be even\n");
 		return -1;
 	}
@@ -805,6 +875,16 @@ int kvb_bench_workload_main(int argc, char **argv)
 		       "receiver process per D worker; broker: kvbroker "
 		       "--transport tcp on each side\n",
 		       where);
+	} else if (c.transport == KVB_BENCH_TR_RDMA) {
+		if (wl_rdma_probe(&net, c.rdma_ip ? c.rdma_ip : "192.0.2.1"))
+			return 2;
+		c.nw = &net;
+		printf("kvbench workload: transport rdma, device %s, both "
+		       "brokers on %s (distinct ports)\n"
+		       "direct: an rdma transport and QP per P worker, a "
+		       "receiver per D worker; broker: kvbroker --transport "
+		       "rdma on each side\n",
+		       net.rdma_dev, net.ip[0]);
 	} else {
 		printf("kvbench workload: transport local (one node; "
 		       "--transport "
@@ -837,7 +917,11 @@ int kvb_bench_workload_main(int argc, char **argv)
 		if (res[k][0].valid && res[k][1].valid)
 			wl_ratio_row(ws[k], &res[k][0], &res[k][1]);
 	}
-	if (c.transport == KVB_BENCH_TR_TCP)
+	if (c.transport == KVB_BENCH_TR_RDMA)
+		printf("post_cpu: direct = time inside ibv_post_send per WR, "
+		       "broker n/a (not timed); cpu = P workers + D side + "
+		       "brokers\n");
+	else if (c.transport == KVB_BENCH_TR_TCP)
 		printf("post_cpu n/a on tcp (sending continues in poll()); cpu "
 		       "= "
 		       "P workers + D side (not verifying) + brokers\n");
@@ -849,7 +933,7 @@ int kvb_bench_workload_main(int argc, char **argv)
 		fails++;
 	if (c.plot && wl_plot(&c, ws, n, (const struct wl_figs(*)[2]) res))
 		fails++;
-	if (c.nw)
+	if (c.nw && !net.rdma)
 		kvb_bench_net_teardown(&net);
 	return fails ? 1 : 0;
 }
