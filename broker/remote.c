@@ -1452,6 +1452,11 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		y = kvb_xfer_find(&b->xfers, v->id, x->id, strlen(x->id));
 		if (y && y->rx && y->rx->announced && y->rx->peer == rx->peer)
 			return 0;
+		/* ... or it ended there already (P wrote every rank) */
+		if (!y && kvb_xfer_is_terminal(
+				  &b->xfers, v->id,
+				  kvb_xfer_hash(v->id, x->id, strlen(x->id))))
+			return 0;
 	}
 	rc = kvb_zmsg_init(&m, KVB_ZMSG_REMOTE_BLOCKS, x->id);
 	if (rc)
@@ -1615,10 +1620,13 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag,
 			     status ? status : -ECANCELED, 0, handle);
-	if (rx->ndef && status == -ETIMEDOUT)
-		log_warn("transfer '%s': %u layer write(s) never got their "
-			 "remote blocks",
+	if (rx->ndef && status == -ETIMEDOUT) {
+		if (rm) /* the defer or the transfer timeout, whichever first */
+			rm->st.defer_expired++;
+		log_warn("transfer '%s': %u layer op(s) still waiting "
+			 "(remote blocks or the peer) when it timed out",
 			 x->id, rx->ndef);
+	}
 	rx->ndef = 0;
 	if (!rm || !w || !p || !x->opened)
 		return;
@@ -1818,9 +1826,31 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
-	if (!x || !x->rx)
+	if (!x) {
+		/* another D rank of this node announced it and P wrote every
+		 * rank before this one opened: keep the count until it does
+		 * (it expires after the transfer timeout if it never does) */
+		int err = 0;
+
+		x = kvb_xfer_open(&b->xfers, w->id, m->transfer_id,
+				  strlen(m->transfer_id),
+				  kvb_now_ns() +
+					  (int64_t) b->opt.transfer_timeout_ms *
+						  1000000,
+				  &err);
+		if (!x)
+			return reject(b, w, m, err, "transfer table full");
+		x->rx = calloc(1, sizeof(*x->rx));
+		if (!x->rx) {
+			kvb_xfer_end(&b->xfers, x);
+			return -ENOMEM;
+		}
+		x->rx->role = KVB_ROLE_D;
+		x->rx->mode = KVB_XFER_WRITE;
+	}
+	if (!x->rx)
 		return reject(b, w, m, -ENOENT,
-			      "no such cross-node transfer on this D worker");
+			      "the id names a same-node transfer");
 	if (x->rx->mode != KVB_XFER_WRITE)
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
@@ -2155,7 +2185,6 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 		struct kvb_rxfer *rx = x->rx;
 
 		if (rx && rx->ndef && now >= rx->defer_deadline) {
-			rm->st.defer_expired++;
 			log_warn("transfer '%s': %s within the defer timeout "
 				 "(%u s)",
 				 x->id,
