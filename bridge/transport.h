@@ -24,7 +24,7 @@
 
 #ifndef container_of
 #define container_of(ptr, type, member) \
-	((type *)((char *)(ptr) - offsetof(type, member)))
+	((type *) ((char *) (ptr) -offsetof(type, member)))
 #endif
 
 enum kvb_mem_kind { KVB_MEM_HOST = 0, KVB_MEM_GPU = 1 };
@@ -32,21 +32,21 @@ enum kvb_mem_kind { KVB_MEM_HOST = 0, KVB_MEM_GPU = 1 };
 /* A memory region as the broker sees it (mapped in the broker). */
 struct kvb_mr {
 	uint32_t id;
-	uint32_t flags;       /* KVB_MEM_* access flags of the public header */
+	uint32_t flags; /* KVB_MEM_* access flags of the public header */
 	enum kvb_mem_kind kind;
-	int gpu_device;       /* for KVB_MEM_GPU */
-	void *addr;           /* broker-side address (host or device pointer) */
+	int gpu_device; /* for KVB_MEM_GPU */
+	void *addr;	/* broker-side address (host or device pointer) */
 	uint64_t len;
-	void *tpriv[4];       /* per-transport registration (ibv_mr, ...) */
-	uint32_t lkey, rkey;  /* filled by a transport that has keys */
+	void *tpriv[4];	     /* per-transport registration (ibv_mr, ...) */
+	uint32_t lkey, rkey; /* filled by a transport that has keys */
 };
 
 /* Remote side of an op: a region on this node, or an address + key. */
 struct kvb_remote {
 	struct kvb_mr *mr; /* same-node transports */
-	uint64_t addr;     /* cross-node: remote virtual address of offset 0 */
+	uint64_t addr;	   /* cross-node: remote virtual address of offset 0 */
 	uint32_t rkey;
-	uint32_t region;   /* remote region id (tcp validates it remotely) */
+	uint32_t region; /* remote region id (tcp validates it remotely) */
 };
 
 enum kvb_xop_code { KVB_XOP_WRITE = 1, KVB_XOP_READ = 2 };
@@ -103,17 +103,17 @@ static inline void kvb_stats_doorbell(struct kvb_transport_stats *s, uint64_t n,
 }
 
 struct kvb_transport_params {
-	const char *dev_name;   /* rdma: --rdma-dev (NULL = first) */
-	int ib_port;            /* rdma: --ib-port */
-	int gid_index;          /* rdma: --gid-index */
-	int post_batch_size;    /* max WRs per chain, -1 = all pending */
-	int qp_per_peer;        /* rdma: --qp-per-transfer */
-	int gpu_streams;        /* gpu: --gpu-streams */
-	int signal_every;       /* signal at least every N WRs (0 = default) */
-	uint32_t sq_depth;      /* send queue depth / credit per endpoint */
-	const char *host_ip;    /* tcp: listen address (NULL = 0.0.0.0) */
-	uint32_t tcp_port;      /* tcp: listen port, 0 = ephemeral */
-	int timeout_ms;         /* tcp: connect / stalled-peer limit, 0 = 10000 */
+	const char *dev_name; /* rdma: --rdma-dev (NULL = first) */
+	int ib_port;	      /* rdma: --ib-port */
+	int gid_index;	      /* rdma: --gid-index */
+	int post_batch_size;  /* max WRs per chain, -1 = all pending */
+	int qp_per_peer;      /* rdma: --qp-per-transfer */
+	int gpu_streams;      /* gpu: --gpu-streams */
+	int signal_every;     /* signal at least every N WRs (0 = default) */
+	uint32_t sq_depth;    /* send queue depth / credit per endpoint */
+	const char *host_ip;  /* tcp: listen address (NULL = 0.0.0.0) */
+	uint32_t tcp_port;    /* tcp: listen port, 0 = ephemeral */
+	int timeout_ms;	      /* tcp: connect / stalled-peer limit, 0 = 10000 */
 };
 
 struct kvb_transport;
@@ -136,7 +136,8 @@ struct kvb_transport_ops {
 	int (*post)(struct kvb_transport *t, struct kvb_ep *ep,
 		    const struct kvb_xop *ops, unsigned n);
 	/* Reap up to max completions; returns count or -errno. */
-	int (*poll)(struct kvb_transport *t, struct kvb_xcqe *out, unsigned max);
+	int (*poll)(struct kvb_transport *t, struct kvb_xcqe *out,
+		    unsigned max);
 	/*
 	 * Optional (NULL = none). An fd that turns readable when poll() has
 	 * work to do (incoming bytes, a connection, an ack); the broker adds it

@@ -190,8 +190,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e);
 /* A cross-node transfer is ending with status: notify, fail deferred ops. */
-void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x,
-			 int status);
+void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
 /* Is the transfer complete (cross-node rules)? */
 int kvb_remote_xfer_complete(const struct kvb_xfer *x);
 /* Group (layer op) bookkeeping for complete_inflight */
@@ -202,8 +201,7 @@ void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
 /* notify and handshake messages rejected */
 uint64_t kvb_remote_rejected(struct kvb_broker *b);
-size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf,
-			size_t cap);
+size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
 
 /* stats.c: text or JSON into buf; returns length */
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap);

@@ -153,7 +153,6 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		kvb_complete(b, w, &c);
 }
 
-
 /* End a transfer with `status`, tell its worker and its destinations. */
 void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
@@ -253,8 +252,8 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 				w->st.bytes += e->bytes;
 			if (status || !(e->flags & KVB_SQE_F_UNSIGNALED))
 				kvb_post_cqe(b, e->worker, KVB_CQ_DESC, e->tag,
-					 status, status ? 0 : e->bytes,
-					 e->xfer);
+					     status, status ? 0 : e->bytes,
+					     e->xfer);
 		}
 		if (!e->group)
 			kvb_xfer_account(b, e->xfer, e->worker, status);
@@ -331,8 +330,7 @@ static int dest_push(struct kvb_broker *b, uint32_t di,
 
 /* Append an op to its destination, merging with the last one if both
  * sides are contiguous. */
-int kvb_dest_append(struct kvb_broker *b, uint32_t di,
-		    const struct kvb_xop *op)
+int kvb_dest_append(struct kvb_broker *b, uint32_t di, const struct kvb_xop *op)
 {
 	struct kvb_dest *d = &b->dests[di];
 
@@ -373,8 +371,8 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	case KVB_OP_ABORT:
 		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 		if (!x) {
-			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
-				 e->transfer);
+			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE,
+				     0, e->transfer);
 			return;
 		}
 		if (e->opcode == KVB_OP_ABORT) {
@@ -536,7 +534,7 @@ static unsigned reap_one(struct kvb_broker *b, struct kvb_transport *t)
 		}
 		for (int i = 0; i < n; i++)
 			kvb_complete_inflight(b, (uint32_t) c[i].cookie,
-					  c[i].status);
+					      c[i].status);
 		total += (unsigned) n;
 	} while (n == (int) POLL_BATCH);
 	return total;

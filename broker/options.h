@@ -18,12 +18,12 @@ struct kvb_options {
 	char socket_path[108];
 	enum kvb_transport_kind transport;
 	int log_level;
-	uint32_t busy_poll_us;  /* spin this long idle before sleeping */
-	uint32_t sq_entries;    /* per worker, power of two */
+	uint32_t busy_poll_us; /* spin this long idle before sleeping */
+	uint32_t sq_entries;   /* per worker, power of two */
 	uint32_t cq_entries;
 	uint32_t max_workers;
-	uint32_t burst;         /* entries drained per worker per round */
-	int post_batch_size;    /* WRs per chain, -1 = all pending */
+	uint32_t burst;	     /* entries drained per worker per round */
+	int post_batch_size; /* WRs per chain, -1 = all pending */
 	uint32_t transfer_timeout_ms;
 	uint32_t defer_timeout_ms;
 	char host_ip[64];

@@ -16,26 +16,26 @@
 #define KVB_MAX_REGIONS 65536u
 
 struct kvb_region_ent {
-	struct kvb_mr mr;  /* mr.id = the region id */
-	uint32_t owner;    /* worker slot */
+	struct kvb_mr mr; /* mr.id = the region id */
+	uint32_t owner;	  /* worker slot */
 	uint32_t owner_role, owner_dp, owner_tp;
 	uint64_t key;
-	uint32_t refs;     /* ops in flight that touch it */
+	uint32_t refs; /* ops in flight that touch it */
 	uint16_t gen;
 	uint8_t used;
-	uint8_t dead;      /* freed or owner gone: unmapped when refs == 0 */
-	void *map_base;    /* what to munmap (host) */
+	uint8_t dead;	/* freed or owner gone: unmapped when refs == 0 */
+	void *map_base; /* what to munmap (host) */
 	uint64_t map_len;
-	uint8_t has_kv;    /* kvb_mem_set_kv(): offered to peer brokers */
-	uint8_t tcp_reg;   /* registered with the tcp transport too */
-	uint8_t rdma_reg;  /* ... and with the rdma transport */
+	uint8_t has_kv;	  /* kvb_mem_set_kv(): offered to peer brokers */
+	uint8_t tcp_reg;  /* registered with the tcp transport too */
+	uint8_t rdma_reg; /* ... and with the rdma transport */
 	uint32_t layer;
 	struct kvb_kv_geom geom;
 };
 
 struct kvb_regions {
 	struct kvb_region_ent *v; /* KVB_MAX_REGIONS slots */
-	uint32_t next_free;       /* search hint */
+	uint32_t next_free;	  /* search hint */
 	uint32_t live;
 };
 

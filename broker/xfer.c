@@ -39,7 +39,7 @@ uint64_t kvb_xfer_hash(uint32_t worker, const char *id, size_t len)
 		h *= 1099511628211ull;
 	}
 	for (i = 0; i < len; i++) {
-		h ^= (unsigned char)id[i];
+		h ^= (unsigned char) id[i];
 		h *= 1099511628211ull;
 	}
 	return h;
@@ -101,7 +101,7 @@ struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
 	}
 	x = &t->v[s];
 	{
-		uint16_t gen = (uint16_t)(x->gen + 1);
+		uint16_t gen = (uint16_t) (x->gen + 1);
 
 		memset(x, 0, sizeof(*x));
 		x->gen = gen ? gen : 1;
@@ -112,7 +112,7 @@ struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
 	x->hash = h;
 	x->worker = worker;
 	x->deadline_ns = deadline_ns;
-	b = (uint32_t)(h % t->nbuckets);
+	b = (uint32_t) (h % t->nbuckets);
 	x->hnext = t->buckets[b];
 	t->buckets[b] = s;
 	x->active_pos = t->nactive;
@@ -139,7 +139,7 @@ void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
 
 void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 {
-	uint32_t s = (uint32_t)(x - t->v);
+	uint32_t s = (uint32_t) (x - t->v);
 	uint32_t *pp = &t->buckets[x->hash % t->nbuckets];
 	uint32_t last;
 	uint16_t gen = x->gen;

@@ -13,15 +13,15 @@
 
 #include "proto.h"
 
-#define KVB_MAX_XFERS 16384u
-#define KVB_TERMINAL_LRU 4096u
+#define KVB_MAX_XFERS	   16384u
+#define KVB_TERMINAL_LRU   4096u
 #define KVB_XFER_MAX_DESTS 32u
 
 struct kvb_xfer {
 	char id[KVB_XFER_ID_MAX + 1];
 	uint64_t hash;
-	uint32_t worker;   /* owner's worker slot */
-	uint32_t hnext;    /* hash chain (slot), 0 = end */
+	uint32_t worker; /* owner's worker slot */
+	uint32_t hnext;	 /* hash chain (slot), 0 = end */
 	uint32_t active_pos;
 	uint16_t gen;
 	uint8_t used;
@@ -31,9 +31,9 @@ struct kvb_xfer {
 	int32_t first_err;
 	uint64_t seal_tag;
 	int64_t deadline_ns;
-	uint32_t ndests;   /* workers whose regions this transfer wrote */
+	uint32_t ndests; /* workers whose regions this transfer wrote */
 	uint32_t dests[KVB_XFER_MAX_DESTS];
-	uint8_t opened;	   /* the owner opened it (not only a message) */
+	uint8_t opened;	      /* the owner opened it (not only a message) */
 	struct kvb_rxfer *rx; /* cross-node state (heap), NULL = local */
 };
 
@@ -42,10 +42,10 @@ struct kvb_rxfer; /* broker/remote.h */
 extern void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
 
 struct kvb_xfers {
-	struct kvb_xfer *v;      /* KVB_MAX_XFERS slots, slot 0 unused */
-	uint32_t *buckets;       /* hash heads */
+	struct kvb_xfer *v; /* KVB_MAX_XFERS slots, slot 0 unused */
+	uint32_t *buckets;  /* hash heads */
 	uint32_t nbuckets;
-	uint32_t *active;        /* slots in use, unordered */
+	uint32_t *active; /* slots in use, unordered */
 	uint32_t nactive;
 	uint32_t free_hint;
 	uint64_t lru_hash[KVB_TERMINAL_LRU];
@@ -78,7 +78,7 @@ struct kvb_xfer *kvb_xfer_get(struct kvb_xfers *t, uint32_t handle,
 static inline uint32_t kvb_xfer_handle(const struct kvb_xfers *t,
 				       const struct kvb_xfer *x)
 {
-	return ((uint32_t)x->gen << 16) | (uint32_t)(x - t->v);
+	return ((uint32_t) x->gen << 16) | (uint32_t) (x - t->v);
 }
 
 /* Remove a transfer that ended; remembers its id in the terminal LRU. */

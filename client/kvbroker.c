@@ -18,9 +18,10 @@
 #endif
 
 #define SUBMIT_CHUNK   64u
-#define LIVENESS_EVERY 256u  /* empty polls between broker liveness checks */
-#define WAIT_SPIN_NS   20000 /* busy-poll this long in kvb_wait before sleeping \
-			      */
+#define LIVENESS_EVERY 256u /* empty polls between broker liveness checks */
+#define WAIT_SPIN_NS                                             \
+	20000 /* busy-poll this long in kvb_wait before sleeping \
+	       */
 
 struct kvb_ctx {
 	int sock;
@@ -433,7 +434,8 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *id,
 	len = sizeof(*req) + ((size_t) nb + nr) * sizeof(uint32_t);
 	if (len > KVB_MSG_MAX)
 		return -E2BIG;
-	if (x->notify_host && strlen(x->notify_host) >= sizeof(req->notify_host))
+	if (x->notify_host &&
+	    strlen(x->notify_host) >= sizeof(req->notify_host))
 		return -EINVAL;
 	req = calloc(1, len);
 	if (!req)

@@ -11,29 +11,29 @@
 
 #include <stdint.h>
 
-#define KVB_MSG_MAGIC 0x4b56424du /* "KVBM" */
+#define KVB_MSG_MAGIC	  0x4b56424du /* "KVBM" */
 #define KVB_PROTO_VERSION 1u
-#define KVB_MSG_MAX 65536u
-#define KVB_XFER_ID_MAX 255u
+#define KVB_MSG_MAX	  65536u
+#define KVB_XFER_ID_MAX	  255u
 
 enum kvb_msg_type {
-	KVB_MSG_HELLO = 1,     /* worker attach; reply carries 3 fds */
-	KVB_MSG_MEM_REG = 2,   /* register a memfd region; request carries fd */
+	KVB_MSG_HELLO = 1,   /* worker attach; reply carries 3 fds */
+	KVB_MSG_MEM_REG = 2, /* register a memfd region; request carries fd */
 	KVB_MSG_MEM_DEREG = 3,
 	KVB_MSG_MEM_LOOKUP = 4,
-	KVB_MSG_OPEN = 5,      /* intern a transfer id */
-	KVB_MSG_STATS = 6,     /* kvbctl: no HELLO needed */
+	KVB_MSG_OPEN = 5,  /* intern a transfer id */
+	KVB_MSG_STATS = 6, /* kvbctl: no HELLO needed */
 	KVB_MSG_BYE = 7,
-	KVB_MSG_MEM_KV = 8,    /* KV geometry and layer of a region */
-	KVB_MSG_PEER = 9,      /* handshake with a peer broker (deferred reply) */
-	KVB_MSG_XOPEN = 10,    /* open a cross-node transfer; blocks follow */
+	KVB_MSG_MEM_KV = 8, /* KV geometry and layer of a region */
+	KVB_MSG_PEER = 9,   /* handshake with a peer broker (deferred reply) */
+	KVB_MSG_XOPEN = 10, /* open a cross-node transfer; blocks follow */
 };
 
 struct kvb_msg_hdr {
 	uint32_t magic;
 	uint16_t version;
 	uint16_t type;
-	uint32_t len; /* whole message, header included */
+	uint32_t len;	/* whole message, header included */
 	int32_t status; /* replies: 0 or -errno */
 };
 
@@ -60,7 +60,7 @@ struct kvb_msg_mem_reg {
 	uint64_t fd_offset;
 	uint64_t key;
 	uint32_t flags; /* KVB_MEM_REMOTE_* */
-	uint32_t kind;  /* 0 = host memfd; 1 = gpu handle (in payload) */
+	uint32_t kind;	/* 0 = host memfd; 1 = gpu handle (in payload) */
 	int32_t gpu_device;
 	uint32_t payload_len;
 	/* kind-specific payload follows (gpu IPC handle) */
@@ -108,8 +108,7 @@ struct kvb_msg_mem_kv {
 	struct kvb_msg_hdr h;
 	uint32_t region;
 	uint32_t layer;
-	uint32_t layout, num_blocks, block_size, num_heads, head_dim,
-		elem_size;
+	uint32_t layout, num_blocks, block_size, num_heads, head_dim, elem_size;
 };
 
 struct kvb_msg_peer {

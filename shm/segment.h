@@ -14,7 +14,7 @@
 
 #include "ring.h"
 
-#define KVB_SEG_MAGIC 0x4b564253u /* "KVBS" */
+#define KVB_SEG_MAGIC	0x4b564253u /* "KVBS" */
 #define KVB_SEG_VERSION 1u
 
 /* broker_state values */
@@ -46,8 +46,10 @@ struct kvb_seg_hdr {
 };
 
 _Static_assert(sizeof(struct kvb_seg_hdr) == 256, "segment header size");
-_Static_assert(offsetof(struct kvb_seg_hdr, broker_sleeping) == 64, "wake line");
-_Static_assert(offsetof(struct kvb_seg_hdr, worker_waiting) == 128, "wait line");
+_Static_assert(offsetof(struct kvb_seg_hdr, broker_sleeping) == 64,
+	       "wake line");
+_Static_assert(offsetof(struct kvb_seg_hdr, worker_waiting) == 128,
+	       "wait line");
 
 /* Submission opcodes */
 enum kvb_sq_op {
@@ -72,9 +74,9 @@ struct kvb_sqe {
 	uint32_t peer_region; /* remote region id */
 	uint64_t offset;      /* into the local region */
 	uint64_t peer_offset; /* into the peer region */
-	uint64_t len;         /* bytes; for SEAL: expected write count */
-	uint64_t tag;         /* echoed in the completion */
-	uint32_t peer;        /* peer node, 0 = this node */
+	uint64_t len;	      /* bytes; for SEAL: expected write count */
+	uint64_t tag;	      /* echoed in the completion */
+	uint32_t peer;	      /* peer node, 0 = this node */
 	uint32_t rsvd[3];
 };
 _Static_assert(sizeof(struct kvb_sqe) == KVB_RING_SLOT, "sqe is one slot");
@@ -112,7 +114,8 @@ size_t kvb_seg_bytes(uint32_t sq_entries, uint32_t cq_entries);
  * creator's view in `seg`. Returns 0 or -EINVAL.
  */
 int kvb_seg_format(struct kvb_seg *seg, void *mem, size_t size,
-		   uint32_t sq_entries, uint32_t cq_entries, uint32_t worker_id);
+		   uint32_t sq_entries, uint32_t cq_entries,
+		   uint32_t worker_id);
 
 /*
  * Check a mapped segment (magic, version, offsets inside `size`, rings) and

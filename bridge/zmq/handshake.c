@@ -253,7 +253,8 @@ static int decode_desc(struct kvb_hs_desc *d, const msgpack_object *top,
 		uint64_t v;
 
 		if (o && _kvb_mp_get_ident(o, d->host, sizeof(d->host) - 1))
-			return bad(reason, "host is not a valid address string");
+			return bad(reason,
+				   "host is not a valid address string");
 		if (_kvb_mp_map_get(top, "notify_port")) {
 			if (get_u(top, "notify_port", 65535, &v, reason,
 				  "notify_port"))
@@ -261,8 +262,7 @@ static int decode_desc(struct kvb_hs_desc *d, const msgpack_object *top,
 			d->notify_port = (uint32_t) v;
 		}
 		if (_kvb_mp_map_get(top, "hs_port")) {
-			if (get_u(top, "hs_port", 65535, &v, reason,
-				  "hs_port"))
+			if (get_u(top, "hs_port", 65535, &v, reason, "hs_port"))
 				return -EBADMSG;
 			d->hs_port = (uint32_t) v;
 		}
@@ -338,10 +338,9 @@ static int validate(const struct kvb_hs_desc *d)
 	if (d->ntransports > KVB_HS_TRANSPORT_MAX ||
 	    d->nworkers > KVB_HS_WORKERS_MAX || (d->nworkers && !d->workers))
 		return -EINVAL;
-	if (d->host[0] &&
-	    _kvb_mp_ident_check((const uint8_t *) d->host,
-				strnlen(d->host, sizeof(d->host)),
-				sizeof(d->host) - 1))
+	if (d->host[0] && _kvb_mp_ident_check((const uint8_t *) d->host,
+					      strnlen(d->host, sizeof(d->host)),
+					      sizeof(d->host) - 1))
 		return -EINVAL;
 	if (d->notify_port > 65535 || d->hs_port > 65535)
 		return -EINVAL;

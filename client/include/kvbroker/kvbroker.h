@@ -269,8 +269,7 @@ struct kvb_remote_xfer {
  * -ENOSPC, -EPIPE. Thread-safe.
  */
 int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
-			     const struct kvb_remote_xfer *x,
-			     uint32_t *handle);
+			     const struct kvb_remote_xfer *x, uint32_t *handle);
 
 /*
  * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
