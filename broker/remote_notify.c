@@ -1,0 +1,375 @@
+/* SPDX-License-Identifier: MIT */
+/* Cross-node: MoRIIO notify messages received on the workers' notify ports
+ * (remote_blocks, release, write_done, plain strings) and the ports
+ * themselves (see remote.c). */
+#include "remote_priv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+#include "zmq/notify.h"
+#ifdef KVB_HAVE_TCP
+#include "tcp/tcp.h"
+#endif
+#ifdef KVB_HAVE_RDMA
+#include "rdma/rdma.h"
+#endif
+
+/* ------------------------------------------------------------------ */
+/* notify messages */
+
+static int reject(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_zmsg *m, int rc, const char *why)
+{
+	b->rm->st.rejected++;
+	log_warn("worker %u: %s for '%s' rejected: %s", w->id,
+		 kvb_zmsg_type_name(m->type), m->transfer_id, why);
+	return rc;
+}
+
+static struct kvb_xfer *find_or_terminal(struct kvb_broker *b,
+					 struct kvb_worker *w,
+					 const struct kvb_zmsg *m, int *rc)
+{
+	size_t n = strlen(m->transfer_id);
+	struct kvb_xfer *x = kvb_xfer_find(&b->xfers, w->id, m->transfer_id, n);
+
+	*rc = 0;
+	if (!x && kvb_xfer_is_terminal(&b->xfers, w->id,
+				       kvb_xfer_hash(w->id, m->transfer_id, n)))
+		*rc = -ESTALE;
+	return x;
+}
+
+/*
+ * A cross-node transfer that a message names before its worker opened it
+ * (WRITE mode): kept, not opened, until the worker opens it or timeout_ms
+ * passes. NULL with *err set on failure.
+ */
+static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
+				      struct kvb_worker *w,
+				      const struct kvb_zmsg *m, uint8_t role,
+				      uint32_t timeout_ms, int *err)
+{
+	struct kvb_xfer *x;
+
+	x = kvb_xfer_open(&b->xfers, w->id, m->transfer_id,
+			  strlen(m->transfer_id),
+			  kvb_now_ns() + (int64_t) timeout_ms * 1000000, err);
+	if (!x)
+		return NULL;
+	x->rx = calloc(1, sizeof(*x->rx));
+	if (!x->rx) {
+		kvb_xfer_end(&b->xfers, x);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	x->rx->role = role;
+	x->rx->mode = KVB_XFER_WRITE;
+	return x;
+}
+
+static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
+			   const struct kvb_zmsg *m)
+{
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	struct kvb_peer *p;
+	int rc, err = 0;
+
+	b->rm->st.remote_blocks_rx++;
+	x = find_or_terminal(b, w, m, &rc);
+	if (rc)
+		return reject(b, w, m, rc, "the transfer already ended");
+	if (!x) { /* before P opened it: keep the blocks until it does */
+		x = unopened_xfer(b, w, m, KVB_ROLE_P, b->opt.defer_timeout_ms,
+				  &err);
+		if (!x)
+			return err == -ENOMEM ? err
+					      : reject(b, w, m, err,
+						       "transfer table full");
+	}
+	rx = x->rx;
+	if (!rx)
+		return reject(b, w, m, -EINVAL,
+			      "the id names a same-node transfer");
+	if (rx->mode != KVB_XFER_WRITE)
+		return reject(b, w, m, -EPROTO,
+			      "remote_blocks for a READ-mode transfer");
+	if (rx->have_rblocks) {
+		if (rx->nrb == m->nblocks &&
+		    !memcmp(rx->rb, m->blocks, m->nblocks * sizeof(*m->blocks)))
+			return 0; /* the same again: harmless */
+		return reject(b, w, m, -EEXIST,
+			      "remote_blocks already received with other "
+			      "blocks");
+	}
+	if (x->opened && rx->nlb != m->nblocks)
+		return reject(b, w, m, -EINVAL,
+			      "block_notify_list length differs from P's "
+			      "blocks");
+	p = peer_get(b->rm, rx->peer);
+	if (x->opened && p && p->have_desc) {
+		const struct kvb_hs_worker *hw = NULL;
+
+		for (uint32_t i = 0; i < p->desc.nworkers && !hw; i++)
+			if (p->desc.workers[i].role == KVB_HS_ROLE_D &&
+			    p->desc.workers[i].dp_rank == m->decode_rank &&
+			    p->desc.workers[i].nregions)
+				hw = &p->desc.workers[i];
+		if (hw) {
+			uint32_t nb = hw->regions[0].geom.num_blocks;
+
+			for (uint32_t i = 0; i < m->nblocks; i++)
+				if (m->blocks[i] >= nb)
+					return reject(b, w, m, -ERANGE,
+						      "a block id is past the "
+						      "peer's num_blocks");
+		}
+	}
+	rx->rb = copy_ids(m->blocks, m->nblocks);
+	if (!rx->rb)
+		return -ENOMEM;
+	rx->nrb = m->nblocks;
+	rx->remote_dp = m->decode_rank;
+	rx->have_rblocks = 1;
+	if (x->opened && rx->ndef)
+		issue_deferred(b, x);
+	return 0;
+}
+
+static int p_release(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_zmsg *m)
+{
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	int rc, err = 0;
+
+	b->rm->st.releases_rx++;
+	x = find_or_terminal(b, w, m, &rc);
+	if (rc)
+		return reject(b, w, m, rc, "the transfer already ended");
+	if (m->type == KVB_ZMSG_RELEASE &&
+	    (m->flags & KVB_ZMSG_F_CONSUMER_TP) &&
+	    kvb_tp_release_acks(w->tp_size, m->consumer_tp_size) < 0)
+		return reject(b, w, m, -EINVAL,
+			      "consumer_tp_size is not a multiple or divisor "
+			      "of this TP size");
+	if (!x) { /* abort before P opened it: remember it as ended */
+		x = kvb_xfer_open(&b->xfers, w->id, m->transfer_id,
+				  strlen(m->transfer_id), 0, &err);
+		if (x)
+			kvb_xfer_end(&b->xfers, x);
+		return 0;
+	}
+	rx = x->rx;
+	if (!rx)
+		return reject(b, w, m, -EINVAL,
+			      "the id names a same-node transfer");
+	if (rx->mode == KVB_XFER_WRITE) {
+		log_info("transfer '%s' released (aborted) by the peer", x->id);
+		kvb_xfer_finish(b, x, -ECANCELED);
+		return 0;
+	}
+	if (m->type == KVB_ZMSG_RELEASE && (m->flags & KVB_ZMSG_F_CONSUMER_TP))
+		rx->acks_needed = (uint32_t) kvb_tp_release_acks(
+			w->tp_size, m->consumer_tp_size);
+	rx->acks_got++;
+	kvb_xfer_maybe_finish(b, x);
+	return 0;
+}
+
+static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_zmsg *m)
+{
+	struct kvb_xfer *x;
+	int rc;
+
+	b->rm->st.write_done_rx++;
+	x = find_or_terminal(b, w, m, &rc);
+	if (rc)
+		return reject(b, w, m, rc, "the transfer already ended");
+	if (!x) {
+		/* another D rank of this node announced it and P wrote every
+		 * rank before this one opened: keep the count until it does
+		 * (it expires after the transfer timeout if it never does) */
+		int err = 0;
+
+		x = unopened_xfer(b, w, m, KVB_ROLE_D,
+				  b->opt.transfer_timeout_ms, &err);
+		if (!x)
+			return err == -ENOMEM ? err
+					      : reject(b, w, m, err,
+						       "transfer table full");
+	}
+	if (!x->rx)
+		return reject(b, w, m, -ENOENT,
+			      "the id names a same-node transfer");
+	if (x->rx->mode != KVB_XFER_WRITE)
+		return reject(b, w, m, -EPROTO,
+			      "write_done for a READ-mode transfer");
+	x->completed++;
+	kvb_xfer_maybe_finish(b, x);
+	return 0;
+}
+
+static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
+{
+	struct kvb_broker *b = g_b;
+	struct kvb_worker *w = kvb_worker_by_id(b, (uint32_t) (uintptr_t) arg);
+
+	if (!w || !w->attached)
+		return -ENXIO;
+	if (w->role == KVB_ROLE_P) {
+		switch (m->type) {
+		case KVB_ZMSG_REMOTE_BLOCKS:
+			return p_remote_blocks(b, w, m);
+		case KVB_ZMSG_RELEASE:
+		case KVB_ZMSG_PLAIN:
+			return p_release(b, w, m);
+		default:
+			return reject(b, w, m, -EPROTO,
+				      "meant for a D worker, this is P");
+		}
+	}
+	switch (m->type) {
+	case KVB_ZMSG_WRITE_DONE:
+	case KVB_ZMSG_PLAIN:
+		return d_write_done(b, w, m);
+	default:
+		return reject(b, w, m, -EPROTO,
+			      "meant for a P worker, this is D");
+	}
+}
+
+static void on_notify_log(void *arg, int level, const char *line)
+{
+	if (level == KVB_NOTIFY_LOG_WARN)
+		log_warn("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
+			 line);
+	else
+		log_info("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
+			 line);
+}
+
+void notify_close(struct kvb_broker *b, struct kvb_worker *w)
+{
+	struct kvb_notify_stats st;
+	int fds[KVB_NOTIFY_MAX_SOCKS], n;
+
+	if (!w->notify)
+		return;
+	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
+	for (int i = 0; i < n; i++)
+		ep_del(b, fds[i]);
+	kvb_notify_get_stats(w->notify, &st);
+	b->rm->st.notify_rejected_closed += st.messages_rejected;
+	b->rm->st.notify_received_closed += st.messages_received;
+	b->rm->st.notify_sent_closed += st.messages_sent;
+	kvb_notify_close(w->notify);
+	w->notify = NULL;
+}
+
+static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
+{
+	struct kvb_notify_conf c = {
+		.host_ip = b->opt.host_ip,
+		.notify_port = b->opt.notify_port,
+		.dp_rank = w->dp_rank,
+		.tp_rank = w->tp_rank,
+		.tp_size = w->tp_size,
+		.formula = KVB_PORT_DP_TIMES_TP,
+		.defer_alias = true,
+		.on_msg = on_notify,
+		.on_log = on_notify_log,
+		.arg = (void *) (uintptr_t) w->id,
+		.zmq_ctx = b->rm->zctx,
+	};
+	int fds[KVB_NOTIFY_MAX_SOCKS], n, rc;
+
+	rc = kvb_notify_open(&w->notify, &c);
+	if (rc) {
+		w->notify = NULL;
+		return rc;
+	}
+	if (alias) {
+		int ap = kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				     w->tp_size, KVB_PORT_DP_PLUS_TP);
+		int taken = 0;
+
+		/* an alias never takes another worker's primary port */
+		for (uint32_t i = 0; i < b->nlive && ap > 0; i++) {
+			struct kvb_worker *v = &b->workers[b->live[i]];
+
+			if (v != w &&
+			    kvb_port_of(b->opt.notify_port, v->dp_rank,
+					v->tp_rank, v->tp_size,
+					KVB_PORT_DP_TIMES_TP) == ap)
+				taken = 1;
+		}
+		if (!taken)
+			kvb_notify_bind_alias(w->notify);
+	}
+	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
+	for (int i = 0; i < n; i++)
+		ep_add(b, fds[i]);
+	return 0;
+}
+
+int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
+{
+	int rc;
+	uint16_t ports[2];
+
+	if (!b->rm || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
+		return 0;
+	rc = notify_open(b, w, 1);
+	if (rc == -EADDRINUSE) {
+		/* maybe a worker of ours holds it as its alias: take it back */
+		int mine =
+			kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				    w->tp_size, KVB_PORT_DP_TIMES_TP);
+
+		for (uint32_t i = 0; i < b->nlive; i++) {
+			struct kvb_worker *v = &b->workers[b->live[i]];
+
+			if (v == w || !v->notify ||
+			    kvb_notify_ports(v->notify, ports, 2) != 2 ||
+			    ports[1] != mine)
+				continue;
+			notify_close(b, v);
+			notify_open(b, v, 0);
+			rc = notify_open(b, w, 1);
+			break;
+		}
+	}
+	if (rc)
+		log_warn("worker %u: notify port %d unavailable (%s): no "
+			 "cross-node messages for it",
+			 w->id,
+			 kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+				     w->tp_size, KVB_PORT_DP_TIMES_TP),
+			 strerror(-rc));
+	else if (kvb_notify_ports(w->notify, ports, 2) > 0)
+		log_info("worker %u: notify port %u", w->id, ports[0]);
+	return rc;
+}
+
+void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
+{
+	if (!b->rm)
+		return;
+	notify_close(b, w);
+}

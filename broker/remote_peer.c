@@ -1,0 +1,705 @@
+/* SPDX-License-Identifier: MIT */
+/* Cross-node: this node's engine descriptor, peer brokers, the handshake
+ * port, and rdma endpoint offers/answers (see remote.c). */
+#include "remote_priv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+#include "zmq/notify.h"
+#ifdef KVB_HAVE_TCP
+#include "tcp/tcp.h"
+#endif
+#ifdef KVB_HAVE_RDMA
+#include "rdma/rdma.h"
+#endif
+
+/* ------------------------------------------------------------------ */
+/* engine descriptor of this node */
+
+static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
+{
+	struct kvb_xnode *rm = b->rm;
+	uint32_t nw = 0;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(d->node_id, sizeof(d->node_id), "%s:%u", b->opt.host_ip,
+		 b->opt.handshake_port);
+	snprintf(d->host, sizeof(d->host), "%s", b->opt.host_ip);
+	d->notify_port = b->opt.notify_port;
+	d->hs_port = b->opt.handshake_port;
+	d->instance = rm->instance;
+	if (b->trs[KVB_TS_TCP]) {
+		struct kvb_transport *t = b->trs[KVB_TS_TCP];
+		struct kvb_hs_transport *ht = &d->transports[0];
+		size_t len = KVB_HS_CONN_MAX;
+
+		ht->conn = malloc(len);
+		if (!ht->conn)
+			return -ENOMEM;
+		if (t->ops->local_info(t, ht->conn, &len) == 0) {
+			snprintf(ht->name, sizeof(ht->name), "tcp");
+			ht->conn_len = (uint32_t) len;
+			d->ntransports = 1;
+		} else {
+			free(ht->conn);
+			ht->conn = NULL;
+		}
+	}
+	if (b->trs[KVB_TS_RDMA]) {
+		struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+		struct kvb_hs_transport *ht = &d->transports[d->ntransports];
+		size_t len = KVB_HS_CONN_MAX;
+
+		ht->conn = malloc(len);
+		if (!ht->conn)
+			return -ENOMEM;
+		int rc = t->ops->local_info(t, ht->conn, &len);
+
+		if (rc)
+			log_warn("rdma: no connection data to offer: %s",
+				 strerror(-rc));
+		if (rc == 0) {
+			snprintf(ht->name, sizeof(ht->name), "rdma");
+			ht->conn_len = (uint32_t) len;
+			d->ntransports++;
+		} else {
+			free(ht->conn);
+			ht->conn = NULL;
+		}
+	}
+	d->workers = calloc(b->nlive ? b->nlive : 1, sizeof(*d->workers));
+	if (!d->workers)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
+		struct kvb_hs_worker *hw = &d->workers[nw];
+		uint32_t nr = 0;
+
+		if (!w->attached ||
+		    (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
+			continue;
+		hw->role =
+			w->role == KVB_ROLE_P ? KVB_HS_ROLE_P : KVB_HS_ROLE_D;
+		hw->dp_rank = w->dp_rank;
+		hw->tp_rank = w->tp_rank;
+		hw->tp_size = w->tp_size;
+		if (w->nkv) {
+			hw->regions = calloc(w->nkv, sizeof(*hw->regions));
+			if (!hw->regions)
+				return -ENOMEM;
+		}
+		for (uint32_t l = 0; l < w->nkv && nr < KVB_HS_REGIONS_MAX;
+		     l++) {
+			struct kvb_region_ent *r =
+				w->kv_layer[l] ? kvb_region_get(&b->regions,
+								w->kv_layer[l])
+					       : NULL;
+			struct kvb_hs_region *hr = &hw->regions[nr];
+
+			/* peers only see what they may access */
+			if (!r || r->dead || !r->has_kv ||
+			    !(r->mr.flags &
+			      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+				continue;
+			hr->id = r->mr.id;
+			hr->size = r->mr.len;
+			hr->geom = r->geom;
+			hr->addr = (uint64_t) (uintptr_t) r->mr.addr;
+			hr->rkey = r->mr.rkey;
+			hr->layer = l;
+			nr++;
+		}
+		hw->nregions = nr;
+		nw++;
+	}
+	d->nworkers = nw;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* peers: handshake, transports */
+
+void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status)
+{
+	struct kvb_dest *d = &b->dests[ts * b->opt.max_workers + pid];
+
+	for (uint32_t i = 0; i < d->n; i++)
+		kvb_complete_inflight(b, (uint32_t) d->ops[i].cookie, status);
+	d->n = 0;
+}
+
+void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
+{
+	uint32_t pid = peer_id(b->rm, p);
+
+	for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++) {
+		if (!p->ep[ts])
+			continue;
+		fail_dest_ops(b, pid, ts, -ECONNRESET);
+		b->trs[ts]->ops->disconnect(b->trs[ts], p->ep[ts]);
+		p->ep[ts] = NULL;
+	}
+}
+
+/* Take a peer's new descriptor; (re)connect transports when it changed. */
+static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
+		      struct kvb_hs_desc *d)
+{
+	int same = p->have_desc && p->desc.instance == d->instance &&
+		   (p->ep[KVB_TS_TCP] || p->ep[KVB_TS_RDMA]);
+	int rc = 0;
+
+	kvb_hs_fini(&p->desc);
+	p->desc = *d;
+	memset(d, 0, sizeof(*d));
+	p->have_desc = 1;
+	p->stale = 0;
+	if (same)
+		return 0;
+	peer_disconnect(b, p);
+#ifdef KVB_HAVE_TCP
+	for (uint32_t i = 0; i < p->desc.ntransports; i++) {
+		struct kvb_hs_transport *ht = &p->desc.transports[i];
+		struct kvb_transport *t = b->trs[KVB_TS_TCP];
+
+		if (!t || strcmp(ht->name, "tcp"))
+			continue;
+		rc = kvb_tcp_connect_host(t, ht->conn, ht->conn_len, p->host,
+					  &p->ep[KVB_TS_TCP]);
+		if (rc)
+			log_warn("peer %s:%u: tcp connect: %s", p->host,
+				 p->port, strerror(-rc));
+	}
+#endif
+	if (peer_wants_rdma(p)) {
+		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
+			 "pairs connect on first use)",
+			 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
+			 p->desc.nworkers);
+		return 0;
+	}
+	if (!peer_ts(p)) {
+		char names[128] = "";
+
+		for (uint32_t i = 0; i < p->desc.ntransports; i++)
+			snprintf(names + strlen(names),
+				 sizeof(names) - strlen(names), "%s%s",
+				 i ? "," : "", p->desc.transports[i].name);
+		log_warn("peer %s:%u (%s): no transport in common (it offers "
+			 "'%s')",
+			 p->host, p->port, p->desc.node_id, names);
+		return rc ? rc : -EPROTONOSUPPORT;
+	}
+	log_info("peer %u %s:%u (node %s, %u workers) connected over %s",
+		 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
+		 p->desc.nworkers, b->trs[peer_ts(p)]->ops->name);
+	return 0;
+}
+
+void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status)
+{
+	for (uint32_t i = 0; i < p->nwaiters; i++) {
+		struct kvb_worker *w = kvb_worker_by_id(b, p->waiters[i]);
+		struct kvb_msg_peer_reply rep = {.h.type = KVB_MSG_PEER};
+
+		if (!w || !w->attached)
+			continue;
+		rep.peer = status ? 0 : peer_id(b->rm, p);
+		kvb_worker_reply(w, &rep.h, sizeof(rep), status);
+	}
+	p->nwaiters = 0;
+}
+
+void close_dealer(struct kvb_broker *b, struct kvb_peer *p)
+{
+	if (!p->dealer)
+		return;
+	ep_del(b, p->dealer_fd);
+	zmq_close(p->dealer);
+	p->dealer = NULL;
+	p->dealer_fd = -1;
+}
+
+static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+		     const void *body, size_t len);
+
+void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
+{
+	p->last_err = status;
+	if (status) {
+		p->failures++;
+		b->rm->st.hs_failed++;
+		p->state = p->have_desc ? PEER_READY : PEER_FAILED;
+		p->stale = 1;
+		close_dealer(b, p); /* drop what is queued for a dead peer */
+	} else {
+		p->state = PEER_READY;
+		p->handshakes++;
+	}
+	peer_reply_waiters(b, p, status);
+	if (!status)
+		issue_deferred_of_peer(b, peer_id(b->rm, p));
+}
+
+static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
+{
+	char ep[96];
+	int zero = 0, hwm = 4, rc;
+	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
+	size_t sz = sizeof(p->dealer_fd);
+
+	if (p->dealer)
+		return 0;
+	p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
+	if (!p->dealer)
+		return -errno;
+	snprintf(ep, sizeof(ep),
+		 strchr(p->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
+		 p->host, p->port);
+	if (zmq_setsockopt(p->dealer, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_setsockopt(p->dealer, ZMQ_SNDHWM, &hwm, sizeof(hwm)) ||
+	    zmq_setsockopt(p->dealer, ZMQ_MAXMSGSIZE, &maxmsg,
+			   sizeof(maxmsg)) ||
+	    zmq_connect(p->dealer, ep) ||
+	    zmq_getsockopt(p->dealer, ZMQ_FD, &p->dealer_fd, &sz)) {
+		rc = -errno;
+		zmq_close(p->dealer);
+		p->dealer = NULL;
+		return rc;
+	}
+	ep_add(b, p->dealer_fd);
+	return 0;
+}
+
+int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
+{
+	struct kvb_hs_desc d;
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (p->state == PEER_HS)
+		return 0;
+	rc = peer_dealer(b, p);
+	if (rc)
+		return rc;
+	rc = own_desc(b, &d);
+	if (!rc)
+		rc = kvb_hs_encode(&d, &buf, &len);
+	kvb_hs_fini(&d);
+	if (rc)
+		return rc;
+	rc = zmq_send(p->dealer, buf, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+	free(buf);
+	if (rc)
+		return rc;
+	b->rm->st.hs_sent++;
+	p->state = PEER_HS;
+	p->hs_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
+	p->next_refresh = kvb_now_ns() + REFRESH_NS;
+	return 0;
+}
+
+/*
+ * rdma: make this peer's endpoint ready. The side that needs to post sends
+ * an "ep" offer (its endpoint blob) on the handshake channel; the peer
+ * connects it and answers with its own; both QP sets are then in RTS (the
+ * rdma transport pairs crossing offers itself, see rdma.h).
+ */
+int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+	const struct kvb_hs_transport *ht = desc_transport(&p->desc, "rdma");
+	static struct ep_msg m;
+	size_t len = sizeof(m.blob);
+	int rc;
+
+	if (!t || !ht)
+		return -EPROTONOSUPPORT;
+	if (p->ep_pending)
+		return 0;
+	if (!p->ep[KVB_TS_RDMA]) {
+		rc = t->ops->connect(t, ht->conn, ht->conn_len,
+				     &p->ep[KVB_TS_RDMA]);
+		if (rc) {
+			log_warn("peer %s:%u: rdma connect: %s", p->host,
+				 p->port, strerror(-rc));
+			return rc;
+		}
+	}
+	if (rdma_ready(p))
+		return 0;
+	memset(&m, 0, sizeof(m));
+	snprintf(m.host, sizeof(m.host), "%s", b->opt.host_ip);
+	m.port = b->opt.handshake_port;
+	rc = kvb_rdma_ep_info(t, p->ep[KVB_TS_RDMA], m.blob, &len);
+	if (rc)
+		return rc;
+	m.len = (uint32_t) len;
+	rc = peer_dealer(b, p);
+	if (rc)
+		return rc;
+	if (zmq_send(p->dealer, "ep", 2, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(p->dealer, &m, offsetof(struct ep_msg, blob) + len,
+		     ZMQ_DONTWAIT) < 0)
+		return -errno;
+	p->ep_pending = 1;
+	p->ep_offers++;
+	p->ep_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
+	return 0;
+#else
+	return -EPROTONOSUPPORT;
+#endif
+}
+
+/* An rdma blob from the peer (offer or answer): connect it. */
+static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
+		     size_t len)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+	struct kvb_ep *ep = NULL;
+	int rc;
+
+	if (!t)
+		return -EPROTONOSUPPORT;
+	rc = t->ops->connect(t, blob, len, &ep);
+	if (rc)
+		return rc;
+	if (p->ep[KVB_TS_RDMA] && p->ep[KVB_TS_RDMA] != ep) {
+		/* the peer's endpoint of an older life: drop ours */
+		fail_dest_ops(b, peer_id(b->rm, p), KVB_TS_RDMA, -ECONNRESET);
+		t->ops->disconnect(t, p->ep[KVB_TS_RDMA]);
+	}
+	p->ep[KVB_TS_RDMA] = ep;
+	if (rdma_ready(p)) {
+		log_info("peer %u %s:%u: rdma queue pairs ready",
+			 peer_id(b->rm, p), p->host, p->port);
+		p->stale = 0;
+	}
+	return 0;
+#else
+	return -EPROTONOSUPPORT;
+#endif
+}
+
+/* "ep" request on the handshake port: [id]["ep"][struct ep_msg]. */
+static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
+{
+	struct ep_msg m;
+	size_t n = zmq_msg_size(body);
+	struct kvb_peer *p;
+	int rc = -EBADMSG;
+	static const char why_bad[] = "malformed ep message",
+			  why_peer[] = "unknown peer: hand-shake first";
+
+	memset(&m, 0, sizeof(m));
+	if (n >= offsetof(struct ep_msg, blob) && n <= sizeof(m)) {
+		memcpy(&m, zmq_msg_data(body), n);
+		if (memchr(m.host, 0, sizeof(m.host)) &&
+		    m.len == n - offsetof(struct ep_msg, blob))
+			rc = 0;
+	}
+	if (rc) {
+		b->rm->st.hs_refused++;
+		hs_reply(b->rm->router, id, rc, why_bad, sizeof(why_bad) - 1);
+		return;
+	}
+	p = peer_find(b->rm, m.host, (uint16_t) m.port, 0);
+	if (!p || !p->have_desc) {
+		b->rm->st.hs_refused++;
+		hs_reply(b->rm->router, id, -ENOENT, why_peer,
+			 sizeof(why_peer) - 1);
+		return;
+	}
+	rc = rdma_take(b, p, m.blob, m.len);
+#ifdef KVB_HAVE_RDMA
+	if (!rc) {
+		static struct ep_msg a;
+		size_t len = sizeof(a.blob);
+
+		memset(&a, 0, sizeof(a));
+		snprintf(a.host, sizeof(a.host), "%s", b->opt.host_ip);
+		a.port = b->opt.handshake_port;
+		rc = kvb_rdma_ep_info(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA],
+				      a.blob, &len);
+		if (!rc) {
+			zmq_msg_t idc;
+			int32_t ok = 0;
+
+			a.len = (uint32_t) len;
+			zmq_msg_init(&idc);
+			zmq_msg_copy(&idc, id);
+			if (zmq_msg_send(&idc, b->rm->router,
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+				zmq_msg_close(&idc);
+			else {
+				zmq_send(b->rm->router, &ok, sizeof(ok),
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
+				zmq_send(b->rm->router, "ep", 2,
+					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
+				zmq_send(b->rm->router, &a,
+					 offsetof(struct ep_msg, blob) + len,
+					 ZMQ_DONTWAIT);
+			}
+			p->ep_answers++;
+			if (rdma_ready(p))
+				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			return;
+		}
+	}
+#endif
+	log_warn("peer %s:%u: rdma endpoint refused: %s", m.host, m.port,
+		 strerror(-rc));
+	hs_reply(b->rm->router, id, rc, "rdma endpoint refused", 21);
+}
+
+/* Read one multipart message (at most `max` frames); -EAGAIN if none. */
+static int recv_frames(void *sock, zmq_msg_t *f, int max, int *nf)
+{
+	int more = 1, n = 0, extra = 0;
+
+	while (more) {
+		zmq_msg_t tmp;
+		zmq_msg_t *m = n < max ? &f[n] : &tmp;
+		size_t sz = sizeof(more);
+
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, sock, n || extra ? 0 : ZMQ_DONTWAIT) < 0) {
+			int e = errno;
+
+			zmq_msg_close(m);
+			for (int i = 0; i < n; i++)
+				zmq_msg_close(&f[i]);
+			return -e;
+		}
+		if (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz))
+			more = 0;
+		if (n < max)
+			n++;
+		else {
+			zmq_msg_close(&tmp);
+			extra++;
+		}
+	}
+	*nf = n;
+	return extra ? -EBADMSG : 0;
+}
+
+static void close_frames(zmq_msg_t *f, int n)
+{
+	for (int i = 0; i < n; i++)
+		zmq_msg_close(&f[i]);
+}
+
+/* A handshake reply on a peer's DEALER: [status][desc | reason]. */
+void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
+{
+	for (unsigned k = 0; k < HS_DRAIN && p->dealer; k++) {
+		zmq_msg_t f[3];
+		struct kvb_hs_desc d;
+		const char *reason = NULL;
+		int32_t status;
+		int n = 0, rc;
+
+		rc = recv_frames(p->dealer, f, 3, &n);
+		if (rc == -EAGAIN)
+			return;
+		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(status) &&
+		    zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
+			/* the answer to our rdma offer */
+			struct ep_msg m;
+			size_t sz = zmq_msg_size(&f[2]);
+
+			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+			memset(&m, 0, sizeof(m));
+			if (sz >= offsetof(struct ep_msg, blob) &&
+			    sz <= sizeof(m))
+				memcpy(&m, zmq_msg_data(&f[2]), sz);
+			close_frames(f, n);
+			p->ep_pending = 0;
+			rc = status ? status
+				    : (m.len == sz - offsetof(struct ep_msg,
+							      blob)
+					       ? rdma_take(b, p, m.blob, m.len)
+					       : -EBADMSG);
+			if (rc) {
+				log_warn("peer %s:%u: rdma answer: %s", p->host,
+					 p->port, strerror(-rc));
+				continue;
+			}
+			if (rdma_ready(p))
+				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			continue;
+		}
+		if (!rc && n == 3) {
+			close_frames(f, n);
+			rc = -EBADMSG;
+		}
+		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
+			if (!rc)
+				close_frames(f, n);
+			b->rm->st.rejected++;
+			log_warn("peer %s:%u: malformed handshake reply",
+				 p->host, p->port);
+			continue;
+		}
+		memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+		if (p->state != PEER_HS) {
+			close_frames(f, n); /* late reply to a timed-out ask */
+			continue;
+		}
+		if (status) {
+			log_warn("peer %s:%u refused the handshake: %.*s (%s)",
+				 p->host, p->port, (int) zmq_msg_size(&f[1]),
+				 (const char *) zmq_msg_data(&f[1]),
+				 strerror(status < 0 ? -status : status));
+			close_frames(f, n);
+			peer_done(b, p, status < 0 ? status : -EPROTO);
+			continue;
+		}
+		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+				   &reason);
+		close_frames(f, n);
+		if (rc) {
+			log_warn("peer %s:%u: bad engine descriptor: %s",
+				 p->host, p->port, reason ? reason : "?");
+			b->rm->st.rejected++;
+			peer_done(b, p, rc);
+			continue;
+		}
+		rc = peer_adopt(b, p, &d);
+		kvb_hs_fini(&d);
+		peer_done(b, p, rc);
+	}
+}
+
+static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+		     const void *body, size_t len)
+{
+	zmq_msg_t idc;
+
+	zmq_msg_init(&idc);
+	zmq_msg_copy(&idc, id);
+	if (zmq_msg_send(&idc, router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&idc);
+		return;
+	}
+	zmq_send(router, &status, sizeof(status), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(router, body, len, ZMQ_DONTWAIT);
+}
+
+/* Requests on the handshake port: [identity][descriptor]. */
+void hs_serve(struct kvb_broker *b)
+{
+	struct kvb_xnode *rm = b->rm;
+
+	for (unsigned k = 0; k < HS_DRAIN; k++) {
+		zmq_msg_t f[3];
+		struct kvb_hs_desc d, mine;
+		const char *reason = NULL, *addr;
+		char host[64];
+		char *buf = NULL;
+		size_t len = 0;
+		struct kvb_peer *p;
+		int n = 0, rc;
+
+		rc = recv_frames(rm->router, f, 3, &n);
+		if (rc == -EAGAIN)
+			return;
+		if (!rc && n == 3 && zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
+			addr = zmq_msg_gets(&f[2], "Peer-Address");
+			if (!trusted(rm, addr ? addr : "?")) {
+				rm->st.hs_refused++;
+				hs_reply(rm->router, &f[0], -EACCES,
+					 "not in --trusted-hosts", 22);
+			} else {
+				hs_serve_ep(b, &f[0], &f[2]);
+			}
+			close_frames(f, n);
+			continue;
+		}
+		if (rc || n != 2) {
+			static const char why[] = "malformed request";
+
+			if (!rc) {
+				hs_reply(rm->router, &f[0], -EBADMSG, why,
+					 sizeof(why) - 1);
+				close_frames(f, n);
+			}
+			rm->st.hs_refused++;
+			log_warn("handshake port: malformed request refused");
+			continue;
+		}
+		addr = zmq_msg_gets(&f[1], "Peer-Address");
+		snprintf(host, sizeof(host), "%s", addr ? addr : "?");
+		if (!trusted(rm, host)) {
+			static const char why[] = "not in --trusted-hosts";
+
+			rm->st.hs_refused++;
+			log_warn("handshake from %s refused: %s", host, why);
+			hs_reply(rm->router, &f[0], -EACCES, why,
+				 sizeof(why) - 1);
+			close_frames(f, n);
+			continue;
+		}
+		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+				   &reason);
+		if (rc) {
+			rm->st.hs_refused++;
+			log_warn("handshake from %s refused: %s", host,
+				 reason ? reason : strerror(-rc));
+			if (rc == -EPROTONOSUPPORT)
+				log_warn("peer %s speaks handshake version %u, "
+					 "this broker %u",
+					 host, d.version, KVB_HS_VERSION);
+			hs_reply(rm->router, &f[0], rc,
+				 reason ? reason : "bad descriptor",
+				 strlen(reason ? reason : "bad descriptor"));
+			close_frames(f, n);
+			continue;
+		}
+		/* the requester becomes (or refreshes) a peer of ours */
+		p = peer_find(rm, d.host[0] ? d.host : host,
+			      (uint16_t) d.hs_port, 1);
+		if (p) {
+			rc = peer_adopt(b, p, &d);
+			if (!rc && p->state != PEER_HS)
+				p->state = PEER_READY;
+			if (!rc)
+				issue_deferred_of_peer(b, peer_id(rm, p));
+		} else {
+			log_warn("handshake from %s: peer table full (%u)",
+				 host, rm->npeers_max - 1);
+		}
+		kvb_hs_fini(&d);
+		rc = own_desc(b, &mine);
+		if (!rc)
+			rc = kvb_hs_encode(&mine, &buf, &len);
+		kvb_hs_fini(&mine);
+		if (rc) {
+			hs_reply(rm->router, &f[0], rc, "internal error", 14);
+		} else {
+			hs_reply(rm->router, &f[0], 0, buf, len);
+			rm->st.hs_served++;
+		}
+		free(buf);
+		close_frames(f, n);
+	}
+}

@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to the cross-node bridge of the broker (remote.c: notify
+ * messages, WRITE/READ state machines, layer ops; remote_peer.c: engine
+ * descriptor, peers, handshake port, rdma endpoints; remote_stats.c).
+ * One broker thread owns all of it.
+ */
+#ifndef KVB_BROKER_REMOTE_PRIV_H
+#define KVB_BROKER_REMOTE_PRIV_H
+
+#include <stdint.h>
+#include <zmq.h>
+
+#include "broker.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+
+#define MAX_PEERS     64u
+#define PEER_WAITERS  32u
+#define MAX_LAYERS    4096u
+#define MAX_GROUPS    65536u
+#define HS_TIMEOUT_NS (3ll * 1000000000)
+#define REFRESH_NS    (1ll * 1000000000) /* at most one refresh a second */
+#define HS_DRAIN      64u
+#define NOTIFY_BUDGET 256u
+#define MAX_TRUSTED   32u
+#define MAX_TARGETS   64u
+
+enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
+
+struct kvb_peer {
+	uint8_t state;
+	uint8_t have_desc;
+	uint8_t stale; /* a transport error: refresh before the next use */
+	char host[64];
+	uint16_t port;
+	void *dealer;
+	int dealer_fd;
+	int64_t hs_deadline, next_refresh;
+	struct kvb_hs_desc desc;
+	struct kvb_ep *ep[KVB_TS_MAX];
+	uint32_t waiters[PEER_WAITERS]; /* worker ids awaiting the reply */
+	uint32_t nwaiters;
+	int last_err;
+	uint64_t handshakes, failures;
+	uint8_t ep_pending; /* rdma offer sent, answer awaited */
+	int64_t ep_deadline;
+	uint64_t ep_offers, ep_answers;
+};
+
+/* "ep" handshake message: an endpoint blob of one transport (rdma offer or
+ * answer), sent by the broker at host:port (its handshake address). */
+struct ep_msg {
+	char host[64];
+	uint32_t port;
+	uint32_t len;
+	uint8_t blob[KVB_HS_CONN_MAX];
+};
+
+struct kvb_group {
+	uint32_t worker, xfer, peer;
+	uint32_t remaining;
+	int32_t err;
+	uint8_t flags, used;
+	uint64_t tag, bytes;
+};
+
+struct deferred {
+	uint16_t layer;
+	uint8_t flags;
+	uint64_t tag;
+};
+
+struct kvb_rxfer {
+	uint32_t peer;
+	uint8_t role, mode, flags;
+	uint8_t have_rblocks, announced, refreshed;
+	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;  /* this worker's block ids */
+	uint32_t *rb, nrb;  /* the other side's */
+	uint32_t acks_needed, acks_got;
+	struct deferred *def;
+	uint32_t ndef, capdef;
+	int64_t defer_deadline;
+	uint64_t layers[MAX_LAYERS / 64];
+	char notify_host[64];
+	uint16_t notify_port;
+	uint32_t ntargets, target_tp;
+	uint32_t targets[MAX_TARGETS];
+};
+
+struct kvb_xnode {
+	void *zctx;
+	void *router;
+	int router_fd;
+	uint64_t instance;
+	uint32_t npeers_max;
+	struct kvb_peer peers[MAX_PEERS]; /* peer id = index; 0 unused */
+	struct kvb_group *groups;
+	uint32_t *gfree, ngfree;
+	char trusted[MAX_TRUSTED][64];
+	uint32_t ntrusted;
+	struct {
+		uint64_t hs_served, hs_refused, hs_sent, hs_failed;
+		uint64_t notify_rejected_closed, notify_received_closed;
+		uint64_t notify_sent_closed;
+		uint64_t layer_ops, layers_deferred, defer_expired;
+		uint64_t remote_blocks_sent, write_done_sent, releases_sent;
+		uint64_t write_done_rx, releases_rx, remote_blocks_rx;
+		uint64_t send_errors;
+		uint64_t rejected; /* by the state machine (also in notify's) */
+	} st;
+};
+
+extern struct kvb_broker *g_b; /* one broker per process */
+
+/* remote.c */
+int ep_add(struct kvb_broker *b, int fd);
+/* remote.c */
+void ep_del(struct kvb_broker *b, int fd);
+/* remote.c */
+int trusted(struct kvb_xnode *rm, const char *host);
+/* remote.c */
+uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p);
+/* remote.c */
+struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
+			   uint16_t port, int create);
+/* remote.c */
+const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
+					      const char *name);
+/* remote.c */
+int peer_wants_rdma(const struct kvb_peer *p);
+/* remote.c */
+int rdma_ready(const struct kvb_peer *p);
+/* remote.c */
+unsigned peer_ts(const struct kvb_peer *p);
+/* remote.c */
+void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
+/* remote_peer.c */
+void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status);
+/* remote_peer.c */
+void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_peer.c */
+void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status);
+/* remote_peer.c */
+void close_dealer(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_peer.c */
+void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status);
+/* remote_peer.c */
+int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_peer.c */
+int rdma_offer(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_peer.c */
+void peer_poll(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_peer.c */
+void hs_serve(struct kvb_broker *b);
+
+/* remote.c */
+struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id);
+/* remote.c */
+void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
+/* remote.c */
+uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
+/* remote_notify.c */
+void notify_close(struct kvb_broker *b, struct kvb_worker *w);
+
+#endif

@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/* Cross-node counters for `kvbctl stats` (see remote.c). */
+#include "remote_priv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+#include "zmq/notify.h"
+#ifdef KVB_HAVE_TCP
+#include "tcp/tcp.h"
+#endif
+#ifdef KVB_HAVE_RDMA
+#include "rdma/rdma.h"
+#endif
+
+/* ------------------------------------------------------------------ */
+/* stats */
+
+__attribute__((format(printf, 4, 5))) static void
+put_(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*len += (size_t) n < cap - *len ? (size_t) n : cap - *len - 1;
+}
+
+#define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
+
+/* Per-QP counters of a peer's rdma endpoint (kvbctl stats). */
+static void qp_stats(struct kvb_broker *b, const struct kvb_peer *p, int json,
+		     char *buf, size_t cap, size_t *lenp)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_rdma_qp_stats q;
+	size_t len = *lenp;
+
+	for (unsigned i = 0;
+	     p->ep[KVB_TS_RDMA] &&
+	     !kvb_rdma_qp_stats(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], i, &q);
+	     i++) {
+		if (json)
+			PUT("%s{\"qpn\":%u,\"credits\":%u,\"depth\":%u,"
+			    "\"in_flight\":%u,\"doorbells\":%llu,\"wrs\":%llu,"
+			    "\"ops\":%llu,\"bytes\":%llu,\"cqes\":%llu,"
+			    "\"credit_stalls\":%llu,\"wc_errors\":%llu,"
+			    "\"resets\":%llu}",
+			    i ? "," : "", q.qpn, q.credits, q.depth,
+			    q.in_flight, (unsigned long long) q.chain.chains,
+			    (unsigned long long) q.chain.wrs,
+			    (unsigned long long) q.chain.ops,
+			    (unsigned long long) q.chain.bytes,
+			    (unsigned long long) q.chain.cqes,
+			    (unsigned long long) q.chain.credit_stalls,
+			    (unsigned long long) q.chain.wc_errors,
+			    (unsigned long long) q.chain.resets);
+		else
+			PUT("  qp %-6u            %llu WRs in %llu doorbells "
+			    "(%.1f per doorbell), %llu CQEs, %llu credit "
+			    "stalls, %llu WC errors, %u/%u in flight\n",
+			    q.qpn, (unsigned long long) q.chain.wrs,
+			    (unsigned long long) q.chain.chains,
+			    q.chain.chains ? (double) q.chain.wrs /
+						     (double) q.chain.chains
+					   : 0.0,
+			    (unsigned long long) q.chain.cqes,
+			    (unsigned long long) q.chain.credit_stalls,
+			    (unsigned long long) q.chain.wc_errors, q.in_flight,
+			    q.depth);
+	}
+	*lenp = len;
+#else
+	(void) b, (void) p, (void) json, (void) buf, (void) cap, (void) lenp;
+#endif
+}
+
+size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
+{
+	struct kvb_xnode *rm = b->rm;
+	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
+	size_t len = 0;
+
+	if (!rm || !cap)
+		return 0;
+	rx = rm->st.notify_received_closed;
+	rej = rm->st.notify_rejected_closed;
+	sent = rm->st.notify_sent_closed;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
+		struct kvb_notify_stats st;
+
+		if (!w->notify)
+			continue;
+		kvb_notify_get_stats(w->notify, &st);
+		rx += st.messages_received;
+		rej += st.messages_rejected;
+		sent += st.messages_sent;
+		serr += st.send_errors;
+	}
+	if (json) {
+		PUT("\"remote\":{\"messages_received\":%llu,"
+		    "\"messages_rejected\":%llu,\"messages_sent\":%llu,"
+		    "\"send_errors\":%llu,\"handshakes_served\":%llu,"
+		    "\"handshakes_refused\":%llu,\"handshakes_sent\":%llu,"
+		    "\"handshakes_failed\":%llu,\"layer_ops\":%llu,"
+		    "\"layers_deferred\":%llu,\"defer_expired\":%llu,"
+		    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
+		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
+		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
+		    "\"peers\":[",
+		    (unsigned long long) rx, (unsigned long long) rej,
+		    (unsigned long long) sent,
+		    (unsigned long long) (serr + rm->st.send_errors),
+		    (unsigned long long) rm->st.hs_served,
+		    (unsigned long long) rm->st.hs_refused,
+		    (unsigned long long) rm->st.hs_sent,
+		    (unsigned long long) rm->st.hs_failed,
+		    (unsigned long long) rm->st.layer_ops,
+		    (unsigned long long) rm->st.layers_deferred,
+		    (unsigned long long) rm->st.defer_expired,
+		    (unsigned long long) rm->st.remote_blocks_sent,
+		    (unsigned long long) rm->st.write_done_sent,
+		    (unsigned long long) rm->st.releases_sent,
+		    (unsigned long long) rm->st.remote_blocks_rx,
+		    (unsigned long long) rm->st.write_done_rx,
+		    (unsigned long long) rm->st.releases_rx);
+	} else {
+		PUT("notify messages        %llu received, %llu rejected, %llu "
+		    "sent, %llu send errors\n",
+		    (unsigned long long) rx, (unsigned long long) rej,
+		    (unsigned long long) sent,
+		    (unsigned long long) (serr + rm->st.send_errors));
+		PUT("handshakes             %llu served, %llu refused, %llu "
+		    "sent, %llu failed\n",
+		    (unsigned long long) rm->st.hs_served,
+		    (unsigned long long) rm->st.hs_refused,
+		    (unsigned long long) rm->st.hs_sent,
+		    (unsigned long long) rm->st.hs_failed);
+		PUT("layer ops              %llu (%llu deferred, %llu expired "
+		    "waiting)\n",
+		    (unsigned long long) rm->st.layer_ops,
+		    (unsigned long long) rm->st.layers_deferred,
+		    (unsigned long long) rm->st.defer_expired);
+		PUT("sent                   %llu remote_blocks, %llu "
+		    "write_done, %llu release\n",
+		    (unsigned long long) rm->st.remote_blocks_sent,
+		    (unsigned long long) rm->st.write_done_sent,
+		    (unsigned long long) rm->st.releases_sent);
+	}
+	for (uint32_t i = 1, k = 0; i < rm->npeers_max; i++) {
+		struct kvb_peer *p = &rm->peers[i];
+		static const char *const sn[] = {"free", "handshaking", "ready",
+						 "failed"};
+		unsigned ts = peer_ts(p);
+
+		if (p->state == PEER_FREE)
+			continue;
+		if (json)
+			PUT("%s{\"id\":%u,\"host\":\"%s\",\"port\":%u,"
+			    "\"state\":\"%s\",\"stale\":%u,\"node\":\"%s\","
+			    "\"workers\":%u,\"transport\":\"%s\","
+			    "\"handshakes\":%llu,\"failures\":%llu,\"qps\":[",
+			    k++ ? "," : "", i, p->host, p->port, sn[p->state],
+			    p->stale, p->have_desc ? p->desc.node_id : "",
+			    p->have_desc ? p->desc.nworkers : 0,
+			    ts ? b->trs[ts]->ops->name : "none",
+			    (unsigned long long) p->handshakes,
+			    (unsigned long long) p->failures);
+		else
+			PUT("peer %-3u               %s:%u %s%s node %s, %u "
+			    "workers, over %s\n",
+			    i, p->host, p->port, sn[p->state],
+			    p->stale ? " (stale)" : "",
+			    p->have_desc ? p->desc.node_id : "-",
+			    p->have_desc ? p->desc.nworkers : 0,
+			    ts ? b->trs[ts]->ops->name : "none");
+		qp_stats(b, p, json, buf, cap, &len);
+		if (json)
+			PUT("]}");
+	}
+	if (json)
+		PUT("]},");
+#undef PUT
+	return len;
+}
+
+uint64_t kvb_remote_rejected(struct kvb_broker *b)
+{
+	struct kvb_xnode *rm = b->rm;
+	uint64_t rej;
+
+	if (!rm)
+		return 0;
+	rej = rm->st.notify_rejected_closed + rm->st.hs_refused;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_notify_stats st;
+
+		if (!b->workers[b->live[i]].notify)
+			continue;
+		kvb_notify_get_stats(b->workers[b->live[i]].notify, &st);
+		rej += st.messages_rejected;
+	}
+	return rej;
+}
