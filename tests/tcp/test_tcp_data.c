@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tcp transport: data paths (WRITE, READ, chains, credits, blobs,
+ * connect_host, IPv6, registration), byte-verified.
+ */
+#include "tcp_harness.h"
+
+static void test_write_small(void **state)
+{
+	(void) state;
+	xfer_blocks(KVB_XOP_WRITE, 4096, 4 * KiB);
+}
+
+static void test_write_big(void **state)
+{
+	(void) state;
+	xfer_blocks(KVB_XOP_WRITE, 4, 8 * MiB);
+}
+
+static void test_read_small(void **state)
+{
+	(void) state;
+	xfer_blocks(KVB_XOP_READ, 4096, 4 * KiB);
+}
+
+static void test_read_big(void **state)
+{
+	(void) state;
+	xfer_blocks(KVB_XOP_READ, 4, 8 * MiB);
+}
+
+/* WRITEs and READs interleaved in one chain: several frames, one doorbell. */
+static void test_mixed_chain(void **state)
+{
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop ops[300];
+	unsigned i;
+	uint64_t db;
+
+	(void) state;
+	pair_open(&p, 0, 5000, 300);
+	region_init(&l, 1, 300 * 8 * KiB, 0);
+	region_init(&r, 2, 300 * 8 * KiB,
+		    KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ);
+	region_fill(&l, 3);
+	region_fill(&r, 4);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	for (i = 0; i < 300; i++)
+		ops[i] = xop((i / 3) % 2 ? KVB_XOP_READ : KVB_XOP_WRITE, &l,
+			     i * 8 * KiB, 2, i * 8 * KiB, 8 * KiB, i);
+	db = p.a->stats.doorbells;
+	post_all(&p, ops, 300);
+	wait_all(&p);
+	for (i = 0; i < 300; i++) {
+		assert_int_equal(p.tr.status[i], 0);
+		assert_memory_equal(l.mem + i * 8 * KiB, r.mem + i * 8 * KiB,
+				    8 * KiB);
+	}
+	/* 300 ops in 100 frames went out in few sendmsg calls */
+	assert_true(p.a->stats.doorbells - db < 100);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
+/* A chain longer than sq_depth: a prefix is taken, the rest later. */
+static void test_chain_over_depth(void **state)
+{
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop ops[100];
+	unsigned i;
+	int rc;
+
+	(void) state;
+	pair_open(&p, 16, 5000, 100);
+	region_init(&l, 1, 100 * 64 * KiB, 0);
+	region_init(&r, 2, 100 * 64 * KiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 5);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	for (i = 0; i < 100; i++)
+		ops[i] = xop(KVB_XOP_WRITE, &l, i * 64 * KiB, 2, i * 64 * KiB,
+			     64 * KiB, i);
+	rc = kvb_tcp_ops.post(p.a, p.ep, ops, 100);
+	assert_int_equal(rc, 16);
+	for (i = 0; i < 16; i++) {
+		p.tr.state[i] = 1;
+		p.tr.posted++;
+	}
+	/* no credit left until acks come back */
+	assert_int_equal(kvb_tcp_ops.post(p.a, p.ep, ops + 16, 84), 0);
+	assert_int_equal(p.a->stats.credit_stalls, 1);
+	post_all(&p, ops + 16, 84);
+	wait_all(&p);
+	for (i = 0; i < 100; i++)
+		assert_int_equal(p.tr.status[i], 0);
+	assert_memory_equal(l.mem, r.mem, l.len);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
+static void test_blob(void **state)
+{
+	struct kvb_transport *a, *b;
+	struct kvb_ep *ep = NULL;
+	uint8_t blob[64], bad[64];
+	size_t len = 0, i;
+
+	(void) state;
+	a = topen("127.0.0.1", 0, 0, 0);
+	b = topen("127.0.0.1", 0, 0, 0);
+	assert_int_equal(kvb_tcp_ops.local_info(b, blob, &len), -ENOSPC);
+	assert_int_equal(len, KVB_TCP_BLOB_LEN);
+	assert_int_equal(kvb_tcp_ops.local_info(b, blob, &len), 0);
+	/* little-endian magic, version 1, IPv4, the port, 127.0.0.1 */
+	assert_int_equal(blob[0], 0x54);
+	assert_int_equal(blob[4], 1);
+	assert_int_equal(blob[6], 4);
+	assert_int_equal(blob[8] | blob[9] << 8, kvb_tcp_port(b));
+	assert_int_equal(blob[24], 127);
+
+	assert_int_equal(kvb_tcp_ops.connect(a, blob, len - 1, &ep), -EPROTO);
+	assert_int_equal(kvb_tcp_ops.connect(a, blob, len + 1, &ep), -EPROTO);
+	assert_int_equal(kvb_tcp_ops.connect(a, NULL, 0, &ep), -EPROTO);
+	for (i = 0; i < 16; i++) {
+		/* magic, version, family, reserved bytes, port: all checked */
+		static const unsigned at[] = {0, 3, 4, 5, 6, 7, 8, 10, 12, 15};
+
+		if (i >= sizeof(at) / sizeof(at[0]))
+			break;
+		memcpy(bad, blob, len);
+		bad[at[i]] ^= 0x5a;
+		if (at[i] == 8) /* a zero port */
+			bad[8] = bad[9] = 0;
+		assert_int_equal(kvb_tcp_ops.connect(a, bad, len, &ep),
+				 -EPROTO);
+	}
+	memcpy(bad, blob, len);
+	bad[30] = 1; /* IPv4 with bytes past the address */
+	assert_int_equal(kvb_tcp_ops.connect(a, bad, len, &ep), -EPROTO);
+	assert_null(ep);
+	assert_int_equal(kvb_tcp_ops.connect(a, blob, len, &ep), 0);
+	assert_non_null(ep);
+	kvb_tcp_ops.disconnect(a, ep);
+	kvb_tcp_ops.close(a);
+	kvb_tcp_ops.close(b);
+}
+
+/* A peer listening on 0.0.0.0 needs kvb_tcp_connect_host(). */
+static void test_connect_host(void **state)
+{
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop op;
+	uint8_t blob[64];
+	size_t len = sizeof(blob);
+
+	(void) state;
+	memset(&p, 0, sizeof(p));
+	p.a = topen("127.0.0.1", 0, 0, 3000);
+	p.b = topen(NULL, 0, 0, 3000);
+	tr_init(&p.tr, 1);
+	assert_int_equal(kvb_tcp_ops.local_info(p.b, blob, &len), 0);
+	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep),
+			 -EDESTADDRREQ);
+	assert_int_equal(
+		kvb_tcp_connect_host(p.a, blob, len, "localhost", &p.ep),
+		-EINVAL);
+	assert_int_equal(
+		kvb_tcp_connect_host(p.a, blob, len, "127.0.0.1", &p.ep), 0);
+	region_init(&l, 1, 1 * MiB, 0);
+	region_init(&r, 2, 1 * MiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 10);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 1 * MiB, 0);
+	post_all(&p, &op, 1);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], 0);
+	assert_memory_equal(l.mem, r.mem, 1 * MiB);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
+static void test_ipv6(void **state)
+{
+	struct kvb_transport_params prm;
+	struct kvb_transport *b = NULL;
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop op;
+	uint8_t blob[64];
+	size_t len = sizeof(blob);
+
+	(void) state;
+	memset(&prm, 0, sizeof(prm));
+	prm.host_ip = "::1";
+	if (kvb_tcp_ops.open(&prm, &b, NULL, 0)) {
+		skip(); /* no IPv6 loopback here */
+		return;
+	}
+	memset(&p, 0, sizeof(p));
+	p.a = topen("127.0.0.1", 0, 0, 3000);
+	p.b = b;
+	tr_init(&p.tr, 1);
+	assert_int_equal(kvb_tcp_ops.local_info(p.b, blob, &len), 0);
+	assert_int_equal(blob[6], 6);
+	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+	region_init(&l, 1, 256 * KiB, 0);
+	region_init(&r, 2, 256 * KiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 11);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 256 * KiB, 0);
+	post_all(&p, &op, 1);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], 0);
+	assert_memory_equal(l.mem, r.mem, 256 * KiB);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
+static void test_reg(void **state)
+{
+	struct kvb_transport *a;
+	struct region r, g;
+
+	(void) state;
+	a = topen("127.0.0.1", 0, 0, 0);
+	assert_true(kvb_tcp_port(a) > 0);
+	assert_true(kvb_tcp_ops.wait_fd(a) >= 0);
+	region_init(&r, 5, 4 * KiB, KVB_MEM_REMOTE_WRITE);
+	region_init(&g, 6, 4 * KiB, KVB_MEM_REMOTE_WRITE);
+	g.mr.kind = KVB_MEM_GPU;
+	assert_int_equal(kvb_tcp_ops.reg_mr(a, &g.mr), -EOPNOTSUPP);
+	assert_int_equal(kvb_tcp_ops.reg_mr(a, &r.mr), 0);
+	assert_int_equal(kvb_tcp_ops.reg_mr(a, &r.mr), -EEXIST);
+	kvb_tcp_ops.dereg_mr(a, &r.mr);
+	assert_int_equal(kvb_tcp_ops.reg_mr(a, &r.mr), 0);
+	kvb_tcp_ops.close(a); /* with a region still registered */
+	region_free(&r);
+	region_free(&g);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_reg),
+		cmocka_unit_test(test_blob),
+		cmocka_unit_test(test_write_small),
+		cmocka_unit_test(test_write_big),
+		cmocka_unit_test(test_read_small),
+		cmocka_unit_test(test_read_big),
+		cmocka_unit_test(test_mixed_chain),
+		cmocka_unit_test(test_chain_over_depth),
+		cmocka_unit_test(test_connect_host),
+		cmocka_unit_test(test_ipv6),
+	};
+
+	srand(1);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
