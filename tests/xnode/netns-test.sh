@@ -98,6 +98,7 @@ run_pair() {
 		ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
 			--peer 192.0.2.1:6301 --mode "$mode" --tp $r --tp-size "$dtp" \
 			--peer-tp-size "$ptp" --barrier "$T/bar" "$@" \
+			$([ "$r" = 1 ] && [ -n "${D1_ARGS:-}" ] && echo "$D1_ARGS") \
 			>>"$T/worker-D$r.log" 2>&1 &
 		wp+=($!)
 	done
@@ -115,6 +116,12 @@ start_broker b "$NB" 192.0.2.2
 case "$CASE" in
 write) run_pair write 2 2 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP2" ;;
 write_hetero) run_pair write 2 4 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP4" ;;
+late_rank)
+	# D rank 0 announces, P writes both D ranks and sends write_done to
+	# rank 1 before rank 1 has opened the transfers: kept until it does
+	D1_ARGS="--start-delay-ms 1500" run_pair write 2 2 --layers 8 --xfers 4 \
+		--conc 4 --prefix late || fail "a D rank that opens late"
+	;;
 read) run_pair read 2 2 --layers 32 --xfers 8 --conc 4 || fail "READ TP2<-TP2" ;;
 read_hetero) run_pair read 2 4 --layers 32 --xfers 8 --conc 4 || fail "READ TP4<-TP2" ;;
 peer_killed)

@@ -37,6 +37,7 @@ static struct {
 	char notify_host[64];
 	int notify_port, expect_peer_error;
 	int swap_layer, swap_after, expect_some_fail, swapped;
+	int start_delay_ms;
 	unsigned last_ok; /* highest transfer index that succeeded, + 1 */
 } o = {.role = KVB_ROLE_P,
        .tp_size = 1,
@@ -240,7 +241,8 @@ static void usage(void)
 		"[--peer-tp-size N] [--peer-dp N] [--layers N] [--blocks N] "
 		"[--per-xfer N] [--xfers N] [--conc N] [--prefix S] "
 		"[--barrier DIR] [--expect-fail] [--timeout S] "
-		"[--swap-layer L --swap-after-xfers N] [--expect-some-fail] "
+		"[--start-delay-ms N] [--swap-layer L --swap-after-xfers N] "
+		"[--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S]\n"
 		"  [--notify-override HOST:PORT]  write_done/release go there\n"
@@ -281,6 +283,7 @@ static int parse(int argc, char **argv)
 					   {"contig", 0, 0, 'C'},
 					   {"no-verify", 0, 0, 'V'},
 					   {"swap-layer", 1, 0, 'S'},
+					   {"start-delay-ms", 1, 0, 'W'},
 					   {"swap-after-xfers", 1, 0, 'A'},
 					   {"expect-some-fail", 0, 0, 'e'},
 					   {"notify-override", 1, 0, 'N'},
@@ -355,6 +358,9 @@ static int parse(int argc, char **argv)
 			break;
 		case 'S':
 			o.swap_layer = atoi(optarg);
+			break;
+		case 'W':
+			o.start_delay_ms = atoi(optarg);
 			break;
 		case 'A':
 			o.swap_after = atoi(optarg);
@@ -502,6 +508,8 @@ int main(int argc, char **argv)
 			o.peer_port, kvb_strerror(rc));
 		return 1;
 	}
+	if (o.start_delay_ms) /* a slow rank: open after the others */
+		usleep((useconds_t) o.start_delay_ms * 1000);
 	if (o.hold_s) { /* just be there (registered) for a while */
 		int64_t hold_end = now_ms() + (int64_t) o.hold_s * 1000;
 
