@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Bad input to the cross-node calls of libkvbroker, each with its error:
+ * kvb_mem_set_kv (unknown region, bad layout, tensor larger than the
+ * region, a region or a layer declared twice), kvb_peer_connect and
+ * kvb_transfer_open_remote on a broker without --host-ip, bad arguments,
+ * an unreachable peer, a layer op on a same-node transfer. The broker keeps
+ * serving after each.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static const struct kvb_kv_geometry g = {KVB_KV_KV_FIRST, 8, 16, 1, 64, 2};
+#define KV_BYTES (2ull * 8 * 16 * 64 * 2) /* the tensor of g */
+
+static struct kvb_ctx *attach(struct broker *b, enum kvb_role role)
+{
+	struct kvb_attach_opts o = {
+		.socket_path = b->sock, .role = role, .tp_size = 1};
+	struct kvb_ctx *ctx = NULL;
+
+	assert_int_equal(kvb_attach(&o, &ctx), 0);
+	return ctx;
+}
+
+static void test_mem_set_kv(void **state)
+{
+	struct broker b;
+	struct kvb_ctx *ctx;
+	struct kvb_region r1, r2, small;
+	struct kvb_kv_geometry bad = g;
+
+	(void) state;
+	assert_int_equal(broker_start(&b, NULL), 0);
+	ctx = attach(&b, KVB_ROLE_D);
+	assert_int_equal(
+		kvb_mem_alloc(ctx, KV_BYTES, KVB_MEM_REMOTE_WRITE, 0, &r1), 0);
+	assert_int_equal(
+		kvb_mem_alloc(ctx, KV_BYTES, KVB_MEM_REMOTE_WRITE, 1, &r2), 0);
+	assert_int_equal(kvb_mem_alloc(ctx, KV_BYTES / 2, 0, 2, &small), 0);
+	assert_int_equal(kvb_mem_set_kv(ctx, 0xdead0001u, 0, &g), -ENOENT);
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, NULL), -EINVAL);
+	bad.layout = 7;
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, &bad), -EINVAL);
+	bad = g;
+	bad.head_dim = 0;
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, &bad), -EINVAL);
+	assert_int_equal(kvb_mem_set_kv(ctx, small.id, 0, &g), -EINVAL);
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 100000, &g), -EINVAL);
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, &g), 0);
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 1, &g), -EEXIST);
+	assert_int_equal(kvb_mem_set_kv(ctx, r2.id, 0, &g), -EEXIST);
+	assert_int_equal(kvb_mem_set_kv(ctx, r2.id, 1, &g), 0);
+	/* the layer is free again once its region is */
+	assert_int_equal(kvb_mem_free(ctx, &r1), 0);
+	assert_int_equal(
+		kvb_mem_alloc(ctx, KV_BYTES, KVB_MEM_REMOTE_WRITE, 0, &r1), 0);
+	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, &g), 0);
+	kvb_detach(ctx);
+	assert_int_equal(broker_stop(&b), 0);
+}
+
+static void test_no_host_ip(void **state)
+{
+	struct broker b;
+	struct kvb_ctx *ctx;
+	struct kvb_remote_xfer x = {.mode = KVB_XFER_WRITE};
+	uint32_t peer = 0, h = 0, blocks[2] = {0, 1};
+	struct kvb_completion c[4];
+	int n;
+
+	(void) state;
+	assert_int_equal(broker_start(&b, NULL), 0);
+	ctx = attach(&b, KVB_ROLE_P);
+	assert_int_equal(kvb_peer_connect(ctx, "192.0.2.9", 6301, &peer),
+			 -ENOTCONN);
+	x.blocks = blocks;
+	x.nblocks = 2;
+	assert_int_equal(kvb_transfer_open_remote(ctx, "tx-a", &x, &h),
+			 -ENOTCONN);
+	/* argument checks in the library */
+	assert_int_equal(kvb_peer_connect(ctx, "", 6301, &peer), -EINVAL);
+	assert_int_equal(kvb_peer_connect(ctx, "192.0.2.9", 0, &peer), -EINVAL);
+	x.mode = 5;
+	assert_int_equal(kvb_transfer_open_remote(ctx, "tx-a", &x, &h),
+			 -EINVAL);
+	x.mode = KVB_XFER_WRITE;
+	x.flags = 0x80;
+	assert_int_equal(kvb_transfer_open_remote(ctx, "tx-a", &x, &h),
+			 -EINVAL);
+	assert_int_equal(kvb_submit_layer(ctx, 1, 0, 1, 0x80), -EINVAL);
+	/* a layer op on a same-node transfer completes with -EINVAL */
+	assert_int_equal(kvb_transfer_open(ctx, "tx-local", &h), 0);
+	assert_int_equal(kvb_submit_layer(ctx, h, 0, 42, 0), 1);
+	n = kvb_wait(ctx, c, 4, 5000);
+	assert_int_equal(n, 1);
+	assert_int_equal(c[0].kind, KVB_COMP_DESC);
+	assert_int_equal(c[0].tag, 42);
+	assert_int_equal(c[0].status, -EINVAL);
+	assert_true(broker_log_has(&b, "layer op for an unknown or local"));
+	kvb_detach(ctx);
+	assert_int_equal(broker_stop(&b), 0);
+}
+
+static void test_unreachable_peer(void **state)
+{
+	static const char *const args[] = {
+		"--host-ip", "127.0.0.1",     "--handshake-port",
+		"16301",     "--notify-port", "16305",
+		NULL};
+	struct broker_opts o = {.args = args};
+	struct broker b;
+	struct kvb_ctx *ctx;
+	uint32_t peer = 0, h = 0;
+	struct kvb_remote_xfer x = {.peer = 7, .mode = KVB_XFER_WRITE};
+	uint32_t blocks[1] = {0};
+
+	(void) state;
+	assert_int_equal(broker_start(&b, &o), 0);
+	ctx = attach(&b, KVB_ROLE_P);
+	/* nobody on that port: the handshake times out, the call returns */
+	assert_int_equal(kvb_peer_connect(ctx, "127.0.0.1", 16399, &peer),
+			 -ETIMEDOUT);
+	assert_true(broker_log_has(&b, "no handshake answer"));
+	/* an unknown peer number */
+	x.blocks = blocks;
+	x.nblocks = 1;
+	assert_int_equal(kvb_transfer_open_remote(ctx, "tx-b", &x, &h),
+			 -ENOENT);
+	kvb_detach(ctx);
+	assert_int_equal(broker_stop(&b), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_mem_set_kv),
+		cmocka_unit_test(test_no_host_ip),
+		cmocka_unit_test(test_unreachable_peer),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
