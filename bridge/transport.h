@@ -114,6 +114,8 @@ struct kvb_transport_params {
 	const char *host_ip;  /* tcp: listen address (NULL = 0.0.0.0) */
 	uint32_t tcp_port;    /* tcp: listen port, 0 = ephemeral */
 	int timeout_ms;	      /* tcp: connect / stalled-peer limit, 0 = 10000 */
+	int copy_threads;     /* local: copy pool size, 0 = copy in post() */
+	uint64_t copy_piece;  /* local: bytes per pooled copy, 0 = 256 KiB */
 };
 
 struct kvb_transport;

@@ -28,6 +28,7 @@
 #define EP_LISTEN     1ull
 #define EP_EFD	      2ull
 #define EP_SIG	      3ull
+#define EP_XPORT      5ull /* a same-node transport's wait_fd */
 #define EP_WORKER_TAG 0x100000000ull
 #define TIMER_NS      10000000ll /* deadline scan period */
 #define EPOLL_EVERY   64u	 /* busy rounds between control-socket checks */
@@ -45,6 +46,7 @@ static int open_transport(struct kvb_broker *b)
 {
 	struct kvb_transport_params p = {
 		.post_batch_size = b->opt.post_batch_size,
+		.copy_threads = b->opt.copy_threads,
 	};
 	enum kvb_transport_kind k = b->opt.transport;
 	char why[256] = "";
@@ -55,6 +57,13 @@ static int open_transport(struct kvb_broker *b)
 			"reach this node on)",
 			kvb_transport_name(k));
 		return -EINVAL;
+	}
+	if (p.copy_threads < 0) {
+		/* auto: the broker thread helps, so CPUs - 1 more, up to 4
+		 * (memcpy saturates memory bandwidth with a few threads) */
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+		p.copy_threads = ncpu > 5 ? 4 : ncpu > 1 ? (int) ncpu - 1 : 0;
 	}
 	/* same-node host memory always goes through local */
 	rc = kvb_local_ops.open(&p, &b->trs[KVB_TS_HOST], why, sizeof(why));
@@ -82,7 +91,9 @@ static int open_transport(struct kvb_broker *b)
 	if (k == KVB_TR_AUTO && !b->opt.cross_node)
 		log_info("transport auto: same-node only (no --host-ip: no "
 			 "cross-node bridge)");
-	log_info("transport local ready");
+	log_info("transport local ready (%d copy thread%s besides the broker "
+		 "thread for chains of >= 512 KiB)",
+		 p.copy_threads, p.copy_threads == 1 ? "" : "s");
 	return 0;
 }
 
@@ -172,6 +183,13 @@ static int setup(struct kvb_broker *b)
 	    (rc = ep_add(b->epfd, b->efd, EP_EFD)) ||
 	    (rc = ep_add(b->epfd, b->sigfd, EP_SIG)))
 		return rc;
+	/* completions of pooled copies wake a sleeping broker */
+	if (b->trs[KVB_TS_HOST]->ops->wait_fd) {
+		int fd = b->trs[KVB_TS_HOST]->ops->wait_fd(b->trs[KVB_TS_HOST]);
+
+		if (fd >= 0 && (rc = ep_add(b->epfd, fd, EP_XPORT)))
+			return rc;
+	}
 	return 0;
 }
 
@@ -199,8 +217,8 @@ static void service_events(struct kvb_broker *b, int timeout_ms)
 					 si.ssi_signo);
 				b->stop = 1;
 			}
-		} else if (tag == KVB_EP_REMOTE) {
-			/* drained below */
+		} else if (tag == KVB_EP_REMOTE || tag == EP_XPORT) {
+			/* drained below, or by the next round's reap */
 		} else if (tag & EP_WORKER_TAG) {
 			struct kvb_worker *w =
 				&b->workers[(uint32_t) (tag & 0xffffffffu)];

@@ -43,6 +43,7 @@ void kvb_options_default(struct kvb_options *o)
 	o->gid_index = -1;
 	o->qp_per_transfer = 1;
 	o->gpu_streams = 64;
+	o->copy_threads = -1;
 }
 
 void kvb_options_usage(FILE *f)
@@ -86,6 +87,11 @@ void kvb_options_usage(FILE *f)
 	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
 	      "  --qp-per-transfer N    QPs per peer (default 1)\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
+	      "  --copy-threads N|auto  threads that copy large same-node "
+	      "chains with the\n"
+	      "                         broker thread (0 = broker thread "
+	      "only; auto:\n"
+	      "                         min(4, CPUs - 1), the default)\n"
 	      "  --help, --version\n",
 	      f);
 }
@@ -147,6 +153,7 @@ enum {
 	O_HELP,
 	O_VER,
 	O_DPORT,
+	O_COPYT,
 };
 
 static const struct option longopts[] = {
@@ -172,6 +179,7 @@ static const struct option longopts[] = {
 	{"gid-index", required_argument, NULL, O_GID},
 	{"qp-per-transfer", required_argument, NULL, O_QPS},
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
+	{"copy-threads", required_argument, NULL, O_COPYT},
 	{"help", no_argument, NULL, O_HELP},
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
@@ -346,6 +354,16 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					    "(1..1024)",
 					    a);
 			o->gpu_streams = (int) v;
+			break;
+		case O_COPYT:
+			if (!strcmp(a, "auto"))
+				v = -1;
+			else if (parse_int(a, 0, 64, &v))
+				return fail(err, err_len,
+					    "--copy-threads: bad value '%s' "
+					    "(0..64 or auto)",
+					    a);
+			o->copy_threads = (int) v;
 			break;
 		case O_HELP:
 			o->help = 1;

@@ -38,6 +38,7 @@ struct kvb_options {
 	int gid_index;
 	int qp_per_transfer;
 	int gpu_streams;
+	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
 	int help, version;
 };
 

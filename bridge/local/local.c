@@ -3,35 +3,304 @@
  * `local` transport: same-node writes between host regions that the broker
  * has mapped, done as memcpy. A chain is one flush (counted as a doorbell),
  * each op one WR, so the figures compare one-to-one with the RDMA transport.
- * Copies finish inside post(); their completions are handed out by poll().
+ *
+ * Small chains are copied inside post() and their completions handed out by
+ * the next poll(). A chain of at least two pieces (params.copy_piece bytes,
+ * 256 KiB by default) when params.copy_threads > 0 is cut into pieces of that
+ * size and copied by a pool of threads, with the posting thread helping
+ * until every piece has been taken: one thread's memcpy bandwidth is then no
+ * longer the broker's ceiling. An op completes when the last of the pieces
+ * covering it is copied; its completion goes to a locked queue and wakes
+ * wait_fd().
+ *
+ * Memory: the broker keeps a region mapped while an op on it is in flight
+ * (in-flight ops hold references); dereg_mr() still waits until no chain is
+ * being copied, so no copy can outlive a region even for a caller that does
+ * not keep references. close() finishes the pieces already queued, joins the
+ * threads and completes nothing.
  */
 #include "transport.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
-#define LOCAL_CQ_INIT 1024u
+#define LOCAL_CQ_INIT	  1024u
+#define LOCAL_PIECE_DEF	  (256u << 10)
+#define LOCAL_PIECE_MIN	  (4u << 10)
+#define LOCAL_THREADS_MAX 64
+
+/* One op of an asynchronous chain. */
+struct aop {
+	char *dst;
+	const char *src;
+	uint64_t len;
+	uint64_t start; /* offset of its first byte in the chain */
+	uint64_t cookie;
+	atomic_uint parts; /* pieces still to copy */
+};
+
+/* An asynchronous chain: the pieces are [k * piece, (k+1) * piece). */
+struct achain {
+	struct achain *next; /* queue of chains with pieces left to take */
+	uint64_t total, piece;
+	unsigned npieces, taken; /* taken: under the pool lock */
+	unsigned nops;
+	atomic_uint ops_left; /* the last op to complete frees the chain */
+	struct aop ops[];
+};
+
+struct done_q {
+	struct kvb_xcqe *v;
+	unsigned cap, head, len;
+};
 
 struct local_transport {
 	struct kvb_transport base;
-	struct kvb_xcqe *cq; /* FIFO of finished ops */
-	unsigned cq_cap, cq_head, cq_len;
+	struct done_q cq; /* inline copies: broker thread only */
+	/* the pool */
+	unsigned nthreads;
+	uint64_t piece;
+	pthread_t th[LOCAL_THREADS_MAX];
+	pthread_mutex_t lock; /* queue, stop, live */
+	pthread_cond_t work;  /* a chain was queued, or stop */
+	pthread_cond_t idle;  /* live dropped to 0 */
+	struct achain *qhead, *qtail;
+	unsigned live; /* chains not yet fully copied */
+	int stop;
+	pthread_mutex_t dlock; /* done queue */
+	struct done_q done;
+	int efd;
+	uint64_t async_chains; /* broker thread only */
 };
+
+static int q_reserve(struct done_q *q, unsigned n)
+{
+	struct kvb_xcqe *nv;
+	unsigned cap = q->cap ? q->cap : LOCAL_CQ_INIT, i;
+
+	if (q->v && q->len + n <= q->cap)
+		return 0;
+	while (cap < q->len + n)
+		cap *= 2;
+	nv = malloc((size_t) cap * sizeof(*nv));
+	if (!nv)
+		return -ENOMEM;
+	for (i = 0; i < q->len; i++)
+		nv[i] = q->v[(q->head + i) % q->cap];
+	free(q->v);
+	q->v = nv;
+	q->cap = cap;
+	q->head = 0;
+	return 0;
+}
+
+/* Caller reserved room. */
+static void q_push(struct done_q *q, uint64_t cookie, int status)
+{
+	struct kvb_xcqe *c = &q->v[(q->head + q->len++) % q->cap];
+
+	c->cookie = cookie;
+	c->status = status;
+	c->pad = 0;
+}
+
+static unsigned q_pop(struct done_q *q, struct kvb_xcqe *out, unsigned max)
+{
+	unsigned n = 0;
+
+	while (n < max && q->len) {
+		out[n++] = q->v[q->head];
+		q->head = (q->head + 1) % q->cap;
+		q->len--;
+	}
+	return n;
+}
+
+static void chain_free(struct local_transport *lt, struct achain *c)
+{
+	free(c);
+	pthread_mutex_lock(&lt->lock);
+	if (--lt->live == 0)
+		pthread_cond_broadcast(&lt->idle);
+	pthread_mutex_unlock(&lt->lock);
+}
+
+static void op_done(struct local_transport *lt, struct achain *c,
+		    struct aop *op)
+{
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&lt->dlock);
+	/* room was reserved when the chain was posted */
+	q_push(&lt->done, op->cookie, 0);
+	if (lt->done.len == 1 && write(lt->efd, &one, sizeof(one)) < 0) {
+		/* the counter is saturated: it is readable anyway */
+	}
+	pthread_mutex_unlock(&lt->dlock);
+	if (atomic_fetch_sub_explicit(&c->ops_left, 1, memory_order_acq_rel) ==
+	    1)
+		chain_free(lt, c);
+}
+
+/* Copy piece k of c and complete the ops it finishes. */
+static void copy_piece(struct local_transport *lt, struct achain *c, unsigned k)
+{
+	uint64_t lo = (uint64_t) k * c->piece, hi = lo + c->piece;
+	unsigned i, first = 0, last = c->nops;
+
+	if (hi > c->total)
+		hi = c->total;
+	/* the first op with bytes in [lo, hi): ops are ordered by start */
+	{
+		unsigned a = 0, b = c->nops;
+
+		while (a < b) {
+			unsigned m = a + (b - a) / 2;
+
+			if (c->ops[m].start + c->ops[m].len <= lo)
+				a = m + 1;
+			else
+				b = m;
+		}
+		first = a;
+	}
+	for (i = first; i < c->nops && c->ops[i].start < hi; i++) {
+		struct aop *op = &c->ops[i];
+		uint64_t s = op->start > lo ? op->start : lo;
+		uint64_t e =
+			op->start + op->len < hi ? op->start + op->len : hi;
+
+		if (e > s)
+			memcpy(op->dst + (s - op->start),
+			       op->src + (s - op->start), e - s);
+	}
+	last = i;
+	/*
+	 * Count down after every copy of this piece: ops complete strictly
+	 * after their bytes landed. Zero-length ops were completed at post.
+	 */
+	for (i = first; i < last; i++) {
+		struct aop *op = &c->ops[i];
+
+		if (op->len &&
+		    atomic_fetch_sub_explicit(&op->parts, 1,
+					      memory_order_acq_rel) == 1)
+			op_done(lt, c, op);
+	}
+}
+
+/* Take one piece under the lock; 0 when the queue is empty. */
+static int take(struct local_transport *lt, struct achain **c, unsigned *k)
+{
+	struct achain *h = lt->qhead;
+
+	if (!h)
+		return 0;
+	*c = h;
+	*k = h->taken++;
+	if (h->taken == h->npieces) {
+		lt->qhead = h->next;
+		if (!lt->qhead)
+			lt->qtail = NULL;
+	}
+	return 1;
+}
+
+static void *copier(void *arg)
+{
+	struct local_transport *lt = arg;
+
+	pthread_mutex_lock(&lt->lock);
+	for (;;) {
+		struct achain *c;
+		unsigned k;
+
+		if (take(lt, &c, &k)) {
+			pthread_mutex_unlock(&lt->lock);
+			copy_piece(lt, c, k);
+			pthread_mutex_lock(&lt->lock);
+			continue;
+		}
+		if (lt->stop)
+			break;
+		pthread_cond_wait(&lt->work, &lt->lock);
+	}
+	pthread_mutex_unlock(&lt->lock);
+	return NULL;
+}
+
+static void pool_stop(struct local_transport *lt, unsigned started)
+{
+	pthread_mutex_lock(&lt->lock);
+	lt->stop = 1;
+	pthread_cond_broadcast(&lt->work);
+	pthread_mutex_unlock(&lt->lock);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(lt->th[i], NULL);
+}
+
+static void local_free(struct local_transport *lt)
+{
+	if (lt->efd >= 0)
+		close(lt->efd);
+	pthread_cond_destroy(&lt->idle);
+	pthread_cond_destroy(&lt->work);
+	pthread_mutex_destroy(&lt->dlock);
+	pthread_mutex_destroy(&lt->lock);
+	free(lt->done.v);
+	free(lt->cq.v);
+	free(lt);
+}
 
 static int local_open(const struct kvb_transport_params *p,
 		      struct kvb_transport **out, char *why, size_t why_len)
 {
 	struct local_transport *lt = calloc(1, sizeof(*lt));
+	unsigned i;
+	int rc;
 
 	if (!lt)
 		return -ENOMEM;
-	lt->cq = calloc(LOCAL_CQ_INIT, sizeof(*lt->cq));
-	if (!lt->cq) {
-		free(lt);
-		return -ENOMEM;
+	lt->efd = -1;
+	pthread_mutex_init(&lt->lock, NULL);
+	pthread_mutex_init(&lt->dlock, NULL);
+	pthread_cond_init(&lt->work, NULL);
+	pthread_cond_init(&lt->idle, NULL);
+	if (p->copy_threads < 0 || p->copy_threads > LOCAL_THREADS_MAX) {
+		if (why)
+			snprintf(why, why_len,
+				 "copy threads %d out of range 0..%d",
+				 p->copy_threads, LOCAL_THREADS_MAX);
+		local_free(lt);
+		return -EINVAL;
 	}
-	lt->cq_cap = LOCAL_CQ_INIT;
+	lt->piece = p->copy_piece ? p->copy_piece : LOCAL_PIECE_DEF;
+	if (lt->piece < LOCAL_PIECE_MIN)
+		lt->piece = LOCAL_PIECE_MIN;
+	lt->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (lt->efd < 0 || q_reserve(&lt->cq, 0) || q_reserve(&lt->done, 0)) {
+		rc = lt->efd < 0 ? -errno : -ENOMEM;
+		local_free(lt);
+		return rc;
+	}
+	for (i = 0; i < (unsigned) p->copy_threads; i++) {
+		rc = -pthread_create(&lt->th[i], NULL, copier, lt);
+		if (rc) {
+			if (why)
+				snprintf(why, why_len, "copy thread %u: %s", i,
+					 strerror(-rc));
+			pool_stop(lt, i);
+			local_free(lt);
+			return rc;
+		}
+	}
+	lt->nthreads = i;
 	lt->base.ops = &kvb_local_ops;
 	*out = &lt->base;
 	return 0;
@@ -39,10 +308,12 @@ static int local_open(const struct kvb_transport_params *p,
 
 static void local_close(struct kvb_transport *t)
 {
-	struct local_transport *lt = container_of(t, struct local_transport, base);
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
 
-	free(lt->cq);
-	free(lt);
+	/* the threads finish every queued piece before they see stop */
+	pool_stop(lt, lt->nthreads);
+	local_free(lt);
 }
 
 static int local_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
@@ -53,6 +324,14 @@ static int local_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
 
 static void local_dereg_mr(struct kvb_transport *t, struct kvb_mr *mr)
 {
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
+
+	/* no copy may touch the mapping after this returns */
+	pthread_mutex_lock(&lt->lock);
+	while (lt->live)
+		pthread_cond_wait(&lt->idle, &lt->lock);
+	pthread_mutex_unlock(&lt->lock);
 }
 
 static int local_local_info(struct kvb_transport *t, void *blob, size_t *len)
@@ -72,72 +351,142 @@ static void local_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
 {
 }
 
-static int cq_reserve(struct local_transport *lt, unsigned n)
+static void op_ends(const struct kvb_xop *op, char **dst, const char **src)
 {
-	struct kvb_xcqe *ncq;
-	unsigned cap = lt->cq_cap, i;
+	char *l = (char *) op->local->addr + op->local_off;
+	char *r = (char *) op->remote.mr->addr + op->remote_off;
 
-	if (lt->cq_len + n <= cap)
-		return 0;
-	while (cap < lt->cq_len + n)
-		cap *= 2;
-	ncq = malloc((size_t)cap * sizeof(*ncq));
-	if (!ncq)
+	*dst = op->opcode == KVB_XOP_WRITE ? r : l;
+	*src = op->opcode == KVB_XOP_WRITE ? l : r;
+}
+
+/* Hand a chain of `total` bytes to the pool; returns 0 or -ENOMEM. */
+static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
+		      unsigned n, uint64_t total)
+{
+	struct achain *c = malloc(sizeof(*c) + (size_t) n * sizeof(c->ops[0]));
+	unsigned i, nz = 0, k;
+	uint64_t pos = 0;
+	int rc;
+
+	if (!c)
 		return -ENOMEM;
-	for (i = 0; i < lt->cq_len; i++)
-		ncq[i] = lt->cq[(lt->cq_head + i) % lt->cq_cap];
-	free(lt->cq);
-	lt->cq = ncq;
-	lt->cq_cap = cap;
-	lt->cq_head = 0;
+	pthread_mutex_lock(&lt->dlock);
+	rc = q_reserve(&lt->done, n);
+	pthread_mutex_unlock(&lt->dlock);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	c->next = NULL;
+	c->total = total;
+	c->piece = lt->piece;
+	c->npieces = (unsigned) ((total + c->piece - 1) / c->piece);
+	c->taken = 0;
+	c->nops = n;
+	for (i = 0; i < n; i++) {
+		struct aop *a = &c->ops[i];
+
+		op_ends(&ops[i], &a->dst, &a->src);
+		a->len = ops[i].len;
+		a->start = pos;
+		a->cookie = ops[i].cookie;
+		atomic_init(&a->parts,
+			    a->len ? (unsigned) ((pos + a->len - 1) / c->piece -
+						 pos / c->piece + 1)
+				   : 0u);
+		pos += a->len;
+		nz += a->len != 0;
+	}
+	/* zero-length ops copy nothing: complete them now */
+	for (i = 0; i < n; i++)
+		if (!c->ops[i].len)
+			q_push(&lt->cq, c->ops[i].cookie, 0);
+	atomic_init(&c->ops_left, nz);
+	pthread_mutex_lock(&lt->lock);
+	lt->live++;
+	if (lt->qtail)
+		lt->qtail->next = c;
+	else
+		lt->qhead = c;
+	lt->qtail = c;
+	pthread_cond_broadcast(&lt->work);
+	/* help until every piece is taken (ours or earlier chains') */
+	while (take(lt, &c, &k)) {
+		pthread_mutex_unlock(&lt->lock);
+		copy_piece(lt, c, k);
+		pthread_mutex_lock(&lt->lock);
+	}
+	pthread_mutex_unlock(&lt->lock);
+	lt->async_chains++;
 	return 0;
 }
 
 static int local_post(struct kvb_transport *t, struct kvb_ep *ep,
 		      const struct kvb_xop *ops, unsigned n)
 {
-	struct local_transport *lt = container_of(t, struct local_transport, base);
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
 	uint64_t bytes = 0;
 	unsigned i;
 	int rc;
 
 	if (n == 0)
 		return 0;
-	rc = cq_reserve(lt, n);
+	for (i = 0; i < n; i++)
+		bytes += ops[i].len;
+	rc = q_reserve(&lt->cq, n);
 	if (rc)
 		return rc;
-	for (i = 0; i < n; i++) {
-		const struct kvb_xop *op = &ops[i];
-		char *l = (char *)op->local->addr + op->local_off;
-		char *r = (char *)op->remote.mr->addr + op->remote_off;
-		struct kvb_xcqe *c;
+	if (lt->nthreads && bytes >= 2 * lt->piece) {
+		rc = post_async(lt, ops, n, bytes);
+		if (rc)
+			return rc;
+	} else {
+		for (i = 0; i < n; i++) {
+			char *dst;
+			const char *src;
 
-		if (op->opcode == KVB_XOP_WRITE)
-			memcpy(r, l, op->len);
-		else
-			memcpy(l, r, op->len);
-		bytes += op->len;
-		c = &lt->cq[(lt->cq_head + lt->cq_len++) % lt->cq_cap];
-		c->cookie = op->cookie;
-		c->status = 0;
+			op_ends(&ops[i], &dst, &src);
+			memcpy(dst, src, ops[i].len);
+			q_push(&lt->cq, ops[i].cookie, 0);
+		}
 	}
 	kvb_stats_doorbell(&t->stats, n, bytes);
-	return (int)n;
+	return (int) n;
 }
 
 static int local_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 		      unsigned max)
 {
-	struct local_transport *lt = container_of(t, struct local_transport, base);
-	unsigned n = 0;
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
+	unsigned n = q_pop(&lt->cq, out, max);
 
-	while (n < max && lt->cq_len) {
-		out[n++] = lt->cq[lt->cq_head];
-		lt->cq_head = (lt->cq_head + 1) % lt->cq_cap;
-		lt->cq_len--;
+	if (n < max && lt->nthreads) {
+		pthread_mutex_lock(&lt->dlock);
+		n += q_pop(&lt->done, out + n, max - n);
+		if (!lt->done.len) {
+			uint64_t v;
+
+			/* under the lock: a later push sees an empty queue
+			 * and writes the eventfd again */
+			if (read(lt->efd, &v, sizeof(v)) < 0) {
+				/* EAGAIN: nothing was signalled */
+			}
+		}
+		pthread_mutex_unlock(&lt->dlock);
 	}
 	t->stats.cqes += n;
-	return (int)n;
+	return (int) n;
+}
+
+static int local_wait_fd(struct kvb_transport *t)
+{
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
+
+	return lt->nthreads ? lt->efd : -1;
 }
 
 const struct kvb_transport_ops kvb_local_ops = {
@@ -151,4 +500,5 @@ const struct kvb_transport_ops kvb_local_ops = {
 	.disconnect = local_disconnect,
 	.post = local_post,
 	.poll = local_poll,
+	.wait_fd = local_wait_fd,
 };

@@ -71,8 +71,9 @@ int proc_map_count(pid_t pid);
  * the broker has not noticed closing yet); returns the last count. */
 int proc_fd_wait(pid_t pid, int max, int timeout_ms);
 
-/* fds of an idle broker: stdio, signalfd, eventfd, epoll, listen socket */
-#define BROKER_IDLE_FDS 7
+/* fds of an idle broker: stdio, signalfd, eventfd, epoll, listen socket,
+ * the local transport's eventfd (copy pool completions) */
+#define BROKER_IDLE_FDS 8
 
 /* Entries in /dev/shm whose name contains "kvb". */
 int devshm_kvb_count(void);

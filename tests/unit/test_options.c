@@ -99,6 +99,7 @@ static void test_defaults(void **state)
 	assert_int_equal(o.gid_index, -1);
 	assert_int_equal(o.qp_per_transfer, 1);
 	assert_int_equal(o.gpu_streams, 64);
+	assert_int_equal(o.copy_threads, -1);
 	assert_int_equal(o.help, 0);
 	assert_int_equal(o.version, 0);
 
@@ -134,7 +135,7 @@ static void test_every_option(void **state)
 		      "--notify-port", "1", "--handshake-port", "65535",
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
-		      "--qp-per-transfer", "64", "--gpu-streams", "1", NULL),
+		      "--qp-per-transfer", "64", "--gpu-streams", "1", "--copy-threads", "3", NULL),
 		0);
 	assert_string_equal(err, "");
 	assert_string_equal(o.socket_path, "/tmp/x.sock");
@@ -158,6 +159,15 @@ static void test_every_option(void **state)
 	assert_int_equal(o.gid_index, 3);
 	assert_int_equal(o.qp_per_transfer, 64);
 	assert_int_equal(o.gpu_streams, 1);
+	assert_int_equal(o.copy_threads, 3);
+	assert_int_equal(parse(&o, err, sizeof(err), "--copy-threads", "0",
+			       NULL),
+			 0);
+	assert_int_equal(o.copy_threads, 0);
+	assert_int_equal(parse(&o, err, sizeof(err), "--copy-threads=auto",
+			       NULL),
+			 0);
+	assert_int_equal(o.copy_threads, -1);
 
 	/* --opt=value form, and the other end of the ranges */
 	assert_int_equal(parse(&o, err, sizeof(err), "--sq-entries=1048576",
@@ -246,6 +256,9 @@ static void test_bad_numbers(void **state)
 	refused("--gid-index", "--gid-index", "-2", NULL);
 	refused("--qp-per-transfer", "--qp-per-transfer", "65", NULL);
 	refused("--gpu-streams", "--gpu-streams", "0", NULL);
+	refused("--copy-threads", "--copy-threads", "65", NULL);
+	refused("--copy-threads", "--copy-threads", "-1", NULL);
+	refused("--copy-threads", "--copy-threads", "Auto", NULL);
 }
 
 static void test_bad_strings(void **state)
@@ -329,7 +342,7 @@ static void test_help_version(void **state)
 		"--read-mode",	     "--trusted-hosts",
 		"--rdma-dev",	     "--ib-port",
 		"--gid-index",	     "--qp-per-transfer",
-		"--gpu-streams",     "--help",
+		"--gpu-streams",     "--copy-threads", "--help",
 		"--version"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
