@@ -73,8 +73,9 @@ struct local_transport {
 	struct achain *qhead, *qtail;
 	unsigned live; /* chains not yet fully copied */
 	int stop;
-	pthread_mutex_t dlock; /* done queue */
+	pthread_mutex_t dlock; /* done queue, pending */
 	struct done_q done;
+	uint64_t pending; /* pooled ops posted, not yet in `done` */
 	int efd;
 	uint64_t async_chains; /* broker thread only */
 };
@@ -139,6 +140,7 @@ static void op_done(struct local_transport *lt, struct achain *c,
 	pthread_mutex_lock(&lt->dlock);
 	/* room was reserved when the chain was posted */
 	q_push(&lt->done, op->cookie, 0);
+	lt->pending--;
 	if (lt->done.len == 1 && write(lt->efd, &one, sizeof(one)) < 0) {
 		/* the counter is saturated: it is readable anyway */
 	}
@@ -371,8 +373,13 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 
 	if (!c)
 		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		nz += ops[i].len != 0;
 	pthread_mutex_lock(&lt->dlock);
-	rc = q_reserve(&lt->done, n);
+	/* room for every op still being copied, then these */
+	rc = q_reserve(&lt->done, (unsigned) (lt->pending + nz));
+	if (!rc)
+		lt->pending += nz;
 	pthread_mutex_unlock(&lt->dlock);
 	if (rc) {
 		free(c);
@@ -396,7 +403,6 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 						 pos / c->piece + 1)
 				   : 0u);
 		pos += a->len;
-		nz += a->len != 0;
 	}
 	/* zero-length ops copy nothing: complete them now */
 	for (i = 0; i < n; i++)

@@ -241,6 +241,36 @@ static void test_many_chains(void **state)
 	fx_close(&f);
 }
 
+/*
+ * More pooled ops outstanding than the completion queue's first size (1024)
+ * before anyone polls: none may be lost or overwritten.
+ */
+static void test_many_ops_unpolled(void **state)
+{
+	struct fx f;
+	const unsigned chains = 4, per = 700;
+	const uint64_t blk = 1024;
+	struct kvb_xop *ops = calloc(per, sizeof(*ops));
+	unsigned cookie = 0;
+
+	(void) state;
+	assert_non_null(ops);
+	fx_open(&f, 1, 16 << 10, (uint64_t) chains * per * blk);
+	for (unsigned c = 0; c < chains; c++) {
+		for (unsigned i = 0; i < per; i++) {
+			uint64_t o = (uint64_t) (c * per + i) * blk;
+
+			ops[i] = wr(&f, o, o, blk, cookie++);
+		}
+		assert_int_equal(f.t->ops->post(f.t, NULL, ops, per),
+				 (int) per);
+	}
+	reap_all(&f, cookie);
+	check_range(&f, 0, 0, (uint64_t) chains * per * blk);
+	free(ops);
+	fx_close(&f);
+}
+
 /* dereg_mr() returns only after every pooled copy finished. */
 static void test_dereg_waits(void **state)
 {
@@ -315,6 +345,7 @@ int main(void)
 		cmocka_unit_test(test_pool_write),
 		cmocka_unit_test(test_pool_read),
 		cmocka_unit_test(test_many_chains),
+		cmocka_unit_test(test_many_ops_unpolled),
 		cmocka_unit_test(test_dereg_waits),
 		cmocka_unit_test(test_close_in_flight),
 		cmocka_unit_test(test_bad_params),
