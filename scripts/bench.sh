@@ -8,7 +8,8 @@
 # minute: fewer steps, fewer samples), ITERS_SMALL / ITERS_LARGE (steps per
 # worker of the two workload cases on `local`), ITERS_TCP_SMALL /
 # ITERS_TCP_LARGE (the same on `tcp`), ITERS_RDMA_SMALL (the small-block case
-# on `rdma`), KVBENCH (the binary), RDMA=0 (skip the rdma step).
+# on `rdma`), ITERS_GPU_SMALL / ITERS_GPU_LARGE (the same on `gpu`), KVBENCH
+# (the binary), RDMA=0 (skip the rdma step), GPU=0 (skip the gpu step).
 #
 # tcp: kvbench places P and D in two network namespaces joined by a veth
 # pair when run as root with `ip netns` (it makes and deletes them itself),
@@ -22,6 +23,12 @@
 # (or the kernel package), or when kvbench was built without libibverbs.
 # Soft-RoCE under TCG is ~1000x slower than a NIC: few steps, small blocks
 # only (the large-block sweep alone takes minutes per step there).
+#
+# gpu: only where `kvbench workload --transport gpu --gpu-backend auto` finds
+# a device (a tiny probe run; exit 77 = no GPU): then a correctness pass and
+# the two cases in device memory. Else skipped, with the probe's reason in
+# BENCHMARKS.md. The host backend (memfd "device memory") is never used here:
+# it measures the host copy path, not a GPU (ctest kvbench_gpu_host runs it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,6 +45,8 @@ if [ "$QUICK" = 1 ]; then
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-20}
 	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-2}
 	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-2}
+	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-10}
+	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-4}
 	RATE_S=2
 	LAT_N=100000
 	RING_S=1
@@ -47,6 +56,8 @@ else
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-1000}
 	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-40}
 	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-20}
+	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-200}
+	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-40}
 	RATE_S=5
 	LAT_N=300000
 	RING_S=2
@@ -87,14 +98,39 @@ elif ! "$KVBENCH" workload --transport rdma --help >/dev/null 2>&1; then
 elif ! command -v qemu-system-x86_64 >/dev/null; then
 	RDMA_WHY="qemu-system-x86_64 not installed (scripts/deps.sh): no soft-RoCE guest"
 fi
-start=$(date +%s)
-if [ "$TCP" = 1 ]; then
-	echo "bench: transports local, tcp${RDMA_WHY:-, rdma (soft-RoCE guest)}; gpu: not in kvbench yet"
+# gpu: kvbench built with it, and a device there (a tiny probe run, exit 77
+# without a GPU; its first line of stderr says why)
+GPU_WHY=
+if [ "${GPU:-1}" = 0 ]; then
+	GPU_WHY="GPU=0"
+elif ! "$KVBENCH" workload --transport gpu --help >/dev/null 2>&1; then
+	GPU_WHY="kvbench built without the gpu transport (bridge/gpu)"
 else
-	echo "bench: transport local${RDMA_WHY:- and rdma (soft-RoCE guest)} (kvbench built without tcp)"
+	set +e
+	gout=$("$KVBENCH" workload --transport gpu --gpu-backend auto \
+		--workers 1 --layers 1 --blocks 1 --requests 1 --iters 1 \
+		--mode direct 2>&1 >/dev/null)
+	grc=$?
+	set -e
+	gout=$(printf '%s\n' "$gout" | head -n 1)
+	if [ "$grc" = 77 ]; then
+		GPU_WHY=${gout#kvbench: --transport gpu: }
+	elif [ "$grc" != 0 ]; then
+		GPU_WHY="the gpu probe run failed (status $grc): ${gout:-no message}"
+	fi
 fi
+start=$(date +%s)
+TRS=local
+[ "$TCP" = 1 ] || TRS="$TRS (kvbench built without tcp)"
+[ "$TCP" = 0 ] || TRS="$TRS, tcp"
+[ -n "$RDMA_WHY" ] || TRS="$TRS, rdma (soft-RoCE guest)"
+[ -n "$GPU_WHY" ] || TRS="$TRS, gpu"
+echo "bench: transports $TRS"
 if [ -n "$RDMA_WHY" ]; then
 	echo "bench: rdma skipped: $RDMA_WHY"
+fi
+if [ -n "$GPU_WHY" ]; then
+	echo "bench: gpu skipped: $GPU_WHY"
 fi
 
 # 0. correctness first: every byte checked at D, both modes
@@ -202,14 +238,33 @@ if [ -z "$RDMA_WHY" ]; then
 	fi
 fi
 
-# 5. the broker's own limits
+# 5. gpu, device memory on one node (a real GPU only): a correctness pass,
+#    then the same two cases
+rm -f "$RES"/verify-gpu.* "$RES"/workload-gpu-*
+GPU_NAME=
+if [ -z "$GPU_WHY" ]; then
+	run verify-gpu workload --transport gpu --gpu-backend auto --workers 2 \
+		--layers 32 --iters 2 --mode both --verify \
+		--json "$RES/verify-gpu.json"
+	GPU_NAME=$(sed -n '1s/^kvbench workload: transport gpu, //p' "$RES/verify-gpu.txt")
+	run workload-gpu-small workload --transport gpu --gpu-backend auto \
+		"${SMALL[@]}" --iters "$ITERS_GPU_SMALL" --sweep-workers 1,2,4,8 \
+		--json "$RES/workload-gpu-small.json" \
+		--plot "$RES/workload-gpu-small.png"
+	run workload-gpu-large workload --transport gpu --gpu-backend auto \
+		"${LARGE[@]}" --iters "$ITERS_GPU_LARGE" --sweep-workers 1,2,4,8 \
+		--json "$RES/workload-gpu-large.json" \
+		--plot "$RES/workload-gpu-large.png"
+fi
+
+# 6. the broker's own limits
 run rate rate --workers 1 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate.json"
 run rate2 rate --workers 2 --burst 64 --bytes 64 --seconds "$RATE_S" \
 	--json "$RES/rate2.json"
 run lat lat --samples "$LAT_N" --json "$RES/lat.json"
 
-# 6. the ring against DPDK's rte_ring
+# 7. the ring against DPDK's rte_ring
 if ! "$KVBENCH" ring --help 2>&1 | grep -q 'built without'; then
 	run ring ring --seconds "$RING_S" --json "$RES/ring.json"
 else
@@ -238,7 +293,8 @@ import json, os, sys
 res = sys.argv[1]
 cases = [("local", "small", "workload-small"), ("local", "large", "workload-large"),
          ("tcp", "small", "workload-tcp-small"), ("tcp", "large", "workload-tcp-large"),
-         ("rdma", "small", "workload-rdma-small")]
+         ("rdma", "small", "workload-rdma-small"),
+         ("gpu", "small", "workload-gpu-small"), ("gpu", "large", "workload-gpu-large")]
 cols = [("doorbells", "doorbells"), ("wr_per_doorbell", "WR/db"),
         ("msg_rate_mps", "MsgRate"), ("bw_gbps", "BW"), ("lat_p50_us", "p50"),
         ("lat_p99_us", "p99"), ("lat_p999_us", "p99.9"), ("cpu_s", "cpu"),
@@ -253,6 +309,8 @@ for tr, blk, name in cases:
     where = d["config"].get("placement", "")
     if where == "rdma":
         where = "soft-RoCE %s" % d["config"].get("device", "")
+    if tr == "gpu":
+        where = d["config"].get("gpu_backend", "")
     for pt in d.get("sweep", []):
         r = pt.get("ratio")
         if not r:
@@ -269,7 +327,8 @@ PY
 Generated by \`make bench\` (here: \`BUILD=$BUILD scripts/bench.sh\`${QNOTE}; steps per worker:
 ITERS_SMALL=$ITERS_SMALL, ITERS_LARGE=$ITERS_LARGE on \`local\`,
 ITERS_TCP_SMALL=${ITERS_TCP_SMALL}, ITERS_TCP_LARGE=${ITERS_TCP_LARGE} on
-\`tcp\`, ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL} on \`rdma\`) on $(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by
+\`tcp\`, ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL} on \`rdma\`, ITERS_GPU_SMALL=${ITERS_GPU_SMALL},
+ITERS_GPU_LARGE=${ITERS_GPU_LARGE} on \`gpu\`) on $(date -u '+%Y-%m-%d %H:%M UTC') in ${elapsed} s. Do not edit by
 hand: run \`make bench\` again.
 
 - Machine: $(nproc) CPUs, ${cpu:-unknown CPU}, ${mem}, Linux $(uname -r).
@@ -280,7 +339,11 @@ hand: run \`make bench\` again.
 		echo "  qemu TCG guest: compare ratios only, absolute figures are far below a NIC's)"
 	else
 		echo ". \`rdma\`: not run here (${RDMA_WHY})"
-	fi). \`gpu\` is not in kvbench yet; it refuses it.
+	fi)$(if [ -z "$GPU_WHY" ]; then
+		echo ". \`gpu\`: device memory on one node (${GPU_NAME})"
+	else
+		echo ". \`gpu\`: not run here (${GPU_WHY})"
+	fi).
 - Raw results: \`bench/results/*.json\` (one object per run: \`direct\`,
   \`broker\`, \`ratio\` = broker/direct; null = not measurable) and \`*.txt\`
   (the tables below).
@@ -397,6 +460,26 @@ $(table workload-rdma-small)
 
 EOF
 	fi
+	if [ -z "$GPU_WHY" ]; then
+		cat <<EOF
+## gpu: correctness pass (every byte verified at D, read back from the device)
+
+$(table verify-gpu)
+
+## gpu: small blocks (512 B), message rate
+
+![gpu small blocks](bench/results/workload-gpu-small.png)
+
+$(table workload-gpu-small)
+
+## gpu: large blocks (256 KiB), bandwidth
+
+![gpu large blocks](bench/results/workload-gpu-large.png)
+
+$(table workload-gpu-large)
+
+EOF
+	fi
 	cat <<EOF
 ## Broker limits (foundation issue, Speed)
 
@@ -474,6 +557,27 @@ NIC's.
   share the guest's two vCPUs with every worker, receiver and broker;
   broker-mode latency also carries the control path (`remote_blocks`,
   `write_done`).
+
+EOF
+	fi
+	if [ -z "$GPU_WHY" ]; then
+		cat <<'EOF'
+## How to read this on the `gpu` transport
+
+One node, regions in device memory (device 0), the GPU runtime picked by
+`--gpu-backend auto` (HIP, then CUDA).
+
+- **direct**: every P worker opens its own `gpu` transport (its own streams
+  and events) and imports its D peer's layer regions (IPC handles, sent over
+  a socketpair); one `post()` per (request, layer) chain = one copy batch
+  (a doorbell), each block one asynchronous copy (a WR). D workers allocate
+  and export their regions and, when verifying, copy each request back to
+  the host to check it.
+- **broker**: one `kvbroker --transport gpu`; the workers register their
+  device memory with `kvb_mem_register_gpu` (the broker imports it) and
+  submit as on `local`. The broker batches the copies of all workers per
+  device pair, merged where contiguous, over its stream pool: WR/db grows
+  with what queues up.
 
 EOF
 	fi

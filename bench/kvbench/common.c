@@ -165,10 +165,16 @@ int kvb_bench_check_transport(const char *arg, int tcp_ok)
 		return -1;
 	}
 	if (!strcmp(arg, "gpu")) {
-		fprintf(stderr,
-			"kvbench: --transport %s: not available in kvbench "
-			"yet (local%s)\n",
-			arg, tcp_ok ? ", tcp, rdma" : "");
+#ifdef KVB_HAVE_GPU
+		if (tcp_ok)
+			return KVB_BENCH_TR_GPU;
+		fprintf(stderr, "kvbench: --transport gpu: only `kvbench "
+				"workload` measures gpu\n");
+#else
+		fprintf(stderr, "kvbench: --transport gpu: this kvbench was "
+				"built without the gpu transport "
+				"(bridge/gpu)\n");
+#endif
 		return -1;
 	}
 	fprintf(stderr,

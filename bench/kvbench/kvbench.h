@@ -10,11 +10,18 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "transport.h"
+
 #define KVB_BENCH_MAX_WORKERS 64u
 #define KVB_BENCH_MAX_SWEEP   16u
 
 enum { MODE_DIRECT = 1, MODE_BROKER = 2 };
-enum { KVB_BENCH_TR_LOCAL = 0, KVB_BENCH_TR_TCP = 1, KVB_BENCH_TR_RDMA = 2 };
+enum {
+	KVB_BENCH_TR_LOCAL = 0,
+	KVB_BENCH_TR_TCP = 1,
+	KVB_BENCH_TR_RDMA = 2,
+	KVB_BENCH_TR_GPU = 3,
+};
 /* --net: where the two sides of a tcp run live */
 enum { NET_AUTO = 0, NET_NETNS = 1, NET_LOOPBACK = 2 };
 
@@ -45,6 +52,9 @@ struct wl_cfg {
 	int net;		    /* NET_*: where a tcp run's sides live */
 	const char *rdma_ip;	    /* rdma: the brokers' --host-ip */
 	const struct bench_net *nw; /* tcp: the placement in use */
+	const char *gpu_backend; /* gpu: --gpu-backend (auto|cuda|hip|host) */
+	char gpu_name[16];	 /* gpu: the backend in use ("host", ...) */
+	int gpu_devices;	 /* gpu: devices it sees */
 	int verify, progress;
 	const char *json, *plot, *broker, *broker_opts;
 	unsigned sweep[KVB_BENCH_MAX_SWEEP], nsweep;
@@ -157,6 +167,8 @@ void kvb_bench_net_describe(const struct bench_net *n, char *buf, size_t cap);
  * workload.c / wl_workers.c. Workers pass two barriers with the parent:
  * write a byte to ready_fd, read one from go[0] (setup done), then the same
  * with go[1] (warm-up done); the measured run starts after the second.
+ * Every worker function returns its exit status: 0, 1 (error, printed) or
+ * 3 (failed transfers or bad bytes).
  */
 int kvb_bench_workload_main(int argc, char **argv);
 size_t wl_pres_size(const struct wl_cfg *c);
@@ -166,10 +178,88 @@ int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 int wl_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		int notify_fd, int ready_fd, const int *go,
 		struct wl_pres *res);
+/* broker mode on one node: local, or gpu (regions in device memory) */
 int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res);
 int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res);
+
+/*
+ * A worker's layer regions: host memory, or device memory of the process's
+ * gpu backend (wl_gpu.c) read back through a host mirror for --verify.
+ */
+struct wl_mem {
+	int gpu; /* device memory (wl_gpu_mem_alloc) */
+	unsigned layers;
+	uint64_t len;	  /* bytes per layer */
+	void **at;	  /* layer l: host address or device pointer */
+	void **host;	  /* layer l as --verify reads it (host memory: = at) */
+	void *map;	  /* wl_src_mem: the mapping, all layers side by side */
+	uint64_t map_len; /* its length */
+	/* device memory: copy request q's blocks into host[] (NULL: none) */
+	int (*fetch)(struct wl_mem *m, const struct wl_cfg *c, uint64_t q);
+	/* device memory: P's source pattern (NULL: written in place) */
+	int (*fill)(struct wl_mem *m, const struct wl_cfg *c, unsigned rank,
+		    uint64_t salt);
+};
+/*
+ * The warm-up writes P's source pattern salted with WL_SALT_WARM; P
+ * rewrites it unsalted (wl_mem_fill) before the measured run, so that the
+ * bytes --verify finds at D can only come from the measured writes.
+ */
+#define WL_SALT_WARM 0x5741524d55502121ull
+/* P's source pattern (salted) into every layer of m. 0 or -1 (printed). */
+int wl_mem_fill(struct wl_mem *m, const struct wl_cfg *c, unsigned rank,
+		uint64_t salt);
+/* Check request q's bytes (fetching them first); counts into res. 0/-1. */
+int wl_mem_verify(const struct wl_cfg *c, unsigned rank, struct wl_mem *m,
+		  uint64_t q, struct wl_pres *res);
+/* Free what m holds (arrays, mapping, device memory; not broker regions). */
+void wl_mem_free(struct wl_mem *m);
+
+/*
+ * wl_direct.c: direct mode over any transport ops table. Layer l's chains
+ * read from `local` at local_off + source block offsets and write to
+ * `remote` (an mr on this node, a region id, or an address and key) at
+ * remote_off + D block offsets.
+ */
+struct wl_layer_io {
+	struct kvb_mr *local;
+	uint64_t local_off;
+	struct kvb_remote remote;
+	uint64_t remote_off;
+};
+struct wl_direct {
+	const struct wl_cfg *c;
+	unsigned rank;
+	struct kvb_transport *t;      /* opened, regions registered */
+	struct kvb_ep *ep;	      /* to the D peer, ready */
+	const struct wl_layer_io *io; /* c->layers entries */
+	struct wl_mem *src;	      /* P's source, refilled after warm-up */
+	/* where a finished request is announced: one uint32_t request
+	 * number per write (a pipe or a SOCK_SEQPACKET socket to D) */
+	int notify_fd;
+	int64_t stall_ns; /* no completion this long: give up (0 = 60 s) */
+	/* optional: ns spent inside the hardware's post call so far
+	 * (reported as verbs_post_ns) */
+	uint64_t (*post_ns)(struct kvb_transport *t);
+};
+/*
+ * After the first barrier: warm-up, the source rewritten unsalted, second
+ * barrier (go_fd), the measured steps; fills res (ok = 1 when it
+ * finished). 0, or -1 (printed).
+ */
+int wl_direct_p_run(const struct wl_direct *d, int ready_fd, int go_fd,
+		    struct wl_pres *res);
+/*
+ * D, after both barriers: read P's announcements from notify_fd, verify
+ * each request (--verify); serve (optional) runs the D side's transport
+ * until notify_fd is readable. 0 or -1 (printed).
+ */
+int wl_direct_d_run(const struct wl_cfg *c, unsigned rank, int notify_fd,
+		    struct wl_mem *m, int (*serve)(void *arg, int fd),
+		    void *arg, struct wl_pres *res);
+
 /*
  * wl_tcp.c: the same four workers on the tcp transport. The D workers run
  * first; `shm` is the parent's results area (wl_pres of P rank i at 2i, of
@@ -203,18 +293,80 @@ int wl_rdma_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
  */
 int wl_rdma_probe(struct bench_net *n, const char *ip);
 
-/* wl_workers.c helpers the tcp workers share */
+/*
+ * wl_gpu.c: direct mode on the gpu transport. `hs` is a SOCK_SEQPACKET
+ * socket to the peer worker: D's exported layer regions, then P's request
+ * notifications, then P's "imports closed". Every gpu worker opens the
+ * backend c->gpu_name itself (no runtime is touched before fork()).
+ */
+int wl_gpu_direct_p(const struct wl_cfg *c, unsigned rank, int hs, int ready_fd,
+		    const int *go, struct wl_pres *res);
+int wl_gpu_direct_d(const struct wl_cfg *c, unsigned rank, int hs, int ready_fd,
+		    const int *go, struct wl_pres *res);
+/*
+ * Can the backend `want` (auto|cuda|hip|host) open here and does it see a
+ * device? Asked in a child process, so that kvbench itself never touches a
+ * GPU runtime. Fills c->gpu_name and c->gpu_devices. 0; 77 (no GPU here:
+ * printed); 2 (another error, printed).
+ */
+int wl_gpu_probe(struct wl_cfg *c, const char *want);
+/*
+ * Device memory for a worker's layer regions (len bytes each, on device
+ * 0): P's filled with its warm-up pattern, D's zeroed (with a host mirror
+ * when verifying). 0 or -1 (printed).
+ */
+int wl_gpu_mem_alloc(struct wl_mem *m, const struct wl_cfg *c, unsigned rank,
+		     int is_d, uint64_t len);
+void wl_gpu_mem_free(struct wl_mem *m);
+
+/* wl_workers.c helpers the other workers share */
 double *wl_pres_lat(struct wl_pres *r);
 void wl_fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
-		 uint64_t *base);
+		 uint64_t *base, uint64_t salt);
 uint64_t wl_src_block(const struct wl_cfg *c, uint64_t q, unsigned j);
 uint64_t wl_dst_block(const struct wl_cfg *c, uint64_t q, unsigned j);
 uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
 		       void *const *layer_base, uint64_t q);
 void *wl_memfd_map(uint64_t len);
+/* P's source in host memory: all layers side by side in one memfd
+ * mapping (m->map), holding the warm-up pattern. 0 or -1 (printed). */
+int wl_src_mem(struct wl_mem *m, const struct wl_cfg *c, unsigned rank);
 int wl_sync_start(int ready_fd, int go_fd);
 unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
 		      int64_t go_ns);
+/* kvb_attach as P or D rank `rank` of `size` (timeout_ms 0: default) */
+struct kvb_ctx;
+int wl_attach(const char *sock, int is_d, unsigned rank, unsigned size,
+	      int timeout_ms, struct kvb_ctx **ctx);
+/*
+ * A broker-mode worker's layer regions (len bytes each, key = layer),
+ * registered with its broker: host memory (kvb_mem_alloc) or, on the gpu
+ * transport, device memory (kvb_mem_register_gpu). P's hold the warm-up
+ * pattern, D's are zeroed. 0 or -1 (printed).
+ */
+struct kvb_region;
+int wl_broker_regions(struct kvb_ctx *ctx, const struct wl_cfg *c,
+		      unsigned rank, int is_d, uint64_t len, uint32_t flags,
+		      struct kvb_region *reg, struct wl_mem *m);
+void wl_broker_regions_free(struct kvb_ctx *ctx, struct kvb_region *reg,
+			    struct wl_mem *m);
+/*
+ * P, broker mode: wait for the write_done of requests first..first+n-1
+ * (their tags); t0 != NULL: measured (latency, done), else warm-up.
+ * `prefix` names the requests in messages. 0 or -1 (printed).
+ */
+int wl_p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
+		   unsigned n, const int64_t *t0, char prefix,
+		   struct wl_pres *res);
+/*
+ * D, broker mode: one completion. A transfer's end counts (failed or,
+ * with `verify`, checked); other kinds are ignored. Returns 1 when it
+ * ended a transfer, 0 when not, -1 on a --verify read-back error.
+ */
+struct kvb_completion;
+int wl_d_completion(const struct wl_cfg *c, unsigned rank,
+		    const struct kvb_completion *comp, char prefix, int verify,
+		    struct wl_mem *m, struct wl_pres *res);
 
 /* D-side slots per layer region: every request its own (verify) or R */
 uint64_t wl_dslots(const struct wl_cfg *c);

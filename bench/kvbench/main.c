@@ -28,12 +28,15 @@ static void usage(FILE *f)
 	      "entries\n"
 	      "`kvbench SUBCOMMAND --help` lists each one's options and "
 	      "defaults.\n"
-	      "Transports: local; tcp and rdma in `workload` (--transport "
-	      "tcp: two network\n"
-	      "namespaces when root, else loopback; --transport rdma: a verbs "
-	      "device, e.g.\n"
-	      "the soft-RoCE guest of tests/rdma/rxe-runner.sh); gpu: not "
-	      "yet.\n",
+	      "Transports: local; tcp, rdma and gpu in `workload` "
+	      "(--transport tcp: two\n"
+	      "network namespaces when root, else loopback; --transport rdma: "
+	      "a verbs\n"
+	      "device, e.g. the soft-RoCE guest of tests/rdma/rxe-runner.sh; "
+	      "--transport gpu:\n"
+	      "device memory, --gpu-backend auto|cuda|hip|host, exit 77 "
+	      "without a GPU; host\n"
+	      "measures the host copy path, not a GPU).\n",
 	      f);
 }
 

@@ -89,7 +89,13 @@ static const char *tr_name(const struct wl_cfg *c)
 {
 	return c->transport == KVB_BENCH_TR_RDMA  ? "rdma"
 	       : c->transport == KVB_BENCH_TR_TCP ? "tcp"
+	       : c->transport == KVB_BENCH_TR_GPU ? "gpu"
 						  : "local";
+}
+
+static int gpu_host(const struct wl_cfg *c)
+{
+	return c->transport == KVB_BENCH_TR_GPU && !strcmp(c->gpu_name, "host");
 }
 
 void wl_table_header(void)
@@ -192,6 +198,18 @@ static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
 static void json_config(FILE *f, const struct wl_cfg *c)
 {
 	fprintf(f, "\"config\":{\"transport\":\"%s\",", tr_name(c));
+	if (c->transport == KVB_BENCH_TR_GPU) {
+		fprintf(f,
+			"\"gpu_backend\":\"%s\",\"gpu_backend_asked\":\"%s\","
+			"\"gpu_devices\":%d,\"measures\":\"%s\",",
+			c->gpu_name, c->gpu_backend ? c->gpu_backend : "auto",
+			c->gpu_devices,
+			gpu_host(c) ? "the host copy path (host backend: memfd "
+				      "'device memory', copies by host "
+				      "threads), not a GPU"
+				    : "GPU device memory, copies by the GPU "
+				      "runtime (device 0)");
+	}
 	if (c->nw && c->nw->rdma) {
 		fprintf(f,
 			"\"placement\":\"rdma\",\"device\":\"%s\",\"host_ip\":"
@@ -274,7 +292,8 @@ int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 		"set grid\nset key top left\nset yrange [0:*]\n"
 		"set xrange [%g:%g]\nset xtics (",
 		c->plot, tr_name(c),
-		!c->nw	       ? ""
+		gpu_host(c)    ? " (host backend: host copies, not a GPU)"
+		: !c->nw       ? ""
 		: c->nw->rdma  ? " (soft-RoCE / verbs device)"
 		: c->nw->netns ? " (two network namespaces)"
 			       : " (loopback)",

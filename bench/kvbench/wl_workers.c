@@ -11,10 +11,13 @@
  *
  *  - direct: the worker drives its own `local` transport instance: one post()
  *    (one doorbell) per (request, layer) chain, as vLLM's MoRIIO connector
- *    does per worker; write_done goes to the D worker over a pipe.
+ *    does per worker (the loop is wl_direct.c's, shared by every
+ *    transport); write_done goes to the D worker over a pipe.
  *  - broker: the worker submits descriptors to kvbroker and seals each
  *    request; the D worker seals expecting its one P writer and gets the
- *    write_done as a KVB_COMP_TRANSFER completion.
+ *    write_done as a KVB_COMP_TRANSFER completion. On `--transport gpu`
+ *    the same workers hold their layers in device memory
+ *    (kvb_mem_register_gpu) against a `kvbroker --transport gpu`.
  *
  * Blocks land at scattered D offsets (descending while P's ascend) so no two
  * writes are contiguous on both sides: one descriptor = one WR in both modes.
@@ -68,24 +71,25 @@ double *wl_pres_lat(struct wl_pres *r)
 }
 
 /* 64-bit word w of source block `blk` of layer l on P rank p. */
-static inline uint64_t pat(unsigned p, unsigned l, uint64_t blk, uint64_t w)
+static inline uint64_t pat(unsigned p, unsigned l, uint64_t blk, uint64_t w,
+			   uint64_t salt)
 {
-	uint64_t x =
-		((uint64_t) p << 52) ^ ((uint64_t) l << 36) ^ (blk << 20) ^ w;
+	uint64_t x = ((uint64_t) p << 52) ^ ((uint64_t) l << 36) ^ (blk << 20) ^
+		     w ^ salt;
 
 	x *= 0x9e3779b97f4a7c15ull;
 	return x ^ (x >> 29);
 }
 
 void wl_fill_src(const struct wl_cfg *c, unsigned rank, unsigned l,
-		 uint64_t *base)
+		 uint64_t *base, uint64_t salt)
 {
 	uint64_t nblk = (uint64_t) c->requests * c->blocks;
 	uint64_t words = c->block_bytes / 8;
 
 	for (uint64_t b = 0; b < nblk; b++)
 		for (uint64_t w = 0; w < words; w++)
-			base[b * words + w] = pat(rank, l, b, w);
+			base[b * words + w] = pat(rank, l, b, w, salt);
 }
 
 uint64_t wl_src_block(const struct wl_cfg *c, uint64_t q, unsigned j)
@@ -113,7 +117,7 @@ uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
 			uint64_t sb = wl_src_block(c, q, j);
 
 			for (uint64_t w = 0; w < words; w++)
-				bad += d[w] != pat(rank, l, sb, w);
+				bad += d[w] != pat(rank, l, sb, w, 0);
 		}
 	return bad;
 }
@@ -169,196 +173,144 @@ unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
 	return (unsigned) k;
 }
 
-/*
- * Warm-up, not measured: write every D slot once from the source blocks, so
- * the writer's page tables (the worker's in direct mode, the broker's in
- * broker mode) and the caches start warm in both modes alike.
- */
-static int direct_warm(const struct wl_cfg *c, struct kvb_transport *t,
-		       struct kvb_ep *ep, struct kvb_mr *src,
-		       struct kvb_mr *dst, struct kvb_xop *ops)
+int wl_mem_fill(struct wl_mem *m, const struct wl_cfg *c, unsigned rank,
+		uint64_t salt)
 {
-	struct kvb_xcqe cqe[COMP_BATCH];
-
-	for (unsigned l = 0; l < c->layers; l++)
-		for (uint64_t q = 0; q < wl_dslots(c); q++) {
-			unsigned sent = 0;
-			int rc;
-
-			for (unsigned j = 0; j < c->blocks; j++)
-				ops[j] = (struct kvb_xop){
-					.opcode = KVB_XOP_WRITE,
-					.local = &src[l],
-					.local_off = wl_src_block(c, q, j) *
-						     c->block_bytes,
-					.remote.mr = &dst[l],
-					.remote_off = wl_dst_block(c, q, j) *
-						      c->block_bytes,
-					.len = c->block_bytes};
-			while (sent < c->blocks) {
-				rc = t->ops->post(t, ep, ops + sent,
-						  c->blocks - sent);
-				if (rc < 0)
-					return rc;
-				sent += (unsigned) rc;
-			}
-			while (t->ops->poll(t, cqe, COMP_BATCH) > 0)
-				;
-		}
+	if (m->fill)
+		return m->fill(m, c, rank, salt);
+	for (unsigned l = 0; l < m->layers; l++)
+		wl_fill_src(c, rank, l, m->at[l], salt);
 	return 0;
 }
 
+int wl_mem_verify(const struct wl_cfg *c, unsigned rank, struct wl_mem *m,
+		  uint64_t q, struct wl_pres *res)
+{
+	uint64_t tc = kvb_bench_thread_cpu_ns(), bad;
+
+	if (m->fetch && m->fetch(m, c, q)) {
+		fprintf(stderr,
+			"kvbench: D%u: reading request %llu back for "
+			"--verify failed\n",
+			rank, (unsigned long long) q);
+		return -1;
+	}
+	bad = wl_verify_req(c, rank, m->host, q);
+	if (bad && !res->dbad)
+		fprintf(stderr,
+			"kvbench: D%u: request %llu: %llu bytes differ from "
+			"what P%u wrote (first bad request)\n",
+			rank, (unsigned long long) q,
+			(unsigned long long) bad * 8, rank);
+	res->dbad += bad;
+	res->dchecked += (uint64_t) c->layers * c->blocks * c->block_bytes;
+	res->verify_ns += kvb_bench_thread_cpu_ns() - tc;
+	return 0;
+}
+
+void wl_mem_free(struct wl_mem *m)
+{
+	if (m->gpu) {
+		wl_gpu_mem_free(m);
+		return;
+	}
+	if (m->map)
+		munmap(m->map, m->map_len);
+	if (m->host != m->at)
+		free(m->host);
+	free(m->at);
+	memset(m, 0, sizeof(*m));
+}
+
+int wl_src_mem(struct wl_mem *m, const struct wl_cfg *c, unsigned rank)
+{
+	uint64_t pb = wl_region_bytes_p(c);
+
+	memset(m, 0, sizeof(*m));
+	m->layers = c->layers;
+	m->len = pb;
+	m->map_len = pb * c->layers;
+	m->map = wl_memfd_map(m->map_len);
+	m->at = calloc(c->layers, sizeof(*m->at));
+	m->host = m->at;
+	if (m->map == MAP_FAILED)
+		m->map = NULL;
+	if (!m->map || !m->at) {
+		fprintf(stderr, "kvbench: P%u: source memory: out of memory\n",
+			rank);
+		return -1;
+	}
+	for (unsigned l = 0; l < c->layers; l++)
+		m->at[l] = (char *) m->map + l * pb;
+	return wl_mem_fill(m, c, rank, WL_SALT_WARM);
+}
+
+/*
+ * Direct mode on `local`: the worker's own local transport, D's regions
+ * (mapped by the parent before the fork) registered in it as well.
+ */
 int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		int notify_fd, int ready_fd, const int *go, struct wl_pres *res)
 {
 	uint64_t pb = wl_region_bytes_p(c), db = wl_region_bytes_d(c);
-	uint64_t total = (uint64_t) c->iters * c->requests, next = 0;
 	struct kvb_transport_params tp = {.post_batch_size = -1};
-	struct kvb_mr *src = calloc(c->layers, sizeof(*src));
-	struct kvb_mr *dst = calloc(c->layers, sizeof(*dst));
-	struct kvb_xop *ops = calloc(c->blocks, sizeof(*ops));
-	uint32_t *left = calloc(c->requests, sizeof(*left));
-	int64_t *t0 = calloc(c->requests, sizeof(*t0));
-	struct kvb_xcqe cqe[COMP_BATCH];
-	struct kvb_transport *t = NULL;
-	struct kvb_ep *ep = NULL;
-	double *lat = wl_pres_lat(res);
-	uint64_t cpu0, db0, wrs0;
-	int64_t go_ns;
-	char why[128];
-	char *pmem;
+	struct kvb_mr *mr = calloc(2 * (size_t) c->layers, sizeof(*mr));
+	struct wl_layer_io *io = calloc(c->layers, sizeof(*io));
+	struct wl_mem src;
+	struct wl_direct d = {.c = c,
+			      .rank = rank,
+			      .io = io,
+			      .src = &src,
+			      .notify_fd = notify_fd};
+	char why[128] = "";
 	int rc;
 
 	/* the same kind of memory as kvb_mem_alloc() gives in broker mode */
-	pmem = wl_memfd_map(pb * c->layers);
-	if (!src || !dst || !ops || !left || !t0 || pmem == MAP_FAILED) {
-		fprintf(stderr, "kvbench: P%u (direct): out of memory\n", rank);
+	if (!mr || !io || wl_src_mem(&src, c, rank))
 		return 1;
-	}
-	rc = kvb_local_ops.open(&tp, &t, why, sizeof(why));
-	if (rc || (rc = t->ops->connect(t, NULL, 0, &ep))) {
-		fprintf(stderr, "kvbench: P%u: local transport: %s\n", rank,
-			strerror(-rc));
+	rc = kvb_local_ops.open(&tp, &d.t, why, sizeof(why));
+	if (rc || (rc = d.t->ops->connect(d.t, NULL, 0, &d.ep))) {
+		fprintf(stderr, "kvbench: P%u: local transport: %s %s\n", rank,
+			strerror(-rc), why);
 		return 1;
 	}
 	for (unsigned l = 0; l < c->layers; l++) {
-		src[l] = (struct kvb_mr){.id = l + 1,
-					 .kind = KVB_MEM_HOST,
-					 .addr = pmem + l * pb,
-					 .len = pb};
-		dst[l] = (struct kvb_mr){.id = c->layers + l + 1,
-					 .flags = KVB_MEM_REMOTE_WRITE,
-					 .kind = KVB_MEM_HOST,
-					 .addr = (char *) dmaps[rank] + l * db,
-					 .len = db};
-		wl_fill_src(c, rank, l, (uint64_t *) src[l].addr);
-		if (t->ops->reg_mr(t, &src[l]) || t->ops->reg_mr(t, &dst[l]))
+		struct kvb_mr *sr = &mr[l], *dst = &mr[c->layers + l];
+
+		*sr = (struct kvb_mr){.id = l + 1,
+				      .kind = KVB_MEM_HOST,
+				      .addr = src.at[l],
+				      .len = pb};
+		*dst = (struct kvb_mr){.id = c->layers + l + 1,
+				       .flags = KVB_MEM_REMOTE_WRITE,
+				       .kind = KVB_MEM_HOST,
+				       .addr = (char *) dmaps[rank] + l * db,
+				       .len = db};
+		if (d.t->ops->reg_mr(d.t, sr) || d.t->ops->reg_mr(d.t, dst)) {
+			fprintf(stderr, "kvbench: P%u: local reg_mr failed\n",
+				rank);
 			return 1;
+		}
+		io[l] = (struct wl_layer_io){.local = sr, .remote.mr = dst};
 	}
 	if (wl_sync_start(ready_fd, go[0]))
 		return 1;
-	if ((rc = direct_warm(c, t, ep, src, dst, ops))) {
-		fprintf(stderr, "kvbench: P%u: warm-up: %s\n", rank,
-			strerror(-rc));
-		return 1;
-	}
-	db0 = t->stats.doorbells;
-	wrs0 = t->stats.wrs;
-	if (wl_sync_start(ready_fd, go[1]))
-		return 1;
-	go_ns = kvb_bench_now_ns();
-	cpu0 = kvb_bench_proc_cpu_ns();
-	while (next < total) {
-		unsigned n = wl_next_step(c, next, total, go_ns), pending = n;
-
-		for (unsigned l = 0; l < c->layers; l++)
-			for (unsigned i = 0; i < n; i++) {
-				uint64_t q = next + i, tc;
-				unsigned sent = 0;
-
-				if (l == 0) {
-					t0[i] = kvb_bench_now_ns();
-					left[i] = c->layers * c->blocks;
-				}
-				for (unsigned j = 0; j < c->blocks; j++)
-					ops[j] = (struct kvb_xop){
-						.opcode = KVB_XOP_WRITE,
-						.local = &src[l],
-						.local_off =
-							wl_src_block(c, q, j) *
-							c->block_bytes,
-						.remote.mr = &dst[l],
-						.remote_off =
-							wl_dst_block(c, q, j) *
-							c->block_bytes,
-						.len = c->block_bytes,
-						.cookie = i};
-				while (sent < c->blocks) {
-					tc = kvb_bench_thread_cpu_ns();
-					rc = t->ops->post(t, ep, ops + sent,
-							  c->blocks - sent);
-					res->post_cpu_ns +=
-						kvb_bench_thread_cpu_ns() - tc;
-					if (rc < 0) {
-						fprintf(stderr,
-							"kvbench: P%u: post: "
-							"%s\n",
-							rank, strerror(-rc));
-						return 1;
-					}
-					sent += (unsigned) rc;
-				}
-				res->descs += c->blocks;
-				res->bytes += c->blocks * c->block_bytes;
-				/* reap: a request ends with its last WR */
-				while ((rc = t->ops->poll(t, cqe, COMP_BATCH)) >
-				       0)
-					for (int k = 0; k < rc; k++) {
-						uint64_t r = cqe[k].cookie;
-
-						if (cqe[k].status)
-							res->failed++;
-						if (--left[r])
-							continue;
-						lat[res->nlat++] =
-							(double) (kvb_bench_now_ns() -
-								  t0[r]) /
-							1e3;
-						uint32_t qq =
-							(uint32_t) (next + r);
-
-						if (write(notify_fd, &qq,
-							  sizeof(qq)) !=
-						    sizeof(qq))
-							return 1;
-						pending--;
-						res->done++;
-					}
-			}
-		if (pending) {
-			fprintf(stderr,
-				"kvbench: P%u: %u requests never completed\n",
-				rank, pending);
-			return 1;
-		}
-		next += n;
-	}
-	res->end_ns = kvb_bench_now_ns();
-	res->cpu_ns = kvb_bench_proc_cpu_ns() - cpu0;
-	res->doorbells = t->stats.doorbells - db0;
-	res->wrs = t->stats.wrs - wrs0;
-	res->ok = 1;
-	t->ops->close(t);
-	return res->failed ? 3 : 0;
+	rc = wl_direct_p_run(&d, ready_fd, go[1], res);
+	d.t->ops->close(d.t);
+	wl_mem_free(&src);
+	free(mr);
+	free(io);
+	return rc ? 1 : res->failed ? 3 : 0;
 }
 
 int wl_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		int notify_fd, int ready_fd, const int *go, struct wl_pres *res)
 {
-	uint64_t total = (uint64_t) c->iters * c->requests,
-		 db = wl_region_bytes_d(c);
+	uint64_t db = wl_region_bytes_d(c);
 	void **base = calloc(c->layers, sizeof(*base));
-	uint32_t q;
+	struct wl_mem m = {
+		.layers = c->layers, .len = db, .at = base, .host = base};
+	int rc;
 
 	if (!base)
 		return 1;
@@ -366,47 +318,84 @@ int wl_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		base[l] = (char *) dmaps[rank] + l * db;
 	if (wl_sync_start(ready_fd, go[0]) || wl_sync_start(ready_fd, go[1]))
 		return 1;
-	while (res->done < total) {
-		ssize_t n = read(notify_fd, &q, sizeof(q));
-
-		if (n != sizeof(q)) {
-			fprintf(stderr,
-				"kvbench: D%u (direct): P%u went away after "
-				"%llu requests\n",
-				rank, rank, (unsigned long long) res->done);
-			return 1;
-		}
-		if (c->verify) {
-			res->dbad += wl_verify_req(c, rank, base, q);
-			res->dchecked += (uint64_t) c->layers * c->blocks *
-					 c->block_bytes;
-		}
-		res->done++;
-	}
-	res->ok = 1;
-	free(base);
-	return res->dbad ? 3 : 0;
+	rc = wl_direct_d_run(c, rank, notify_fd, &m, NULL, NULL, res);
+	wl_mem_free(&m);
+	return rc ? 1 : res->dbad ? 3 : 0;
 }
 
-static int attach(const char *sock, enum kvb_role role, unsigned rank,
-		  unsigned size, struct kvb_ctx **ctx)
+int wl_attach(const char *sock, int is_d, unsigned rank, unsigned size,
+	      int timeout_ms, struct kvb_ctx **ctx)
 {
 	struct kvb_attach_opts o = {.socket_path = sock,
-				    .role = role,
+				    .role = is_d ? KVB_ROLE_D : KVB_ROLE_P,
 				    .tp_rank = rank,
-				    .tp_size = size};
+				    .tp_size = size,
+				    .timeout_ms = timeout_ms};
 	int rc = kvb_attach(&o, ctx);
 
 	if (rc)
-		fprintf(stderr, "kvbench: attach %s%u to %s: %s\n",
-			role == KVB_ROLE_P ? "P" : "D", rank, sock,
-			kvb_strerror(rc));
+		fprintf(stderr, "kvbench: attach %c%u to %s: %s\n",
+			is_d ? 'D' : 'P', rank, sock, kvb_strerror(rc));
 	return rc;
 }
 
-/* Wait for the step's transfers; records latencies. 0 or -1. */
-static int p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
-		       unsigned n, const int64_t *t0, struct wl_pres *res)
+int wl_broker_regions(struct kvb_ctx *ctx, const struct wl_cfg *c,
+		      unsigned rank, int is_d, uint64_t len, uint32_t flags,
+		      struct kvb_region *reg, struct wl_mem *m)
+{
+	int gpu = c->transport == KVB_BENCH_TR_GPU;
+
+	memset(m, 0, sizeof(*m));
+	if (gpu) {
+		if (wl_gpu_mem_alloc(m, c, rank, is_d, len))
+			return -1;
+	} else {
+		m->layers = c->layers;
+		m->len = len;
+		m->at = calloc(c->layers, sizeof(*m->at));
+		m->host = m->at;
+		if (!m->at) {
+			fprintf(stderr, "kvbench: %c%u: out of memory\n",
+				is_d ? 'D' : 'P', rank);
+			return -1;
+		}
+	}
+	for (unsigned l = 0; l < c->layers; l++) {
+		int rc = gpu ? kvb_mem_register_gpu(ctx, m->at[l], len, 0,
+						    flags, l, &reg[l])
+			     : kvb_mem_alloc(ctx, len, flags, l, &reg[l]);
+
+		if (rc) {
+			fprintf(stderr,
+				"kvbench: %c%u: layer %u region (%s): %s\n",
+				is_d ? 'D' : 'P', rank, l,
+				gpu ? "kvb_mem_register_gpu" : "kvb_mem_alloc",
+				kvb_strerror(rc));
+			return -1;
+		}
+		if (gpu)
+			continue;
+		m->at[l] = reg[l].addr;
+		if (is_d)
+			memset(m->at[l], 0, len); /* pages in before the run */
+		else
+			wl_fill_src(c, rank, l, m->at[l], WL_SALT_WARM);
+	}
+	return 0;
+}
+
+void wl_broker_regions_free(struct kvb_ctx *ctx, struct kvb_region *reg,
+			    struct wl_mem *m)
+{
+	for (unsigned l = 0; l < m->layers; l++)
+		if (reg[l].id)
+			kvb_mem_free(ctx, &reg[l]);
+	wl_mem_free(m);
+}
+
+int wl_p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
+		   unsigned n, const int64_t *t0, char prefix,
+		   struct wl_pres *res)
 {
 	struct kvb_completion comp[COMP_BATCH];
 	double *lat = wl_pres_lat(res);
@@ -422,48 +411,93 @@ static int p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
 			return -1;
 		}
 		for (int i = 0; i < k; i++) {
+			uint64_t tag = comp[i].tag;
+
 			if (comp[i].kind == KVB_COMP_DESC) {
-				res->failed++; /* unsignaled: only errors come
-						*/
+				res->failed++; /* unsignaled: only errors */
 				continue;
 			}
-			if (comp[i].kind != KVB_COMP_TRANSFER ||
-			    comp[i].tag < first || comp[i].tag >= first + n)
+			if (comp[i].kind != KVB_COMP_TRANSFER || tag < first ||
+			    tag >= first + n)
 				continue;
-			if (comp[i].status)
+			if (comp[i].status) {
 				res->failed++;
-			lat[res->nlat++] = (double) (kvb_bench_now_ns() -
-						     t0[comp[i].tag - first]) /
-					   1e3;
+				fprintf(stderr,
+					"kvbench: P%u: request %.*s%llu: %s\n",
+					rank, prefix ? 1 : 0, &prefix,
+					(unsigned long long) tag,
+					kvb_strerror(comp[i].status));
+			}
+			if (t0) {
+				lat[res->nlat++] =
+					(double) (kvb_bench_now_ns() -
+						  t0[tag - first]) /
+					1e3;
+				res->done++;
+			}
 			pending--;
-			res->done++;
 		}
 	}
 	return 0;
 }
 
+int wl_d_completion(const struct wl_cfg *c, unsigned rank,
+		    const struct kvb_completion *comp, char prefix, int verify,
+		    struct wl_mem *m, struct wl_pres *res)
+{
+	if (comp->kind != KVB_COMP_TRANSFER)
+		return 0;
+	if (comp->status) {
+		fprintf(stderr, "kvbench: D%u: request %.*s%llu failed: %s\n",
+			rank, prefix ? 1 : 0, &prefix,
+			(unsigned long long) comp->tag,
+			kvb_strerror(comp->status));
+		res->failed++;
+	} else if (verify && wl_mem_verify(c, rank, m, comp->tag, res)) {
+		return -1;
+	}
+	return 1;
+}
+
 #define WARM_TAG UINT64_MAX
 
-/* The same warm-up through the broker: unsignaled writes outside any
- * transfer, the last one signaled (one destination: FIFO). */
+/* Count warm-up completions (wait up to timeout_ms; 0: poll). 0 or -errno:
+ * a failed warm-up write, or nothing for timeout_ms. */
+static int warm_reap(struct kvb_ctx *ctx, uint64_t *got, int timeout_ms)
+{
+	struct kvb_completion comp[COMP_BATCH];
+	int k = timeout_ms ? kvb_wait(ctx, comp, COMP_BATCH, timeout_ms)
+			   : kvb_poll(ctx, comp, COMP_BATCH);
+
+	if (k < 0)
+		return k;
+	for (int i = 0; i < k; i++) {
+		if (comp[i].status)
+			return comp[i].status;
+		*got += comp[i].tag == WARM_TAG;
+	}
+	return 0;
+}
+
+/*
+ * The same warm-up through the broker: writes outside any transfer, each
+ * signaled (a transport with several queues, as gpu's streams, may finish
+ * them in any order), all waited for.
+ */
 static int broker_warm(const struct wl_cfg *c, struct kvb_ctx *ctx,
 		       const struct kvb_region *reg,
 		       const struct kvb_remote_region *dst, struct kvb_desc *d)
 {
-	struct kvb_completion comp[COMP_BATCH];
-	uint64_t n = wl_dslots(c);
+	uint64_t n = wl_dslots(c), got = 0;
+	uint64_t want = (uint64_t) c->layers * n * c->blocks;
 	int rc;
 
 	for (unsigned l = 0; l < c->layers; l++)
 		for (uint64_t q = 0; q < n; q++) {
 			unsigned sent = 0;
 
-			for (unsigned j = 0; j < c->blocks; j++) {
-				int last = l == c->layers - 1 && q == n - 1 &&
-					   j == c->blocks - 1;
-
+			for (unsigned j = 0; j < c->blocks; j++)
 				d[j] = (struct kvb_desc){
-					.flags = last ? 0 : KVB_DESC_UNSIGNALED,
 					.region = reg[l].id,
 					.peer_region = dst[l].id,
 					.offset = wl_src_block(c, q, j) *
@@ -471,12 +505,16 @@ static int broker_warm(const struct wl_cfg *c, struct kvb_ctx *ctx,
 					.peer_offset = wl_dst_block(c, q, j) *
 						       c->block_bytes,
 					.len = c->block_bytes,
-					.tag = last ? WARM_TAG : 0};
-			}
+					.tag = WARM_TAG};
 			while (sent < c->blocks) {
 				rc = kvb_submit_write(ctx, d + sent,
 						      c->blocks - sent);
 				if (rc == -EAGAIN) {
+					/* ring full: completions may be what
+					 * holds the broker back */
+					rc = warm_reap(ctx, &got, 0);
+					if (rc)
+						return rc;
 					sched_yield();
 					continue;
 				}
@@ -485,30 +523,22 @@ static int broker_warm(const struct wl_cfg *c, struct kvb_ctx *ctx,
 				sent += (unsigned) rc;
 			}
 		}
-	for (;;) {
-		int k = kvb_wait(ctx, comp, COMP_BATCH, 60000);
-
-		if (k < 0)
-			return k;
-		for (int i = 0; i < k; i++) {
-			if (comp[i].status)
-				return comp[i].status;
-			if (comp[i].tag == WARM_TAG)
-				return 0;
-		}
-	}
+	while (got < want)
+		if ((rc = warm_reap(ctx, &got, 60000)))
+			return rc;
+	return 0;
 }
 
 int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res)
 {
-	uint64_t pb = wl_region_bytes_p(c);
 	uint64_t total = (uint64_t) c->iters * c->requests, next = 0;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
 	struct kvb_remote_region *dst = calloc(c->layers, sizeof(*dst));
 	struct kvb_desc *d = calloc(c->blocks, sizeof(*d));
 	uint32_t *h = calloc(c->requests, sizeof(*h));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
+	struct wl_mem m;
 	struct kvb_ctx *ctx;
 	uint64_t cpu0;
 	int64_t go_ns;
@@ -516,19 +546,19 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 	int rc;
 
 	if (!reg || !dst || !d || !h || !t0 ||
-	    attach(sock, KVB_ROLE_P, rank, c->workers, &ctx))
+	    wl_attach(sock, 0, rank, c->workers, 0, &ctx))
+		return 1;
+	if (wl_broker_regions(ctx, c, rank, 0, wl_region_bytes_p(c), 0, reg,
+			      &m))
 		return 1;
 	for (unsigned l = 0; l < c->layers; l++) {
-		rc = kvb_mem_alloc(ctx, pb, 0, l, &reg[l]);
-		if (!rc)
-			rc = kvb_mem_lookup(ctx, KVB_ROLE_D, 0, rank, l,
-					    &dst[l]);
+		rc = kvb_mem_lookup(ctx, KVB_ROLE_D, 0, rank, l, &dst[l]);
 		if (rc) {
-			fprintf(stderr, "kvbench: P%u: layer %u region: %s\n",
-				rank, l, kvb_strerror(rc));
+			fprintf(stderr,
+				"kvbench: P%u: D%u's layer %u region: %s\n",
+				rank, rank, l, kvb_strerror(rc));
 			return 1;
 		}
-		wl_fill_src(c, rank, l, reg[l].addr);
 	}
 	if (wl_sync_start(ready_fd, go[0]))
 		return 1;
@@ -537,7 +567,7 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 			kvb_strerror(rc));
 		return 1;
 	}
-	if (wl_sync_start(ready_fd, go[1]))
+	if (wl_mem_fill(&m, c, rank, 0) || wl_sync_start(ready_fd, go[1]))
 		return 1;
 	go_ns = kvb_bench_now_ns();
 	cpu0 = kvb_bench_proc_cpu_ns();
@@ -613,16 +643,20 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 				kvb_strerror(rc));
 			return 1;
 		}
-		if (p_wait_step(ctx, rank, next, n, t0, res))
+		if (wl_p_wait_step(ctx, rank, next, n, t0, 0, res))
 			return 1;
 		next += n;
 	}
 	res->end_ns = kvb_bench_now_ns();
 	res->cpu_ns = kvb_bench_proc_cpu_ns() - cpu0;
 	res->ok = 1;
-	for (unsigned l = 0; l < c->layers; l++)
-		kvb_mem_free(ctx, &reg[l]);
+	wl_broker_regions_free(ctx, reg, &m);
 	kvb_detach(ctx);
+	free(reg);
+	free(dst);
+	free(d);
+	free(h);
+	free(t0);
 	return res->failed ? 3 : 0;
 }
 
@@ -630,29 +664,24 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res)
 {
 	uint64_t total = (uint64_t) c->iters * c->requests, sealed = 0;
-	uint64_t window = 2ull * c->requests, db = wl_region_bytes_d(c);
+	uint64_t window = 2ull * c->requests;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
-	void **base = calloc(c->layers, sizeof(*base));
 	struct kvb_completion comp[COMP_BATCH];
 	struct kvb_ctx *ctx;
+	struct wl_mem m;
+	uint64_t cpu0;
 	uint32_t h;
 	char id[64];
 	int rc;
 
-	if (!reg || !base || attach(sock, KVB_ROLE_D, rank, c->workers, &ctx))
+	if (!reg || wl_attach(sock, 1, rank, c->workers, 0, &ctx))
 		return 1;
-	for (unsigned l = 0; l < c->layers; l++) {
-		rc = kvb_mem_alloc(ctx, db, KVB_MEM_REMOTE_WRITE, l, &reg[l]);
-		if (rc) {
-			fprintf(stderr, "kvbench: D%u: layer %u region: %s\n",
-				rank, l, kvb_strerror(rc));
-			return 1;
-		}
-		base[l] = reg[l].addr;
-		memset(base[l], 0, db); /* pages allocated before the run */
-	}
+	if (wl_broker_regions(ctx, c, rank, 1, wl_region_bytes_d(c),
+			      KVB_MEM_REMOTE_WRITE, reg, &m))
+		return 1;
 	if (wl_sync_start(ready_fd, go[0]) || wl_sync_start(ready_fd, go[1]))
 		return 1;
+	cpu0 = kvb_bench_proc_cpu_ns();
 	while (res->done < total) {
 		int k;
 
@@ -681,27 +710,17 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 			return 1;
 		}
 		for (int i = 0; i < k; i++) {
-			if (comp[i].kind != KVB_COMP_TRANSFER)
-				continue;
-			if (comp[i].status) {
-				fprintf(stderr,
-					"kvbench: D%u: request %llu failed: "
-					"%s\n",
-					rank, (unsigned long long) comp[i].tag,
-					kvb_strerror(comp[i].status));
-				res->failed++;
-			} else if (c->verify) {
-				res->dbad += wl_verify_req(c, rank, base,
-							   comp[i].tag);
-				res->dchecked += (uint64_t) c->layers *
-						 c->blocks * c->block_bytes;
-			}
-			res->done++;
+			rc = wl_d_completion(c, rank, &comp[i], 0, c->verify,
+					     &m, res);
+			if (rc < 0)
+				return 1;
+			res->done += (uint64_t) rc;
 		}
 	}
+	res->cpu_ns = kvb_bench_proc_cpu_ns() - cpu0 - res->verify_ns;
 	res->ok = 1;
-	for (unsigned l = 0; l < c->layers; l++)
-		kvb_mem_free(ctx, &reg[l]);
+	wl_broker_regions_free(ctx, reg, &m);
 	kvb_detach(ctx);
+	free(reg);
 	return res->dbad || res->failed ? 3 : 0;
 }

@@ -21,6 +21,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/lsan_interface.h>
+#endif
+
 static void workload_usage(FILE *f)
 {
 	fputs("Usage: kvbench [workload] [OPTIONS]\n"
@@ -55,10 +59,17 @@ static void workload_usage(FILE *f)
 	      "  --rate X           requests/s arriving (default 0 = back to "
 	      "back)\n"
 	      "  --transport T      local (default), tcp (two nodes: see "
-	      "--net) or rdma\n"
+	      "--net), rdma\n"
 	      "                     (a verbs device: the soft-RoCE guest, see "
-	      "docs/testing.md);\n"
-	      "                     gpu: not in kvbench yet\n"
+	      "docs/testing.md)\n"
+	      "                     or gpu (device memory on one node, see "
+	      "--gpu-backend)\n"
+	      "  --gpu-backend B    gpu: auto (default: hip, then cuda; "
+	      "no GPU: exit 77),\n"
+	      "                     cuda, hip, or host (memfd \"device "
+	      "memory\" and host\n"
+	      "                     copy threads: measures the host copy "
+	      "path, not a GPU)\n"
 	      "  --rdma-ip A        rdma broker mode: both brokers' --host-ip "
 	      "(default\n"
 	      "                     192.0.2.1, the soft-RoCE guest's); "
@@ -136,7 +147,21 @@ static void workload_usage(FILE *f)
 	      "doorbells =\n"
 	      "ibv_post_send calls; post_cpu: direct = wall time inside "
 	      "ibv_post_send per\n"
-	      "WR, broker n/a (null: the broker does not time its posts).\n",
+	      "WR, broker n/a (null: the broker does not time its posts).\n"
+	      "\n"
+	      "gpu: direct = every P worker opens its own gpu transport "
+	      "(its streams and\n"
+	      "events) and imports its D peer's exported layer regions (IPC "
+	      "handles); D\n"
+	      "workers allocate one device region per layer and, with "
+	      "--verify, copy each\n"
+	      "request back to the host to check it; broker = one kvbroker "
+	      "--transport gpu\n"
+	      "($KVB_GPU_BACKEND set to the same backend), regions "
+	      "registered with\n"
+	      "kvb_mem_register_gpu. doorbells = copy batches, WRs = copies; "
+	      "post_cpu as on\n"
+	      "local (copies run asynchronously after post()).\n",
 	      f);
 }
 
@@ -247,15 +272,79 @@ static void progress(const struct wl_cfg *c, void *shm, const char *what,
 		(double) (kvb_bench_now_ns() - go_ns) / 1e9);
 }
 
+/* tcp and rdma runs have two nodes (two brokers); local and gpu one. */
+static int two_nodes(const struct wl_cfg *c)
+{
+	return c->transport == KVB_BENCH_TR_TCP ||
+	       c->transport == KVB_BENCH_TR_RDMA;
+}
+
+/* The worker of (transport, mode, side); its exit status. */
+static int run_worker(int mode, int is_d, const struct wl_cfg *c, unsigned rank,
+		      void *const *maps, const int *nfd, const char *sock,
+		      int ready_w, const int *go_r, void *shm,
+		      struct wl_pres *res)
+{
+	int direct = mode == MODE_DIRECT;
+
+	switch (c->transport) {
+	case KVB_BENCH_TR_LOCAL:
+		if (direct)
+			return is_d ? wl_direct_d(c, rank, maps, nfd[0],
+						  ready_w, go_r, res)
+				    : wl_direct_p(c, rank, maps, nfd[1],
+						  ready_w, go_r, res);
+		break;
+#ifdef KVB_HAVE_GPU
+	case KVB_BENCH_TR_GPU:
+		/* broker mode: the local broker workers, device memory */
+		if (direct)
+			return is_d ? wl_gpu_direct_d(c, rank, nfd[0], ready_w,
+						      go_r, res)
+				    : wl_gpu_direct_p(c, rank, nfd[1], ready_w,
+						      go_r, res);
+		break;
+#endif
+#if defined(KVB_HAVE_RDMA) && defined(KVB_HAVE_TCP)
+	case KVB_BENCH_TR_RDMA:
+		/* broker mode: the tcp broker workers */
+		if (direct)
+			return is_d ? wl_rdma_direct_d(c, rank, maps, nfd[0],
+						       ready_w, go_r, res)
+				    : wl_rdma_direct_p(c, rank, nfd[1], ready_w,
+						       go_r, res);
+		return is_d ? wl_tcp_broker_d(c, rank, sock, shm, ready_w, go_r,
+					      res)
+			    : wl_tcp_broker_p(c, rank, sock, ready_w, go_r,
+					      res);
+#endif
+#ifdef KVB_HAVE_TCP
+	case KVB_BENCH_TR_TCP:
+		if (direct)
+			return is_d ? wl_tcp_direct_d(c, rank, maps, nfd[0],
+						      ready_w, go_r, res)
+				    : wl_tcp_direct_p(c, rank, shm, nfd[1],
+						      ready_w, go_r, res);
+		return is_d ? wl_tcp_broker_d(c, rank, sock, shm, ready_w, go_r,
+					      res)
+			    : wl_tcp_broker_p(c, rank, sock, ready_w, go_r,
+					      res);
+#endif
+	default:
+		return 1;
+	}
+	return is_d ? wl_broker_d(c, rank, sock, ready_w, go_r, res)
+		    : wl_broker_p(c, rank, sock, ready_w, go_r, res);
+}
+
 static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 		       const struct wl_cfg *c, unsigned rank, void *const *maps,
 		       const int *nfd, const char *sock, int ready_w,
 		       const int *go_r, void *shm)
 {
 	struct wl_pres *res = pres_at(shm, c, slot);
-	int tcp = c->transport != KVB_BENCH_TR_LOCAL;
 	pid_t pid = fork();
-	int rc = 1;
+	int rc;
 
 	if (pid < 0) {
 		perror("kvbench: fork");
@@ -268,34 +357,16 @@ static int fork_worker(struct run_pids *rp, unsigned slot, int mode, int is_d,
 	}
 	/* dies with kvbench, whatever kills it */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (tcp && c->nw->netns &&
+	if (two_nodes(c) && c->nw->netns &&
 	    kvb_bench_enter_netns(c->nw->ns[is_d ? 1 : 0]))
 		_exit(1);
-	if (!tcp && mode == MODE_DIRECT)
-		rc = is_d ? wl_direct_d(c, rank, maps, nfd[0], ready_w, go_r,
-					res)
-			  : wl_direct_p(c, rank, maps, nfd[1], ready_w, go_r,
-					res);
-	else if (!tcp)
-		rc = is_d ? wl_broker_d(c, rank, sock, ready_w, go_r, res)
-			  : wl_broker_p(c, rank, sock, ready_w, go_r, res);
-#if defined(KVB_HAVE_RDMA) && defined(KVB_HAVE_TCP)
-	else if (c->transport == KVB_BENCH_TR_RDMA && mode == MODE_DIRECT)
-		rc = is_d ? wl_rdma_direct_d(c, rank, maps, nfd[0], ready_w,
-					     go_r, res)
-			  : wl_rdma_direct_p(c, rank, nfd[1], ready_w, go_r,
-					     res);
-#endif
-#ifdef KVB_HAVE_TCP
-	else if (mode == MODE_DIRECT)
-		rc = is_d ? wl_tcp_direct_d(c, rank, maps, nfd[0], ready_w,
-					    go_r, res)
-			  : wl_tcp_direct_p(c, rank, shm, nfd[1], ready_w, go_r,
-					    res);
-	else
-		rc = is_d ? wl_tcp_broker_d(c, rank, sock, shm, ready_w, go_r,
-					    res)
-			  : wl_tcp_broker_p(c, rank, sock, ready_w, go_r, res);
+	rc = run_worker(mode, is_d, c, rank, maps, nfd, sock, ready_w, go_r,
+			shm, res);
+#ifdef __SANITIZE_ADDRESS__
+	/* _exit() skips LeakSanitizer's check at exit (exit() would run the
+	 * parent's cleanup): a worker that finished checks here */
+	if (!rc && __lsan_do_recoverable_leak_check())
+		rc = 1;
 #endif
 	_exit(rc);
 }
@@ -311,11 +382,20 @@ static double tr_num(const char *js, const char *name, const char *key)
 	return p ? kvb_bench_json_num(p, key) : -1;
 }
 
+/* "key":number inside the broker's "gpu" object; -1 if absent. */
+static double gpu_num(const char *js, const char *key)
+{
+	const char *p = strstr(js, "\"gpu\":{");
+
+	return p ? kvb_bench_json_num(p, key) : -1;
+}
+
 /* The transport's name, as the broker's stats name it. */
 static const char *tr_str(const struct wl_cfg *c)
 {
 	return c->transport == KVB_BENCH_TR_RDMA  ? "rdma"
 	       : c->transport == KVB_BENCH_TR_TCP ? "tcp"
+	       : c->transport == KVB_BENCH_TR_GPU ? "gpu"
 						  : "local";
 }
 
@@ -357,8 +437,10 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	size_t shm_len = 2 * c->workers * wl_pres_size(c);
 	struct bench_broker br[2] = {{0}}; /* local: [0]; tcp: P, D node */
 	/* tcp or rdma: two nodes, two brokers */
-	int tcp = c->transport != KVB_BENCH_TR_LOCAL;
+	int tcp = two_nodes(c);
 	int rdma = c->transport == KVB_BENCH_TR_RDMA;
+	/* rdma and gpu: a socketpair per worker pair (handshake first) */
+	int hs = rdma || c->transport == KVB_BENCH_TR_GPU;
 	uint64_t verbs_ns = 0;
 	struct run_pids rp = {.n = 0};
 	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
@@ -393,18 +475,22 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	go_r[1] = go2[0];
 	if (mode == MODE_BROKER && tcp && start_tcp_brokers(c, br))
 		goto out;
-	if (mode == MODE_BROKER && !tcp &&
-	    kvb_bench_broker_start(&br[0], c->broker, c->broker_opts, NULL))
-		goto out;
-	if (mode == MODE_DIRECT) {
-		if (direct_maps(c, maps))
+	if (mode == MODE_BROKER && !tcp) {
+		/* gpu: the backend is in $KVB_GPU_BACKEND (workload main) */
+		br[0].transport = tr_str(c);
+		if (kvb_bench_broker_start(&br[0], c->broker, c->broker_opts,
+					   NULL))
 			goto out;
-		/* rdma: [0] D's end, [1] P's: the QP handshake, then
-		 * the notifications */
+	}
+	if (mode == MODE_DIRECT) {
+		/* gpu: D allocates device memory itself */
+		if (c->transport != KVB_BENCH_TR_GPU && direct_maps(c, maps))
+			goto out;
+		/* rdma, gpu: [0] D's end, [1] P's: the handshake (QP, D's
+		 * exported regions), then the notifications */
 		for (i = 0; i < c->workers; i++)
-			if (rdma ? socketpair(AF_UNIX, SOCK_SEQPACKET, 0,
-					      nfd[i])
-				 : pipe(nfd[i])) {
+			if (hs ? socketpair(AF_UNIX, SOCK_SEQPACKET, 0, nfd[i])
+			       : pipe(nfd[i])) {
 				perror("kvbench: pipe");
 				goto out;
 			}
@@ -533,6 +619,17 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->cpu_broker_s = bcpu1 - bcpu0;
 		f->post_cpu_us_per_wr =
 			f->wrs > 0 ? f->cpu_broker_s * 1e6 / f->wrs : 0;
+		/* gpu: every WR must have been a copy of its gpu transport */
+		if (c->transport == KVB_BENCH_TR_GPU &&
+		    gpu_num(js1, "copies") - gpu_num(js0, "copies") != f->wrs) {
+			fprintf(stderr,
+				"kvbench: broker: %.0f of its %.0f WRs were "
+				"gpu copies: it did not route the device "
+				"regions to its gpu transport\n",
+				gpu_num(js1, "copies") - gpu_num(js0, "copies"),
+				f->wrs);
+			goto out;
+		}
 	} else {
 		f->post_cpu_us_per_wr =
 			f->wrs > 0 ? (double) post_ns / 1e3 / f->wrs : 0;
@@ -639,32 +736,35 @@ enum {
 	O_BOPTS,
 	O_NET,
 	O_RDMA_IP,
+	O_GPU_BACKEND,
 	O_HELP,
 };
 
 static int parse(struct wl_cfg *c, int argc, char **argv)
 {
-	static const struct option lo[] = {{"workers", 1, NULL, O_WORKERS},
-					   {"layers", 1, NULL, O_LAYERS},
-					   {"blocks", 1, NULL, O_BLOCKS},
-					   {"block-bytes", 1, NULL, O_BBYTES},
-					   {"requests", 1, NULL, O_REQS},
-					   {"iters", 1, NULL, O_ITERS},
-					   {"rate", 1, NULL, O_RATE},
-					   {"transport", 1, NULL, O_TRANSPORT},
-					   {"mode", 1, NULL, O_MODE},
-					   {"verify", 0, NULL, O_VERIFY},
-					   {"no-verify", 0, NULL, O_NOVERIFY},
-					   {"json", 1, NULL, O_JSON},
-					   {"sweep-workers", 1, NULL, O_SWEEP},
-					   {"plot", 1, NULL, O_PLOT},
-					   {"progress", 0, NULL, O_PROGRESS},
-					   {"broker", 1, NULL, O_BROKER},
-					   {"broker-opts", 1, NULL, O_BOPTS},
-					   {"net", 1, NULL, O_NET},
-					   {"rdma-ip", 1, NULL, O_RDMA_IP},
-					   {"help", 0, NULL, O_HELP},
-					   {NULL, 0, NULL, 0}};
+	static const struct option lo[] = {
+		{"workers", 1, NULL, O_WORKERS},
+		{"layers", 1, NULL, O_LAYERS},
+		{"blocks", 1, NULL, O_BLOCKS},
+		{"block-bytes", 1, NULL, O_BBYTES},
+		{"requests", 1, NULL, O_REQS},
+		{"iters", 1, NULL, O_ITERS},
+		{"rate", 1, NULL, O_RATE},
+		{"transport", 1, NULL, O_TRANSPORT},
+		{"mode", 1, NULL, O_MODE},
+		{"verify", 0, NULL, O_VERIFY},
+		{"no-verify", 0, NULL, O_NOVERIFY},
+		{"json", 1, NULL, O_JSON},
+		{"sweep-workers", 1, NULL, O_SWEEP},
+		{"plot", 1, NULL, O_PLOT},
+		{"progress", 0, NULL, O_PROGRESS},
+		{"broker", 1, NULL, O_BROKER},
+		{"broker-opts", 1, NULL, O_BOPTS},
+		{"net", 1, NULL, O_NET},
+		{"rdma-ip", 1, NULL, O_RDMA_IP},
+		{"gpu-backend", 1, NULL, O_GPU_BACKEND},
+		{"help", 0, NULL, O_HELP},
+		{NULL, 0, NULL, 0}};
 	uint64_t v;
 	int o;
 
@@ -749,6 +849,17 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 			}
 			c->rdma_ip = a;
 			break;
+		case O_GPU_BACKEND:
+			if (strcmp(a, "auto") && strcmp(a, "cuda") &&
+			    strcmp(a, "hip") && strcmp(a, "host")) {
+				fprintf(stderr,
+					"kvbench: --gpu-backend: '%s' is not "
+					"auto, cuda, hip or host\n",
+					a);
+				return -1;
+			}
+			c->gpu_backend = a;
+			break;
 		case O_MODE:
 			if (!strcmp(a, "direct"))
 				c->modes = MODE_DIRECT;
@@ -811,6 +922,11 @@ static int parse(struct wl_cfg *c, int argc, char **argv)
 	}
 	if (c->transport != KVB_BENCH_TR_LOCAL && c->block_bytes % 2) {
 		fprintf(stderr, "kvbench: --block-bytes must be even\n");
+		return -1;
+	}
+	if (c->gpu_backend && c->transport != KVB_BENCH_TR_GPU) {
+		fprintf(stderr, "kvbench: --gpu-backend goes with --transport "
+				"gpu\n");
 		return -1;
 	}
 	if (c->plot && !c->nsweep) {
@@ -885,6 +1001,25 @@ int kvb_bench_workload_main(int argc, char **argv)
 		       "receiver per D worker; broker: kvbroker --transport "
 		       "rdma on each side\n",
 		       net.rdma_dev, net.ip[0]);
+	} else if (c.transport == KVB_BENCH_TR_GPU) {
+		rc = wl_gpu_probe(&c, c.gpu_backend ? c.gpu_backend : "auto");
+		if (rc)
+			return rc; /* 77: no GPU here */
+		/* the broker (and every worker) opens the same backend */
+		setenv("KVB_GPU_BACKEND", c.gpu_name, 1);
+		if (!strcmp(c.gpu_name, "host"))
+			printf("kvbench workload: transport gpu, backend host: "
+			       "measures the host copy path (memfd \"device "
+			       "memory\", copies by host threads), NOT a "
+			       "GPU\n");
+		else
+			printf("kvbench workload: transport gpu, backend %s, "
+			       "%d device(s), regions on device 0\n",
+			       c.gpu_name, c.gpu_devices);
+		printf("direct: a gpu transport per P worker, D's regions "
+		       "imported (IPC); broker: one kvbroker --transport "
+		       "gpu, regions registered with "
+		       "kvb_mem_register_gpu\n");
 	} else {
 		printf("kvbench workload: transport local (one node; "
 		       "--transport "
@@ -928,6 +1063,9 @@ int kvb_bench_workload_main(int argc, char **argv)
 	else if (c.modes & MODE_BROKER)
 		printf("broker post_cpu = broker process CPU / WRs: an upper "
 		       "bound (drain, validation, completions, idle spin)\n");
+	if (c.transport == KVB_BENCH_TR_GPU && !strcmp(c.gpu_name, "host"))
+		printf("gpu backend host: these figures are the host copy "
+		       "path's, not a GPU's\n");
 	if (c.json &&
 	    wl_write_json(&c, ws, n, (const struct wl_figs(*)[2]) res))
 		fails++;
