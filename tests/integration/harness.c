@@ -139,12 +139,12 @@ int broker_wait_stat(const struct broker *b, const char *key, int64_t want,
 	}
 }
 
-int broker_start(struct broker *b, const struct broker_opts *o)
+/* Fork and exec the broker with its log in a fresh temporary directory;
+ * b->pid is the child. */
+static int broker_spawn(struct broker *b, const struct broker_opts *o)
 {
-	static char buf[KVB_MSG_MAX];
 	const char *argv[MAX_ARGS];
-	int argc = 0, logfd, status;
-	int64_t t0;
+	int argc = 0, logfd;
 
 	memset(b, 0, sizeof(*b));
 	snprintf(b->dir, sizeof(b->dir), "/tmp/kvbt-XXXXXX");
@@ -197,6 +197,18 @@ int broker_start(struct broker *b, const struct broker_opts *o)
 		_exit(127);
 	}
 	close(logfd);
+	return 0;
+}
+
+int broker_start(struct broker *b, const struct broker_opts *o)
+{
+	static char buf[KVB_MSG_MAX];
+	int64_t t0;
+	int rc, status;
+
+	rc = broker_spawn(b, o);
+	if (rc)
+		return rc;
 	t0 = now_ns();
 	while (ms_since(t0) < 10000) {
 		if (waitpid(b->pid, &status, WNOHANG) == b->pid) {
@@ -239,6 +251,22 @@ static int reap(pid_t pid, int timeout_ms)
 			return -ETIMEDOUT;
 		sleep_ms(2);
 	}
+}
+
+int broker_run_to_exit(struct broker *b, const struct broker_opts *o,
+		       int timeout_ms)
+{
+	int rc = broker_spawn(b, o);
+
+	if (rc)
+		return rc;
+	rc = reap(b->pid, timeout_ms);
+	if (rc == -ETIMEDOUT) {
+		kill(b->pid, SIGKILL);
+		reap(b->pid, 10000);
+	}
+	b->pid = 0;
+	return rc;
 }
 
 void broker_cleanup(struct broker *b)
@@ -507,4 +535,37 @@ int w_find(const struct kvb_completion *v, int n, uint32_t kind, uint64_t tag)
 		if (v[i].kind == kind && v[i].tag == tag)
 			return i;
 	return -1;
+}
+
+struct fixture fx;
+
+int fixture_setup(void **state)
+{
+	const struct broker_opts o = {.args = fx.args};
+
+	(void) state;
+	fx.ctx = NULL;
+	if (broker_start(&fx.br, &o))
+		return -1;
+	if (!fx.size)
+		return 0;
+	fx.ctx = w_attach(&fx.br, KVB_ROLE_P, 0, 1, 0);
+	if (!fx.ctx || kvb_mem_alloc(fx.ctx, fx.size, 0, 1, &fx.src) ||
+	    kvb_mem_alloc(fx.ctx, fx.size, 0, 2, &fx.dst))
+		return -1;
+	pattern_fill(fx.src.addr, fx.size, fx.seed, 0);
+	return 0;
+}
+
+int fixture_teardown(void **state)
+{
+	int rc;
+
+	(void) state;
+	if (fx.ctx)
+		kvb_detach(fx.ctx);
+	fx.ctx = NULL;
+	rc = broker_stop(&fx.br);
+	broker_cleanup(&fx.br);
+	return rc ? -1 : 0;
 }

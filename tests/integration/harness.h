@@ -30,6 +30,14 @@ struct broker_opts {
  * wait until its socket answers a STATS request (up to 10 s). */
 int broker_start(struct broker *b, const struct broker_opts *o);
 
+/* Start the broker as broker_start does (same socket, log and arguments),
+ * expecting it to refuse to start: wait up to timeout_ms for it to exit.
+ * Returns its exit status (0..255, or 128 + signal), -ETIMEDOUT when it was
+ * still running (it is killed then), or -errno. The log stays readable
+ * (broker_log_has) until broker_cleanup. */
+int broker_run_to_exit(struct broker *b, const struct broker_opts *o,
+		       int timeout_ms);
+
 /* SIGTERM, wait up to 10 s; returns the exit status (0..255), or -errno,
  * or 128 + signal when it died of a signal. Removes the directory. */
 int broker_stop(struct broker *b);
@@ -105,5 +113,28 @@ int w_collect(struct kvb_ctx *c, struct kvb_completion *v, unsigned want,
 
 /* Index of the completion with (kind, tag) in v[0..n), or -1. */
 int w_find(const struct kvb_completion *v, int n, uint32_t kind, uint64_t tag);
+
+/*
+ * The fixture of a cmocka group: one broker for all its tests and, when
+ * `size` is set, one attached P worker (tp 0 of 1) holding two regions of
+ * `size` bytes without remote access: src (key 1, filled with pattern
+ * `seed`) and dst (key 2). A test program sets args, size and seed, runs
+ * cmocka_run_group_tests(tests, fixture_setup, fixture_teardown) and uses
+ * the rest. Teardown detaches the worker and stops the broker: -1 (the
+ * group fails) when the broker does not exit with 0.
+ */
+struct fixture {
+	const char *const *args; /* extra broker arguments, NULL-terminated */
+	uint64_t size;		 /* 0: no worker */
+	uint32_t seed;
+	struct broker br;
+	struct kvb_ctx *ctx;
+	struct kvb_region src, dst;
+};
+
+extern struct fixture fx;
+
+int fixture_setup(void **state);
+int fixture_teardown(void **state);
 
 #endif

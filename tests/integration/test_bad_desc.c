@@ -32,8 +32,6 @@
 #define KEY_DST	    1
 #define KEY_PRIV    2
 
-static struct broker br;
-
 /*
  * The concurrent good worker (P rank 1): GOOD_ROUNDS transfers of
  * GOOD_DESCS signaled writes into D's region, each checked.
@@ -49,7 +47,7 @@ static int good_worker(int go_fd)
 	char byte, id[32];
 	int n;
 
-	ctx = w_attach(&br, KVB_ROLE_P, 1, 2, 0);
+	ctx = w_attach(&fx.br, KVB_ROLE_P, 1, 2, 0);
 	if (!ctx)
 		return 10;
 	if (kvb_mem_alloc(ctx, GOOD_AREA, 0, 0, &src))
@@ -131,8 +129,8 @@ static void test_bad_descriptors(void **state)
 	}
 	close(go[0]);
 
-	dctx = w_attach(&br, KVB_ROLE_D, 0, 1, 0);
-	pctx = w_attach(&br, KVB_ROLE_P, 0, 2, 0);
+	dctx = w_attach(&fx.br, KVB_ROLE_D, 0, 1, 0);
+	pctx = w_attach(&fx.br, KVB_ROLE_P, 0, 2, 0);
 	assert_non_null(dctx);
 	assert_non_null(pctx);
 	assert_int_equal(kvb_mem_alloc(dctx, DST_SIZE, KVB_MEM_REMOTE_WRITE,
@@ -147,7 +145,7 @@ static void test_bad_descriptors(void **state)
 		assert_int_equal(kvb_transfer_open(dctx, id, &dh[i]), 0);
 		assert_int_equal(kvb_transfer_seal(dctx, dh[i], 1, 500 + i), 0);
 	}
-	refused0 = broker_stat(&br, "descriptors_refused");
+	refused0 = broker_stat(&fx.br, "descriptors_refused");
 	assert_int_equal(refused0, 0);
 	assert_int_equal(write(go[1], "g", 1), 1);
 
@@ -280,7 +278,8 @@ static void test_bad_descriptors(void **state)
 					 bad[i].want);
 			assert_int_equal(c[k].bytes, 0);
 		}
-		assert_int_equal(broker_stat(&br, "descriptors_refused"), nbad);
+		assert_int_equal(broker_stat(&fx.br, "descriptors_refused"),
+				 nbad);
 
 		/* the same worker's good writes still go through */
 		{
@@ -337,14 +336,14 @@ static void test_bad_descriptors(void **state)
 			assert_int_equal(kvb_transfer_open(pctx, "mixed", &h),
 					 -ESTALE);
 		}
-		assert_int_equal(broker_stat(&br, "descriptors_refused"),
+		assert_int_equal(broker_stat(&fx.br, "descriptors_refused"),
 				 nbad + 1);
 	}
 
 	/* the good worker finished, and D saw each transfer's write_done */
 	assert_int_equal(waitpid(child, &status, 0), child);
 	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		broker_log_dump(&br);
+		broker_log_dump(&fx.br);
 		fail_msg("good worker failed: status %#x", status);
 	}
 	n = w_collect(dctx, c, GOOD_ROUNDS, 10000);
@@ -359,12 +358,12 @@ static void test_bad_descriptors(void **state)
 	assert_int_equal(pattern_check(dst.addr, GOOD_AREA, 2, 0), 0);
 
 	/* logged with reasons; the broker still serves everyone */
-	assert_true(broker_log_has(&br, "refused descriptor"));
-	assert_true(broker_log_has(&br, "outside the region"));
-	assert_true(broker_log_has(&br, "belongs to another worker"));
-	assert_true(broker_log_has(&br, "not granted"));
-	assert_int_equal(broker_stat(&br, "transfers_failed"), 1);
-	assert_int_equal(broker_stat(&br, "workers_lost"), 0);
+	assert_true(broker_log_has(&fx.br, "refused descriptor"));
+	assert_true(broker_log_has(&fx.br, "outside the region"));
+	assert_true(broker_log_has(&fx.br, "belongs to another worker"));
+	assert_true(broker_log_has(&fx.br, "not granted"));
+	assert_int_equal(broker_stat(&fx.br, "transfers_failed"), 1);
+	assert_int_equal(broker_stat(&fx.br, "workers_lost"), 0);
 
 	assert_int_equal(kvb_mem_free(pctx, &src), 0);
 	assert_int_equal(kvb_mem_free(dctx, &dst), 0);
@@ -373,25 +372,9 @@ static void test_bad_descriptors(void **state)
 	assert_int_equal(kvb_mem_free(dctx, &priv), -ENOENT);
 	kvb_detach(pctx);
 	kvb_detach(dctx);
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 5000), 0);
-	assert_int_equal(broker_stat(&br, "regions"), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 5000), 0);
+	assert_int_equal(broker_stat(&fx.br, "regions"), 0);
 	close(go[1]);
-}
-
-static int group_setup(void **state)
-{
-	(void) state;
-	return broker_start(&br, NULL);
-}
-
-static int group_teardown(void **state)
-{
-	int rc;
-
-	(void) state;
-	rc = broker_stop(&br);
-	broker_cleanup(&br);
-	return rc ? -1 : 0;
 }
 
 int main(void)
@@ -400,5 +383,5 @@ int main(void)
 		cmocka_unit_test(test_bad_descriptors),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
 }

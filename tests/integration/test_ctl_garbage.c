@@ -26,12 +26,11 @@
 
 #define NOBODY 65534
 
-static struct broker br;
 static int64_t rejected; /* what messages_rejected should read */
 
 static int raw_connect(void)
 {
-	int fd = kvb_ctl_connect(br.sock, 3000);
+	int fd = kvb_ctl_connect(fx.br.sock, 3000);
 
 	assert_true(fd >= 0);
 	return fd;
@@ -59,14 +58,14 @@ static void send_raw(int fd, const void *p, size_t len, int memfd)
 static void expect_rejected(const char *log_text)
 {
 	rejected++;
-	if (broker_wait_stat(&br, "messages_rejected", rejected, 3000)) {
-		broker_log_dump(&br);
+	if (broker_wait_stat(&fx.br, "messages_rejected", rejected, 3000)) {
+		broker_log_dump(&fx.br);
 		fail_msg("messages_rejected is %lld, want %lld (%s)",
-			 (long long) broker_stat(&br, "messages_rejected"),
+			 (long long) broker_stat(&fx.br, "messages_rejected"),
 			 (long long) rejected, log_text);
 	}
-	if (log_text && !broker_log_has(&br, log_text)) {
-		broker_log_dump(&br);
+	if (log_text && !broker_log_has(&fx.br, log_text)) {
+		broker_log_dump(&fx.br);
 		fail_msg("broker log lacks '%s'", log_text);
 	}
 }
@@ -174,7 +173,7 @@ static void test_before_hello(void **state)
 	expect_hangup(fd);
 	expect_rejected(NULL);
 	close(memfd);
-	assert_int_equal(proc_fd_wait(br.pid, BROKER_IDLE_FDS, 2000),
+	assert_int_equal(proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000),
 			 BROKER_IDLE_FDS);
 }
 
@@ -247,12 +246,12 @@ static void test_after_hello(void **state)
 	assert_int_equal(nfds, 3);
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
-	assert_int_equal(broker_stat(&br, "workers"), 1);
+	assert_int_equal(broker_stat(&fx.br, "workers"), 1);
 	kvb_msg_init(&h, 99, sizeof(h));
 	send_raw(fd, &h, sizeof(h), -1);
 	expect_hangup(fd);
 	expect_rejected("unknown control message type");
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
 
 	/* a second HELLO */
 	nfds = 3;
@@ -266,7 +265,7 @@ static void test_after_hello(void **state)
 	send_raw(fd, &m, sizeof(m), -1);
 	expect_hangup(fd);
 	expect_rejected("second HELLO");
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
 }
 
 /* After all that, a normal worker attaches and works; nothing leaked. */
@@ -287,7 +286,7 @@ static void test_still_serving(void **state)
 	assert_int_equal(send(fd, "", 0, 0), 0);
 	expect_hangup(fd);
 
-	ctx = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
+	ctx = w_attach(&fx.br, KVB_ROLE_P, 0, 1, 0);
 	assert_non_null(ctx);
 	assert_int_equal(kvb_mem_alloc(ctx, 65536, 0, 1, &a), 0);
 	assert_int_equal(kvb_mem_alloc(ctx, 65536, 0, 2, &b), 0);
@@ -299,18 +298,18 @@ static void test_still_serving(void **state)
 	assert_int_equal(c[0].status, 0);
 	assert_int_equal(pattern_check(b.addr, 65536, 9, 0), 0);
 	kvb_detach(ctx);
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 3000), 0);
-	assert_int_equal(broker_stat(&br, "regions"), 0);
-	assert_int_equal(broker_stat(&br, "messages_rejected"), rejected);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_stat(&fx.br, "regions"), 0);
+	assert_int_equal(broker_stat(&fx.br, "messages_rejected"), rejected);
 	/* stdio, listen socket, epoll, eventfd, signalfd: nothing else */
 	{
-		int nfd = proc_fd_wait(br.pid, BROKER_IDLE_FDS, 2000);
+		int nfd = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000);
 
 		if (nfd != BROKER_IDLE_FDS) {
 			char cmd[64];
 
 			snprintf(cmd, sizeof(cmd), "ls -l /proc/%d/fd >&2",
-				 (int) br.pid);
+				 (int) fx.br.pid);
 			if (system(cmd) != 0)
 				fprintf(stderr, "(ls failed)\n");
 			fail_msg("broker holds %d fds", nfd);
@@ -358,22 +357,6 @@ static void test_other_uid(void **state)
 	broker_cleanup(&nb);
 }
 
-static int group_setup(void **state)
-{
-	(void) state;
-	return broker_start(&br, NULL);
-}
-
-static int group_teardown(void **state)
-{
-	int rc;
-
-	(void) state;
-	rc = broker_stop(&br);
-	broker_cleanup(&br);
-	return rc ? -1 : 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -387,5 +370,5 @@ int main(void)
 		cmocka_unit_test(test_other_uid),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
 }

@@ -24,14 +24,10 @@
 #define KiB    (1ull << 10)
 #define ROUNDS 3000
 
-static struct broker br;
-static struct kvb_ctx *ctx;
-static struct kvb_region src, dst;
-
 static int round_trip(uint64_t tag, double *ms)
 {
-	struct kvb_desc d = {.region = src.id,
-			     .peer_region = dst.id,
+	struct kvb_desc d = {.region = fx.src.id,
+			     .peer_region = fx.dst.id,
 			     .offset = (tag % 16) * KiB,
 			     .peer_offset = (tag % 16) * KiB,
 			     .len = KiB,
@@ -40,9 +36,9 @@ static int round_trip(uint64_t tag, double *ms)
 	int64_t t0 = now_ns();
 	int n;
 
-	if (kvb_submit_write(ctx, &d, 1) != 1)
+	if (kvb_submit_write(fx.ctx, &d, 1) != 1)
 		return -1;
-	n = kvb_wait(ctx, c, 2, 3000);
+	n = kvb_wait(fx.ctx, c, 2, 3000);
 	*ms = ms_since(t0);
 	if (n != 1 || c[0].tag != tag || c[0].status)
 		return -2;
@@ -57,25 +53,25 @@ static void test_timeout(void **state)
 
 	(void) state;
 	t0 = now_ns();
-	assert_int_equal(kvb_wait(ctx, c, 4, 50), -ETIMEDOUT);
+	assert_int_equal(kvb_wait(fx.ctx, c, 4, 50), -ETIMEDOUT);
 	ms = ms_since(t0);
 	fprintf(stderr, "kvb_wait(50 ms) with nothing pending: %.1f ms\n", ms);
 	assert_true(ms >= 49 && ms < 300);
 
 	t0 = now_ns();
-	assert_int_equal(kvb_wait(ctx, c, 4, 0), -ETIMEDOUT);
+	assert_int_equal(kvb_wait(fx.ctx, c, 4, 0), -ETIMEDOUT);
 	assert_true(ms_since(t0) < 20);
 	t0 = now_ns();
-	assert_int_equal(kvb_wait(ctx, c, 4, 1), -ETIMEDOUT);
+	assert_int_equal(kvb_wait(fx.ctx, c, 4, 1), -ETIMEDOUT);
 	assert_true(ms_since(t0) < 50);
 	t0 = now_ns();
-	assert_int_equal(kvb_wait(ctx, c, 4, 250), -ETIMEDOUT);
+	assert_int_equal(kvb_wait(fx.ctx, c, 4, 250), -ETIMEDOUT);
 	ms = ms_since(t0);
 	assert_true(ms >= 249 && ms < 600);
 	/* poll with nothing: 0, not an error */
-	assert_int_equal(kvb_poll(ctx, c, 4), 0);
-	assert_int_equal(kvb_wait(ctx, c, 0, 10), -EINVAL);
-	assert_int_equal(kvb_poll(ctx, c, 0), -EINVAL);
+	assert_int_equal(kvb_poll(fx.ctx, c, 4), 0);
+	assert_int_equal(kvb_wait(fx.ctx, c, 0, 10), -EINVAL);
+	assert_int_equal(kvb_poll(fx.ctx, c, 0), -EINVAL);
 }
 
 static void test_wake_after_sleep(void **state)
@@ -126,7 +122,7 @@ static void test_wake_other_worker(void **state)
 	int64_t t0;
 
 	(void) state;
-	dctx = w_attach(&br, KVB_ROLE_D, 0, 1, 0);
+	dctx = w_attach(&fx.br, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(dctx);
 	assert_int_equal(
 		kvb_mem_alloc(dctx, 64 * KiB, KVB_MEM_REMOTE_WRITE, 7, &dreg),
@@ -137,17 +133,17 @@ static void test_wake_other_worker(void **state)
 	assert_int_equal(pthread_create(&th, NULL, d_waiter, &w), 0);
 	usleep(200 * 1000);
 
-	assert_int_equal(kvb_mem_lookup(ctx, KVB_ROLE_D, 0, 0, 7, &rr), 0);
-	assert_int_equal(kvb_transfer_open(ctx, "wake", &hp), 0);
+	assert_int_equal(kvb_mem_lookup(fx.ctx, KVB_ROLE_D, 0, 0, 7, &rr), 0);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "wake", &hp), 0);
 	d = (struct kvb_desc){.transfer = hp,
-			      .region = src.id,
+			      .region = fx.src.id,
 			      .peer_region = rr.id,
 			      .len = 8 * KiB,
 			      .flags = KVB_DESC_UNSIGNALED};
 	t0 = now_ns();
-	assert_int_equal(kvb_submit_write(ctx, &d, 1), 1);
-	assert_int_equal(kvb_transfer_seal(ctx, hp, 1, 56), 0);
-	assert_int_equal(w_collect(ctx, c, 1, 2000), 1);
+	assert_int_equal(kvb_submit_write(fx.ctx, &d, 1), 1);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, hp, 1, 56), 0);
+	assert_int_equal(w_collect(fx.ctx, c, 1, 2000), 1);
 	assert_int_equal(c[0].tag, 56);
 	assert_int_equal(c[0].status, 0);
 	assert_int_equal(pthread_join(th, NULL), 0);
@@ -183,31 +179,6 @@ static void test_no_lost_wakeup(void **state)
 	assert_true(worst < 500);
 }
 
-static int group_setup(void **state)
-{
-	(void) state;
-	if (broker_start(&br, NULL))
-		return -1;
-	ctx = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
-	if (!ctx || kvb_mem_alloc(ctx, 64 * KiB, 0, 1, &src) ||
-	    kvb_mem_alloc(ctx, 64 * KiB, 0, 2, &dst))
-		return -1;
-	pattern_fill(src.addr, 64 * KiB, 6, 0);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	int rc;
-
-	(void) state;
-	if (ctx)
-		kvb_detach(ctx);
-	rc = broker_stop(&br);
-	broker_cleanup(&br);
-	return rc ? -1 : 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -217,5 +188,7 @@ int main(void)
 		cmocka_unit_test(test_no_lost_wakeup),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	fx.size = 64 * KiB;
+	fx.seed = 6;
+	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
 }

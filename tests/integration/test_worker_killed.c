@@ -37,8 +37,6 @@
 #define CYCLES	     100
 #define KEY_DST	     1
 
-static struct broker br;
-
 static int64_t rss_kib(pid_t pid)
 {
 	char path[64], line[256];
@@ -67,7 +65,7 @@ static int victim(int go_fd, int ready_fd)
 	uint32_t h;
 	char byte;
 
-	ctx = w_attach(&br, KVB_ROLE_P, 0, 2, 0);
+	ctx = w_attach(&fx.br, KVB_ROLE_P, 0, 2, 0);
 	if (!ctx || kvb_mem_alloc(ctx, VICTIM_LEN, 0, 0, &src))
 		return 10;
 	pattern_fill(src.addr, VICTIM_LEN, 3, 0);
@@ -113,7 +111,7 @@ static int good(int go_fd, int progress_fd, int stop_fd)
 	struct kvb_ctx *ctx;
 	char byte, id[32];
 
-	ctx = w_attach(&br, KVB_ROLE_P, 1, 2, 0);
+	ctx = w_attach(&fx.br, KVB_ROLE_P, 1, 2, 0);
 	if (!ctx || kvb_mem_alloc(ctx, GOOD_AREA, 0, 0, &src))
 		return 20;
 	pattern_fill(src.addr, GOOD_AREA, 4, 0);
@@ -186,7 +184,7 @@ static void test_kill_mid_transfer(void **state)
 	close(ready[1]);
 	close(prog[1]);
 
-	dctx = w_attach(&br, KVB_ROLE_D, 0, 1, 0);
+	dctx = w_attach(&fx.br, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(dctx);
 	assert_int_equal(kvb_mem_alloc(dctx, DST_SIZE, KVB_MEM_REMOTE_WRITE,
 				       KEY_DST, &dst),
@@ -200,7 +198,7 @@ static void test_kill_mid_transfer(void **state)
 	assert_int_equal(kill(v, SIGKILL), 0);
 	assert_int_equal(waitpid(v, &status, 0), v);
 	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-	assert_int_equal(broker_wait_stat(&br, "workers_lost", 1, 5000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers_lost", 1, 5000), 0);
 
 	/* the good worker completes more transfers after the kill */
 	for (int i = 0; i < 3; i++)
@@ -208,7 +206,7 @@ static void test_kill_mid_transfer(void **state)
 	assert_int_equal(write(stop[1], "s", 1), 1);
 	assert_int_equal(waitpid(g, &status, 0), g);
 	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		broker_log_dump(&br);
+		broker_log_dump(&fx.br);
 		fail_msg("good worker: status %#x", status);
 	}
 	assert_int_equal(pattern_check(dst.addr, GOOD_AREA, 4, 0), 0);
@@ -220,15 +218,16 @@ static void test_kill_mid_transfer(void **state)
 		if (p[0] || p[1])
 			assert_int_equal(pattern_check(p, VICTIM_LEN, 3, 0), 0);
 	}
-	assert_true(broker_log_has(&br, "victim-tx") ||
-		    broker_log_has(&br, "disconnected"));
-	assert_int_equal(broker_stat(&br, "workers_lost"), 1);
+	assert_true(broker_log_has(&fx.br, "victim-tx") ||
+		    broker_log_has(&fx.br, "disconnected"));
+	assert_int_equal(broker_stat(&fx.br, "workers_lost"), 1);
 	assert_int_equal(kvb_mem_free(dctx, &dst), 0);
 	kvb_detach(dctx);
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 5000), 0);
-	assert_int_equal(broker_stat(&br, "regions"), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 5000), 0);
+	/* a dead worker's regions go when in-flight copies release them */
+	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 5000), 0);
 	/* D's entries for the P transfers (their write_done) went with it */
-	assert_int_equal(broker_stat(&br, "transfers_active"), 0);
+	assert_int_equal(broker_stat(&fx.br, "transfers_active"), 0);
 	close(go[1]);
 	close(ready[0]);
 	close(prog[0]);
@@ -245,7 +244,7 @@ static int cycle_child(int ready_fd, unsigned i)
 	uint32_t h;
 	char id[32];
 
-	ctx = w_attach(&br, i % 2 ? KVB_ROLE_P : KVB_ROLE_D, 0, 1, 256);
+	ctx = w_attach(&fx.br, i % 2 ? KVB_ROLE_P : KVB_ROLE_D, 0, 1, 256);
 	if (!ctx || kvb_mem_alloc(ctx, 1 * MiB, KVB_MEM_REMOTE_WRITE, 1, &a) ||
 	    kvb_mem_alloc(ctx, 1 * MiB, 0, 2, &b))
 		return 1;
@@ -276,11 +275,11 @@ static void test_kill_cycles(void **state)
 	char byte;
 
 	(void) state;
-	fd0 = proc_fd_wait(br.pid, BROKER_IDLE_FDS, 2000);
-	maps0 = proc_map_count(br.pid);
-	rss0 = rss_kib(br.pid);
+	fd0 = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000);
+	maps0 = proc_map_count(fx.br.pid);
+	rss0 = rss_kib(fx.br.pid);
 	shm0 = devshm_kvb_count();
-	lost0 = broker_stat(&br, "workers_lost");
+	lost0 = broker_stat(&fx.br, "workers_lost");
 	assert_int_equal(fd0, BROKER_IDLE_FDS);
 	assert_true(maps0 > 0);
 	assert_int_equal(pipe(ready), 0);
@@ -294,7 +293,7 @@ static void test_kill_cycles(void **state)
 		}
 		if (read(ready[0], &byte, 1) != 1) {
 			waitpid(c, &status, 0);
-			broker_log_dump(&br);
+			broker_log_dump(&fx.br);
 			fail_msg("cycle %u: child failed (%#x)", i, status);
 		}
 		assert_int_equal(kill(c, SIGKILL), 0);
@@ -303,15 +302,16 @@ static void test_kill_cycles(void **state)
 	close(ready[0]);
 	close(ready[1]);
 	assert_int_equal(
-		broker_wait_stat(&br, "workers_lost", lost0 + CYCLES, 10000),
+		broker_wait_stat(&fx.br, "workers_lost", lost0 + CYCLES, 10000),
 		0);
-	assert_int_equal(broker_wait_stat(&br, "workers", 0, 5000), 0);
-	assert_int_equal(broker_stat(&br, "regions"), 0);
-	assert_int_equal(broker_stat(&br, "transfers_active"), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 5000), 0);
+	/* a dead worker's regions go when in-flight copies release them */
+	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 5000), 0);
+	assert_int_equal(broker_stat(&fx.br, "transfers_active"), 0);
 
-	fd1 = proc_fd_wait(br.pid, fd0, 3000);
-	maps1 = proc_map_count(br.pid);
-	rss1 = rss_kib(br.pid);
+	fd1 = proc_fd_wait(fx.br.pid, fd0, 3000);
+	maps1 = proc_map_count(fx.br.pid);
+	rss1 = rss_kib(fx.br.pid);
 	shm1 = devshm_kvb_count();
 	fprintf(stderr,
 		"broker after %d kill cycles: fds %d -> %d, maps %d -> %d, "
@@ -325,27 +325,11 @@ static void test_kill_cycles(void **state)
 	assert_int_equal(shm1, shm0);
 	/* still serving */
 	{
-		struct kvb_ctx *c = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
+		struct kvb_ctx *c = w_attach(&fx.br, KVB_ROLE_P, 0, 1, 0);
 
 		assert_non_null(c);
 		kvb_detach(c);
 	}
-}
-
-static int group_setup(void **state)
-{
-	(void) state;
-	return broker_start(&br, NULL);
-}
-
-static int group_teardown(void **state)
-{
-	int rc;
-
-	(void) state;
-	rc = broker_stop(&br);
-	broker_cleanup(&br);
-	return rc ? -1 : 0;
 }
 
 int main(void)
@@ -355,5 +339,5 @@ int main(void)
 		cmocka_unit_test(test_kill_cycles),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
 }

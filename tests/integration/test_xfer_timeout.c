@@ -23,15 +23,11 @@
 
 #define KiB (1ull << 10)
 
-static struct broker br;
-static struct kvb_ctx *ctx;
-static struct kvb_region src, dst;
-
 static struct kvb_desc wr(uint32_t h, unsigned i, uint64_t tag)
 {
 	return (struct kvb_desc){.transfer = h,
-				 .region = src.id,
-				 .peer_region = dst.id,
+				 .region = fx.src.id,
+				 .peer_region = fx.dst.id,
 				 .offset = i * 4 * KiB,
 				 .peer_offset = i * 4 * KiB,
 				 .len = 4 * KiB,
@@ -49,18 +45,18 @@ static void test_timeout(void **state)
 
 	(void) state;
 	t0 = now_ns();
-	assert_int_equal(kvb_transfer_open(ctx, "slow", &h), 0);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "slow", &h), 0);
 	d[0] = wr(h, 0, 1);
 	d[1] = wr(h, 1, 2);
-	assert_int_equal(kvb_submit_write(ctx, d, 2), 2);
-	assert_int_equal(kvb_transfer_seal(ctx, h, 5, 100), 0);
-	n = w_collect(ctx, c, 2, 500);
+	assert_int_equal(kvb_submit_write(fx.ctx, d, 2), 2);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, h, 5, 100), 0);
+	n = w_collect(fx.ctx, c, 2, 500);
 	assert_int_equal(n, 2);
 	assert_int_equal(c[0].status, 0);
 	assert_int_equal(c[1].status, 0);
 	/* nothing more for a while, then the timeout */
-	assert_int_equal(kvb_wait(ctx, c, 8, 700), -ETIMEDOUT);
-	n = w_collect(ctx, c, 1, 2000);
+	assert_int_equal(kvb_wait(fx.ctx, c, 8, 700), -ETIMEDOUT);
+	n = w_collect(fx.ctx, c, 1, 2000);
 	ms = ms_since(t0);
 	fprintf(stderr, "transfer timed out %.0f ms after open\n", ms);
 	assert_int_equal(n, 1);
@@ -69,15 +65,15 @@ static void test_timeout(void **state)
 	assert_int_equal(c[0].transfer, h);
 	assert_int_equal(c[0].status, -ETIMEDOUT);
 	assert_true(ms >= 950 && ms <= 1500);
-	assert_true(broker_log_has(&br, "transfer 'slow'"));
+	assert_true(broker_log_has(&fx.br, "transfer 'slow'"));
 
 	/* it is over: the id is terminal, the handle stale */
-	assert_int_equal(kvb_transfer_open(ctx, "slow", &h), -ESTALE);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "slow", &h), -ESTALE);
 	d[0] = wr(h, 2, 3);
-	assert_int_equal(kvb_submit_write(ctx, d, 1), 1);
-	assert_int_equal(kvb_transfer_seal(ctx, h, 1, 101), 0);
-	assert_int_equal(kvb_transfer_abort(ctx, h, 102), 0);
-	n = w_collect(ctx, c, 3, 2000);
+	assert_int_equal(kvb_submit_write(fx.ctx, d, 1), 1);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, h, 1, 101), 0);
+	assert_int_equal(kvb_transfer_abort(fx.ctx, h, 102), 0);
+	n = w_collect(fx.ctx, c, 3, 2000);
 	assert_int_equal(n, 3);
 	i = w_find(c, n, KVB_COMP_DESC, 3);
 	assert_true(i >= 0);
@@ -98,8 +94,8 @@ static void test_unsealed_timeout(void **state)
 	double ms;
 
 	(void) state;
-	assert_int_equal(kvb_transfer_open(ctx, "orphan", &h), 0);
-	assert_int_equal(w_collect(ctx, c, 1, 2500), 1);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "orphan", &h), 0);
+	assert_int_equal(w_collect(fx.ctx, c, 1, 2500), 1);
 	ms = ms_since(t0);
 	assert_int_equal(c[0].kind, KVB_COMP_TRANSFER);
 	assert_int_equal(c[0].transfer, h);
@@ -116,19 +112,19 @@ static void test_abort(void **state)
 	int n, i;
 
 	(void) state;
-	assert_int_equal(kvb_transfer_open(ctx, "ab", &h), 0);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "ab", &h), 0);
 	d = wr(h, 3, 10);
-	assert_int_equal(kvb_submit_write(ctx, &d, 1), 1);
+	assert_int_equal(kvb_submit_write(fx.ctx, &d, 1), 1);
 	t0 = now_ns();
-	assert_int_equal(kvb_transfer_abort(ctx, h, 200), 0);
-	n = w_collect(ctx, c, 2, 1000);
+	assert_int_equal(kvb_transfer_abort(fx.ctx, h, 200), 0);
+	n = w_collect(fx.ctx, c, 2, 1000);
 	assert_int_equal(n, 2);
 	assert_true(ms_since(t0) < 500);
 	i = w_find(c, n, KVB_COMP_TRANSFER, 200);
 	assert_true(i >= 0);
 	assert_int_equal(c[i].status, -ECANCELED);
 	assert_int_equal(c[i].transfer, h);
-	assert_int_equal(kvb_transfer_open(ctx, "ab", &h), -ESTALE);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "ab", &h), -ESTALE);
 }
 
 static void test_unknown_handle(void **state)
@@ -137,10 +133,10 @@ static void test_unknown_handle(void **state)
 	int n;
 
 	(void) state;
-	assert_int_equal(kvb_transfer_seal(ctx, 0x00055555, 3, 300), 0);
-	assert_int_equal(kvb_transfer_abort(ctx, 0x00055555, 301), 0);
-	assert_int_equal(kvb_transfer_seal(ctx, 0, 3, 302), 0);
-	n = w_collect(ctx, c, 3, 1000);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, 0x00055555, 3, 300), 0);
+	assert_int_equal(kvb_transfer_abort(fx.ctx, 0x00055555, 301), 0);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, 0, 3, 302), 0);
+	n = w_collect(fx.ctx, c, 3, 1000);
 	assert_int_equal(n, 3);
 	for (int i = 0; i < n; i++) {
 		assert_int_equal(c[i].kind, KVB_COMP_TRANSFER);
@@ -157,56 +153,29 @@ static void test_in_time(void **state)
 	int n, i;
 
 	(void) state;
-	assert_int_equal(kvb_transfer_open(ctx, "fast", &h), 0);
+	assert_int_equal(kvb_transfer_open(fx.ctx, "fast", &h), 0);
 	for (i = 0; i < 3; i++)
 		d[i] = wr(h, (unsigned) i, 20 + i);
-	assert_int_equal(kvb_submit_write(ctx, d, 3), 3);
-	assert_int_equal(kvb_transfer_seal(ctx, h, 3, 400), 0);
-	n = w_collect(ctx, c, 4, 800);
+	assert_int_equal(kvb_submit_write(fx.ctx, d, 3), 3);
+	assert_int_equal(kvb_transfer_seal(fx.ctx, h, 3, 400), 0);
+	n = w_collect(fx.ctx, c, 4, 800);
 	assert_int_equal(n, 4);
 	for (i = 0; i < n; i++)
 		assert_int_equal(c[i].status, 0);
 	i = w_find(c, n, KVB_COMP_TRANSFER, 400);
 	assert_true(i >= 0);
-	assert_int_equal(pattern_check(dst.addr, 12 * KiB, 5, 0), 0);
+	assert_int_equal(pattern_check(fx.dst.addr, 12 * KiB, 5, 0), 0);
 	/* nothing else arrives later (no timeout for a finished transfer) */
-	assert_int_equal(kvb_wait(ctx, c, 8, 1300), -ETIMEDOUT);
+	assert_int_equal(kvb_wait(fx.ctx, c, 8, 1300), -ETIMEDOUT);
 	/* slow, orphan, ab */
-	assert_int_equal(broker_stat(&br, "transfers_failed"), 3);
-	assert_int_equal(broker_stat(&br, "transfers_done"), 1);
-	assert_int_equal(broker_stat(&br, "transfers_active"), 0);
-}
-
-static int group_setup(void **state)
-{
-	static const char *const args[] = {"--transfer-timeout", "1", NULL};
-	const struct broker_opts o = {.args = args};
-
-	(void) state;
-	if (broker_start(&br, &o))
-		return -1;
-	ctx = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
-	if (!ctx || kvb_mem_alloc(ctx, 64 * KiB, 0, 1, &src) ||
-	    kvb_mem_alloc(ctx, 64 * KiB, 0, 2, &dst))
-		return -1;
-	pattern_fill(src.addr, 64 * KiB, 5, 0);
-	return 0;
-}
-
-static int group_teardown(void **state)
-{
-	int rc;
-
-	(void) state;
-	if (ctx)
-		kvb_detach(ctx);
-	rc = broker_stop(&br);
-	broker_cleanup(&br);
-	return rc ? -1 : 0;
+	assert_int_equal(broker_stat(&fx.br, "transfers_failed"), 3);
+	assert_int_equal(broker_stat(&fx.br, "transfers_done"), 1);
+	assert_int_equal(broker_stat(&fx.br, "transfers_active"), 0);
 }
 
 int main(void)
 {
+	static const char *const args[] = {"--transfer-timeout", "1", NULL};
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_timeout),
 		cmocka_unit_test(test_unsealed_timeout),
@@ -215,5 +184,8 @@ int main(void)
 		cmocka_unit_test(test_in_time),
 	};
 
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	fx.args = args;
+	fx.size = 64 * KiB;
+	fx.seed = 5;
+	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);
 }
