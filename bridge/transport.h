@@ -77,6 +77,7 @@ struct kvb_transport_stats {
 	uint64_t cqes;
 	uint64_t credit_stalls;
 	uint64_t errors;
+	uint64_t post_ns; /* rdma: wall time in ibv_post_send (when timed) */
 	uint64_t wr_hist[KVB_WR_HIST_BUCKETS];
 };
 

@@ -958,9 +958,11 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	int rc;
 
-	/* every host region: a source of our writes needs a local key too.
-	 * Remote access is still what the descriptor offers: only regions
-	 * with KVB_MEM_REMOTE_* go there with their rkey. */
+	/* every host region: a source of our writes (or the sink of our
+	 * READs) needs a local key too. The transport grants remote write /
+	 * remote read only as the region's KVB_MEM_REMOTE_* flags say, and
+	 * only regions with one of them go into the descriptor with their
+	 * rkey: a local-only region cannot be reached from outside. */
 	if (!t || r->mr.kind != KVB_MEM_HOST)
 		return;
 	rc = t->ops->reg_mr(t, &r->mr);
@@ -1194,6 +1196,10 @@ int kvb_remote_init(struct kvb_broker *b)
 				 "across nodes: tcp",
 				 why[0] ? why : strerror(-rc));
 		else
+			/* time inside ibv_post_send (stats post_ns): two
+			 * clock reads per doorbell */
+			kvb_rdma_time_posts(b->trs[KVB_TS_RDMA], 1);
+		if (!rc)
 			log_info("transport rdma ready (%s%s): peers that "
 				 "offer rdma use it",
 				 b->opt.rdma_dev[0] ? b->opt.rdma_dev

@@ -144,13 +144,15 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			put(&o,
 			    "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%"
 			    "llu,"
-			    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu}",
+			    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu,"
+			    "\"post_ns\":%llu}",
 			    nw++ ? "," : "", b->trs[i]->ops->name,
 			    (unsigned long long) s->doorbells,
 			    (unsigned long long) s->wrs,
 			    (unsigned long long) s->bytes,
 			    (unsigned long long) s->cqes,
-			    (unsigned long long) s->errors);
+			    (unsigned long long) s->errors,
+			    (unsigned long long) s->post_ns);
 		}
 		put(&o, "],");
 		gpu_stats(b, &o, 1);

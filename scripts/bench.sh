@@ -567,8 +567,10 @@ NIC's.
   `tcp`. The P broker gathers every worker's chains to the peer node onto
   one QP and posts up to its send-queue credit per `ibv_post_send`: WR/db
   is several times direct's. Figures from the P broker's stats
-  (per_transport `rdma`); `post_cpu` n/a: the broker does not time its
-  posts.
+  (per_transport `rdma`); `post_cpu` = wall time inside `ibv_post_send`
+  per WR, in the workers (direct) or in the P broker (stats `post_ns`). On
+  soft-RoCE `ibv_post_send` is a system call in which the kernel may
+  already process the WRs, so it grows with WRs, not only doorbells.
 - Message rate and latency are bound by the rxe kernel threads, which
   share the guest's two vCPUs with every worker, receiver and broker;
   broker-mode latency also carries the control path (`remote_blocks`,

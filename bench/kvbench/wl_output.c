@@ -154,8 +154,8 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 			? "n/a on tcp: sending continues in poll() after "
 			  "post() (rest of a sendmsg, acks)"
 		: c->transport == KVB_BENCH_TR_RDMA
-			? (broker ? "n/a on rdma: the broker does not time "
-				    "its ibv_post_send calls"
+			? (broker ? "wall time inside the P broker's "
+				    "ibv_post_send calls (stats post_ns) / WRs"
 				  : "wall time inside ibv_post_send "
 				    "(kvb_rdma_post_ns) / WRs")
 		: broker ? "broker process CPU / WRs (upper bound)"

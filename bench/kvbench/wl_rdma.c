@@ -20,7 +20,8 @@
  *    wl_tcp.c unchanged.
  *
  * post_cpu (direct): wall time inside ibv_post_send (kvb_rdma_time_posts /
- * kvb_rdma_post_ns) per WR. The broker does not time its posts: n/a.
+ * kvb_rdma_post_ns) per WR; broker mode: the same inside the P broker's
+ * ibv_post_send calls (kvbctl stats per_transport post_ns) per WR.
  */
 #include "kvbench.h"
 

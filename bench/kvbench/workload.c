@@ -147,7 +147,9 @@ static void workload_usage(FILE *f)
 	      "doorbells =\n"
 	      "ibv_post_send calls; post_cpu: direct = wall time inside "
 	      "ibv_post_send per\n"
-	      "WR, broker n/a (null: the broker does not time its posts).\n"
+	      "WR, broker = the same inside the P broker's ibv_post_send "
+	      "calls\n"
+	      "(kvbctl stats post_ns) per WR.\n"
 	      "\n"
 	      "gpu: direct = every P worker opens its own gpu transport "
 	      "(its streams and\n"
@@ -442,6 +444,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	/* rdma and gpu: a socketpair per worker pair (handshake first) */
 	int hs = rdma || c->transport == KVB_BENCH_TR_GPU;
 	uint64_t verbs_ns = 0;
+	double bpost_ns = -1; /* tcp/rdma broker: P broker's post_ns */
 	struct run_pids rp = {.n = 0};
 	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
 	int ready[2] = {-1, -1}, go[2] = {-1, -1}, go2[2] = {-1, -1};
@@ -611,6 +614,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->layer_ops = kvb_bench_json_num(js1, "layer_ops") -
 			       kvb_bench_json_num(js0, "layer_ops");
 		f->cpu_broker_s = bcpu1 - bcpu0;
+		bpost_ns = tr_num(js1, tr_str(c), "post_ns") -
+			   tr_num(js0, tr_str(c), "post_ns");
 	} else if (mode == MODE_BROKER) {
 		f->doorbells = kvb_bench_json_num(js1, "doorbells") -
 			       kvb_bench_json_num(js0, "doorbells");
@@ -636,12 +641,14 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	}
 	if (tcp) {
 		/* tcp: not measurable, a WR's sending goes on in poll() after
-		 * post() (the rest of a sendmsg, the acks); rdma: the time
-		 * inside ibv_post_send (direct), the broker does not time it */
-		f->post_cpu_us_per_wr =
-			rdma && mode == MODE_DIRECT && f->wrs > 0
-				? (double) verbs_ns / 1e3 / f->wrs
-				: NAN;
+		 * post() (the rest of a sendmsg, the acks); rdma: wall time
+		 * inside ibv_post_send per WR (direct: each worker's calls;
+		 * broker: the P broker's, stats post_ns) */
+		f->post_cpu_us_per_wr = NAN;
+		if (rdma && mode == MODE_DIRECT && f->wrs > 0)
+			f->post_cpu_us_per_wr = (double) verbs_ns / 1e3 / f->wrs;
+		else if (rdma && f->wrs > 0 && bpost_ns >= 0)
+			f->post_cpu_us_per_wr = bpost_ns / 1e3 / f->wrs;
 		f->cpu_d_s = (double) dcpu_ns / 1e9;
 	}
 	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s + f->cpu_d_s;
@@ -1054,8 +1061,8 @@ int kvb_bench_workload_main(int argc, char **argv)
 	}
 	if (c.transport == KVB_BENCH_TR_RDMA)
 		printf("post_cpu: direct = time inside ibv_post_send per WR, "
-		       "broker n/a (not timed); cpu = P workers + D side + "
-		       "brokers\n");
+		       "broker = the same in the P broker (stats post_ns); "
+		       "cpu = P workers + D side + brokers\n");
 	else if (c.transport == KVB_BENCH_TR_TCP)
 		printf("post_cpu n/a on tcp (sending continues in poll()); cpu "
 		       "= "

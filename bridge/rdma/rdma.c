@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvbroker/kvbroker.h"
 #include "rdma/rdma_priv.h"
 
 /* "<what><dev>" into the caller's buffer, if any. */
@@ -170,8 +171,23 @@ static void rdma_close(struct kvb_transport *t)
 	free(r);
 }
 
-static const int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-			     IBV_ACCESS_REMOTE_READ;
+/*
+ * The access a region is registered with: LOCAL_WRITE always (the sink of
+ * our own READs, and REMOTE_WRITE needs it), REMOTE_WRITE / REMOTE_READ only
+ * where its KVB_MEM_REMOTE_* flags grant them. A region offered to nobody
+ * then has no remote access at all: a peer that guesses its rkey gets a
+ * remote access error, not the bytes.
+ */
+static int mr_access(const struct kvb_mr *mr)
+{
+	int access = IBV_ACCESS_LOCAL_WRITE;
+
+	if (mr->flags & KVB_MEM_REMOTE_WRITE)
+		access |= IBV_ACCESS_REMOTE_WRITE;
+	if (mr->flags & KVB_MEM_REMOTE_READ)
+		access |= IBV_ACCESS_REMOTE_READ;
+	return access;
+}
 
 static void mr_store(struct kvb_mr *mr, struct ibv_mr *imr)
 {
@@ -189,7 +205,7 @@ static int rdma_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
 		return -EBUSY;
 	if (!mr->addr || !mr->len)
 		return -EINVAL;
-	imr = ibv_reg_mr(r->pd, mr->addr, mr->len, mr_access);
+	imr = ibv_reg_mr(r->pd, mr->addr, mr->len, mr_access(mr));
 	if (!imr)
 		return errno ? -errno : -ENOMEM;
 	mr_store(mr, imr);
@@ -209,7 +225,7 @@ int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 	if (fd >= 0) {
 		imr = ibv_reg_dmabuf_mr(r->pd, offset, mr->len,
 					(uint64_t) (uintptr_t) mr->addr, fd,
-					mr_access);
+					mr_access(mr));
 		if (imr) {
 			mr_store(mr, imr);
 			return 0;
@@ -322,6 +338,7 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
 		r->post_ns += now_ns() - t0;
+		r->base.stats.post_ns = r->post_ns;
 	} else {
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
 	}

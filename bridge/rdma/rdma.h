@@ -28,6 +28,12 @@
 #include "transport.h"
 #include "rdma/chain.h"
 
+/*
+ * reg_mr registers with IBV_ACCESS_LOCAL_WRITE, plus IBV_ACCESS_REMOTE_WRITE
+ * / IBV_ACCESS_REMOTE_READ only where mr->flags has KVB_MEM_REMOTE_WRITE /
+ * KVB_MEM_REMOTE_READ: a region not offered to peers cannot be reached
+ * with its rkey.
+ */
 extern const struct kvb_transport_ops kvb_rdma_ops;
 
 /* Slot of struct kvb_mr.tpriv[] the rdma transport keeps its ibv_mr in. */
@@ -79,6 +85,9 @@ uint64_t kvb_rdma_post_ns(struct kvb_transport *t);
  * (EOPNOTSUPP, ENOSYS, EINVAL, EPROTONOSUPPORT) ibv_reg_mr on mr->addr,
  * which works where a peer-memory module maps GPU memory. Fills
  * mr->lkey/rkey and mr->tpriv[KVB_RDMA_TPRIV]; undo with ops->dereg_mr.
+ * Access as for ops->reg_mr: local write, plus remote write / remote read
+ * where mr->flags has KVB_MEM_REMOTE_WRITE / KVB_MEM_REMOTE_READ (set
+ * flags before registering; they are not looked at again).
  * Returns 0 or -errno. fd < 0 skips straight to ibv_reg_mr.
  */
 int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,

@@ -34,6 +34,7 @@
 
 #include "bridge/rdma/conn.h"
 #include "bridge/rdma/rdma.h"
+#include "kvbroker/kvbroker.h"
 
 #define MAX_W	 64
 #define MAX_RUNS 9
@@ -103,7 +104,8 @@ static int open_t(struct kvb_transport **t, int batch, unsigned depth, int sig,
 /* The target: one region, answers every offer, until told to quit. */
 static int target(int fd, size_t region)
 {
-	struct kvb_mr mr = {.id = 1};
+	/* written by the sides: it needs remote write access */
+	struct kvb_mr mr = {.id = 1, .flags = KVB_MEM_REMOTE_WRITE};
 	struct kvb_transport *t;
 	struct kvb_ep *ep;
 	struct msg m;

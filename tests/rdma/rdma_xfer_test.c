@@ -11,7 +11,11 @@
  * ENOMEM, credits never exceeded, everything lands); a transfer to a bad
  * rkey fails only its own ops, the endpoint re-handshakes and the next
  * transfer lands; the target deregisters a region mid-transfer, the ops
- * after that fail, the next transfer after reconnect lands.
+ * after that fail, the next transfer after reconnect lands; regions are
+ * registered with only the remote access their KVB_MEM_REMOTE_* flags
+ * grant: a WRITE to a region without REMOTE_WRITE, or a READ from one
+ * without REMOTE_READ, fails with -EACCES (its real rkey notwithstanding)
+ * and moves no byte, while the access a region has works.
  *
  * Exit: 0 pass, 1 fail, 77 no verbs device. Env: KVB_RDMA_DEV (device).
  */
@@ -26,11 +30,14 @@
 
 #include "bridge/rdma/conn.h"
 #include "bridge/rdma/rdma.h"
+#include "kvbroker/kvbroker.h"
 
 #define BLK	  4096u
 #define NBLK	  2048u
 #define REGION	  (NBLK * BLK) /* 8 MiB */
 #define REGION2	  (2u << 20)
+#define REGION3	  (256u << 10) /* regions 2 and 3: access tests */
+#define NREG	  4
 #define SQ_DEPTH  64
 #define NQP	  2
 #define BURST	  10000u
@@ -56,8 +63,8 @@ struct msg {
 	union {
 		uint8_t blob[KVB_RDMA_CONN_MAX];
 		struct {
-			uint64_t addr[2];
-			uint32_t rkey[2];
+			uint64_t addr[NREG];
+			uint32_t rkey[NREG];
 		} mr;
 		struct {
 			uint32_t seed, count, size, stride, region;
@@ -145,15 +152,29 @@ static int open_transport(struct kvb_transport **t)
 
 /* ---- B: the target ------------------------------------------------------ */
 
+/*
+ * B's regions: 0 the WRITE/READ/burst/bad-rkey target, 1 the one dropped
+ * mid-transfer (written only), 2 offered to nobody, 3 read-only. Regions
+ * 1 to 3 start with a guard pattern that no refused access may change.
+ */
+static const struct {
+	uint32_t size, flags, guard;
+} regs[NREG] = {
+	{REGION, KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ, 0},
+	{REGION2, KVB_MEM_REMOTE_WRITE, 60},
+	{REGION3, 0, 61},
+	{REGION3, KVB_MEM_REMOTE_READ, 62},
+};
+
 static int target(int fd)
 {
-	static uint8_t *buf, *buf2;
-	struct kvb_mr mr = {.id = 1}, mr2 = {.id = 2};
+	static uint8_t *buf[NREG];
+	struct kvb_mr mr[NREG];
 	struct kvb_transport *t;
 	struct kvb_ep *ep;
 	struct msg m;
 	size_t len;
-	int err;
+	int err, i;
 
 	who = "B";
 	err = open_transport(&t);
@@ -162,17 +183,20 @@ static int target(int fd)
 		msend(fd, &m);
 		return err == -ENODEV ? 77 : -1;
 	}
-	buf = aligned_alloc(4096, REGION);
-	buf2 = aligned_alloc(4096, REGION2);
-	CHECK(buf && buf2, "alloc");
-	memset(buf, 0, REGION);
-	memset(buf2, 0, REGION2);
-	mr.addr = buf;
-	mr.len = REGION;
-	mr2.addr = buf2;
-	mr2.len = REGION2;
-	CHECK(kvb_rdma_ops.reg_mr(t, &mr) == 0, "reg_mr");
-	CHECK(kvb_rdma_ops.reg_mr(t, &mr2) == 0, "reg_mr 2");
+	for (i = 0; i < NREG; i++) {
+		buf[i] = aligned_alloc(4096, regs[i].size);
+		CHECK(buf[i], "alloc");
+		if (regs[i].guard)
+			fill(buf[i], regs[i].guard, regs[i].size);
+		else
+			memset(buf[i], 0, regs[i].size);
+		mr[i] = (struct kvb_mr){.id = (uint32_t) i + 1,
+					.flags = regs[i].flags,
+					.addr = buf[i],
+					.len = regs[i].size};
+		err = kvb_rdma_ops.reg_mr(t, &mr[i]);
+		CHECK(err == 0, "reg_mr %d: %d", i, err);
+	}
 
 	for (;;) {
 		CHECK(mrecv(fd, &m) == 0, "recv");
@@ -187,19 +211,23 @@ static int target(int fd)
 			m.len = (uint32_t) len;
 			CHECK(msend(fd, &m) == 0, "send");
 			m.type = M_MR;
-			m.u.mr.addr[0] = (uintptr_t) buf;
-			m.u.mr.rkey[0] = mr.rkey;
-			m.u.mr.addr[1] = (uintptr_t) buf2;
-			m.u.mr.rkey[1] = mr2.rkey;
+			for (i = 0; i < NREG; i++) {
+				m.u.mr.addr[i] = (uintptr_t) buf[i];
+				/* a device may hand out no rkey for a region
+				 * without remote access: then the lkey is
+				 * what a peer would try (same key on rxe) */
+				m.u.mr.rkey[i] =
+					mr[i].rkey ? mr[i].rkey : mr[i].lkey;
+			}
 			CHECK(msend(fd, &m) == 0, "send");
 			break;
 		case M_FILL:
-			fill(buf, m.u.v.seed, REGION);
+			fill(buf[0], m.u.v.seed, REGION);
 			m.type = M_OK;
 			CHECK(msend(fd, &m) == 0, "send");
 			break;
 		case M_VERIFY: {
-			uint64_t lim = m.u.v.region ? REGION2 : REGION;
+			uint32_t rg = m.u.v.region < NREG ? m.u.v.region : 0;
 			int64_t bad = -2;
 
 			if (m.u.v.off +
@@ -207,10 +235,10 @@ static int target(int fd)
 							    : 0) *
 					    m.u.v.stride +
 				    m.u.v.size <=
-			    lim)
-				bad = verify(m.u.v.region ? buf2 : buf,
-					     m.u.v.seed, m.u.v.off, m.u.v.count,
-					     m.u.v.size, m.u.v.stride);
+			    regs[rg].size)
+				bad = verify(buf[rg], m.u.v.seed, m.u.v.off,
+					     m.u.v.count, m.u.v.size,
+					     m.u.v.stride);
 
 			m.type = bad < 0 ? M_OK : M_FAIL;
 			m.u.bad_off = (uint64_t) bad;
@@ -218,15 +246,16 @@ static int target(int fd)
 			break;
 		}
 		case M_DEREG2:
-			kvb_rdma_ops.dereg_mr(t, &mr2);
+			kvb_rdma_ops.dereg_mr(t, &mr[1]);
 			m.type = M_OK;
 			CHECK(msend(fd, &m) == 0, "send");
 			break;
 		case M_QUIT:
-			kvb_rdma_ops.dereg_mr(t, &mr);
+			for (i = 0; i < NREG; i++) {
+				kvb_rdma_ops.dereg_mr(t, &mr[i]);
+				free(buf[i]);
+			}
 			kvb_rdma_ops.close(t);
-			free(buf);
-			free(buf2);
 			return 0;
 		default:
 			CHECK(0, "message %u", m.type);
@@ -242,8 +271,8 @@ struct ctx {
 	struct kvb_ep *ep;
 	uint8_t *buf;
 	struct kvb_mr mr;
-	uint64_t raddr[2];
-	uint32_t rkey[2];
+	uint64_t raddr[NREG];
+	uint32_t rkey[NREG];
 	int32_t *st; /* status per cookie, PENDING until completed */
 	unsigned max_in_flight;
 };
@@ -365,10 +394,10 @@ static int handshake(struct ctx *c)
 	CHECK(ep2 == c->ep, "answer opened another endpoint");
 	CHECK(kvb_rdma_ep_state(c->t, c->ep) == KVB_RDMA_EP_READY, "state");
 	CHECK(mrecv(c->fd, &m) == 0 && m.type == M_MR, "mr");
-	c->raddr[0] = m.u.mr.addr[0];
-	c->rkey[0] = m.u.mr.rkey[0];
-	c->raddr[1] = m.u.mr.addr[1];
-	c->rkey[1] = m.u.mr.rkey[1];
+	for (int i = 0; i < NREG; i++) {
+		c->raddr[i] = m.u.mr.addr[i];
+		c->rkey[i] = m.u.mr.rkey[i];
+	}
 	return 0;
 }
 
@@ -550,6 +579,81 @@ static int case_bad_rkey(struct ctx *c, struct kvb_xop *ops)
 }
 
 /*
+ * n ops of one BLK, 2 * BLK apart (one WR each), between A's buffer and B's
+ * region `rg` that lacks the access `code` needs: every op fails, at least
+ * one with -EACCES (the rest flushed), the endpoint is reset and taken back.
+ * Nothing moved: B's region still holds its guard (checked by B) and, for a
+ * READ, A's buffer still holds `seed`.
+ */
+static int denied(struct ctx *c, struct kvb_xop *ops, uint32_t code, int rg,
+		  uint32_t seed, const char *what)
+{
+	unsigned i, n = REGION3 / (2 * BLK), eacces = 0;
+	int64_t bad;
+	int err;
+
+	fill(c->buf, seed, REGION3);
+	for (i = 0; i < n; i++)
+		ops[i] = op(c, code, (uint64_t) i * 2 * BLK, BLK, i, rg);
+	if (run_ops(c, ops, n))
+		return -1;
+	for (i = 0; i < n; i++) {
+		CHECK(c->st[i] == -EACCES || c->st[i] == -ECANCELED,
+		      "%s region: op %u status %d", what, i, c->st[i]);
+		eacces += c->st[i] == -EACCES;
+	}
+	CHECK(eacces >= 1, "%s region: no -EACCES", what);
+	err = cmd(c, M_VERIFY, regs[rg].guard, 1, REGION3, 0, (uint32_t) rg);
+	CHECK(err == 0, "%s region: B's region %d changed", what, rg);
+	bad = verify(c->buf, seed, 0, 1, REGION3, 0);
+	CHECK(bad < 0, "%s region: A's buffer changed at %ld", what,
+	      (long) bad);
+	if (recover(c))
+		return -1;
+	printf("access: %s region refused (%u/%u ops failed, %u EACCES), "
+	       "nothing moved, reconnected\n",
+	       what, n, n, eacces);
+	return 0;
+}
+
+/*
+ * Registration follows the region's flags. B's region 2 (no remote flag)
+ * refuses WRITE and READ with its real key, region 3 (REMOTE_READ) refuses
+ * WRITE, region 1 (REMOTE_WRITE) refuses READ; then what is granted works:
+ * READ from region 3, WRITE to region 0. A's own region has no remote flag:
+ * the source of a WRITE and the sink of a READ need only local access.
+ */
+static int case_access(struct ctx *c, struct kvb_xop *ops)
+{
+	unsigned i, n = REGION3 / BLK;
+	int64_t bad;
+
+	if (denied(c, ops, KVB_XOP_WRITE, 2, 71, "WRITE to a local-only") ||
+	    denied(c, ops, KVB_XOP_READ, 2, 72, "READ from a local-only") ||
+	    denied(c, ops, KVB_XOP_WRITE, 3, 73, "WRITE to a read-only") ||
+	    denied(c, ops, KVB_XOP_READ, 1, 74, "READ from a write-only"))
+		return -1;
+	/* granted: READ region 3 (its guard pattern) */
+	memset(c->buf, 0, REGION3);
+	for (i = 0; i < n; i++)
+		ops[i] = op(c, KVB_XOP_READ, (uint64_t) i * BLK, BLK, i, 3);
+	if (run_ops(c, ops, n) || all_ok(c, 0, n))
+		return -1;
+	bad = verify(c->buf, regs[3].guard, 0, 1, REGION3, 0);
+	CHECK(bad < 0, "read-only region: READ differs at %ld", (long) bad);
+	/* granted: WRITE region 0 */
+	fill(c->buf, 75, REGION3);
+	for (i = 0; i < n; i++)
+		ops[i] = op(c, KVB_XOP_WRITE, (uint64_t) i * BLK, BLK, i, 0);
+	if (run_ops(c, ops, n) || all_ok(c, 0, n))
+		return -1;
+	CHECK(cmd(c, M_VERIFY, 75, 1, REGION3, 0, 0) == 0, "verify");
+	printf("access: READ from the read-only region and WRITE to the "
+	       "read-write region verified\n");
+	return 0;
+}
+
+/*
  * B drops a region while writes to it are in flight: a first part lands
  * (waited for), a second part races the dereg, a third is posted after it.
  * Each op completes once; the third part fails, the first lands, the
@@ -637,6 +741,7 @@ static int initiator(int fd)
 		return 77;
 	CHECK(err == 0, "open: %d", err);
 	c.mr.id = 1;
+	c.mr.flags = 0; /* local only: WRITE source, READ sink */
 	c.mr.addr = c.buf;
 	c.mr.len = REGION;
 	CHECK(kvb_rdma_ops.reg_mr(c.t, &c.mr) == 0, "reg_mr");
@@ -653,6 +758,8 @@ static int initiator(int fd)
 		err = case_burst(&c, ops);
 	if (!err)
 		err = case_bad_rkey(&c, ops);
+	if (!err)
+		err = case_access(&c, ops);
 	if (!err)
 		err = case_dereg(&c, ops);
 	m.type = M_QUIT;
