@@ -646,7 +646,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		 * broker: the P broker's, stats post_ns) */
 		f->post_cpu_us_per_wr = NAN;
 		if (rdma && mode == MODE_DIRECT && f->wrs > 0)
-			f->post_cpu_us_per_wr = (double) verbs_ns / 1e3 / f->wrs;
+			f->post_cpu_us_per_wr =
+				(double) verbs_ns / 1e3 / f->wrs;
 		else if (rdma && f->wrs > 0 && bpost_ns >= 0)
 			f->post_cpu_us_per_wr = bpost_ns / 1e3 / f->wrs;
 		f->cpu_d_s = (double) dcpu_ns / 1e9;
