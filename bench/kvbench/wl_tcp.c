@@ -225,9 +225,9 @@ static int kv_regions(struct kvb_ctx *ctx, const struct wl_cfg *c,
 		.head_dim = (uint32_t) (c->block_bytes / 2), /* K, V halves */
 		.elem_size = 1};
 
-	/* P: REMOTE_READ as MoRIIO's read mode needs; the broker only
-	 * registers regions with a remote flag with its tcp transport, and a
-	 * WRITE's source must be registered there */
+	/* P: REMOTE_READ, as MoRIIO's read mode needs (D pulls); a WRITE's
+	 * source needs none: the broker registers every host region for
+	 * local access and offers only remote-flagged ones to peers */
 	if (wl_broker_regions(ctx, c, rank, is_d, len,
 			      is_d ? KVB_MEM_REMOTE_WRITE : KVB_MEM_REMOTE_READ,
 			      reg, m))
