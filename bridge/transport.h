@@ -155,6 +155,13 @@ struct kvb_transport_ops {
 	 */
 	int (*ep_info)(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
 		       size_t *len);
+	/*
+	 * Optional (NULL = none). Do one bounded slice of posted work in the
+	 * caller's thread (local: copy one piece of a pooled chain), so the
+	 * broker thread adds its core to a copy pool between rounds without
+	 * long rounds. Returns slices done (0: nothing waiting).
+	 */
+	int (*progress)(struct kvb_transport *t);
 };
 
 struct kvb_transport {

@@ -544,9 +544,14 @@ static unsigned reap(struct kvb_broker *b)
 {
 	unsigned total = 0;
 
-	for (unsigned i = 0; i < KVB_TS_MAX; i++)
-		if (b->trs[i])
-			total += reap_one(b, b->trs[i]);
+	for (unsigned i = 0; i < KVB_TS_MAX; i++) {
+		if (!b->trs[i])
+			continue;
+		/* one slice of queued copies on this thread (local's pool) */
+		if (b->trs[i]->ops->progress)
+			total += (unsigned) b->trs[i]->ops->progress(b->trs[i]);
+		total += reap_one(b, b->trs[i]);
+	}
 	return total;
 }
 

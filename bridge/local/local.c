@@ -7,11 +7,12 @@
  * Small chains are copied inside post() and their completions handed out by
  * the next poll(). A chain of at least two pieces (params.copy_piece bytes,
  * 256 KiB by default) when params.copy_threads > 0 is cut into pieces of that
- * size and copied by a pool of threads, with the posting thread helping
- * until every piece has been taken: one thread's memcpy bandwidth is then no
- * longer the broker's ceiling. An op completes when the last of the pieces
- * covering it is copied; its completion goes to a locked queue and wakes
- * wait_fd().
+ * size, queued, and copied by a pool of threads; the caller's thread adds
+ * itself one piece at a time through progress() (the broker calls it once
+ * per round), so the broker thread copies too without rounds growing longer
+ * than one piece: control requests (a transfer open) are not held up behind
+ * a 16 MiB chain. An op completes when the last of the pieces covering it
+ * is copied; its completion goes to a locked queue and wakes wait_fd().
  *
  * Memory: the broker keeps a region mapped while an op on it is in flight
  * (in-flight ops hold references); dereg_mr() still waits until no chain is
@@ -76,6 +77,7 @@ struct local_transport {
 	pthread_mutex_t dlock; /* done queue, pending */
 	struct done_q done;
 	uint64_t pending; /* pooled ops posted, not yet in `done` */
+	int signalled;	  /* efd written and not yet read */
 	int efd;
 	uint64_t async_chains; /* broker thread only */
 };
@@ -141,13 +143,21 @@ static void op_done(struct local_transport *lt, struct achain *c,
 	/* room was reserved when the chain was posted */
 	q_push(&lt->done, op->cookie, 0);
 	lt->pending--;
-	if (lt->done.len == 1 && write(lt->efd, &one, sizeof(one)) < 0) {
-		/* the counter is saturated: it is readable anyway */
-	}
 	pthread_mutex_unlock(&lt->dlock);
-	if (atomic_fetch_sub_explicit(&c->ops_left, 1, memory_order_acq_rel) ==
+	if (atomic_fetch_sub_explicit(&c->ops_left, 1, memory_order_acq_rel) !=
 	    1)
-		chain_free(lt, c);
+		return;
+	/*
+	 * The chain's last op: wake a sleeping broker, once per chain (not per
+	 * op: a polling broker would pay a write and a read per completion).
+	 * Earlier completions are reaped by its polls, which go on at least
+	 * every millisecond while anything is in flight.
+	 */
+	pthread_mutex_lock(&lt->dlock);
+	if (!lt->signalled && write(lt->efd, &one, sizeof(one)) == sizeof(one))
+		lt->signalled = 1;
+	pthread_mutex_unlock(&lt->dlock);
+	chain_free(lt, c);
 }
 
 /* Copy piece k of c and complete the ops it finishes. */
@@ -367,7 +377,7 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 		      unsigned n, uint64_t total)
 {
 	struct achain *c = malloc(sizeof(*c) + (size_t) n * sizeof(c->ops[0]));
-	unsigned i, nz = 0, k;
+	unsigned i, nz = 0;
 	uint64_t pos = 0;
 	int rc;
 
@@ -417,15 +427,27 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 		lt->qhead = c;
 	lt->qtail = c;
 	pthread_cond_broadcast(&lt->work);
-	/* help until every piece is taken (ours or earlier chains') */
-	while (take(lt, &c, &k)) {
-		pthread_mutex_unlock(&lt->lock);
-		copy_piece(lt, c, k);
-		pthread_mutex_lock(&lt->lock);
-	}
 	pthread_mutex_unlock(&lt->lock);
 	lt->async_chains++;
 	return 0;
+}
+
+static int local_progress(struct kvb_transport *t)
+{
+	struct local_transport *lt =
+		container_of(t, struct local_transport, base);
+	struct achain *c;
+	unsigned k;
+	int got;
+
+	if (!lt->nthreads)
+		return 0;
+	pthread_mutex_lock(&lt->lock);
+	got = take(lt, &c, &k);
+	pthread_mutex_unlock(&lt->lock);
+	if (got)
+		copy_piece(lt, c, k);
+	return got;
 }
 
 static int local_post(struct kvb_transport *t, struct kvb_ep *ep,
@@ -472,14 +494,12 @@ static int local_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 	if (n < max && lt->nthreads) {
 		pthread_mutex_lock(&lt->dlock);
 		n += q_pop(&lt->done, out + n, max - n);
-		if (!lt->done.len) {
+		if (!lt->done.len && lt->signalled) {
 			uint64_t v;
 
-			/* under the lock: a later push sees an empty queue
-			 * and writes the eventfd again */
-			if (read(lt->efd, &v, sizeof(v)) < 0) {
-				/* EAGAIN: nothing was signalled */
-			}
+			/* under the lock: the next chain end writes again */
+			if (read(lt->efd, &v, sizeof(v)) == sizeof(v))
+				lt->signalled = 0;
 		}
 		pthread_mutex_unlock(&lt->dlock);
 	}
@@ -507,4 +527,5 @@ const struct kvb_transport_ops kvb_local_ops = {
 	.post = local_post,
 	.poll = local_poll,
 	.wait_fd = local_wait_fd,
+	.progress = local_progress,
 };
