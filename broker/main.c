@@ -250,8 +250,9 @@ static int try_sleep(struct kvb_broker *b)
 
 		if (ms < 1)
 			ms = 1;
-		if (b->inf_nfree < KVB_INFLIGHT_MAX - 1)
-			ms = 1; /* async copies in flight: keep polling */
+		if (b->inf_nfree < KVB_INFLIGHT_MAX - 1 || b->ndirty)
+			ms = 1; /* async copies in flight, ops waiting for
+				 * credit: keep polling */
 		b->st.sleeps++;
 		service_events(b, ms);
 	}
@@ -290,7 +291,14 @@ static void run(struct kvb_broker *b)
 		}
 		if (!idle_since)
 			idle_since = now;
-		if (now - idle_since >= spin_ns && !b->ndirty) {
+		/*
+		 * Idle past the spin window: sleep. Ops still queued here
+		 * (b->ndirty) are waiting for credit (a full send queue or
+		 * socket): only completions free it, so sleep the short way
+		 * (try_sleep caps it at 1 ms) instead of spinning on it, which
+		 * took a core from soft-RoCE's kernel threads.
+		 */
+		if (now - idle_since >= spin_ns) {
 			try_sleep(b);
 			idle_since = 0;
 		}

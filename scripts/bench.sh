@@ -9,7 +9,8 @@
 # worker of the two workload cases on `local`), ITERS_TCP_SMALL /
 # ITERS_TCP_LARGE (the same on `tcp`), ITERS_RDMA_SMALL / ITERS_RDMA_LARGE
 # (the two cases on `rdma`), ITERS_GPU_SMALL / ITERS_GPU_LARGE (the same on `gpu`), KVBENCH
-# (the binary), RDMA=0 (skip the rdma step), GPU=0 (skip the gpu step).
+# (the binary), RDMA=0 (skip the rdma step), RDMA_QPS (the rdma brokers'
+# --qp-per-transfer, default 8), GPU=0 (skip the gpu step).
 #
 # tcp: kvbench places P and D in two network namespaces joined by a veth
 # pair when run as root with `ip netns` (it makes and deletes them itself),
@@ -178,10 +179,17 @@ SMALL_RDMA=(--layers 32 --blocks 16 --block-bytes 512 --requests 8
 	--no-verify --mode both)
 LARGE_RDMA=(--layers 8 --blocks 4 --block-bytes 64K --requests 2
 	--no-verify --mode both)
+# The brokers get RDMA_QPS queue pairs per peer (--qp-per-transfer, default
+# 8; direct has one per worker): soft-RoCE serves a QP on one kernel thread,
+# so one QP caps a node pair at about 45 MB/s in this guest whatever the
+# worker count (measured: broker bandwidth 0.043-0.047 GB/s at W = 1..8
+# with 1 QP); a NIC's QP is not bound that way.
+RDMA_QPS=${RDMA_QPS:-8}
+RQ="--broker-opts '--qp-per-transfer $RDMA_QPS'"
 RDMA_CASES=(
-	"verify-rdma workload --transport rdma --workers 2 --layers 32 --iters 2 --mode both --verify"
-	"workload-rdma-small workload --transport rdma ${SMALL_RDMA[*]} --iters $ITERS_RDMA_SMALL --sweep-workers 1,2,4,8"
-	"workload-rdma-large workload --transport rdma ${LARGE_RDMA[*]} --iters $ITERS_RDMA_LARGE --sweep-workers 1,2,4,8"
+	"verify-rdma workload --transport rdma --workers 2 --layers 32 --iters 2 --mode both --verify $RQ"
+	"workload-rdma-small workload --transport rdma ${SMALL_RDMA[*]} --iters $ITERS_RDMA_SMALL --sweep-workers 1,2,4,8 $RQ"
+	"workload-rdma-large workload --transport rdma ${LARGE_RDMA[*]} --iters $ITERS_RDMA_LARGE --sweep-workers 1,2,4,8 $RQ"
 )
 RDMA_OK=0
 rm -f "$RES"/verify-rdma.* "$RES"/workload-rdma-*
@@ -577,8 +585,11 @@ NIC's.
   one device, each with its own handshake and notify ports (as
   `tests/rdma/broker-pair.sh`), the workers on MoRIIO's WRITE path as on
   `tcp`. The P broker gathers every worker's chains to the peer node onto
-  one QP and posts up to its send-queue credit per `ibv_post_send`: WR/db
-  is several times direct's. Figures from the P broker's stats
+  its `--qp-per-transfer` QPs (8 here, `RDMA_QPS`; direct has one QP per
+  worker) and posts up to a QP's send-queue credit per `ibv_post_send`:
+  WR/db is several times direct's. With one QP the brokers' bandwidth
+  stayed at 0.043-0.047 GB/s from W = 1 to 8 (soft-RoCE serves a QP on
+  one kernel thread), so 1 QP would measure rxe, not the broker. Figures from the P broker's stats
   (per_transport `rdma`); `post_cpu` = wall time inside `ibv_post_send`
   per WR, in the workers (direct) or in the P broker (stats `post_ns`). On
   soft-RoCE `ibv_post_send` is a system call in which the kernel may
