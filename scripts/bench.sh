@@ -524,20 +524,19 @@ $(table ring)
 ## How to read this on the \`local\` transport
 
 On \`local\` the broker *is* the copy engine. Small chains are copied by
-the broker thread; a chain of 512 KiB or more is cut into 256 KiB pieces
-copied by \`--copy-threads\` threads (auto: min(4, CPUs - 1), so 1 here)
-with the broker thread helping. With W = 1 the broker then copies on two
-cores where the direct worker copies on one (large blocks: broker ahead).
-From W = 2 on, direct mode keeps both cores of this machine copying in W
-processes, and the broker cannot do better than the same two cores minus
-what its drain loop and the W worker processes need: measured with
-\`perf record -a\` during a W = 2 large-block broker run (24.8 GB/s), 82 %
-of both cores' cycles were the broker's memmove: about 15 GB/s per core
-busy copying, where direct W = 2 moved 37.7 GB/s on two cores (19 per
-core) in the sweep before it; with \`--copy-threads 0\` at W = 1 (one core
-each) the broker reached 0.85x direct. The cause of that per-core gap was
-not found (not page faults, not locking: the pool's lock and futex time
-is under 0.5 %). Figures of 2026-11-30, one run each, this machine. Small blocks: one broker thread validates, copies and
+the broker thread inside the post; a chain of 512 KiB or more is cut into
+256 KiB pieces copied by \`--copy-threads\` threads (auto: min(4, CPUs - 1),
+so 1 here) and by the broker thread, one piece per loop round (so a
+transfer open is answered within a piece's copy, not a chain's). With
+W = 1 the broker copies on two cores where the direct worker copies on
+one: broker ahead. From W = 2 on, direct mode keeps both cores of this
+machine copying in W processes and the broker copies on the same two
+cores, which it shares with its own loop and the W worker processes'
+wake-ups: \`perf record -a\` during a W = 2 large-block broker run showed
+83.5 % of both cores' samples in the broker's memmove (2026-11-30, one
+run). The per-core copy rate in the broker also came out below a lone
+memcpy loop's (about 13 vs 16 GB/s per core); the cause was not found.
+Small blocks: one broker thread validates, copies and
 completes for all W workers, so message rate is lower. The broker still
 cuts doorbells by its drain burst (chains of up to \`--burst\` WRs per
 destination instead of B per (request, layer)). The doorbell and
