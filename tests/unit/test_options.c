@@ -135,7 +135,8 @@ static void test_every_option(void **state)
 		      "--notify-port", "1", "--handshake-port", "65535",
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
-		      "--qp-per-transfer", "64", "--gpu-streams", "1", "--copy-threads", "3", NULL),
+		      "--qp-per-transfer", "64", "--gpu-streams", "1",
+		      "--copy-threads", "3", NULL),
 		0);
 	assert_string_equal(err, "");
 	assert_string_equal(o.socket_path, "/tmp/x.sock");
@@ -160,13 +161,11 @@ static void test_every_option(void **state)
 	assert_int_equal(o.qp_per_transfer, 64);
 	assert_int_equal(o.gpu_streams, 1);
 	assert_int_equal(o.copy_threads, 3);
-	assert_int_equal(parse(&o, err, sizeof(err), "--copy-threads", "0",
-			       NULL),
-			 0);
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--copy-threads", "0", NULL), 0);
 	assert_int_equal(o.copy_threads, 0);
-	assert_int_equal(parse(&o, err, sizeof(err), "--copy-threads=auto",
-			       NULL),
-			 0);
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--copy-threads=auto", NULL), 0);
 	assert_int_equal(o.copy_threads, -1);
 
 	/* --opt=value form, and the other end of the ranges */
@@ -331,19 +330,30 @@ static void test_help_version(void **state)
 	assert_non_null(f);
 	kvb_options_usage(f);
 	fclose(f);
-	static const char *const names[] = {
-		"--socket",	     "--transport",
-		"--log-level",	     "--busy-poll-us",
-		"--sq-entries",	     "--cq-entries",
-		"--max-workers",     "--burst",
-		"--post-batch-size", "--transfer-timeout",
-		"--defer-timeout",   "--host-ip",
-		"--notify-port",     "--handshake-port",
-		"--read-mode",	     "--trusted-hosts",
-		"--rdma-dev",	     "--ib-port",
-		"--gid-index",	     "--qp-per-transfer",
-		"--gpu-streams",     "--copy-threads", "--help",
-		"--version"};
+	static const char *const names[] = {"--socket",
+					    "--transport",
+					    "--log-level",
+					    "--busy-poll-us",
+					    "--sq-entries",
+					    "--cq-entries",
+					    "--max-workers",
+					    "--burst",
+					    "--post-batch-size",
+					    "--transfer-timeout",
+					    "--defer-timeout",
+					    "--host-ip",
+					    "--notify-port",
+					    "--handshake-port",
+					    "--read-mode",
+					    "--trusted-hosts",
+					    "--rdma-dev",
+					    "--ib-port",
+					    "--gid-index",
+					    "--qp-per-transfer",
+					    "--gpu-streams",
+					    "--copy-threads",
+					    "--help",
+					    "--version"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);
