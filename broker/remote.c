@@ -14,7 +14,9 @@
  *   other op, and completes as one descriptor when all its pieces did.
  *
  * Everything runs on the broker thread and never blocks: ZMQ sockets are
- * drained without waiting, peers that do not answer time out.
+ * drained without waiting, peers that do not answer time out. Set-up,
+ * teardown and region registration: remote_setup.c; peers and the
+ * handshake: remote_peer.c; notify messages: remote_notify.c.
  */
 #include "remote_priv.h"
 
@@ -634,7 +636,7 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 /* ------------------------------------------------------------------ */
 /* transfers */
 
-static void rx_free(struct kvb_rxfer *rx)
+void rx_free(struct kvb_rxfer *rx)
 {
 	free(rx->lb);
 	free(rx->rb);
@@ -938,54 +940,6 @@ int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
-static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
-
-void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
-{
-	struct kvb_transport *t = b->trs[KVB_TS_TCP];
-
-	rdma_reg(b, r);
-	/* every host region: the tcp receiver checks the KVB_MEM_REMOTE_*
-	 * flags itself before landing or sending a byte */
-	if (!t || r->mr.kind != KVB_MEM_HOST)
-		return;
-	if (t->ops->reg_mr(t, &r->mr) == 0)
-		r->tcp_reg = 1;
-}
-
-static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
-{
-	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
-	int rc;
-
-	/* every host region: a source of our writes (or the sink of our
-	 * READs) needs a local key too. The transport grants remote write /
-	 * remote read only as the region's KVB_MEM_REMOTE_* flags say, and
-	 * only regions with one of them go into the descriptor with their
-	 * rkey: a local-only region cannot be reached from outside. */
-	if (!t || r->mr.kind != KVB_MEM_HOST)
-		return;
-	rc = t->ops->reg_mr(t, &r->mr);
-	if (rc)
-		log_warn("region %#x: rdma registration failed: %s", r->mr.id,
-			 strerror(-rc));
-	else
-		r->rdma_reg = 1;
-}
-
-void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
-{
-	struct kvb_transport *t = b->trs[KVB_TS_TCP];
-
-	if (t && r->tcp_reg)
-		t->ops->dereg_mr(t, &r->mr);
-	r->tcp_reg = 0;
-	t = b->trs[KVB_TS_RDMA];
-	if (t && r->rdma_reg)
-		t->ops->dereg_mr(t, &r->mr);
-	r->rdma_reg = 0;
-}
-
 /* ------------------------------------------------------------------ */
 /* control requests, service, timers */
 
@@ -1089,186 +1043,4 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
-}
-
-static void parse_trusted(struct kvb_xnode *rm, const char *list)
-{
-	const char *s = list;
-
-	while (*s && rm->ntrusted < MAX_TRUSTED) {
-		size_t n = strcspn(s, ", ");
-
-		if (n && n < sizeof(rm->trusted[0])) {
-			memcpy(rm->trusted[rm->ntrusted], s, n);
-			rm->trusted[rm->ntrusted++][n] = '\0';
-		}
-		s += n;
-		s += strspn(s, ", ");
-	}
-}
-
-int kvb_remote_init(struct kvb_broker *b)
-{
-	struct kvb_xnode *rm;
-	char ep[96];
-	size_t sz = sizeof(int);
-	int zero = 0, rc;
-	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
-
-	kvb_xfer_rx_free = rx_free;
-	g_b = b;
-	if (!b->opt.cross_node)
-		return 0;
-	rm = calloc(1, sizeof(*rm));
-	if (!rm)
-		return -ENOMEM;
-	b->rm = rm;
-	rm->router_fd = -1;
-	rm->npeers_max =
-		b->opt.max_workers < MAX_PEERS ? b->opt.max_workers : MAX_PEERS;
-	if (getrandom(&rm->instance, sizeof(rm->instance), 0) !=
-	    sizeof(rm->instance))
-		rm->instance = (uint64_t) kvb_now_ns() ^ (uint64_t) getpid();
-	parse_trusted(rm, b->opt.trusted_hosts);
-	rm->groups = calloc(MAX_GROUPS, sizeof(*rm->groups));
-	rm->gfree = calloc(MAX_GROUPS, sizeof(*rm->gfree));
-	if (!rm->groups || !rm->gfree)
-		return -ENOMEM;
-	for (uint32_t i = MAX_GROUPS - 1; i >= 1; i--)
-		rm->gfree[rm->ngfree++] = i;
-	rm->zctx = zmq_ctx_new();
-	if (!rm->zctx)
-		return -errno;
-#ifdef KVB_HAVE_TCP
-	{
-		struct kvb_transport_params p = {
-			.post_batch_size = b->opt.post_batch_size,
-			.host_ip = b->opt.host_ip,
-			.tcp_port = b->opt.data_port,
-			.timeout_ms = 10000,
-		};
-		char why[256] = "";
-
-		if (b->opt.transport != KVB_TR_RDMA) {
-			rc = kvb_tcp_ops.open(&p, &b->trs[KVB_TS_TCP], why,
-					      sizeof(why));
-			if (rc) {
-				log_err("transport tcp: cannot listen on "
-					"%s:%u: "
-					"%s",
-					b->opt.host_ip, b->opt.data_port,
-					why[0] ? why : strerror(-rc));
-				return rc;
-			}
-			if (b->trs[KVB_TS_TCP]->ops->wait_fd) {
-				int fd = b->trs[KVB_TS_TCP]->ops->wait_fd(
-					b->trs[KVB_TS_TCP]);
-
-				if (fd >= 0)
-					ep_add(b, fd);
-			}
-			log_info("transport tcp ready on %s:%d", b->opt.host_ip,
-				 kvb_tcp_port(b->trs[KVB_TS_TCP]));
-		}
-	}
-#endif
-#ifdef KVB_HAVE_RDMA
-	if (b->opt.transport == KVB_TR_RDMA ||
-	    b->opt.transport == KVB_TR_AUTO) {
-		struct kvb_transport_params p = {
-			.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
-			.ib_port = b->opt.ib_port,
-			.gid_index = b->opt.gid_index,
-			.post_batch_size = b->opt.post_batch_size,
-			.qp_per_peer = b->opt.qp_per_transfer,
-		};
-		char why[256] = "";
-
-		rc = kvb_rdma_ops.open(&p, &b->trs[KVB_TS_RDMA], why,
-				       sizeof(why));
-		if (rc && b->opt.transport == KVB_TR_RDMA) {
-			log_err("transport rdma: unavailable: %s",
-				why[0] ? why : strerror(-rc));
-			return rc;
-		}
-		if (rc)
-			log_info("transport auto: rdma unavailable (%s); "
-				 "across nodes: tcp",
-				 why[0] ? why : strerror(-rc));
-		else
-			/* time inside ibv_post_send (stats post_ns): two
-			 * clock reads per doorbell */
-			kvb_rdma_time_posts(b->trs[KVB_TS_RDMA], 1);
-		if (!rc)
-			log_info("transport rdma ready (%s%s): peers that "
-				 "offer rdma use it",
-				 b->opt.rdma_dev[0] ? b->opt.rdma_dev
-						    : "first device",
-				 b->opt.transport == KVB_TR_RDMA
-					 ? ", no tcp"
-					 : ", tcp for "
-					   "the others");
-	}
-#else
-	if (b->opt.transport == KVB_TR_RDMA) {
-		log_err("transport rdma: this build has no libibverbs");
-		return -ENOTSUP;
-	}
-#endif
-	rm->router = zmq_socket(rm->zctx, ZMQ_ROUTER);
-	if (!rm->router)
-		return -errno;
-	snprintf(ep, sizeof(ep),
-		 strchr(b->opt.host_ip, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
-		 b->opt.host_ip, b->opt.handshake_port);
-	if (strchr(b->opt.host_ip, ':')) {
-		int one = 1;
-
-		zmq_setsockopt(rm->router, ZMQ_IPV6, &one, sizeof(one));
-	}
-	if (zmq_setsockopt(rm->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
-	    zmq_setsockopt(rm->router, ZMQ_MAXMSGSIZE, &maxmsg,
-			   sizeof(maxmsg)) ||
-	    zmq_bind(rm->router, ep) ||
-	    zmq_getsockopt(rm->router, ZMQ_FD, &rm->router_fd, &sz)) {
-		rc = -errno;
-		log_err("handshake port %s: %s", ep, zmq_strerror(-rc));
-		return rc;
-	}
-	ep_add(b, rm->router_fd);
-	log_info("cross-node bridge on %s: handshake port %u, notify ports "
-		 "from %u%s%s",
-		 b->opt.host_ip, b->opt.handshake_port, b->opt.notify_port,
-		 rm->ntrusted ? ", trusted hosts " : "",
-		 rm->ntrusted ? b->opt.trusted_hosts : "");
-	return 0;
-}
-
-void kvb_remote_fini(struct kvb_broker *b)
-{
-	struct kvb_xnode *rm = b->rm;
-
-	if (!rm)
-		return;
-	for (uint32_t i = 0; i < b->opt.max_workers && b->workers; i++)
-		if (b->workers[i].notify)
-			notify_close(b, &b->workers[i]);
-	for (uint32_t i = 1; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
-
-		if (p->state == PEER_FREE)
-			continue;
-		peer_reply_waiters(b, p, -ESHUTDOWN);
-		close_dealer(b, p);
-		peer_disconnect(b, p);
-		kvb_hs_fini(&p->desc);
-	}
-	if (rm->router)
-		zmq_close(rm->router);
-	if (rm->zctx)
-		zmq_ctx_term(rm->zctx);
-	free(rm->groups);
-	free(rm->gfree);
-	free(rm);
-	b->rm = NULL;
 }

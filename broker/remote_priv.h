@@ -161,6 +161,8 @@ struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id);
 void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
 /* remote.c */
 uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
+/* Free a cross-node transfer state (kvb_xfer_rx_free, set at init). */
+void rx_free(struct kvb_rxfer *rx);
 /* remote_notify.c */
 void notify_close(struct kvb_broker *b, struct kvb_worker *w);
 
