@@ -171,6 +171,11 @@ void kvb_bench_net_describe(const struct bench_net *n, char *buf, size_t cap);
  * 3 (failed transfers or bad bytes).
  */
 int kvb_bench_workload_main(int argc, char **argv);
+/*
+ * wl_options.c: parse `kvbench workload` arguments into c (which holds the
+ * defaults). 0, 1 after --help (printed), -1 on a bad argument (printed).
+ */
+int wl_parse(struct wl_cfg *c, int argc, char **argv);
 size_t wl_pres_size(const struct wl_cfg *c);
 int wl_direct_p(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 		int notify_fd, int ready_fd, const int *go,
