@@ -73,13 +73,15 @@ struct local_transport {
 	pthread_cond_t idle;  /* live dropped to 0 */
 	struct achain *qhead, *qtail;
 	unsigned live; /* chains not yet fully copied */
+	/* pieces queued and not taken: progress() reads it without the lock
+	 * (a stale 0 only defers the broker's piece to its next round) */
+	atomic_uint untaken;
 	int stop;
 	pthread_mutex_t dlock; /* done queue, pending */
 	struct done_q done;
 	uint64_t pending; /* pooled ops posted, not yet in `done` */
 	int signalled;	  /* efd written and not yet read */
 	int efd;
-	uint64_t async_chains; /* broker thread only */
 };
 
 static int q_reserve(struct done_q *q, unsigned n)
@@ -216,6 +218,7 @@ static int take(struct local_transport *lt, struct achain **c, unsigned *k)
 		return 0;
 	*c = h;
 	*k = h->taken++;
+	atomic_fetch_sub_explicit(&lt->untaken, 1, memory_order_relaxed);
 	if (h->taken == h->npieces) {
 		lt->qhead = h->next;
 		if (!lt->qhead)
@@ -280,6 +283,7 @@ static int local_open(const struct kvb_transport_params *p,
 	if (!lt)
 		return -ENOMEM;
 	lt->efd = -1;
+	atomic_init(&lt->untaken, 0);
 	pthread_mutex_init(&lt->lock, NULL);
 	pthread_mutex_init(&lt->dlock, NULL);
 	pthread_cond_init(&lt->work, NULL);
@@ -426,9 +430,10 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 	else
 		lt->qhead = c;
 	lt->qtail = c;
+	atomic_fetch_add_explicit(&lt->untaken, c->npieces,
+				  memory_order_relaxed);
 	pthread_cond_broadcast(&lt->work);
 	pthread_mutex_unlock(&lt->lock);
-	lt->async_chains++;
 	return 0;
 }
 
@@ -440,7 +445,9 @@ static int local_progress(struct kvb_transport *t)
 	unsigned k;
 	int got;
 
-	if (!lt->nthreads)
+	/* called every broker round: no lock unless a piece is waiting */
+	if (!lt->nthreads ||
+	    !atomic_load_explicit(&lt->untaken, memory_order_relaxed))
 		return 0;
 	pthread_mutex_lock(&lt->lock);
 	got = take(lt, &c, &k);

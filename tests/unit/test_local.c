@@ -276,6 +276,32 @@ static void test_many_ops_unpolled(void **state)
 	fx_close(&f);
 }
 
+/*
+ * progress(): the caller's thread takes queued pieces. One pool thread and
+ * three 32 MiB pieces: the pool copies one at a time (milliseconds each),
+ * so pieces are still queued when this thread asks right after post().
+ */
+static void test_progress(void **state)
+{
+	struct fx f;
+	struct kvb_xop ops[3];
+	int mine = 0, k;
+
+	(void) state;
+	fx_open(&f, 1, 32 * MIB, 96 * MIB);
+	for (unsigned i = 0; i < 3; i++)
+		ops[i] = wr(&f, i * 32 * MIB, (2 - i) * 32 * MIB, 32 * MIB, i);
+	assert_int_equal(f.t->ops->post(f.t, NULL, ops, 3), 3);
+	while ((k = f.t->ops->progress(f.t)) > 0)
+		mine += k;
+	assert_true(mine >= 1 && mine <= 3);
+	assert_int_equal(f.t->ops->progress(f.t), 0); /* nothing queued */
+	reap_all(&f, 3);
+	for (unsigned i = 0; i < 3; i++)
+		check_range(&f, i * 32 * MIB, (2 - i) * 32 * MIB, 32 * MIB);
+	fx_close(&f);
+}
+
 /* dereg_mr() returns only after every pooled copy finished. */
 static void test_dereg_waits(void **state)
 {
@@ -351,6 +377,7 @@ int main(void)
 		cmocka_unit_test(test_pool_read),
 		cmocka_unit_test(test_many_chains),
 		cmocka_unit_test(test_many_ops_unpolled),
+		cmocka_unit_test(test_progress),
 		cmocka_unit_test(test_dereg_waits),
 		cmocka_unit_test(test_close_in_flight),
 		cmocka_unit_test(test_bad_params),
