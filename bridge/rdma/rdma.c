@@ -337,8 +337,7 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 		uint64_t t0 = now_ns();
 
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
-		r->post_ns += now_ns() - t0;
-		r->base.stats.post_ns = r->post_ns;
+		r->base.stats.post_ns += now_ns() - t0;
 	} else {
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
 	}
@@ -446,7 +445,7 @@ void kvb_rdma_time_posts(struct kvb_transport *t, int on)
 
 uint64_t kvb_rdma_post_ns(struct kvb_transport *t)
 {
-	return to_rdma(t)->post_ns;
+	return t->stats.post_ns;
 }
 
 const struct kvb_transport_ops kvb_rdma_ops = {

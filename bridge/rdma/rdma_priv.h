@@ -62,7 +62,6 @@ struct kvb_rdma {
 	struct kvb_rdma_qp *ready[KVB_RDMA_MAX_SLOTS];
 	unsigned nready;
 	int time_posts;
-	uint64_t post_ns;
 	struct ibv_wc wc[KVB_RDMA_POLL_BATCH];
 };
 

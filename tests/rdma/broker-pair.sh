@@ -115,6 +115,13 @@ for t in d["per_transport"]:
               f"{t['cqes']} CQEs, {t['errors']} errors")
 print("broker A: done", d["transfers_done"], "failed", d["transfers_failed"])
 PY
+# the broker times its ibv_post_send calls (kvbench's broker post_cpu)
+python3 - "$s" <<'PY' || fail "rdma post_ns missing or 0 after doorbells"
+import json, sys
+d = json.loads(sys.argv[1])
+t = [t for t in d["per_transport"] if t["name"] == "rdma"]
+sys.exit(0 if t and (t[0]["doorbells"] == 0 or t[0]["post_ns"] > 0) else 1)
+PY
 KVB_SOCKET="$T/a.sock" "$KVBCTL" stats | grep -E "^peer|^  qp|^wr_per_doorbell|^doorbells|^wrs"
 grep -h "rdma queue pairs ready\|refused" "$T"/broker-*.log | head -n 12
 kill -TERM "$BPID_a" "$BPID_b"
