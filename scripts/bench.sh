@@ -10,7 +10,10 @@
 # ITERS_TCP_LARGE (the same on `tcp`), ITERS_RDMA_SMALL / ITERS_RDMA_LARGE
 # (the two cases on `rdma`), ITERS_GPU_SMALL / ITERS_GPU_LARGE (the same on `gpu`), KVBENCH
 # (the binary), RDMA=0 (skip the rdma step), RDMA_QPS (the rdma brokers'
-# --qp-per-transfer, default 8), GPU=0 (skip the gpu step).
+# --qp-per-transfer, default 8), GPU=0 (skip the gpu step), REPEAT_LARGE
+# (kvbench --repeat of the large-block cases, default 3: direct and broker
+# alternate, ABBA, and the figures are the medians, so that a drift in this
+# shared machine's load does not land on one mode only; QUICK=1: 1).
 #
 # tcp: kvbench places P and D in two network namespaces joined by a veth
 # pair when run as root with `ip netns` (it makes and deletes them itself),
@@ -50,18 +53,20 @@ if [ "$QUICK" = 1 ]; then
 	ITERS_RDMA_LARGE=${ITERS_RDMA_LARGE:-2}
 	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-10}
 	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-4}
+	REPEAT_LARGE=${REPEAT_LARGE:-1}
 	RATE_S=2
 	LAT_N=100000
 	RING_S=1
 else
 	ITERS_SMALL=${ITERS_SMALL:-1500}
-	ITERS_LARGE=${ITERS_LARGE:-100}
+	ITERS_LARGE=${ITERS_LARGE:-50}
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-1000}
-	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-40}
+	ITERS_TCP_LARGE=${ITERS_TCP_LARGE:-12}
 	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-20}
-	ITERS_RDMA_LARGE=${ITERS_RDMA_LARGE:-10}
+	ITERS_RDMA_LARGE=${ITERS_RDMA_LARGE:-4}
 	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-200}
-	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-40}
+	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-20}
+	REPEAT_LARGE=${REPEAT_LARGE:-3}
 	RATE_S=5
 	LAT_N=300000
 	RING_S=2
@@ -150,7 +155,7 @@ run workload-small workload "${SMALL[@]}" --iters "$ITERS_SMALL" \
 
 # 2. large blocks: bandwidth bound (256 KiB, 32 layers x 4 blocks)
 LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify
-	--mode both)
+	--mode both --repeat "$REPEAT_LARGE")
 run workload-large workload "${LARGE[@]}" --iters "$ITERS_LARGE" \
 	--sweep-workers 1,2,4,8 \
 	--json "$RES/workload-large.json" --plot "$RES/workload-large.png"
@@ -178,7 +183,7 @@ fi
 SMALL_RDMA=(--layers 32 --blocks 16 --block-bytes 512 --requests 8
 	--no-verify --mode both)
 LARGE_RDMA=(--layers 8 --blocks 4 --block-bytes 64K --requests 2
-	--no-verify --mode both)
+	--no-verify --mode both --repeat "$REPEAT_LARGE")
 # The brokers get RDMA_QPS queue pairs per peer (--qp-per-transfer, default
 # 8; direct has one per worker): soft-RoCE serves a QP on one kernel thread,
 # so one QP caps a node pair at about 45 MB/s in this guest whatever the
@@ -314,8 +319,9 @@ cols = [("doorbells", "doorbells"), ("wr_per_doorbell", "WR/db"),
         ("msg_rate_mps", "MsgRate"), ("bw_gbps", "BW"), ("lat_p50_us", "p50"),
         ("lat_p99_us", "p99"), ("lat_p999_us", "p99.9"), ("cpu_s", "cpu"),
         ("post_cpu_us_per_wr", "post_cpu")]
-print("| transport | blocks | W | " + " | ".join(c[1] for c in cols) + " |")
-print("|---|---|---|" + "---|" * len(cols))
+print("| transport | blocks | W | " + " | ".join(c[1] for c in cols) +
+      " | BW, trial pairs |")
+print("|---|---|---|" + "---|" * (len(cols) + 1))
 for tr, blk, name in cases:
     path = os.path.join(res, name + ".json")
     if not os.path.exists(path):
@@ -331,6 +337,9 @@ for tr, blk, name in cases:
         if not r:
             continue
         cells = ["n/a" if r.get(k) is None else "%.2f" % r[k] for k, _ in cols]
+        # with --repeat: the spread of the per-pair bandwidth ratios
+        tb = [x for x in r.get("trials", {}).get("bw_gbps", []) if x is not None]
+        cells.append("%.2f-%.2f (%d)" % (min(tb), max(tb), len(tb)) if tb else "one trial")
         label = tr + (" (%s)" % where if where else "")
         print("| %s | %s | %d | %s |" % (label, blk, pt["workers"], " | ".join(cells)))
 PY
@@ -367,7 +376,11 @@ hand: run \`make bench\` again.
 
 Each cell is the broker's figure divided by direct's at the same worker
 count W (below 1: the broker has less of it; for MsgRate and BW, above 1
-is better).
+is better). The large-block cases run REPEAT_LARGE=${REPEAT_LARGE} trials of each
+mode per W, direct and broker alternating (ABBA): their cells are the
+median broker figure over the median direct one, and the last column gives
+the lowest and highest bandwidth ratio of the single trial pairs (how much
+one run moves on this shared machine).
 
 $(ratios)
 

@@ -14,6 +14,7 @@
 
 #define KVB_BENCH_MAX_WORKERS 64u
 #define KVB_BENCH_MAX_SWEEP   16u
+#define KVB_BENCH_MAX_REPEAT  15u
 
 enum { MODE_DIRECT = 1, MODE_BROKER = 2 };
 enum {
@@ -58,6 +59,7 @@ struct wl_cfg {
 	int verify, progress;
 	const char *json, *plot, *broker, *broker_opts;
 	unsigned sweep[KVB_BENCH_MAX_SWEEP], nsweep;
+	unsigned repeat; /* trials per mode per worker count (medians) */
 };
 
 /*
@@ -383,8 +385,16 @@ void wl_table_header(void);
 void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 		  const struct wl_figs *f);
 void wl_ratio_row(unsigned w, const struct wl_figs *d, const struct wl_figs *b);
+/* out = the median of n trials, figure by figure (NAN if any is n/a);
+ * the counts of failures and bad bytes are summed; valid if any trial was */
+void wl_figs_median(const struct wl_figs *t, unsigned n, struct wl_figs *out);
+/* with --repeat: the bandwidth and message-rate ratio of each trial pair */
+void wl_trials_row(const struct wl_cfg *c,
+		   const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT]);
+/* trials: [point][mode][trial], c->repeat of them (NULL: none kept) */
 int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-		  const struct wl_figs (*res)[2]);
+		  const struct wl_figs (*res)[2],
+		  const struct wl_figs (*trials)[2][KVB_BENCH_MAX_REPEAT]);
 int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	    const struct wl_figs (*res)[2]);
 

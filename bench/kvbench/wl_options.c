@@ -80,6 +80,14 @@ static void workload_usage(FILE *f)
 	      "[...] of those\n"
 	      "  --sweep-workers L  comma-separated worker counts, e.g. "
 	      "1,2,4,8\n"
+	      "  --repeat N         N trials of each mode per worker count "
+	      "(default 1,\n"
+	      "                     at most 15), direct and broker "
+	      "alternating (ABBA);\n"
+	      "                     rows, ratios and JSON figures are the "
+	      "medians, JSON\n"
+	      "                     \"trials\" holds each trial (and each "
+	      "pair's ratio)\n"
 	      "  --plot FILE.png    message rate and WRs/doorbell vs workers "
 	      "(gnuplot)\n"
 	      "  --progress         progress line on stderr (default: only on "
@@ -204,6 +212,7 @@ enum {
 	O_NET,
 	O_RDMA_IP,
 	O_GPU_BACKEND,
+	O_REPEAT,
 	O_HELP,
 };
 
@@ -230,6 +239,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 		{"net", 1, NULL, O_NET},
 		{"rdma-ip", 1, NULL, O_RDMA_IP},
 		{"gpu-backend", 1, NULL, O_GPU_BACKEND},
+		{"repeat", 1, NULL, O_REPEAT},
 		{"help", 0, NULL, O_HELP},
 		{NULL, 0, NULL, 0}};
 	uint64_t v;
@@ -279,6 +289,12 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 			if (kvb_bench_parse_u64("--iters", a, 1, 1000000, &v))
 				return -1;
 			c->iters = (unsigned) v;
+			break;
+		case O_REPEAT:
+			if (kvb_bench_parse_u64("--repeat", a, 1,
+						KVB_BENCH_MAX_REPEAT, &v))
+				return -1;
+			c->repeat = (unsigned) v;
 			break;
 		case O_RATE:
 			if (kvb_bench_parse_double("--rate", a, 0, 1e9,

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FIG(name)                                     \
@@ -139,14 +140,97 @@ void wl_ratio_row(unsigned w, const struct wl_figs *d, const struct wl_figs *b)
 	       r[5], r[6], r[7], r[8], r[9]);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *) a, y = *(const double *) b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* the median of v[0..n) (sorted in place): NAN when any is NAN */
+static double median(double *v, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (isnan(v[i]))
+			return NAN;
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void wl_figs_median(const struct wl_figs *t, unsigned n, struct wl_figs *out)
+{
+	double v[KVB_BENCH_MAX_REPEAT];
+	unsigned k, m;
+
+	memset(out, 0, sizeof(*out));
+	for (unsigned i = 0; i < sizeof(figs) / sizeof(figs[0]); i++) {
+		for (k = 0, m = 0; k < n; k++)
+			if (t[k].valid)
+				v[m++] = fig(&t[k], i);
+		*(double *) ((char *) out + figs[i].off) =
+			m ? median(v, m) : NAN;
+	}
+	for (k = 0; k < n; k++) {
+		out->valid |= t[k].valid;
+		out->verified_bytes += t[k].verified_bytes;
+		out->bad_bytes += t[k].bad_bytes;
+		out->failed += t[k].failed;
+	}
+}
+
+void wl_trials_row(const struct wl_cfg *c,
+		   const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
+{
+	static const char *const what[2] = {"BW", "MsgRate"};
+
+	for (int w = 0; w < 2; w++) {
+		unsigned i = w ? 4 : 5; /* msg_rate_mps, bw_gbps */
+
+		printf("  %s ratio per trial pair:", what[w]);
+		for (unsigned k = 0; k < c->repeat; k++) {
+			if (t[0][k].valid && t[1][k].valid)
+				printf(" %.3f", ratio(&t[0][k], &t[1][k], i));
+			else
+				printf(" -");
+		}
+		printf("\n");
+	}
+}
+
+/*
+ * ,"trials":{"wrs":[...],...}: the issue's figures trial by trial; for the
+ * ratio (d set) the ratio of each trial pair
+ */
+static void json_trials(FILE *f, const struct wl_cfg *c,
+			const struct wl_figs *d, const struct wl_figs *x)
+{
+	fputs(",\"trials\":{", f);
+	for (unsigned i = 0; i < NFIGS_RATIO; i++) {
+		fprintf(f, "%s\"%s\":[", i ? "," : "", figs[i].name);
+		for (unsigned k = 0; k < c->repeat; k++) {
+			fputs(k ? "," : "", f);
+			if (!x[k].valid || (d && !d[k].valid))
+				fputs("null", f);
+			else
+				json_num(f, d ? ratio(&d[k], &x[k], i)
+					      : fig(&x[k], i));
+		}
+		fputs("]", f);
+	}
+	fputs("}", f);
+}
+
 static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
-		      const struct wl_figs *x, int broker)
+		      const struct wl_figs *x, const struct wl_figs *tr,
+		      int broker)
 {
 	fprintf(f, "\"%s\":{", key);
 	for (unsigned i = 0; i < sizeof(figs) / sizeof(figs[0]); i++) {
 		fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
 		json_num(f, fig(x, i));
 	}
+	if (tr)
+		json_trials(f, c, NULL, tr);
 	fprintf(f,
 		",\"post_cpu_source\":\"%s\",\"verified_bytes\":%llu,"
 		"\"bad_bytes\":%llu,\"failed\":%llu}",
@@ -165,17 +249,21 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 		(unsigned long long) x->failed);
 }
 
-/* "direct", "broker" and (both valid) "ratio", each after a comma */
+/*
+ * "direct", "broker" and (both valid) "ratio", each after a comma; with
+ * trials (t: [mode][trial]), each also gets "trials"
+ */
 static void json_modes(FILE *f, const struct wl_cfg *c, const struct wl_figs *d,
-		       const struct wl_figs *b)
+		       const struct wl_figs *b,
+		       const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
 {
 	if (d->valid) {
 		fputs(",", f);
-		json_figs(f, c, "direct", d, 0);
+		json_figs(f, c, "direct", d, t ? t[0] : NULL, 0);
 	}
 	if (b->valid) {
 		fputs(",", f);
-		json_figs(f, c, "broker", b, 1);
+		json_figs(f, c, "broker", b, t ? t[1] : NULL, 1);
 	}
 	if (d->valid && b->valid) {
 		fputs(",\"ratio\":{", f);
@@ -183,15 +271,18 @@ static void json_modes(FILE *f, const struct wl_cfg *c, const struct wl_figs *d,
 			fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
 			json_num(f, ratio(d, b, i));
 		}
+		if (t)
+			json_trials(f, c, t[0], t[1]);
 		fputs("}", f);
 	}
 }
 
 static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
-		       const struct wl_figs *d, const struct wl_figs *b)
+		       const struct wl_figs *d, const struct wl_figs *b,
+		       const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
 {
 	fprintf(f, "{\"workers\":%u", w);
-	json_modes(f, c, d, b);
+	json_modes(f, c, d, b, t);
 	fputs("}", f);
 }
 
@@ -231,14 +322,19 @@ static void json_config(FILE *f, const struct wl_cfg *c)
 		"\"layers\":%u,\"blocks\":%"
 		"u,"
 		"\"block_bytes\":%llu,\"requests\":%u,\"iters\":%u,\"rate\":%g,"
-		"\"verify\":%s,\"broker_opts\":\"%s\"}",
+		"\"verify\":%s,\"broker_opts\":\"%s\",\"repeat\":%u,"
+		"\"figures_are\":\"%s\"}",
 		c->layers, c->blocks, (unsigned long long) c->block_bytes,
 		c->requests, c->iters, c->rate, c->verify ? "true" : "false",
-		c->broker_opts ? c->broker_opts : "");
+		c->broker_opts ? c->broker_opts : "", c->repeat,
+		c->repeat > 1 ? "the median of the trials, figure by figure; "
+				"ratio = median broker / median direct"
+			      : "one trial");
 }
 
 int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-		  const struct wl_figs (*res)[2])
+		  const struct wl_figs (*res)[2],
+		  const struct wl_figs (*trials)[2][KVB_BENCH_MAX_REPEAT])
 {
 	FILE *f = fopen(c->json, "w");
 
@@ -252,12 +348,14 @@ int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	if (!c->nsweep) {
 		/* one point: its keys at the top level */
 		fprintf(f, ",\"workers\":%u", ws[0]);
-		json_modes(f, c, &res[0][0], &res[0][1]);
+		json_modes(f, c, &res[0][0], &res[0][1],
+			   trials ? trials[0] : NULL);
 	} else {
 		fputs(",\"sweep\":[", f);
 		for (unsigned k = 0; k < n; k++) {
 			fputs(k ? "," : "", f);
-			json_point(f, c, ws[k], &res[k][0], &res[k][1]);
+			json_point(f, c, ws[k], &res[k][0], &res[k][1],
+				   trials ? trials[k] : NULL);
 		}
 		fputs("]", f);
 	}

@@ -562,8 +562,10 @@ int kvb_bench_workload_main(int argc, char **argv)
 			   .requests = 4,
 			   .iters = 4,
 			   .modes = MODE_DIRECT | MODE_BROKER,
-			   .verify = 1};
+			   .verify = 1,
+			   .repeat = 1};
 	static struct wl_figs res[KVB_BENCH_MAX_SWEEP][2];
+	static struct wl_figs tr[KVB_BENCH_MAX_SWEEP][2][KVB_BENCH_MAX_REPEAT];
 	static struct bench_net net;
 	unsigned ws[KVB_BENCH_MAX_SWEEP], n, k;
 	int rc = wl_parse(&c, argc, argv), fails = 0;
@@ -643,25 +645,49 @@ int kvb_bench_workload_main(int argc, char **argv)
 	       c.verify ? "on" : "off");
 	if (c.rate > 0)
 		printf("rate: %g requests/s\n", c.rate);
+	if (c.repeat > 1)
+		printf("%u trials per mode and worker count, direct and broker "
+		       "alternating (d#k, b#k: trial k); the direct, broker "
+		       "and ratio rows are the medians\n",
+		       c.repeat);
 	wl_table_header();
 	for (k = 0; k < n; k++) {
 		c.workers = ws[k];
-		for (int m = 0; m < 2; m++) {
-			int mode = m ? MODE_BROKER : MODE_DIRECT;
+		for (unsigned t = 0; t < c.repeat; t++) {
+			/* ABBA: a drift in the machine's load hits both */
+			for (int j = 0; j < 2; j++) {
+				int m = t % 2 ? 1 - j : j;
+				int mode = m ? MODE_BROKER : MODE_DIRECT;
+				char label[16];
 
-			if (!(c.modes & mode))
-				continue;
-			if (run_mode(&c, mode, &res[k][m])) {
-				fails++;
-				if (!res[k][m].valid)
+				if (!(c.modes & mode))
 					continue;
+				if (run_mode(&c, mode, &tr[k][m][t])) {
+					fails++;
+					if (!tr[k][m][t].valid)
+						continue;
+				}
+				if (c.repeat > 1)
+					snprintf(label, sizeof(label), "%c#%u",
+						 m ? 'b' : 'd', t + 1);
+				else
+					snprintf(label, sizeof(label), "%s",
+						 m ? "broker" : "direct");
+				wl_table_row(label, ws[k], &c, &tr[k][m][t]);
+				fflush(stdout);
 			}
-			wl_table_row(m ? "broker" : "direct", ws[k], &c,
-				     &res[k][m]);
-			fflush(stdout);
 		}
-		if (res[k][0].valid && res[k][1].valid)
+		for (int m = 0; m < 2; m++) {
+			wl_figs_median(tr[k][m], c.repeat, &res[k][m]);
+			if (c.repeat > 1 && res[k][m].valid)
+				wl_table_row(m ? "broker" : "direct", ws[k], &c,
+					     &res[k][m]);
+		}
+		if (res[k][0].valid && res[k][1].valid) {
 			wl_ratio_row(ws[k], &res[k][0], &res[k][1]);
+			if (c.repeat > 1)
+				wl_trials_row(&c, tr[k]);
+		}
 	}
 	if (c.transport == KVB_BENCH_TR_RDMA)
 		printf("post_cpu: direct = time inside ibv_post_send per WR, "
@@ -678,7 +704,12 @@ int kvb_bench_workload_main(int argc, char **argv)
 		printf("gpu backend host: these figures are the host copy "
 		       "path's, not a GPU's\n");
 	if (c.json &&
-	    wl_write_json(&c, ws, n, (const struct wl_figs(*)[2]) res))
+	    wl_write_json(
+		    &c, ws, n, (const struct wl_figs(*)[2]) res,
+		    c.repeat > 1
+			    ? (const struct wl_figs(*)[2][KVB_BENCH_MAX_REPEAT])
+				      tr
+			    : NULL))
 		fails++;
 	if (c.plot && wl_plot(&c, ws, n, (const struct wl_figs(*)[2]) res))
 		fails++;

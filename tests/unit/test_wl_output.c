@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvbench's --repeat arithmetic (bench/kvbench/wl_output.c): the median of
+ * the trials figure by figure, n/a and failed trials, the counts summed,
+ * and the JSON "trials" arrays (each trial, each pair's ratio).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvbench.h"
+
+static struct wl_figs trial(double bw, double rate, double post_cpu)
+{
+	return (struct wl_figs){.valid = 1,
+				.wrs = 100,
+				.bw_gbps = bw,
+				.msg_rate_mps = rate,
+				.post_cpu_us_per_wr = post_cpu,
+				.verified_bytes = 10,
+				.failed = 0};
+}
+
+static void median_odd_even(void **state)
+{
+	struct wl_figs t[4] = {trial(3, 30, 1), trial(1, 10, 2),
+			       trial(2, 20, 3), trial(10, 5, 4)};
+	struct wl_figs m;
+
+	(void) state;
+	/* odd: the middle value of each figure on its own */
+	wl_figs_median(t, 3, &m);
+	assert_true(m.valid);
+	assert_true(m.bw_gbps == 2);
+	assert_true(m.msg_rate_mps == 20);
+	assert_true(m.post_cpu_us_per_wr == 2);
+	assert_true(m.wrs == 100);
+	/* even: the mean of the two middle values */
+	wl_figs_median(t, 4, &m);
+	assert_true(m.bw_gbps == 2.5);
+	assert_true(m.msg_rate_mps == 15);
+	assert_true(m.post_cpu_us_per_wr == 2.5);
+	/* the trials themselves are not reordered */
+	assert_true(t[0].bw_gbps == 3 && t[3].bw_gbps == 10);
+}
+
+static void median_na_invalid_counts(void **state)
+{
+	struct wl_figs t[3] = {trial(1, 10, NAN), trial(5, 50, 1),
+			       trial(3, 30, 2)};
+	struct wl_figs m;
+
+	(void) state;
+	t[1].valid = 0; /* a failed trial: not in the medians */
+	t[1].failed = 4;
+	t[2].bad_bytes = 7;
+	wl_figs_median(t, 3, &m);
+	assert_true(m.valid);
+	assert_true(m.bw_gbps == 2);		  /* of 1 and 3 */
+	assert_true(isnan(m.post_cpu_us_per_wr)); /* n/a in one: n/a */
+	assert_int_equal(m.failed, 4);
+	assert_int_equal(m.bad_bytes, 7);
+	assert_int_equal(m.verified_bytes, 30);
+	/* no valid trial: not valid, figures n/a */
+	t[0].valid = t[2].valid = 0;
+	wl_figs_median(t, 3, &m);
+	assert_false(m.valid);
+	assert_true(isnan(m.bw_gbps));
+}
+
+/* the text of FILE (malloc'd) */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *b = calloc(1, 1 << 16);
+
+	assert_non_null(f);
+	assert_non_null(b);
+	assert_true(fread(b, 1, (1 << 16) - 1, f) > 0);
+	fclose(f);
+	return b;
+}
+
+static void json_trials(void **state)
+{
+	static struct wl_figs tr[1][2][KVB_BENCH_MAX_REPEAT];
+	struct wl_figs res[1][2];
+	char path[] = "/tmp/kvb-wl-json.XXXXXX";
+	struct wl_cfg c = {.layers = 1,
+			   .blocks = 1,
+			   .block_bytes = 8,
+			   .requests = 1,
+			   .iters = 1,
+			   .repeat = 3,
+			   .json = path};
+	unsigned ws[1] = {2};
+	int fd = mkstemp(path);
+	char *j;
+
+	(void) state;
+	assert_true(fd >= 0);
+	close(fd);
+	tr[0][0][0] = trial(2, 1, 1);
+	tr[0][0][1] = trial(4, 1, 1);
+	tr[0][0][2] = trial(8, 1, 1);
+	tr[0][1][0] = trial(1, 1, 1);
+	tr[0][1][1] = trial(4, 1, 1);
+	tr[0][1][2] = trial(10, 1, 1);
+	tr[0][1][1].valid = 0; /* broker trial 2 failed */
+	for (int m = 0; m < 2; m++)
+		wl_figs_median(tr[0][m], 3, &res[0][m]);
+	assert_true(res[0][0].bw_gbps == 4);
+	assert_true(res[0][1].bw_gbps == 5.5);
+	assert_int_equal(
+		wl_write_json(
+			&c, ws, 1, (const struct wl_figs(*)[2]) res,
+			(const struct wl_figs(*)[2][KVB_BENCH_MAX_REPEAT]) tr),
+		0);
+	j = slurp(path);
+	unlink(path);
+	assert_non_null(strstr(j, "\"repeat\":3"));
+	/* each mode: its trials; the ratio: each pair's, null for the failed */
+	assert_non_null(strstr(j, "\"bw_gbps\":[2,4,8]"));
+	assert_non_null(strstr(j, "\"bw_gbps\":[1,null,10]"));
+	assert_non_null(strstr(j, "\"bw_gbps\":[0.5,null,1.25]"));
+	/* the ratio of the medians */
+	assert_non_null(strstr(j, "\"bw_gbps\":1.375"));
+	free(j);
+	/* one trial: no "trials" key */
+	c.repeat = 1;
+	assert_int_equal(wl_write_json(&c, ws, 1,
+				       (const struct wl_figs(*)[2]) res, NULL),
+			 0);
+	j = slurp(path);
+	unlink(path);
+	assert_null(strstr(j, "\"trials\""));
+	free(j);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(median_odd_even),
+		cmocka_unit_test(median_na_invalid_counts),
+		cmocka_unit_test(json_trials),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
