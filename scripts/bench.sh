@@ -539,16 +539,21 @@ $(table ring)
 On \`local\` the broker *is* the copy engine. Small chains are copied by
 the broker thread inside the post; a chain of 512 KiB or more is cut into
 256 KiB pieces copied by \`--copy-threads\` threads (auto: min(4, CPUs - 1),
-so 1 here) and by the broker thread, one piece per loop round (so a
-transfer open is answered within a piece's copy, not a chain's). With
+so 1 here: runs of up to 1 MiB from the chain's front) and by the broker
+thread (the chain's last part, one piece per loop round, so a transfer
+open is answered within a piece's copy, not a chain's). With
 W = 1 the broker copies on two cores where the direct worker copies on
 one: broker ahead. From W = 2 on, direct mode keeps both cores of this
 machine copying in W processes and the broker copies on the same two
 cores, which it shares with its own loop and the W worker processes'
 wake-ups: \`perf record -a\` during a W = 2 large-block broker run showed
 83.5 % of both cores' samples in the broker's memmove (2026-11-30, one
-run). The per-core copy rate in the broker also came out below a lone
-memcpy loop's (about 13 vs 16 GB/s per core); the cause was not found.
+run; 81 % at W = 4, 2026-12-01, recording after the set-up). Timing
+every memcpy (a temporary build, W = 2, 400 steps) gave 12.6 GB/s per
+second inside memcpy for the broker's two copiers against 13.8 and 17.3
+for the two direct workers: the broker's copies themselves run slower,
+and the cause is not found (not page faults, not locks; the pool's lanes,
+which keep each copier on consecutive pieces, did not close it).
 Small blocks: one broker thread validates, copies and
 completes for all W workers, so message rate is lower. The broker still
 cuts doorbells by its drain burst (chains of up to \`--burst\` WRs per
