@@ -134,7 +134,7 @@ int peer_wants_rdma(const struct kvb_peer *p);
 int rdma_ready(const struct kvb_peer *p);
 /* remote.c */
 unsigned peer_ts(const struct kvb_peer *p);
-/* remote.c */
+/* remote_layer.c */
 void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
 /* remote_peer.c */
 void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status);
@@ -157,8 +157,12 @@ void hs_serve(struct kvb_broker *b);
 
 /* remote.c */
 struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id);
-/* remote.c */
+/* remote_layer.c */
 void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
+/* remote_layer.c: remote ranks a layer op of this transfer touches (sets
+ * rx->targets); 0 or -errno */
+int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
+		    struct kvb_rxfer *rx);
 /* remote.c */
 uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
 /* Free a cross-node transfer state (kvb_xfer_rx_free, set at init). */

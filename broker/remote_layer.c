@@ -1,0 +1,473 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Layer ops of cross-node transfers (remote.c has the state machines): a
+ * KVB_OP_LAYER becomes the transfer list of that layer's blocks on each
+ * target peer (bridge/zmq/blocks: offsets from block ids, runs contiguous
+ * on both sides merged), queued on the peer's transport destination like
+ * any other op; the group of pieces completes as one descriptor. Layers
+ * submitted before the peer is ready are deferred and issued when it is.
+ */
+#include "remote_priv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#include "zmq/handshake.h"
+
+/* The descriptor's worker (role, dp, tp), or NULL. */
+static const struct kvb_hs_worker *desc_worker(const struct kvb_hs_desc *d,
+					       uint32_t role, uint32_t dp,
+					       uint32_t tp)
+{
+	for (uint32_t i = 0; i < d->nworkers; i++) {
+		const struct kvb_hs_worker *w = &d->workers[i];
+
+		if (w->role == role && w->dp_rank == dp && w->tp_rank == tp)
+			return w;
+	}
+	return NULL;
+}
+
+/* tp_size of the peer's workers of (role, dp); 0 if none. */
+static uint32_t desc_tp_size(const struct kvb_hs_desc *d, uint32_t role,
+			     uint32_t dp)
+{
+	for (uint32_t i = 0; i < d->nworkers; i++)
+		if (d->workers[i].role == role && d->workers[i].dp_rank == dp)
+			return d->workers[i].tp_size;
+	return 0;
+}
+
+static const struct kvb_hs_region *desc_layer(const struct kvb_hs_worker *w,
+					      uint32_t layer)
+{
+	for (uint32_t i = 0; i < w->nregions; i++)
+		if (w->regions[i].layer == layer)
+			return &w->regions[i];
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* layer ops */
+
+static uint32_t group_alloc(struct kvb_xnode *rm)
+{
+	return rm->ngfree ? rm->gfree[--rm->ngfree] : 0;
+}
+
+static void group_free(struct kvb_xnode *rm, uint32_t gi)
+{
+	rm->groups[gi].used = 0;
+	rm->gfree[rm->ngfree++] = gi;
+}
+
+/* A completion status that says the peer (or what we know of it) changed:
+ * connection errors, and remote access errors (a region deregistered or
+ * replaced there: our descriptor is stale; on rdma the QPs were reset). */
+static int conn_error(int status)
+{
+	return status == -EACCES || status == -EREMOTEIO || status == -EIO ||
+	       status == -ECANCELED || status == -ECONNRESET ||
+	       status == -ECONNREFUSED || status == -ECONNABORTED ||
+	       status == -ETIMEDOUT || status == -EPIPE ||
+	       status == -ENOTCONN || status == -EHOSTUNREACH ||
+	       status == -ENETUNREACH;
+}
+
+void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
+			   uint64_t bytes)
+{
+	struct kvb_xnode *rm = b->rm;
+	struct kvb_group *g;
+	struct kvb_peer *p;
+
+	if (!rm || !gi || gi >= MAX_GROUPS || !rm->groups[gi].used)
+		return;
+	g = &rm->groups[gi];
+	p = peer_get(rm, g->peer);
+	if (status && !g->err)
+		g->err = status;
+	if (!status)
+		g->bytes += bytes;
+	if (!--g->remaining) {
+		uint32_t xfer = g->xfer, worker = g->worker;
+		int err = g->err;
+
+		if (err || !(g->flags & KVB_SQE_F_UNSIGNALED))
+			kvb_post_cqe(b, worker, KVB_CQ_DESC, g->tag, err,
+				     err ? 0 : g->bytes, xfer);
+		group_free(rm, gi);
+		kvb_xfer_account(b, xfer, worker, err);
+	}
+	/*
+	 * A connection error: the peer may come back as another broker
+	 * instance with other regions behind the same ids. Post nothing more
+	 * to it until a new handshake (which reconnects to a new instance).
+	 * Done last: failing the queued ops re-enters this function.
+	 */
+	if (status && conn_error(status) && p && !p->stale) {
+		p->stale = 1;
+		for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++)
+			fail_dest_ops(b, peer_id(rm, p), ts, -ECONNRESET);
+	}
+}
+
+static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
+		       int status, const char *why, uint16_t layer)
+{
+	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
+	uint32_t worker = x->worker;
+
+	log_warn("transfer '%s' layer %u: %s (%s)", x->id, layer, why,
+		 strerror(-status));
+	kvb_post_cqe(b, worker, KVB_CQ_DESC, tag, status, 0, handle);
+	kvb_xfer_account(b, handle, worker, status);
+}
+
+/* Remote ranks a layer op of this transfer touches (sets rx->targets). */
+int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
+		    struct kvb_rxfer *rx)
+{
+	uint32_t L = w->tp_size, r = w->tp_rank, R;
+
+	if (rx->role == KVB_ROLE_P) { /* WRITE: the D ranks fed by r */
+		R = desc_tp_size(&p->desc, KVB_HS_ROLE_D, rx->remote_dp);
+		if (!R || (R > L ? R % L : L % R))
+			return -EINVAL;
+		rx->ntargets = 0;
+		if (R >= L) {
+			for (uint32_t d = r * (R / L);
+			     d < (r + 1) * (R / L) &&
+			     rx->ntargets < MAX_TARGETS;
+			     d++)
+				rx->targets[rx->ntargets++] = d;
+		} else if (r % (L / R) == 0) {
+			rx->targets[rx->ntargets++] = r / (L / R);
+		}
+	} else { /* D, READ: the one P rank read from */
+		int s;
+
+		R = desc_tp_size(&p->desc, KVB_HS_ROLE_P, rx->remote_dp);
+		if (!R)
+			return -EINVAL;
+		s = kvb_tp_remote_rank(r, L, R);
+		if (s < 0)
+			return s;
+		rx->targets[0] = (uint32_t) s;
+		rx->ntargets = 1;
+	}
+	rx->target_tp = R;
+	return 0;
+}
+
+/* Why a layer cannot be issued now: 0 = go, 1 = defer, < 0 = fail. */
+static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
+		       const char **why)
+{
+	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+
+	if (rx->role == KVB_ROLE_P && !rx->have_rblocks) {
+		*why = "waiting for remote_blocks";
+		return 1;
+	}
+	if (!p || !p->have_desc) {
+		*why = "unknown peer";
+		return -EHOSTUNREACH;
+	}
+	if (p->stale || p->state == PEER_HS) {
+		*why = "peer reconnecting";
+		return 1;
+	}
+	if (peer_wants_rdma(p) && !rdma_ready(p)) {
+		int rc = rdma_offer(b, p);
+
+		if (rc < 0) {
+			*why = "rdma queue pairs cannot connect";
+			return rc;
+		}
+		*why = "rdma queue pairs connecting";
+		return 1;
+	}
+	return 0;
+}
+
+static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
+		       uint16_t layer, uint64_t tag, uint8_t flags);
+
+static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
+			uint16_t layer, uint64_t tag, uint8_t flags)
+{
+	struct kvb_xnode *rm = b->rm;
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
+	struct kvb_peer *p = peer_get(rm, rx->peer);
+	struct kvb_region_ent *r = NULL;
+	struct kvb_kv_xfer *ents = NULL;
+	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi;
+	unsigned ts;
+	struct kvb_group *g;
+	int rc;
+
+	if (!w || !p) {
+		fail_layer(b, x, tag, -EHOSTUNREACH, "peer gone", layer);
+		return;
+	}
+	if (layer < w->nkv && w->kv_layer[layer])
+		r = kvb_region_get(&b->regions, w->kv_layer[layer]);
+	if (!r || r->dead || !r->has_kv) {
+		fail_layer(b, x, tag, -ENOENT,
+			   "no KV region declared for this layer "
+			   "(kvb_mem_set_kv)",
+			   layer);
+		return;
+	}
+	ts = peer_ts(p);
+	if (!ts || !b->trs[ts]) {
+		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
+			   layer);
+		return;
+	}
+	rc = compute_targets(w, p, rx);
+	if (rc) {
+		fail_layer(b, x, tag, rc,
+			   "the peer has no workers of that DP rank with a "
+			   "compatible TP size",
+			   layer);
+		return;
+	}
+	/* a region the peer's descriptor lacks: its worker may have come
+	 * after our handshake; ask again once, then give up */
+	for (uint32_t t = 0; t < rx->ntargets; t++) {
+		const struct kvb_hs_worker *hw = desc_worker(
+			&p->desc,
+			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P,
+			rx->remote_dp, rx->targets[t]);
+
+		if ((hw && desc_layer(hw, layer)) || rx->refreshed)
+			continue;
+		rx->refreshed = 1;
+		p->stale = 1;
+		if (defer_layer(b, rx, layer, tag, flags) == 0) {
+			if (p->state != PEER_HS)
+				peer_start_hs(b, p);
+			return;
+		}
+		break;
+	}
+	gi = group_alloc(rm);
+	if (!gi) {
+		fail_layer(b, x, tag, -ENOBUFS, "too many layer ops in flight",
+			   layer);
+		return;
+	}
+	g = &rm->groups[gi];
+	memset(g, 0, sizeof(*g));
+	g->used = 1;
+	g->worker = w->id;
+	g->xfer = handle;
+	g->peer = rx->peer;
+	g->tag = tag;
+	g->flags = flags;
+	g->remaining = 1; /* held while building */
+	ents = malloc(2 * (size_t) rx->nlb * sizeof(*ents));
+	if (!ents) {
+		g->err = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t t = 0; t < rx->ntargets; t++) {
+		uint32_t role =
+			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
+		const struct kvb_hs_worker *hw = desc_worker(
+			&p->desc, role, rx->remote_dp, rx->targets[t]);
+		const struct kvb_hs_region *hr =
+			hw ? desc_layer(hw, layer) : NULL;
+		int n;
+
+		if (!hr) {
+			log_warn("transfer '%s' layer %u: peer %s has no "
+				 "region for %s dp %u tp %u",
+				 x->id, layer, p->desc.node_id,
+				 role == KVB_HS_ROLE_D ? "D" : "P",
+				 rx->remote_dp, rx->targets[t]);
+			if (!g->err)
+				g->err = -ENOENT;
+			continue;
+		}
+		n = kvb_kv_build_xfers(&r->geom, &hr->geom, rx->lb, rx->rb,
+				       rx->nlb, ents, 2 * rx->nlb);
+		if (n < 0) {
+			log_warn("transfer '%s' layer %u: block list refused: "
+				 "%s",
+				 x->id, layer,
+				 n == -ERANGE ? "a block id is out of range"
+					      : "geometry mismatch");
+			if (!g->err)
+				g->err = n;
+			continue;
+		}
+		for (int i = 0; i < n; i++) {
+			uint32_t idx = kvb_inflight_alloc(b);
+			struct kvb_inflight *f;
+			struct kvb_xop op;
+
+			if (!idx) {
+				if (!g->err)
+					g->err = -ENOBUFS;
+				break;
+			}
+			f = &b->inf[idx];
+			f->worker = w->id;
+			f->xfer = handle;
+			f->tag = tag;
+			f->bytes = ents[i].len;
+			f->lreg = r->mr.id;
+			f->group = gi;
+			r->refs++;
+			g->remaining++;
+			memset(&op, 0, sizeof(op));
+			op.opcode = rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
+							   : KVB_XOP_READ;
+			op.local = &r->mr;
+			op.local_off = ents[i].local_off;
+			op.remote.region = hr->id;
+			op.remote.addr = hr->addr;
+			op.remote.rkey = hr->rkey;
+			op.remote_off = ents[i].remote_off;
+			op.len = ents[i].len;
+			op.cookie = idx;
+			{
+				uint32_t di =
+					ts * b->opt.max_workers + rx->peer;
+
+				b->dests[di].tr = b->trs[ts];
+				b->dests[di].ep = p->ep[ts];
+				if (kvb_dest_append(b, di, &op))
+					kvb_complete_inflight(b, idx, -ENOMEM);
+			}
+		}
+	}
+out:
+	free(ents);
+	rm->st.layer_ops++;
+	kvb_remote_group_done(b, gi, 0, 0); /* drop the building hold */
+}
+
+static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
+		       uint16_t layer, uint64_t tag, uint8_t flags)
+{
+	if (rx->ndef == rx->capdef) {
+		uint32_t cap = rx->capdef ? rx->capdef * 2 : 16;
+		struct deferred *n = realloc(rx->def, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		rx->def = n;
+		rx->capdef = cap;
+	}
+	if (!rx->ndef)
+		rx->defer_deadline =
+			kvb_now_ns() +
+			(int64_t) b->opt.defer_timeout_ms * 1000000;
+	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
+	b->rm->st.layers_deferred++;
+	return 0;
+}
+
+void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
+{
+	struct kvb_rxfer *rx = x->rx;
+	const char *why;
+	uint32_t n = rx->ndef;
+	struct deferred *d = rx->def;
+
+	if (!n || layer_ready(b, rx, &why) != 0)
+		return;
+	rx->def = NULL;
+	rx->ndef = rx->capdef = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		/* the transfer may end while issuing (a failure) */
+		if (!x->used || x->rx != rx)
+			break;
+		issue_layer(b, x, d[i].layer, d[i].tag, d[i].flags);
+	}
+	free(d);
+}
+
+void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
+{
+	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
+		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+
+		if (x->rx && x->rx->peer == pid && x->rx->ndef)
+			issue_deferred(b, x);
+		if (i > b->xfers.nactive)
+			i = b->xfers.nactive;
+	}
+}
+
+void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e)
+{
+	struct kvb_xfer *x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+	struct kvb_rxfer *rx = x ? x->rx : NULL;
+	const char *why = NULL;
+	int rc;
+
+	b->st.descriptors_submitted++;
+	w->st.submitted++;
+	if (!rx || !b->rm) {
+		b->st.descriptors_refused++;
+		log_warn("worker %u: layer op for an unknown or local transfer "
+			 "(handle %#x)",
+			 w->id, e->transfer);
+		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0,
+			     e->transfer);
+		return;
+	}
+	if (!((rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) ||
+	      (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ)) ||
+	    e->layer >= MAX_LAYERS) {
+		b->st.descriptors_refused++;
+		log_warn("worker %u: transfer '%s': layer op refused (%s)",
+			 w->id, x->id,
+			 e->layer >= MAX_LAYERS
+				 ? "layer out of range"
+				 : "layer ops are for P in WRITE mode and D "
+				   "in READ mode");
+		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0,
+			     e->transfer);
+		return;
+	}
+	if (rx->layers[e->layer / 64] & (1ull << (e->layer % 64))) {
+		b->st.descriptors_refused++;
+		log_warn("worker %u: transfer '%s': layer %u submitted twice",
+			 w->id, x->id, e->layer);
+		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EEXIST, 0,
+			     e->transfer);
+		return;
+	}
+	rx->layers[e->layer / 64] |= 1ull << (e->layer % 64);
+	x->submitted++;
+	rc = layer_ready(b, rx, &why);
+	if (rc < 0) {
+		fail_layer(b, x, e->tag, rc, why, e->layer);
+		return;
+	}
+	if (rc == 1 || rx->ndef) { /* keep the order of deferred layers */
+		struct kvb_peer *p = peer_get(b->rm, rx->peer);
+
+		if (defer_layer(b, rx, e->layer, e->tag, e->flags) < 0)
+			fail_layer(b, x, e->tag, -ENOMEM, "out of memory",
+				   e->layer);
+		else if (p && p->stale && p->state != PEER_HS &&
+			 kvb_now_ns() >= p->next_refresh)
+			peer_start_hs(b, p);
+		return;
+	}
+	issue_layer(b, x, e->layer, e->tag, e->flags);
+}
