@@ -167,16 +167,13 @@ static int run_worker(int mode, int is_d, const struct wl_cfg *c, unsigned rank,
 #endif
 #if defined(KVB_HAVE_RDMA) && defined(KVB_HAVE_TCP)
 	case KVB_BENCH_TR_RDMA:
-		/* broker mode: the tcp broker workers */
 		if (direct)
 			return is_d ? wl_rdma_direct_d(c, rank, maps, nfd[0],
 						       ready_w, go_r, res)
 				    : wl_rdma_direct_p(c, rank, nfd[1], ready_w,
 						       go_r, res);
-		return is_d ? wl_tcp_broker_d(c, rank, sock, shm, ready_w, go_r,
-					      res)
-			    : wl_tcp_broker_p(c, rank, sock, ready_w, go_r,
-					      res);
+		/* broker mode: the tcp broker workers */
+		__attribute__((fallthrough));
 #endif
 #ifdef KVB_HAVE_TCP
 	case KVB_BENCH_TR_TCP:
