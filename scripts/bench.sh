@@ -297,6 +297,30 @@ elapsed=$(($(date +%s) - start))
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)
 table() { sed 's/^/    /' "$RES/$1.txt"; }
+# sections TR SUFFIX LARGE [VERIFY_MORE] [LARGE_NOTE]: a transport's three
+# BENCHMARKS.md sections (verify$SUFFIX, workload$SUFFIX-small, -large)
+sections() {
+	cat <<EOF
+## $1: correctness pass (every byte verified at D$4)
+
+$(table "verify$2")
+
+## $1: small blocks (512 B), message rate
+
+![$1 small blocks](bench/results/workload$2-small.png)
+
+$(table "workload$2-small")
+
+## $1: large blocks ($3), bandwidth
+${5:+
+$5
+}
+![$1 large blocks](bench/results/workload$2-large.png)
+
+$(table "workload$2-large")
+
+EOF
+}
 # the tcp placement kvbench reported ("network namespaces ..." / "loopback")
 where=
 if [ "$TCP" = 1 ]; then
@@ -455,67 +479,15 @@ $(table workload-large)
 
 EOF
 	if [ "$TCP" = 1 ]; then
-		cat <<EOF
-## tcp: correctness pass (every byte verified at D)
-
-$(table verify-tcp)
-
-## tcp: small blocks (512 B), message rate
-
-![tcp small blocks](bench/results/workload-tcp-small.png)
-
-$(table workload-tcp-small)
-
-## tcp: large blocks (256 KiB), bandwidth
-
-![tcp large blocks](bench/results/workload-tcp-large.png)
-
-$(table workload-tcp-large)
-
-EOF
+		sections tcp -tcp "256 KiB"
 	fi
 	if [ "$RDMA_OK" = 1 ]; then
-		cat <<EOF
-## rdma: correctness pass (every byte verified at D)
-
-$(table verify-rdma)
-
-## rdma: small blocks (512 B), message rate
-
-![rdma small blocks](bench/results/workload-rdma-small.png)
-
-$(table workload-rdma-small)
-
-## rdma: large blocks (64 KiB, 8 layers x 4 blocks, 2 requests), bandwidth
-
-Scaled down from the 256 KiB x 32 layers case: emulated soft-RoCE moves a
-few tens of MB/s. Compare the ratio only.
-
-![rdma large blocks](bench/results/workload-rdma-large.png)
-
-$(table workload-rdma-large)
-
-EOF
+		sections rdma -rdma "64 KiB, 8 layers x 4 blocks, 2 requests" "" \
+			"Scaled down from the 256 KiB x 32 layers case: emulated soft-RoCE moves a
+few tens of MB/s. Compare the ratio only."
 	fi
 	if [ -z "$GPU_WHY" ]; then
-		cat <<EOF
-## gpu: correctness pass (every byte verified at D, read back from the device)
-
-$(table verify-gpu)
-
-## gpu: small blocks (512 B), message rate
-
-![gpu small blocks](bench/results/workload-gpu-small.png)
-
-$(table workload-gpu-small)
-
-## gpu: large blocks (256 KiB), bandwidth
-
-![gpu large blocks](bench/results/workload-gpu-large.png)
-
-$(table workload-gpu-large)
-
-EOF
+		sections gpu -gpu "256 KiB" ", read back from the device"
 	fi
 	cat <<EOF
 ## Broker limits (foundation issue, Speed)
