@@ -301,7 +301,7 @@ table() { sed 's/^/    /' "$RES/$1.txt"; }
 # BENCHMARKS.md sections (verify$SUFFIX, workload$SUFFIX-small, -large)
 sections() {
 	cat <<EOF
-## $1: correctness pass (every byte verified at D$4)
+## $1: correctness pass (every byte verified at D${4:-})
 
 $(table "verify$2")
 
