@@ -111,6 +111,11 @@ struct kvb_broker {
 		uint64_t transfers_done, transfers_failed;
 		uint64_t messages_rejected, workers_attached, workers_lost;
 		uint64_t sleeps, wakeups;
+		/* sleeps that ran to their timeout (>= KVB_LATE_SLEEP_MS)
+		 * with a submission already waiting: a lost wakeup */
+		uint64_t late_wakeups;
+		/* kvb_wait's late wakes of workers that are gone */
+		uint64_t worker_late_wakes_gone;
 	} st;
 };
 

@@ -25,14 +25,15 @@
 #include "kvbroker/kvbroker.h"
 #include "log.h"
 
-#define EP_LISTEN     1ull
-#define EP_EFD	      2ull
-#define EP_SIG	      3ull
-#define EP_XPORT      5ull /* a same-node transport's wait_fd */
-#define EP_WORKER_TAG 0x100000000ull
-#define TIMER_NS      10000000ll /* deadline scan period */
-#define EPOLL_EVERY   64u	 /* busy rounds between control-socket checks */
-#define EVENTS_NS     200000ll	 /* ... or this long, whichever comes first */
+#define EP_LISTEN	  1ull
+#define EP_EFD		  2ull
+#define EP_SIG		  3ull
+#define EP_XPORT	  5ull /* a same-node transport's wait_fd */
+#define EP_WORKER_TAG	  0x100000000ull
+#define TIMER_NS	  10000000ll /* deadline scan period */
+#define EPOLL_EVERY	  64u /* busy rounds between control-socket checks */
+#define EVENTS_NS	  200000ll /* ... or this long, whichever comes first */
+#define KVB_LATE_SLEEP_MS 50 /* shorter sleeps: not counted as late wakeups */
 
 int64_t kvb_now_ns(void)
 {
@@ -193,7 +194,8 @@ static int setup(struct kvb_broker *b)
 	return 0;
 }
 
-static void service_events(struct kvb_broker *b, int timeout_ms)
+/* Returns epoll_wait's count: 0 when the sleep ran to its timeout. */
+static int service_events(struct kvb_broker *b, int timeout_ms)
 {
 	struct epoll_event ev[64];
 	int n = epoll_wait(b->epfd, ev, 64, timeout_ms);
@@ -228,6 +230,7 @@ static void service_events(struct kvb_broker *b, int timeout_ms)
 		}
 	}
 	kvb_remote_service(b);
+	return n;
 }
 
 /* Announce sleep to every worker, then re-check their rings (Dekker). */
@@ -254,7 +257,23 @@ static int try_sleep(struct kvb_broker *b)
 			ms = 1; /* async copies in flight, ops waiting for
 				 * credit: keep polling */
 		b->st.sleeps++;
-		service_events(b, ms);
+		if (!service_events(b, ms) && ms >= KVB_LATE_SLEEP_MS) {
+			/*
+			 * Slept the whole timeout: a worker that published
+			 * meanwhile saw broker_sleeping and should have woken
+			 * us. Short sleeps are left out: there a worker
+			 * between publishing and ringing is a likelier cause.
+			 */
+			for (i = 0; i < b->nlive; i++)
+				if (kvb_ring_count(
+					    &b->workers[b->live[i]].seg.sq)) {
+					b->st.late_wakeups++;
+					log_warn("slept %d ms through a "
+						 "submission (lost wakeup)",
+						 ms);
+					break;
+				}
+		}
 	}
 	for (i = 0; i < b->nlive; i++)
 		atomic_store_explicit(

@@ -74,6 +74,12 @@ static const char *hist_label(unsigned i, char *buf, size_t len)
 	return buf;
 }
 
+static uint32_t late_wakes(const struct kvb_worker *w)
+{
+	return atomic_load_explicit(&w->seg.hdr->worker_late_wakes,
+				    memory_order_relaxed);
+}
+
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
 	struct kvb_transport_stats sum = {0}, *t = &sum;
@@ -84,8 +90,13 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	char lbl[32];
 	unsigned i;
 
+	uint64_t wlate = b->st.worker_late_wakes_gone;
+
 	for (i = 0; i < b->opt.max_workers; i++)
-		nw += b->workers[i].attached;
+		if (b->workers[i].attached) {
+			nw++;
+			wlate += late_wakes(&b->workers[i]);
+		}
 	for (i = 0; i < KVB_TS_MAX; i++) {
 		const struct kvb_transport_stats *s;
 
@@ -128,13 +139,17 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		put(&o,
 		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
 		    "\"transfers_active\":%u,\"messages_rejected\":%llu,"
-		    "\"workers_lost\":%llu,\"regions\":%u,\"per_transport\":[",
+		    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
+		    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
+		    "\"per_transport\":[",
 		    (unsigned long long) b->st.transfers_done,
 		    (unsigned long long) b->st.transfers_failed,
 		    b->xfers.nactive,
 		    (unsigned long long) (b->st.messages_rejected +
 					  kvb_remote_rejected(b)),
-		    (unsigned long long) b->st.workers_lost, b->regions.live);
+		    (unsigned long long) b->st.workers_lost,
+		    (unsigned long long) b->st.late_wakeups,
+		    (unsigned long long) wlate, b->regions.live);
 		for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
 			const struct kvb_transport_stats *s;
 
@@ -168,13 +183,13 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    "rank\":%u,"
 			    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
 			    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
-			    "llu}",
+			    "llu,\"late_wakes\":%u}",
 			    nw++ ? "," : "", w->id, (int) w->pid,
 			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
 			    w->tp_size, (unsigned long long) w->st.submitted,
 			    (unsigned long long) w->st.completed,
 			    (unsigned long long) w->st.refused,
-			    (unsigned long long) w->st.bytes);
+			    (unsigned long long) w->st.bytes, late_wakes(w));
 		}
 		put(&o, "]}\n");
 		return o.len;
@@ -205,6 +220,9 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 				  kvb_remote_rejected(b)));
 	put(&o, "workers_lost           %llu\n",
 	    (unsigned long long) b->st.workers_lost);
+	put(&o, "late_wakeups           %llu (broker), %llu (workers)\n",
+	    (unsigned long long) b->st.late_wakeups,
+	    (unsigned long long) wlate);
 	gpu_stats(b, &o, 0);
 	o.len += kvb_remote_stats(b, 0, o.buf + o.len, o.cap - o.len);
 	put(&o, "wr_per_doorbell histogram:\n");

@@ -501,6 +501,8 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 				b->live[i] = b->live[--b->nlive];
 				break;
 			}
+		b->st.worker_late_wakes_gone += atomic_load_explicit(
+			&w->seg.hdr->worker_late_wakes, memory_order_relaxed);
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {

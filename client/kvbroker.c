@@ -630,6 +630,7 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 	     int timeout_ms)
 {
 	int64_t start = now_ns(), deadline;
+	int slept_out = 0; /* the last poll() ran to its timeout */
 	unsigned n;
 
 	if (!ctx || !c || !max)
@@ -640,11 +641,17 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		struct pollfd p[2] = {{.fd = ctx->worker_efd, .events = POLLIN},
 				      {.fd = ctx->sock, .events = POLLIN}};
 		int64_t now = now_ns();
-		int ms;
+		int ms, rc;
 
 		n = reap(ctx, c, max);
-		if (n)
+		if (n) {
+			/* slept through a completion: nobody woke us */
+			if (slept_out)
+				atomic_fetch_add_explicit(
+					&ctx->seg.hdr->worker_late_wakes, 1,
+					memory_order_relaxed);
 			return (int) n;
+		}
 		if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 			return -EPIPE;
 		if (now - start < WAIT_SPIN_NS && now < deadline)
@@ -667,7 +674,11 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 			     : (int) ((deadline - now + 999999) / 1000000);
 		if (ms > 1000)
 			ms = 1000; /* re-check liveness at least every second */
-		if (poll(p, 2, ms) > 0) {
+		slept_out = 0;
+		rc = poll(p, 2, ms);
+		if (rc == 0)
+			slept_out = 1;
+		if (rc > 0) {
 			if (p[0].revents & POLLIN) {
 				uint64_t v;
 

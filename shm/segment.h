@@ -42,7 +42,13 @@ struct kvb_seg_hdr {
 	 * eventfd after publishing completions when it sees it set.
 	 */
 	alignas(KVB_CACHELINE) _Atomic uint32_t worker_waiting;
-	alignas(KVB_CACHELINE) uint8_t pad1[64];
+	/*
+	 * Counted by the worker (the broker only reads it, for stats): sleeps
+	 * in kvb_wait that ended on their timeout with a completion already
+	 * there, i.e. a wakeup the broker should have sent and did not.
+	 */
+	alignas(KVB_CACHELINE) _Atomic uint32_t worker_late_wakes;
+	uint8_t pad1[60];
 };
 
 _Static_assert(sizeof(struct kvb_seg_hdr) == 256, "segment header size");
@@ -50,6 +56,8 @@ _Static_assert(offsetof(struct kvb_seg_hdr, broker_sleeping) == 64,
 	       "wake line");
 _Static_assert(offsetof(struct kvb_seg_hdr, worker_waiting) == 128,
 	       "wait line");
+_Static_assert(offsetof(struct kvb_seg_hdr, worker_late_wakes) == 192,
+	       "worker's counter line");
 
 /* Submission opcodes */
 enum kvb_sq_op {

@@ -1,10 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvb_wait timing and the sleep/wake handshake with the broker: a wait with
- * nothing pending times out on time; after the broker has gone to sleep
- * (idle longer than --busy-poll-us), a submission wakes it and the
+ * nothing pending times out, not before its time; after the broker has gone
+ * to sleep (idle longer than --busy-poll-us), a submission wakes it and the
  * completion wakes the waiting worker; thousands of submit/wait round trips
  * with jittered pauses lose no wakeup.
+ *
+ * A lost wakeup is not judged by the clock (a loaded 2-core CI machine
+ * stalls a process for most of a second now and then) but by the counters:
+ * the broker counts sleeps that ran to their timeout with a submission
+ * waiting (late_wakeups), the library counts kvb_wait sleeps that ran to
+ * their timeout with a completion waiting (worker_late_wakeups). Both must
+ * stay 0. The latencies are printed. Upper time bounds here only catch a
+ * wait that ignores its timeout, so they are generous.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -23,6 +31,22 @@
 
 #define KiB    (1ull << 10)
 #define ROUNDS 3000
+#define SLACK  2000 /* ms a loaded machine may add to any wait */
+
+/* No lost wakeup so far, on either side. */
+static void no_late_wakeups(void)
+{
+	char js[16384];
+	int64_t br, wk;
+
+	assert_int_equal(broker_stats(&fx.br, js, sizeof(js)), 0);
+	br = stat_get(js, "late_wakeups");
+	wk = stat_get(js, "worker_late_wakeups");
+	if (br || wk)
+		fail_msg("lost wakeups: broker %lld, workers %lld (-1: no such "
+			 "counter)",
+			 (long long) br, (long long) wk);
+}
 
 static int round_trip(uint64_t tag, double *ms)
 {
@@ -56,18 +80,18 @@ static void test_timeout(void **state)
 	assert_int_equal(kvb_wait(fx.ctx, c, 4, 50), -ETIMEDOUT);
 	ms = ms_since(t0);
 	fprintf(stderr, "kvb_wait(50 ms) with nothing pending: %.1f ms\n", ms);
-	assert_true(ms >= 49 && ms < 300);
+	assert_true(ms >= 49 && ms < 50 + SLACK);
 
 	t0 = now_ns();
 	assert_int_equal(kvb_wait(fx.ctx, c, 4, 0), -ETIMEDOUT);
-	assert_true(ms_since(t0) < 20);
+	assert_true(ms_since(t0) < SLACK);
 	t0 = now_ns();
 	assert_int_equal(kvb_wait(fx.ctx, c, 4, 1), -ETIMEDOUT);
-	assert_true(ms_since(t0) < 50);
+	assert_true(ms_since(t0) < 1 + SLACK);
 	t0 = now_ns();
 	assert_int_equal(kvb_wait(fx.ctx, c, 4, 250), -ETIMEDOUT);
 	ms = ms_since(t0);
-	assert_true(ms >= 249 && ms < 600);
+	assert_true(ms >= 249 && ms < 250 + SLACK);
 	/* poll with nothing: 0, not an error */
 	assert_int_equal(kvb_poll(fx.ctx, c, 4), 0);
 	assert_int_equal(kvb_wait(fx.ctx, c, 0, 10), -EINVAL);
@@ -88,8 +112,7 @@ static void test_wake_after_sleep(void **state)
 	fprintf(stderr,
 		"submit -> completion after 200 ms idle: worst %.2f ms\n",
 		worst);
-	/* a lost wakeup costs a full 1 s epoll/poll period */
-	assert_true(worst < 500);
+	no_late_wakeups();
 }
 
 struct d_wait {
@@ -153,7 +176,7 @@ static void test_wake_other_worker(void **state)
 	assert_int_equal(w.c[0].kind, KVB_COMP_TRANSFER);
 	assert_int_equal(w.c[0].tag, 55);
 	assert_int_equal(w.c[0].status, 0);
-	assert_true((double) (w.t - t0) / 1e6 < 500);
+	no_late_wakeups();
 	assert_int_equal(pattern_check(dreg.addr, 8 * KiB, 6, 0), 0);
 	kvb_detach(dctx);
 }
@@ -176,7 +199,7 @@ static void test_no_lost_wakeup(void **state)
 	}
 	fprintf(stderr, "%d round trips: mean %.1f us, worst %.2f ms\n", ROUNDS,
 		total * 1000 / ROUNDS, worst);
-	assert_true(worst < 500);
+	no_late_wakeups();
 }
 
 int main(void)
