@@ -5,6 +5,8 @@
  */
 #include "tcp_harness.h"
 
+#define SLACK_S 2.0 /* seconds a loaded CI machine may add to a bound */
+
 /* Refused ops fail alone with the right status; nothing lands outside. */
 static void test_bad_ops(void **state)
 {
@@ -170,7 +172,7 @@ static void test_peer_closed(void **state)
 	struct pollfd pf;
 	uint16_t port;
 	unsigned i;
-	double t0;
+	double t0, t9;
 
 	(void) state;
 	pair_open(&p, 0, 3000, 12);
@@ -194,7 +196,8 @@ static void test_peer_closed(void **state)
 	p.b = NULL;
 	t0 = now_s();
 	wait_all(&p);
-	assert_true(now_s() - t0 < 3.5); /* within the timeout */
+	/* within the 3 s op timeout, and what a loaded machine adds */
+	assert_true(now_s() - t0 < 3.0 + SLACK_S);
 	for (i = 0; i < 8; i++)
 		if (p.tr.status[i])
 			assert_true(p.tr.status[i] == -ECONNRESET ||
@@ -204,18 +207,29 @@ static void test_peer_closed(void **state)
 
 	/* nobody listens: refused, then failed fast during the backoff */
 	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 4 * KiB, 8);
+	t0 = now_s();
 	post_all(&p, &op, 1);
 	wait_all(&p);
 	assert_int_equal(p.tr.status[8], -ECONNREFUSED);
 	assert_int_equal(stats(p.a).conn_failed, 2);
 	op.cookie = 9;
+	t9 = now_s();
 	post_all(&p, &op, 1);
 	pf.fd = kvb_tcp_ops.wait_fd(p.a);
 	pf.events = POLLIN;
 	assert_int_equal(poll(&pf, 1, 1000), 1); /* wait_fd tells */
 	wait_all(&p);
 	assert_int_equal(p.tr.status[9], -ECONNREFUSED);
-	assert_int_equal(stats(p.a).conn_failed, 2); /* no new dial */
+	/*
+	 * No new dial: op 8's dial failed after t0, so op 9, posted before
+	 * t0 + 100 ms, fell inside the backoff. Later (a stalled machine),
+	 * it may have dialled again, and been refused too.
+	 */
+	if (t9 - t0 < 0.1)
+		assert_int_equal(stats(p.a).conn_failed, 2);
+	else
+		assert_true(stats(p.a).conn_failed == 2 ||
+			    stats(p.a).conn_failed == 3);
 
 	/* B is back on the same port: the next post after the backoff lands */
 	p.b = topen("127.0.0.1", port, 0, 3000);
@@ -309,7 +323,7 @@ static void test_stalled_peer(void **state)
 	post_all(&p, ops, 2);
 	t0 = now_s();
 	wait_all(&p);
-	assert_true(now_s() - t0 < 2.0);
+	assert_true(now_s() - t0 < 0.5 + SLACK_S); /* 500 ms timeout */
 	assert_int_equal(p.tr.status[0], -ETIMEDOUT);
 	assert_int_equal(p.tr.status[1], -ETIMEDOUT);
 	close(lfd);
