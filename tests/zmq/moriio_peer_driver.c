@@ -193,7 +193,7 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	p_base = env ? (uint32_t) atoi(env)
-		     : 46000u + (uint32_t) (getpid() % 1000) * 12u;
+		     : 20000u + (uint32_t) (getpid() % 1000) * 12u;
 	d_base = p_base + 4; /* D ports: d_base + D_DP * d_tp + [0, d_tp) */
 
 	for (i = 0; i < P_TP; i++) {
