@@ -313,7 +313,7 @@ int main(int argc, char **argv)
 		      "--log-level", "warn", (char *) NULL);
 		_exit(127);
 	}
-	for (int i = 0; i < 200 && stat(sock, &sb); i++) {
+	for (int i = 0; i < 1200 && stat(sock, &sb); i++) { /* 30 s */
 		if (waitpid(broker, &st, WNOHANG) == broker) {
 			broker = 0; /* it refused to start: reaped */
 			break;
@@ -321,11 +321,16 @@ int main(int argc, char **argv)
 		usleep(25000);
 	}
 	if (stat(sock, &sb)) {
-		/* --transport gpu refuses to start without a device */
 		if (broker) {
+			/* alive and no socket: a hang, not a missing device */
 			kill(broker, SIGTERM);
 			waitpid(broker, &st, 0);
+			fprintf(stderr, "broker running but no socket after "
+					"30 s\n");
+			rmdir(dir);
+			return 1;
 		}
+		/* --transport gpu refuses to start without a device */
 		fprintf(stderr,
 			"broker did not start with --transport gpu "
 			"(no usable gpu backend '%s'): skipped\n",

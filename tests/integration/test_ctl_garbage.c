@@ -58,7 +58,7 @@ static void send_raw(int fd, const void *p, size_t len, int memfd)
 static void expect_rejected(const char *log_text)
 {
 	rejected++;
-	if (broker_wait_stat(&fx.br, "messages_rejected", rejected, 3000)) {
+	if (broker_wait_stat(&fx.br, "messages_rejected", rejected, 10000)) {
 		broker_log_dump(&fx.br);
 		fail_msg("messages_rejected is %lld, want %lld (%s)",
 			 (long long) broker_stat(&fx.br, "messages_rejected"),
@@ -173,7 +173,7 @@ static void test_before_hello(void **state)
 	expect_hangup(fd);
 	expect_rejected(NULL);
 	close(memfd);
-	assert_int_equal(proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000),
+	assert_int_equal(proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 10000),
 			 BROKER_IDLE_FDS);
 }
 
@@ -251,7 +251,7 @@ static void test_after_hello(void **state)
 	send_raw(fd, &h, sizeof(h), -1);
 	expect_hangup(fd);
 	expect_rejected("unknown control message type");
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 
 	/* a second HELLO */
 	nfds = 3;
@@ -265,7 +265,7 @@ static void test_after_hello(void **state)
 	send_raw(fd, &m, sizeof(m), -1);
 	expect_hangup(fd);
 	expect_rejected("second HELLO");
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 }
 
 /* After all that, a normal worker attaches and works; nothing leaked. */
@@ -298,12 +298,12 @@ static void test_still_serving(void **state)
 	assert_int_equal(c[0].status, 0);
 	assert_int_equal(pattern_check(b.addr, 65536, 9, 0), 0);
 	kvb_detach(ctx);
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 3000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 	assert_int_equal(broker_stat(&fx.br, "regions"), 0);
 	assert_int_equal(broker_stat(&fx.br, "messages_rejected"), rejected);
 	/* stdio, listen socket, epoll, eventfd, signalfd: nothing else */
 	{
-		int nfd = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000);
+		int nfd = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 10000);
 
 		if (nfd != BROKER_IDLE_FDS) {
 			char cmd[64];

@@ -24,7 +24,10 @@ static const struct kvb_kv_geometry g = {KVB_KV_KV_FIRST, 8, 16, 1, 64, 2};
 static struct kvb_ctx *attach(struct broker *b, enum kvb_role role)
 {
 	struct kvb_attach_opts o = {
-		.socket_path = b->sock, .role = role, .tp_size = 1};
+		.socket_path = b->sock,
+		.role = role,
+		.tp_size = 1,
+		.timeout_ms = 15000}; /* > the broker's 3 s handshake timeout */
 	struct kvb_ctx *ctx = NULL;
 
 	assert_int_equal(kvb_attach(&o, &ctx), 0);

@@ -223,9 +223,9 @@ static void test_kill_mid_transfer(void **state)
 	assert_int_equal(broker_stat(&fx.br, "workers_lost"), 1);
 	assert_int_equal(kvb_mem_free(dctx, &dst), 0);
 	kvb_detach(dctx);
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 	/* a dead worker's regions go when in-flight copies release them */
-	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 10000), 0);
 	/* D's entries for the P transfers (their write_done) went with it */
 	assert_int_equal(broker_stat(&fx.br, "transfers_active"), 0);
 	close(go[1]);
@@ -275,7 +275,7 @@ static void test_kill_cycles(void **state)
 	char byte;
 
 	(void) state;
-	fd0 = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 2000);
+	fd0 = proc_fd_wait(fx.br.pid, BROKER_IDLE_FDS, 10000);
 	maps0 = proc_map_count(fx.br.pid);
 	rss0 = rss_kib(fx.br.pid);
 	shm0 = devshm_kvb_count();
@@ -304,12 +304,12 @@ static void test_kill_cycles(void **state)
 	assert_int_equal(
 		broker_wait_stat(&fx.br, "workers_lost", lost0 + CYCLES, 10000),
 		0);
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 	/* a dead worker's regions go when in-flight copies release them */
-	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&fx.br, "regions", 0, 10000), 0);
 	assert_int_equal(broker_stat(&fx.br, "transfers_active"), 0);
 
-	fd1 = proc_fd_wait(fx.br.pid, fd0, 3000);
+	fd1 = proc_fd_wait(fx.br.pid, fd0, 10000);
 	maps1 = proc_map_count(fx.br.pid);
 	rss1 = rss_kib(fx.br.pid);
 	shm1 = devshm_kvb_count();
