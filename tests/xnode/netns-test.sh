@@ -80,6 +80,15 @@ json_get() { # json key -> number (first match)
 for p in k: d=d[p]
 print(d)' "$1" "$2"
 }
+wait_stat() { # node key min [seconds=20]: until stats' key >= min
+	local i v
+	for i in $(seq $((${4:-20} * 10))); do
+		v=$(json_get "$(stats "$1")" "$2" 2>/dev/null) || v=-1
+		[ "$v" -ge "$3" ] && return 0
+		sleep 0.1
+	done
+	fail "node $1: $2 stayed below $3 (last $v)"
+}
 
 # run_pair MODE P_TP D_TP [extra worker args...]: P workers on A, D on B
 run_pair() {
@@ -139,12 +148,14 @@ peer_killed)
 		>>"$T/worker-D-dead.log" 2>&1 &
 	PIDS+=($!)
 	# P submits a layer every 100 ms; B dies after a few of them
-	sleep 1.5
+	wait_stat a transfers_active 2
+	sleep 0.5
 	kill -9 "$BPID_b"
 	t0=$(date +%s)
 	wait "$wpp" || fail "P's transfers did not all fail after the peer died"
 	t1=$(date +%s)
-	[ $((t1 - t0)) -le $((TTO + 5)) ] || fail "P's transfers took $((t1 - t0)) s to fail (timeout $TTO s)"
+	# bound: the timeout, and slack for a loaded machine
+	[ $((t1 - t0)) -le $((TTO + 10)) ] || fail "P's transfers took $((t1 - t0)) s to fail (timeout $TTO s)"
 	rm -f "$T/b.sock"
 	start_broker b "$NB" 192.0.2.2
 	run_pair write 1 1 --layers 8 --xfers 4 --conc 2 --prefix after || fail "no transfer after the peer restarted"
@@ -165,13 +176,13 @@ bad_input)
 		--peer 192.0.2.1:6301 --hold-s $((TTO + 4)) --xfers 0 \
 		>>"$T/worker-D-hold.log" 2>&1 &
 	wd=$!
-	sleep 1
+	wait_stat b workers 1
 	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
 		--peer 192.0.2.2:6301 --xfers 2 --conc 2 --prefix hold \
 		--layers 4 --expect-fail --timeout $((TTO * 2)) \
 		>>"$T/worker-P-hold.log" 2>&1 &
 	wp=$!
-	sleep 1
+	wait_stat a transfers_active 2 # hold-0 and hold-1 are open
 	ip netns exec "$NB" "$PY" "$SRC/bad_input.py" "$KVBCTL" "$T/a.sock" \
 		"$T/b.sock" 192.0.2.1 61005 192.0.2.2 61005 6301 \
 		>"$T/bad_input.log" 2>&1 || fail "bad_input.py: $(cat "$T/bad_input.log")"
