@@ -157,7 +157,7 @@ struct kvb_transport_ops {
 		       size_t *len);
 	/*
 	 * Optional (NULL = none). Do one bounded slice of posted work in the
-	 * caller's thread (local: copy one piece of a pooled chain), so the
+	 * caller's thread (local: copy up to 2 MiB of a pooled chain), so the
 	 * broker thread adds its core to a copy pool between rounds without
 	 * long rounds. Returns slices done (0: nothing waiting).
 	 */

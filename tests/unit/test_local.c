@@ -339,6 +339,40 @@ static void test_progress(void **state)
 	fx_close(&f);
 }
 
+/*
+ * progress() copies a run of consecutive pieces, up to 2 MiB: 64 KiB
+ * pieces, one pool thread, a 4 MiB chain (lane B: the last 32 pieces). No
+ * call may return more than 32; some call must return more than one (in
+ * one of up to 40 tries: the pool may have stolen the lane first, as in
+ * test_progress); every try copies right.
+ */
+static void test_progress_runs(void **state)
+{
+	const uint64_t piece = 64 << 10, len = 4 * MIB;
+	struct fx f;
+	struct kvb_xop op;
+	unsigned tries;
+	int best = 0, k;
+
+	(void) state;
+	fx_open(&f, 1, piece, 2 * len);
+	for (tries = 0; tries < 40 && best < 2; tries++) {
+		memset(f.d, 0xee, f.len);
+		op = wr(&f, 0, len, len, 0);
+		assert_int_equal(f.t->ops->post(f.t, NULL, &op, 1), 1);
+		while ((k = f.t->ops->progress(f.t)) > 0) {
+			assert_true(k <= (int) ((2 * MIB) / piece));
+			if (k > best)
+				best = k;
+		}
+		reap_all(&f, 1);
+		check_range(&f, 0, len, len);
+	}
+	print_message("largest run %d pieces, try %u\n", best, tries);
+	assert_true(best >= 2);
+	fx_close(&f);
+}
+
 /* dereg_mr() returns only after every pooled copy finished. */
 static void test_dereg_waits(void **state)
 {
@@ -415,6 +449,7 @@ int main(void)
 		cmocka_unit_test(test_many_chains),
 		cmocka_unit_test(test_many_ops_unpolled),
 		cmocka_unit_test(test_progress),
+		cmocka_unit_test(test_progress_runs),
 		cmocka_unit_test(test_pool_lanes),
 		cmocka_unit_test(test_dereg_waits),
 		cmocka_unit_test(test_close_in_flight),
