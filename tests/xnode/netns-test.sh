@@ -81,8 +81,8 @@ for p in k: d=d[p]
 print(d)' "$1" "$2"
 }
 wait_stat() { # node key min [seconds=20]: until stats' key >= min
-	local i v
-	for i in $(seq $((${4:-20} * 10))); do
+	local v
+	for _ in $(seq $((${4:-20} * 10))); do
 		v=$(json_get "$(stats "$1")" "$2" 2>/dev/null) || v=-1
 		[ "$v" -ge "$3" ] && return 0
 		sleep 0.1
