@@ -139,15 +139,16 @@ peer_killed)
 	rm -rf "$T/bar" && mkdir -p "$T/bar"
 	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
 		--peer 192.0.2.2:6301 --tp 0 --tp-size 1 --peer-tp-size 1 \
-		--barrier "$T/bar" --layers 20 --xfers 2 --conc 2 --prefix dead \
+		--barrier "$T/bar" --layers 60 --xfers 2 --conc 2 --prefix dead \
 		--layer-delay-ms 100 --expect-fail --timeout $((TTO * 3)) >>"$T/worker-P-dead.log" 2>&1 &
 	wpp=$!
 	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
 		--peer 192.0.2.1:6301 --tp 0 --tp-size 1 --peer-tp-size 1 \
-		--barrier "$T/bar" --layers 20 --xfers 2 --conc 2 --prefix dead \
+		--barrier "$T/bar" --layers 60 --xfers 2 --conc 2 --prefix dead \
 		>>"$T/worker-D-dead.log" 2>&1 &
 	PIDS+=($!)
-	# P submits a layer every 100 ms; B dies after a few of them
+	# P submits a layer every 100 ms (a transfer lasts 6 s: no stall of
+	# a loaded machine lets one finish first); B dies after a few of them
 	wait_stat a transfers_active 2
 	sleep 0.5
 	kill -9 "$BPID_b"
@@ -169,23 +170,30 @@ bad_input)
 	"$PY" -c "import zmq, msgpack" 2>/dev/null || skip "python3-zmq / python3-msgpack missing"
 	# a good run first, so both sides know each other
 	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix warm || fail "warm-up transfer"
-	# a D worker and a P worker stay attached while the peer script sends
-	# bad input; P's hold-0 is aborted by a release, hold-1 never gets
-	# remote_blocks and must expire after the defer timeout
+	# a D worker and a P worker stay attached (their notify ports open)
+	# until the peer script, sending bad input, is done, however long a
+	# loaded machine makes it take; P's hold-0 is aborted by a release,
+	# hold-1 never gets remote_blocks and must expire after the defer
+	# timeout
 	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
-		--peer 192.0.2.1:6301 --hold-s $((TTO + 4)) --xfers 0 \
-		>>"$T/worker-D-hold.log" 2>&1 &
+		--peer 192.0.2.1:6301 --hold-s 300 --hold-until "$T/bad-done" \
+		--xfers 0 >>"$T/worker-D-hold.log" 2>&1 &
 	wd=$!
 	wait_stat b workers 1
 	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
 		--peer 192.0.2.2:6301 --xfers 2 --conc 2 --prefix hold \
-		--layers 4 --expect-fail --timeout $((TTO * 2)) \
+		--layers 4 --expect-fail --timeout $((TTO * 4)) \
+		--linger-until "$T/bad-done" \
 		>>"$T/worker-P-hold.log" 2>&1 &
 	wp=$!
 	wait_stat a transfers_active 2 # hold-0 and hold-1 are open
 	ip netns exec "$NB" "$PY" "$SRC/bad_input.py" "$KVBCTL" "$T/a.sock" \
 		"$T/b.sock" 192.0.2.1 61005 192.0.2.2 61005 6301 \
-		>"$T/bad_input.log" 2>&1 || fail "bad_input.py: $(cat "$T/bad_input.log")"
+		>"$T/bad_input.log" 2>&1 || {
+		touch "$T/bad-done"
+		fail "bad_input.py: $(cat "$T/bad_input.log")"
+	}
+	touch "$T/bad-done"
 	wait "$wp" || fail "P hold worker: its transfers did not both fail"
 	wait "$wd"
 	s=$(stats a)

@@ -33,7 +33,7 @@ static struct {
 	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
 	int contig, no_verify;
 	/* moriio_peer / untrusted cases */
-	const char *expect_cancel, *check, *hold_until;
+	const char *expect_cancel, *check, *hold_until, *linger_until;
 	char notify_host[64];
 	int notify_port, expect_peer_error;
 	int swap_layer, swap_after, expect_some_fail, swapped;
@@ -253,6 +253,10 @@ static void usage(void)
 		"-EACCES\n"
 		"  [--hold-until FILE]  with --hold-s: stop holding once FILE "
 		"exists\n"
+		"  [--linger-until FILE]  after the transfers, stay attached "
+		"(notify\n"
+		"                         ports open) until FILE exists, at "
+		"most --timeout\n"
 		"  [--check LIST]  D, after holding: check the bytes of these\n"
 		"                  transfers (opened by nobody here)\n");
 }
@@ -290,6 +294,7 @@ static int parse(int argc, char **argv)
 					   {"expect-cancel", 1, 0, 'X'},
 					   {"expect-peer-error", 0, 0, 'E'},
 					   {"hold-until", 1, 0, 'U'},
+					   {"linger-until", 1, 0, 'G'},
 					   {"check", 1, 0, 'K'},
 					   {0, 0, 0, 0}};
 	int c;
@@ -407,6 +412,9 @@ static int parse(int argc, char **argv)
 			break;
 		case 'U':
 			o.hold_until = optarg;
+			break;
+		case 'G':
+			o.linger_until = optarg;
 			break;
 		case 'K':
 			o.check = optarg;
@@ -736,6 +744,13 @@ int main(int argc, char **argv)
 		       "(%.2f Gbit/s) of KV payload\n",
 		       is_p ? 'P' : 'D', o.tp, bytes, secs, bytes / secs / 1e9,
 		       bytes * 8 / secs / 1e9);
+	}
+	fflush(stdout);
+	if (o.linger_until) { /* messages still to come to our ports */
+		int64_t end = now_ms() + (int64_t) o.timeout_s * 1000;
+
+		while (now_ms() < end && access(o.linger_until, F_OK) != 0)
+			usleep(50000);
 	}
 	kvb_detach(ctx);
 	free(reg);
