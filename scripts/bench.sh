@@ -512,8 +512,8 @@ On \`local\` the broker *is* the copy engine. Small chains are copied by
 the broker thread inside the post; a chain of 512 KiB or more is cut into
 256 KiB pieces copied by \`--copy-threads\` threads (auto: min(4, CPUs - 1),
 so 1 here: runs of up to 1 MiB from the chain's front) and by the broker
-thread (the chain's last part, one piece per loop round, so a transfer
-open is answered within a piece's copy, not a chain's). With
+thread (the chain's last part, runs of up to 2 MiB per loop round, so a
+transfer open is answered within ~150 us of copying, not a chain's). With
 W = 1 the broker copies on two cores where the direct worker copies on
 one: broker ahead. From W = 2 on, direct mode keeps both cores of this
 machine copying in W processes and the broker copies on the same two
