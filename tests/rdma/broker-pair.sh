@@ -51,7 +51,7 @@ start_broker() { # name hs_port notify_port
 		>>"$T/broker-$1.log" 2>&1 &
 	PIDS+=($!)
 	eval "BPID_$1=$!"
-	for _ in $(seq 200); do
+	for _ in $(seq 1200); do # 60 s: the emulated guest is slow
 		[ -S "$T/$1.sock" ] && return 0
 		sleep 0.05
 	done

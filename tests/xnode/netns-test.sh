@@ -66,7 +66,7 @@ start_broker() { # node ns ip [extra broker args...]
 		--busy-poll-us 20 "$@" >>"$T/broker-$node.log" 2>&1 &
 	PIDS+=($!)
 	eval "BPID_$node=$!"
-	for _ in $(seq 100); do
+	for _ in $(seq 600); do # 30 s
 		[ -S "$T/$node.sock" ] && return 0
 		sleep 0.05
 	done
