@@ -300,6 +300,33 @@ static void test_many_ops_unpolled(void **state)
 }
 
 /*
+ * One try for the progress() tests: post ops, call progress() until it has
+ * nothing (no call may return more than max_run pieces; afterwards nothing
+ * is queued), reap, check every op's bytes. Returns the pieces progress()
+ * copied; *best = the largest single call.
+ */
+static int progress_try(struct fx *f, struct kvb_xop *ops, unsigned n,
+			int max_run, int *best)
+{
+	int mine = 0, k;
+
+	memset(f->d, 0xee, f->len);
+	assert_int_equal(f->t->ops->post(f->t, NULL, ops, n), (int) n);
+	*best = 0;
+	while ((k = f->t->ops->progress(f->t)) > 0) {
+		assert_true(k <= max_run);
+		mine += k;
+		if (k > *best)
+			*best = k;
+	}
+	assert_int_equal(f->t->ops->progress(f->t), 0); /* nothing queued */
+	reap_all(f, n);
+	for (unsigned i = 0; i < n; i++)
+		check_range(f, ops[i].local_off, ops[i].remote_off, ops[i].len);
+	return mine;
+}
+
+/*
  * progress(): the caller's thread takes queued pieces. One pool thread and
  * three 32 MiB pieces: the caller's lane is the last piece, which the pool
  * steals only after copying the first two (milliseconds), so progress()
@@ -314,25 +341,15 @@ static void test_progress(void **state)
 	struct fx f;
 	struct kvb_xop ops[3];
 	unsigned tries;
-	int mine = 0, k;
+	int mine = 0, best;
 
 	(void) state;
 	fx_open(&f, 1, 32 * MIB, 96 * MIB);
+	for (unsigned i = 0; i < 3; i++)
+		ops[i] = wr(&f, i * 32 * MIB, (2 - i) * 32 * MIB, 32 * MIB, i);
 	for (tries = 0; tries < 40 && !mine; tries++) {
-		memset(f.d, 0xee, f.len);
-		for (unsigned i = 0; i < 3; i++)
-			ops[i] = wr(&f, i * 32 * MIB, (2 - i) * 32 * MIB,
-				    32 * MIB, i);
-		assert_int_equal(f.t->ops->post(f.t, NULL, ops, 3), 3);
-		while ((k = f.t->ops->progress(f.t)) > 0)
-			mine += k;
+		mine = progress_try(&f, ops, 3, 3, &best);
 		assert_true(mine <= 3);
-		/* nothing queued */
-		assert_int_equal(f.t->ops->progress(f.t), 0);
-		reap_all(&f, 3);
-		for (unsigned i = 0; i < 3; i++)
-			check_range(&f, i * 32 * MIB, (2 - i) * 32 * MIB,
-				    32 * MIB);
 	}
 	print_message("progress() took %d piece(s) on try %u\n", mine, tries);
 	assert_true(mine >= 1);
@@ -352,22 +369,13 @@ static void test_progress_runs(void **state)
 	struct fx f;
 	struct kvb_xop op;
 	unsigned tries;
-	int best = 0, k;
+	int best = 0;
 
 	(void) state;
 	fx_open(&f, 1, piece, 2 * len);
-	for (tries = 0; tries < 40 && best < 2; tries++) {
-		memset(f.d, 0xee, f.len);
-		op = wr(&f, 0, len, len, 0);
-		assert_int_equal(f.t->ops->post(f.t, NULL, &op, 1), 1);
-		while ((k = f.t->ops->progress(f.t)) > 0) {
-			assert_true(k <= (int) ((2 * MIB) / piece));
-			if (k > best)
-				best = k;
-		}
-		reap_all(&f, 1);
-		check_range(&f, 0, len, len);
-	}
+	op = wr(&f, 0, len, len, 0);
+	for (tries = 0; tries < 40 && best < 2; tries++)
+		progress_try(&f, &op, 1, (int) ((2 * MIB) / piece), &best);
 	print_message("largest run %d pieces, try %u\n", best, tries);
 	assert_true(best >= 2);
 	fx_close(&f);
