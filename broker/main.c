@@ -233,20 +233,31 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 	return n;
 }
 
+static void set_sleeping(struct kvb_broker *b, uint32_t v)
+{
+	for (uint32_t i = 0; i < b->nlive; i++)
+		atomic_store_explicit(
+			&b->workers[b->live[i]].seg.hdr->broker_sleeping, v,
+			memory_order_relaxed);
+}
+
+/* Does any live worker's submission ring hold an entry? */
+static int rings_busy(struct kvb_broker *b)
+{
+	for (uint32_t i = 0; i < b->nlive; i++)
+		if (kvb_ring_count(&b->workers[b->live[i]].seg.sq))
+			return 1;
+	return 0;
+}
+
 /* Announce sleep to every worker, then re-check their rings (Dekker). */
 static int try_sleep(struct kvb_broker *b)
 {
-	uint32_t i;
-	int busy = 0;
+	int busy;
 
-	for (i = 0; i < b->nlive; i++)
-		atomic_store_explicit(
-			&b->workers[b->live[i]].seg.hdr->broker_sleeping, 1,
-			memory_order_relaxed);
+	set_sleeping(b, 1);
 	atomic_thread_fence(memory_order_seq_cst);
-	for (i = 0; i < b->nlive && !busy; i++)
-		if (kvb_ring_count(&b->workers[b->live[i]].seg.sq))
-			busy = 1;
+	busy = rings_busy(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
 		int ms = b->xfers.nactive ? (int) (left / 1000000) + 1 : 1000;
@@ -257,28 +268,21 @@ static int try_sleep(struct kvb_broker *b)
 			ms = 1; /* async copies in flight, ops waiting for
 				 * credit: keep polling */
 		b->st.sleeps++;
-		if (!service_events(b, ms) && ms >= KVB_LATE_SLEEP_MS) {
-			/*
-			 * Slept the whole timeout: a worker that published
-			 * meanwhile saw broker_sleeping and should have woken
-			 * us. Short sleeps are left out: there a worker
-			 * between publishing and ringing is a likelier cause.
-			 */
-			for (i = 0; i < b->nlive; i++)
-				if (kvb_ring_count(
-					    &b->workers[b->live[i]].seg.sq)) {
-					b->st.late_wakeups++;
-					log_warn("slept %d ms through a "
-						 "submission (lost wakeup)",
-						 ms);
-					break;
-				}
+		/*
+		 * Slept the whole timeout with a submission waiting: a worker
+		 * that published meanwhile saw broker_sleeping and should
+		 * have woken us. Short sleeps are left out: there a worker
+		 * between publishing and ringing is a likelier cause.
+		 */
+		if (!service_events(b, ms) && ms >= KVB_LATE_SLEEP_MS &&
+		    rings_busy(b)) {
+			b->st.late_wakeups++;
+			log_warn("slept %d ms through a submission (lost "
+				 "wakeup)",
+				 ms);
 		}
 	}
-	for (i = 0; i < b->nlive; i++)
-		atomic_store_explicit(
-			&b->workers[b->live[i]].seg.hdr->broker_sleeping, 0,
-			memory_order_relaxed);
+	set_sleeping(b, 0);
 	return busy;
 }
 

@@ -674,10 +674,8 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 			     : (int) ((deadline - now + 999999) / 1000000);
 		if (ms > 1000)
 			ms = 1000; /* re-check liveness at least every second */
-		slept_out = 0;
 		rc = poll(p, 2, ms);
-		if (rc == 0)
-			slept_out = 1;
+		slept_out = rc == 0;
 		if (rc > 0) {
 			if (p[0].revents & POLLIN) {
 				uint64_t v;
