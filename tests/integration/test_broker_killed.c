@@ -25,12 +25,10 @@
 #define SQ  64u
 #define KiB (1ull << 10)
 /*
- * What a loaded 2-core CI machine may add to any bound below (a process
- * stalls for most of a second now and then). The bounds catch a call that
- * blocks; they are not latency targets: the design's figures are 1 s to
- * notice a dead broker and no wait in a submit.
+ * The time bounds below (+ SLACK, harness.h) catch a call that blocks; they
+ * are not latency targets: the design's figures are 1 s to notice a dead
+ * broker and no wait in a submit.
  */
-#define SLACK 2000
 
 struct waiter {
 	struct kvb_ctx *ctx;

@@ -31,7 +31,6 @@
 
 #define KiB    (1ull << 10)
 #define ROUNDS 3000
-#define SLACK  2000 /* ms a loaded machine may add to any wait */
 
 /* No lost wakeup so far, on either side. */
 static void no_late_wakeups(void)

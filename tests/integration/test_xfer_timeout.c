@@ -25,8 +25,7 @@
 
 #include "harness.h"
 
-#define KiB   (1ull << 10)
-#define SLACK 2000 /* ms */
+#define KiB (1ull << 10)
 
 /* test_in_time tries that a stall pushed past the 1 s timeout */
 static int stalled_tries;
