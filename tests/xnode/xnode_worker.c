@@ -98,6 +98,15 @@ static int64_t now_ms(void)
 	return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Stay (registered, ports open) for s seconds, or until file exists. */
+static void stay(int s, const char *file)
+{
+	int64_t end = now_ms() + (int64_t) s * 1000;
+
+	while (now_ms() < end && !(file && access(file, F_OK) == 0))
+		usleep(50000);
+}
+
 /* Is transfer index i in the comma-separated list (NULL: no)? */
 static int in_list(const char *list, unsigned i)
 {
@@ -518,13 +527,8 @@ int main(int argc, char **argv)
 	}
 	if (o.start_delay_ms) /* a slow rank: open after the others */
 		usleep((useconds_t) o.start_delay_ms * 1000);
-	if (o.hold_s) { /* just be there (registered) for a while */
-		int64_t hold_end = now_ms() + (int64_t) o.hold_s * 1000;
-
-		while (now_ms() < hold_end &&
-		       !(o.hold_until && access(o.hold_until, F_OK) == 0))
-			usleep(50000);
-	}
+	if (o.hold_s) /* just be there (registered) for a while */
+		stay(o.hold_s, o.hold_until);
 	if (o.check && !is_p) { /* transfers another process drove here */
 		unsigned nbad = 0, nchk = 0;
 
@@ -746,12 +750,8 @@ int main(int argc, char **argv)
 		       bytes * 8 / secs / 1e9);
 	}
 	fflush(stdout);
-	if (o.linger_until) { /* messages still to come to our ports */
-		int64_t end = now_ms() + (int64_t) o.timeout_s * 1000;
-
-		while (now_ms() < end && access(o.linger_until, F_OK) != 0)
-			usleep(50000);
-	}
+	if (o.linger_until) /* messages still to come to our ports */
+		stay(o.timeout_s, o.linger_until);
 	kvb_detach(ctx);
 	free(reg);
 	free(handles);
