@@ -518,14 +518,20 @@ W = 1 the broker copies on two cores where the direct worker copies on
 one: broker ahead. From W = 2 on, direct mode keeps both cores of this
 machine copying in W processes and the broker copies on the same two
 cores, which it shares with its own loop and the W worker processes'
-wake-ups: \`perf record -a\` during a W = 2 large-block broker run showed
-83.5 % of both cores' samples in the broker's memmove (2026-11-30, one
-run; 81 % at W = 4, 2026-12-01, recording after the set-up). Timing
-every memcpy (a temporary build, W = 2, 400 steps) gave 12.6 GB/s per
-second inside memcpy for the broker's two copiers against 13.8 and 17.3
-for the two direct workers: the broker's copies themselves run slower,
-and the cause is not found (not page faults, not locks; the pool's lanes,
-which keep each copier on consecutive pieces, did not close it).
+wake-ups. \`scripts/copy-profile.sh -r 2\` (perf record -a over the
+steady part of a W = 2 large-block run of each mode, 2026-12-01) measured
+where: both modes copy at the same rate per core inside memmove (13.1 /
+13.6 and 13.8 / 13.2 GB/s per memmove-core, direct / broker), but memmove
+had 89.5 and 88.5 % of both cores' samples in direct mode against 81.6
+and 77.7 % in broker mode. Outside memmove, direct mode spent 9.6 / 9.5 %
+(the workers' posts, timestamps, the D processes); broker mode 17.5 /
+19.6 %: the broker's loop and kernel time (reschedule IPIs when a woken
+worker preempts a copier, control replies, eventfd wake-ups, lock
+hand-offs between its threads) and the P and D workers opening,
+sealing and waiting for their transfers. On a machine with cores to spare
+that work does not take from copying; here it does. (An earlier estimate
+that timed every memcpy call in a temporary build had the broker's
+copies slower per second; the profile does not show that.)
 Small blocks: one broker thread validates, copies and
 completes for all W workers, so message rate is lower. The broker still
 cuts doorbells by its drain burst (chains of up to \`--burst\` WRs per
