@@ -7,10 +7,23 @@
 #     processes sharing device memory by IPC handle, byte-verified, and copy
 #     bandwidth against plain cudaMemcpy/hipMemcpy;
 #  2. the whole path through the broker: kvbroker --transport gpu built here
-#     with gcc, a P and a D worker process registering device memory with
+#     with gcc (without the cross-node layer, broker/remote_none.c: no zmq
+#     there), a P and a D worker process registering device memory with
 #     kvb_mem_register_gpu(), P writing scattered blocks into D through the
-#     broker, D checking every byte (tests/gpu/gpu_broker_test.c).
+#     broker, D checking every byte (tests/gpu/gpu_broker_test.c);
+#  3. kvbench built with gcc (local and gpu transports): `workload
+#     --transport gpu --verify` (direct and broker, every byte checked at
+#     D), the small- and large-block gpu cases of `make bench` (fewer
+#     steps), and the large-block `local` case on this machine's cores
+#     (the 2-core dev VM cannot say whether the broker keeps up with direct
+#     workers when cores are to spare). JSON to $OUT.
+#
+# Usage: scripts/device-check.sh [BACKEND]   (auto, cuda, hip; host: the
+#        same steps on the host backend, memfd "device memory", no GPU)
+# QUICK=1: tiny sizes, seconds per step (CTest runs `QUICK=1 ... host` so
+# that this script keeps building and running where no GPU is).
 # Run from the repository root. Output to stdout and $OUT/device-check.log.
+# Exit 0 when every part passed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 if [ -n "${OUT:-}" ]; then
@@ -18,15 +31,19 @@ if [ -n "${OUT:-}" ]; then
 	exec > >(tee "$OUT/device-check.log") 2>&1
 fi
 BACKEND=${1:-auto}
+QUICK=${QUICK:-0}
+J=${OUT:-}
 B=$(mktemp -d "${TMPDIR:-/tmp}/kvb-dev.XXXXXX")
 trap 'rm -rf "$B"' EXIT
+[ -n "$J" ] || J=$B
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib /usr/local/cuda-*/lib64 /opt/rocm/lib; do
 	[ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm), $(nproc) CPUs, backend $BACKEND, QUICK=$QUICK"
 
 echo "=== part 1: gpu transport (scripts/device-gpu-check.sh)"
-OUT= bash scripts/device-gpu-check.sh --backend "$BACKEND"
+OUT='' bash scripts/device-gpu-check.sh --backend "$BACKEND"
 rc1=$?
 
 echo "=== part 2: through the broker"
@@ -34,17 +51,60 @@ CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter
 # shellcheck disable=SC2086
 gcc $CF shm/ring.c shm/segment.c client/ctl.c bridge/local/local.c bridge/gpu/*.c \
 	broker/log.c broker/options.c broker/regions.c broker/xfer.c broker/worker.c \
-	broker/engine.c broker/stats.c broker/gpu.c broker/main.c \
+	broker/engine.c broker/stats.c broker/gpu.c broker/remote_none.c broker/main.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }
 # shellcheck disable=SC2086
 gcc $CF tests/gpu/gpu_broker_test.c client/kvbroker.c client/ctl.c shm/ring.c \
 	shm/segment.c bridge/gpu/*.c -ldl -lpthread -o "$B/gpu_broker_test" ||
 	{ echo "RESULT2: BUILD-FAILED (test)"; exit 1; }
-echo "--- host backend (the test's own logic)"
-timeout 60 "$B/gpu_broker_test" "$B/kvbroker" host
-echo "host backend exit $?"
+if [ "$BACKEND" != host ]; then
+	echo "--- host backend (the test's own logic)"
+	timeout 60 "$B/gpu_broker_test" "$B/kvbroker" host
+	echo "host backend exit $?"
+fi
 echo "--- $BACKEND backend"
 timeout 120 "$B/gpu_broker_test" "$B/kvbroker" "$BACKEND"
 rc2=$?
-echo "RESULT1 (transport): exit $rc1; RESULT2 (broker): exit $rc2"
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]
+
+echo "=== part 3: kvbench (gcc build: local and gpu transports)"
+# shellcheck disable=SC2086
+gcc $CF bench/kvbench/main.c bench/kvbench/common.c bench/kvbench/net.c \
+	bench/kvbench/workload.c bench/kvbench/wl_options.c bench/kvbench/wl_output.c \
+	bench/kvbench/wl_workers.c bench/kvbench/wl_direct.c bench/kvbench/wl_tcp.c \
+	bench/kvbench/wl_rdma.c bench/kvbench/wl_gpu.c bench/kvbench/micro.c \
+	client/kvbroker.c client/ctl.c shm/ring.c shm/segment.c bridge/local/local.c \
+	bridge/gpu/*.c -ldl -lpthread -lm -o "$B/kvbench" ||
+	{ echo "RESULT3: BUILD-FAILED (kvbench)"; exit 1; }
+if [ "$QUICK" = 1 ]; then
+	VL=4 GS=2 GL=1 LL=2 REP=1 SW=1,2 SWC=2
+else
+	VL=32 GS=${ITERS_GPU_SMALL:-20} GL=${ITERS_GPU_LARGE:-10}
+	LL=${ITERS_LARGE:-50} REP=3 SW=1,2,4,8,16 SWC=8,16
+fi
+SMALL=(--layers 32 --blocks 16 --block-bytes 512 --requests 8 --no-verify --mode both)
+LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify --mode both)
+rc3=0
+# kb NAME ARGS...: one kvbench run, bounded; its exit status joins rc3
+kb() {
+	local name=$1 rc
+	shift
+	echo "--- $name: kvbench $*"
+	timeout 300 "$B/kvbench" "$@" --broker "$B/kvbroker" --json "$J/$name.json"
+	rc=$?
+	echo "$name exit $rc"
+	[ $rc -eq 0 ] || rc3=$rc
+}
+kb verify-gpu workload --transport gpu --gpu-backend "$BACKEND" --workers 2 \
+	--layers "$VL" --iters 2 --mode both --verify
+if [ $rc3 -eq 0 ]; then
+	kb workload-gpu-small workload --transport gpu --gpu-backend "$BACKEND" \
+		"${SMALL[@]}" --iters "$GS" --sweep-workers "${SW%,16}"
+	kb workload-gpu-large workload --transport gpu --gpu-backend "$BACKEND" \
+		"${LARGE[@]}" --iters "$GL" --repeat "$REP" --sweep-workers "${SW%,16}"
+fi
+kb workload-local-large workload "${LARGE[@]}" --iters "$LL" --repeat "$REP" \
+	--sweep-workers "$SW"
+kb workload-local-large-ct8 workload "${LARGE[@]}" --iters "$LL" \
+	--repeat "$REP" --sweep-workers "$SWC" --broker-opts "--copy-threads 8"
+echo "RESULT1 (transport): exit $rc1; RESULT2 (broker): exit $rc2; RESULT3 (kvbench): exit $rc3"
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]

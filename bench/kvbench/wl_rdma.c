@@ -267,4 +267,15 @@ int wl_rdma_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 	return rc ? 1 : res->dbad ? 3 : 0;
 }
 
+#else /* no rdma: kvb_bench_check_transport() refuses --transport rdma */
+
+int wl_rdma_probe(struct bench_net *n, const char *ip)
+{
+	(void) n;
+	(void) ip;
+	fprintf(stderr, "kvbench: --transport rdma: this kvbench was built "
+			"without the rdma transport (libibverbs)\n");
+	return 2;
+}
+
 #endif /* KVB_HAVE_RDMA && KVB_HAVE_TCP */
