@@ -65,6 +65,18 @@ fi
 echo "--- $BACKEND backend"
 timeout 120 "$B/gpu_broker_test" "$B/kvbroker" "$BACKEND"
 rc2=$?
+echo "--- --host-ip: refused by a broker built without the cross-node layer"
+if timeout 10 "$B/kvbroker" --host-ip 127.0.0.1 --socket "$B/refuse.sock" \
+	2>"$B/refuse.log"; then
+	echo "kvbroker --host-ip started and exited 0: expected a refusal"
+	rc2=1
+elif grep -q "built without the cross-node layer" "$B/refuse.log"; then
+	echo "refused, as expected"
+else
+	cat "$B/refuse.log"
+	echo "kvbroker --host-ip: no refusal message"
+	rc2=1
+fi
 
 echo "=== part 3: kvbench (gcc build: local and gpu transports)"
 # shellcheck disable=SC2086
