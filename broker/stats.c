@@ -139,6 +139,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		put(&o,
 		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
 		    "\"transfers_active\":%u,\"messages_rejected\":%llu,"
+		    "\"control_requests\":%llu,"
 		    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
 		    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
 		    "\"per_transport\":[",
@@ -147,6 +148,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    b->xfers.nactive,
 		    (unsigned long long) (b->st.messages_rejected +
 					  kvb_remote_rejected(b)),
+		    (unsigned long long) b->st.ctl_requests,
 		    (unsigned long long) b->st.workers_lost,
 		    (unsigned long long) b->st.late_wakeups,
 		    (unsigned long long) wlate, b->regions.live);
@@ -218,6 +220,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	put(&o, "messages_rejected      %llu\n",
 	    (unsigned long long) (b->st.messages_rejected +
 				  kvb_remote_rejected(b)));
+	put(&o, "control_requests       %llu\n",
+	    (unsigned long long) b->st.ctl_requests);
 	put(&o, "workers_lost           %llu\n",
 	    (unsigned long long) b->st.workers_lost);
 	put(&o, "late_wakeups           %llu (broker), %llu (workers)\n",

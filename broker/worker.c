@@ -295,6 +295,41 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
+/*
+ * OPEN_BATCH (proto.h): each id opened as by OPEN. Returns 0 with rep->n
+ * results, -EINVAL for n out of range, or -EBADMSG when the ids do not fill
+ * the message exactly (malformed: nothing was opened).
+ */
+static int open_batch(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_msg_open_batch *m, size_t len,
+		      struct kvb_msg_open_batch_reply *rep)
+{
+	const uint8_t *p = (const uint8_t *) (m + 1), *q = p;
+	const uint8_t *end = (const uint8_t *) m + len;
+	struct kvb_msg_open one;
+
+	if (m->n == 0 || m->n > KVB_OPEN_BATCH_MAX)
+		return -EINVAL;
+	for (uint32_t i = 0; i < m->n; i++) {
+		if (q >= end || (size_t) (end - q - 1) < *q)
+			return -EBADMSG;
+		q += 1 + *q;
+	}
+	if (q != end)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < m->n; i++) {
+		struct kvb_msg_open_reply r = {.handle = 0};
+
+		one.id_len = *p;
+		memcpy(one.id, p + 1, *p);
+		rep->res[i].status = xfer_open(b, w, &one, &r);
+		rep->res[i].handle = rep->res[i].status ? 0 : r.handle;
+		p += 1 + *p;
+	}
+	rep->n = m->n;
+	return 0;
+}
+
 static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
 {
 	b->st.messages_rejected++;
@@ -315,6 +350,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_mem_kv kv;
 		struct kvb_msg_peer peer;
 		struct kvb_msg_xopen xopen;
+		struct kvb_msg_open_batch open_batch;
 		char raw[KVB_MSG_MAX];
 	} m;
 	int fds[KVB_CTL_MAX_FDS];
@@ -355,6 +391,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		reject(b, w, why);
 		return;
 	}
+	if (m.h.type != KVB_MSG_STATS)
+		b->st.ctl_requests++;
 	/* only MEM_REG carries an fd */
 	if (m.h.type != KVB_MSG_MEM_REG)
 		while (nfds)
@@ -434,6 +472,31 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		NEED(struct kvb_msg_open);
 		rc = xfer_open(b, w, &m.open, &rep);
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+		return;
+	}
+	case KVB_MSG_OPEN_BATCH: {
+		static union {
+			struct kvb_msg_open_batch_reply r;
+			char raw[sizeof(struct kvb_msg_open_batch_reply) +
+				 KVB_OPEN_BATCH_MAX *
+					 sizeof(struct kvb_open_result)];
+		} rep;
+
+		if ((size_t) n < sizeof(m.open_batch)) {
+			reject(b, w, "control message of the wrong size");
+			return;
+		}
+		memset(&rep.r, 0, sizeof(rep.r));
+		rep.r.h.type = KVB_MSG_OPEN_BATCH;
+		rc = open_batch(b, w, &m.open_batch, (size_t) n, &rep.r);
+		if (rc == -EBADMSG) {
+			reject(b, w,
+			       "OPEN_BATCH: the ids do not fill the message");
+			return;
+		}
+		reply(w, &rep.r.h,
+		      sizeof(rep.r) + rep.r.n * sizeof(rep.r.res[0]), rc, NULL,
+		      0);
 		return;
 	}
 	case KVB_MSG_STATS: {

@@ -371,6 +371,61 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
 	return 0;
 }
 
+_Static_assert(KVB_TRANSFER_OPEN_BATCH_MAX == KVB_OPEN_BATCH_MAX,
+	       "public and wire batch limits agree");
+
+int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
+			    unsigned n, uint32_t *handles, int *status)
+{
+	union {
+		struct kvb_msg_open_batch m;
+		char raw[sizeof(struct kvb_msg_open_batch) +
+			 KVB_OPEN_BATCH_MAX * (1 + KVB_XFER_ID_MAX)];
+	} req;
+	union {
+		struct kvb_msg_open_batch_reply r;
+		char raw[sizeof(struct kvb_msg_open_batch_reply) +
+			 KVB_OPEN_BATCH_MAX * sizeof(struct kvb_open_result)];
+	} rep;
+	size_t len = sizeof(req.m);
+	int rc, first = 0;
+
+	if (!ctx || !ids || !handles || n == 0 || n > KVB_OPEN_BATCH_MAX)
+		return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		size_t k = ids[i] ? strlen(ids[i]) : 0;
+
+		if (k == 0 || k > KVB_XFER_ID_MAX)
+			return -EINVAL;
+		req.raw[len] = (char) (uint8_t) k;
+		memcpy(req.raw + len + 1, ids[i], k);
+		len += 1 + k;
+	}
+	/* kvb_msg_init zeroes what it covers: the header only, ids kept */
+	kvb_msg_init(&req.m.h, KVB_MSG_OPEN_BATCH, sizeof(req.m));
+	req.m.h.len = (uint32_t) len;
+	req.m.n = n;
+	rc = ctl_call(ctx, &req.m.h, NULL, 0, &rep, sizeof(rep),
+		      sizeof(rep.r) + n * sizeof(rep.r.res[0]));
+	if (rc)
+		return rc;
+	if (rep.r.n != n ||
+	    rep.r.h.len != sizeof(rep.r) + n * sizeof(rep.r.res[0]))
+		return -EPROTO;
+	for (unsigned i = 0; i < n; i++) {
+		int s = rep.r.res[i].status;
+
+		if (s > 0)
+			s = -EPROTO;
+		handles[i] = s ? 0 : rep.r.res[i].handle;
+		if (status)
+			status[i] = s;
+		if (s && !first)
+			first = s;
+	}
+	return first;
+}
+
 int kvb_mem_set_kv(struct kvb_ctx *ctx, uint32_t region, uint32_t layer,
 		   const struct kvb_kv_geometry *g)
 {

@@ -420,9 +420,10 @@ one descriptor = one WR in both modes.
 - **direct**: every worker drives its own transport instance, one
   \`post()\` (one doorbell) per (request, layer) chain: what vLLM's MoRIIO
   connector does per worker today.
-- **broker**: the same writes go through kvbroker; the workers submit into
-  their rings, seal each request, and D workers seal expecting their P
-  writer (write_done).
+- **broker**: the same writes go through kvbroker; the workers open each
+  step's requests in one round trip (\`kvb_transfer_open_batch\`), submit
+  into their rings, seal each request, and D workers seal expecting their
+  P writer (write_done).
 
 On \`local\` (one node) kvbench starts one broker on a private socket and
 direct workers copy into the D workers' memory.

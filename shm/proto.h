@@ -27,6 +27,7 @@ enum kvb_msg_type {
 	KVB_MSG_MEM_KV = 8, /* KV geometry and layer of a region */
 	KVB_MSG_PEER = 9,   /* handshake with a peer broker (deferred reply) */
 	KVB_MSG_XOPEN = 10, /* open a cross-node transfer; blocks follow */
+	KVB_MSG_OPEN_BATCH = 11, /* intern up to 64 transfer ids at once */
 };
 
 struct kvb_msg_hdr {
@@ -140,5 +141,32 @@ struct kvb_msg_xopen {
 	uint32_t pad;
 };
 /* reply: struct kvb_msg_open_reply */
+
+/*
+ * OPEN_BATCH: this header, then n ids (1..KVB_OPEN_BATCH_MAX), each a
+ * uint8_t length and that many bytes, packed, filling the message exactly
+ * (else the message is malformed and the worker dropped). n out of range:
+ * a header-only reply with status -EINVAL. Else status 0 and one result per
+ * id, in order: each id opened as by OPEN, on its own.
+ */
+#define KVB_OPEN_BATCH_MAX 64u
+
+struct kvb_msg_open_batch {
+	struct kvb_msg_hdr h;
+	uint32_t n;
+	uint32_t pad;
+};
+
+struct kvb_open_result {
+	uint32_t handle; /* valid when status == 0 */
+	int32_t status;	 /* 0 or -errno, as OPEN's */
+};
+
+struct kvb_msg_open_batch_reply {
+	struct kvb_msg_hdr h;
+	uint32_t n;
+	uint32_t pad;
+	struct kvb_open_result res[];
+};
 
 #endif /* KVB_SHM_PROTO_H */

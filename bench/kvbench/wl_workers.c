@@ -529,6 +529,36 @@ static int broker_warm(const struct wl_cfg *c, struct kvb_ctx *ctx,
 	return 0;
 }
 
+/*
+ * Open requests [first, first + n) ("req-<number>") into h: one control
+ * round trip per KVB_TRANSFER_OPEN_BATCH_MAX of them (kvb_transfer_open_batch)
+ * instead of one per request. 0 or the first failure's -errno.
+ */
+static int open_reqs(struct kvb_ctx *ctx, uint64_t first, unsigned n,
+		     uint32_t *h)
+{
+	char buf[KVB_TRANSFER_OPEN_BATCH_MAX][32];
+	const char *ids[KVB_TRANSFER_OPEN_BATCH_MAX];
+
+	for (unsigned i = 0; i < n;) {
+		unsigned k = n - i < KVB_TRANSFER_OPEN_BATCH_MAX
+				     ? n - i
+				     : KVB_TRANSFER_OPEN_BATCH_MAX;
+		int rc;
+
+		for (unsigned j = 0; j < k; j++) {
+			snprintf(buf[j], sizeof(buf[j]), "req-%llu",
+				 (unsigned long long) (first + i + j));
+			ids[j] = buf[j];
+		}
+		rc = kvb_transfer_open_batch(ctx, ids, k, h + i, NULL);
+		if (rc)
+			return rc;
+		i += k;
+	}
+	return 0;
+}
+
 int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		int ready_fd, const int *go, struct wl_pres *res)
 {
@@ -542,7 +572,6 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 	struct kvb_ctx *ctx;
 	uint64_t cpu0;
 	int64_t go_ns;
-	char id[64];
 	int rc;
 
 	if (!reg || !dst || !d || !h || !t0 ||
@@ -575,17 +604,16 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		unsigned n = wl_next_step(c, next, total, go_ns);
 		int64_t t_open;
 
-		for (unsigned i = 0; i < n; i++) {
-			snprintf(id, sizeof(id), "req-%llu",
-				 (unsigned long long) (next + i));
-			t_open = kvb_bench_now_ns();
-			rc = kvb_transfer_open(ctx, id, &h[i]);
-			res->ctl_ns += (uint64_t) (kvb_bench_now_ns() - t_open);
-			if (rc) {
-				fprintf(stderr, "kvbench: P%u: open %s: %s\n",
-					rank, id, kvb_strerror(rc));
-				return 1;
-			}
+		t_open = kvb_bench_now_ns();
+		rc = open_reqs(ctx, next, n, h);
+		res->ctl_ns += (uint64_t) (kvb_bench_now_ns() - t_open);
+		if (rc) {
+			fprintf(stderr,
+				"kvbench: P%u: open req-%llu..%llu: %s\n", rank,
+				(unsigned long long) next,
+				(unsigned long long) (next + n - 1),
+				kvb_strerror(rc));
+			return 1;
 		}
 		for (unsigned l = 0; l < c->layers; l++)
 			for (unsigned i = 0; i < n; i++) {
@@ -669,12 +697,11 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 	struct kvb_completion comp[COMP_BATCH];
 	struct kvb_ctx *ctx;
 	struct wl_mem m;
+	uint32_t *hs = calloc(window, sizeof(*hs));
 	uint64_t cpu0;
-	uint32_t h;
-	char id[64];
 	int rc;
 
-	if (!reg || wl_attach(sock, 1, rank, c->workers, 0, &ctx))
+	if (!reg || !hs || wl_attach(sock, 1, rank, c->workers, 0, &ctx))
 		return 1;
 	if (wl_broker_regions(ctx, c, rank, 1, wl_region_bytes_d(c),
 			      KVB_MEM_REMOTE_WRITE, reg, &m))
@@ -685,22 +712,32 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 	while (res->done < total) {
 		int k;
 
-		/* seal ahead: each request waits for its one P writer */
-		for (; sealed < total && sealed < res->done + window;
-		     sealed++) {
-			snprintf(id, sizeof(id), "req-%llu",
-				 (unsigned long long) sealed);
-			rc = kvb_transfer_open(ctx, id, &h);
-			if (!rc)
-				while ((rc = kvb_transfer_seal(
-						ctx, h, 1, sealed)) == -EAGAIN)
+		/*
+		 * Seal ahead, each request waiting for its one P writer: up to
+		 * `window` requests past the last done, opened a step's worth
+		 * (R) or more at a time, in one round trip per batch.
+		 */
+		uint64_t upto =
+			res->done + window < total ? res->done + window : total;
+		unsigned nopen = (unsigned) (upto - sealed);
+
+		if (nopen && (nopen >= c->requests || upto == total)) {
+			rc = open_reqs(ctx, sealed, nopen, hs);
+			for (unsigned i = 0; !rc && i < nopen; i++)
+				while ((rc = kvb_transfer_seal(ctx, hs[i], 1,
+							       sealed + i)) ==
+				       -EAGAIN)
 					sched_yield();
 			if (rc) {
 				fprintf(stderr,
-					"kvbench: D%u: open/seal %s: %s\n",
-					rank, id, kvb_strerror(rc));
+					"kvbench: D%u: open/seal "
+					"req-%llu..%llu: %s\n",
+					rank, (unsigned long long) sealed,
+					(unsigned long long) (upto - 1),
+					kvb_strerror(rc));
 				return 1;
 			}
+			sealed = upto;
 		}
 		k = kvb_wait(ctx, comp, COMP_BATCH, 60000);
 		if (k < 0) {
@@ -722,5 +759,6 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 	wl_broker_regions_free(ctx, reg, &m);
 	kvb_detach(ctx);
 	free(reg);
+	free(hs);
 	return res->dbad || res->failed ? 3 : 0;
 }

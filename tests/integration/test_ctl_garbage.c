@@ -3,7 +3,8 @@
  * Garbage on the broker's control socket: random bytes, a wrong magic, a
  * wrong length, a wrong protocol version, a request before HELLO, oversized
  * and wrongly sized messages, a bad identity, an unknown type, a second
- * HELLO, fds riding on garbage. Each is refused with a logged reason and
+ * HELLO, fds riding on garbage, OPEN_BATCH messages whose ids do not fill
+ * them. Each is refused with a logged reason and
  * counted in messages_rejected; no fd leaks; the broker keeps serving. And
  * a peer with another uid is refused (needs root: skipped otherwise).
  */
@@ -268,6 +269,108 @@ static void test_after_hello(void **state)
 	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 }
 
+/* A HELLO by hand: the connected, attached socket. */
+static int hand_attach(void)
+{
+	struct kvb_msg_hello m;
+	struct kvb_msg_hello_reply rep;
+	int fds[3] = {-1, -1, -1};
+	unsigned nfds = 3;
+	int fd, n;
+
+	hello_init(&m);
+	fd = raw_connect();
+	send_raw(fd, &m, sizeof(m), -1);
+	n = kvb_ctl_recv(fd, &rep, sizeof(rep), fds, &nfds);
+	assert_int_equal(
+		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	return fd;
+}
+
+/* OPEN_BATCH of n ids given as (length byte, bytes) records in rec[0..len) */
+static void open_batch_send(int fd, uint32_t n, const void *rec, size_t len)
+{
+	static char buf[sizeof(struct kvb_msg_open_batch) + 512];
+	struct kvb_msg_open_batch *m = (struct kvb_msg_open_batch *) buf;
+
+	assert_true(len <= 512);
+	kvb_msg_init(&m->h, KVB_MSG_OPEN_BATCH, sizeof(*m));
+	m->n = n;
+	memcpy(m + 1, rec, len);
+	m->h.len = (uint32_t) (sizeof(*m) + len);
+	send_raw(fd, buf, m->h.len, -1);
+}
+
+/* Wrongly built OPEN_BATCH messages: n out of range is answered -EINVAL;
+ * ids that do not fill the message exactly get the worker dropped. */
+static void test_open_batch_garbage(void **state)
+{
+	static union {
+		struct kvb_msg_open_batch_reply r;
+		char raw[sizeof(struct kvb_msg_open_batch_reply) +
+			 4 * sizeof(struct kvb_open_result)];
+	} rep;
+	const char two[] = "\3abc\2de";	   /* "abc", "de" */
+	const char zero[] = "\3abc\0\2de"; /* "abc", "", "de" */
+	int fd, n;
+
+	(void) state;
+	fd = hand_attach();
+	/* n = 0 and n = 65: -EINVAL, the connection kept */
+	open_batch_send(fd, 0, "", 0);
+	n = kvb_ctl_recv(fd, &rep, sizeof(rep), NULL, NULL);
+	assert_int_equal(kvb_ctl_check_reply(&rep.r.h, n, KVB_MSG_OPEN_BATCH,
+					     sizeof(rep.r)),
+			 -EINVAL);
+	open_batch_send(fd, KVB_OPEN_BATCH_MAX + 1, two, sizeof(two) - 1);
+	n = kvb_ctl_recv(fd, &rep, sizeof(rep), NULL, NULL);
+	assert_int_equal(kvb_ctl_check_reply(&rep.r.h, n, KVB_MSG_OPEN_BATCH,
+					     sizeof(rep.r)),
+			 -EINVAL);
+	/* an empty id among good ones: its own -EINVAL, the others opened */
+	open_batch_send(fd, 3, zero, sizeof(zero) - 1);
+	n = kvb_ctl_recv(fd, &rep, sizeof(rep), NULL, NULL);
+	assert_int_equal(
+		kvb_ctl_check_reply(&rep.r.h, n, KVB_MSG_OPEN_BATCH,
+				    sizeof(rep.r) + 3 * sizeof(rep.r.res[0])),
+		0);
+	assert_int_equal(rep.r.n, 3);
+	assert_int_equal(rep.r.res[0].status, 0);
+	assert_int_equal(rep.r.res[1].status, -EINVAL);
+	assert_int_equal(rep.r.res[2].status, 0);
+	assert_int_not_equal(rep.r.res[0].handle, rep.r.res[2].handle);
+	assert_int_equal(broker_stat(&fx.br, "messages_rejected"), rejected);
+	/* n = 3 but two ids: dropped */
+	open_batch_send(fd, 3, two, sizeof(two) - 1);
+	expect_hangup(fd);
+	expect_rejected("OPEN_BATCH: the ids do not fill the message");
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
+	/* an id running past the end (length 9, 2 bytes left): dropped */
+	fd = hand_attach();
+	open_batch_send(fd, 2, "\3abc\11de", 7);
+	expect_hangup(fd);
+	expect_rejected(NULL);
+	/* bytes left over after the n ids: dropped */
+	fd = hand_attach();
+	open_batch_send(fd, 1, two, sizeof(two) - 1);
+	expect_hangup(fd);
+	expect_rejected(NULL);
+	/* shorter than the batch header: dropped */
+	fd = hand_attach();
+	{
+		struct kvb_msg_open_batch m;
+
+		kvb_msg_init(&m.h, KVB_MSG_OPEN_BATCH, sizeof(m));
+		m.h.len = sizeof(m.h);
+		send_raw(fd, &m, sizeof(m.h), -1);
+	}
+	expect_hangup(fd);
+	expect_rejected("control message of the wrong size");
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
+}
+
 /* After all that, a normal worker attaches and works; nothing leaked. */
 static void test_still_serving(void **state)
 {
@@ -366,6 +469,7 @@ int main(void)
 		cmocka_unit_test(test_before_hello),
 		cmocka_unit_test(test_sizes),
 		cmocka_unit_test(test_after_hello),
+		cmocka_unit_test(test_open_batch_garbage),
 		cmocka_unit_test(test_still_serving),
 		cmocka_unit_test(test_other_uid),
 	};

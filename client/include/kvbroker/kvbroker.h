@@ -135,6 +135,21 @@ int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
 int kvb_transfer_open(struct kvb_ctx *ctx, const char *transfer_id,
 		      uint32_t *handle);
 
+/*
+ * Open n transfers (1..KVB_TRANSFER_OPEN_BATCH_MAX) in one round trip to the
+ * broker: ids[i] as kvb_transfer_open would, handles[i] its handle. Each id
+ * succeeds or fails on its own: status[i] (when status is not NULL) is 0 or
+ * that id's -errno, and handles[i] is 0 where it failed. Returns 0 when all
+ * were opened, else the first failing id's status; -EINVAL before asking
+ * the broker when n is out of range or an id is NULL, empty or longer than
+ * 255 bytes; -EPIPE. One control round trip wakes the caller once, where n
+ * kvb_transfer_open calls wake it n times: open the requests of a step
+ * together. Thread-safe.
+ */
+#define KVB_TRANSFER_OPEN_BATCH_MAX 64u
+int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
+			    unsigned n, uint32_t *handles, int *status);
+
 /* A descriptor. Flags: KVB_DESC_UNSIGNALED (no completion on success). */
 #define KVB_DESC_UNSIGNALED 0x1u
 
