@@ -358,14 +358,16 @@ static void test_progress(void **state)
 
 /*
  * progress() copies a run of consecutive pieces, up to 2 MiB: 64 KiB
- * pieces, one pool thread, a 4 MiB chain (lane B: the last 32 pieces). No
- * call may return more than 32; some call must return more than one (in
- * one of up to 40 tries: the pool may have stolen the lane first, as in
- * test_progress); every try copies right.
+ * pieces, one pool thread, a 64 MiB chain (lane B: the last 512 pieces, so
+ * that the pool needs milliseconds to copy its lane and steal all of B:
+ * with a 4 MiB chain a loaded CI machine once delayed this thread past
+ * that in 40 tries running). No call may return more than 32; some call
+ * must return more than one (in one of up to 40 tries: the pool may have
+ * stolen the lane first, as in test_progress); every try copies right.
  */
 static void test_progress_runs(void **state)
 {
-	const uint64_t piece = 64 << 10, len = 4 * MIB;
+	const uint64_t piece = 64 << 10, len = 64 * MIB;
 	struct fx f;
 	struct kvb_xop op;
 	unsigned tries;
