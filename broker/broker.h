@@ -116,8 +116,8 @@ struct kvb_broker {
 		uint64_t late_wakeups;
 		/* kvb_wait's late wakes of workers that are gone */
 		uint64_t worker_late_wakes_gone;
-		/* well-formed control requests from workers (STATS not
-		 * counted): each one a round trip that wakes its worker */
+		/* control requests with a valid header (STATS not counted):
+		 * each one a round trip that wakes its worker */
 		uint64_t ctl_requests;
 	} st;
 };
