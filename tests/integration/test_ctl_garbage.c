@@ -227,48 +227,6 @@ static void test_sizes(void **state)
 	expect_rejected(NULL);
 }
 
-/* A proper HELLO by hand, then nonsense from an attached worker. */
-static void test_after_hello(void **state)
-{
-	struct kvb_msg_hello m;
-	struct kvb_msg_hello_reply rep;
-	struct kvb_msg_hdr h;
-	int fds[3] = {-1, -1, -1};
-	unsigned nfds = 3;
-	int fd, n;
-
-	(void) state;
-	hello_init(&m);
-	fd = raw_connect();
-	send_raw(fd, &m, sizeof(m), -1);
-	n = kvb_ctl_recv(fd, &rep, sizeof(rep), fds, &nfds);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
-	assert_int_equal(nfds, 3);
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
-	assert_int_equal(broker_stat(&fx.br, "workers"), 1);
-	kvb_msg_init(&h, 99, sizeof(h));
-	send_raw(fd, &h, sizeof(h), -1);
-	expect_hangup(fd);
-	expect_rejected("unknown control message type");
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
-
-	/* a second HELLO */
-	nfds = 3;
-	fd = raw_connect();
-	send_raw(fd, &m, sizeof(m), -1);
-	n = kvb_ctl_recv(fd, &rep, sizeof(rep), fds, &nfds);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
-	for (unsigned i = 0; i < nfds; i++)
-		close(fds[i]);
-	send_raw(fd, &m, sizeof(m), -1);
-	expect_hangup(fd);
-	expect_rejected("second HELLO");
-	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
-}
-
 /* A HELLO by hand: the connected, attached socket. */
 static int hand_attach(void)
 {
@@ -284,9 +242,35 @@ static int hand_attach(void)
 	n = kvb_ctl_recv(fd, &rep, sizeof(rep), fds, &nfds);
 	assert_int_equal(
 		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
+	assert_int_equal(nfds, 3);
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
 	return fd;
+}
+
+/* A proper HELLO by hand, then nonsense from an attached worker. */
+static void test_after_hello(void **state)
+{
+	struct kvb_msg_hello m;
+	struct kvb_msg_hdr h;
+	int fd;
+
+	(void) state;
+	fd = hand_attach();
+	assert_int_equal(broker_stat(&fx.br, "workers"), 1);
+	kvb_msg_init(&h, 99, sizeof(h));
+	send_raw(fd, &h, sizeof(h), -1);
+	expect_hangup(fd);
+	expect_rejected("unknown control message type");
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
+
+	/* a second HELLO */
+	fd = hand_attach();
+	hello_init(&m);
+	send_raw(fd, &m, sizeof(m), -1);
+	expect_hangup(fd);
+	expect_rejected("second HELLO");
+	assert_int_equal(broker_wait_stat(&fx.br, "workers", 0, 10000), 0);
 }
 
 /* OPEN_BATCH of n ids given as (length byte, bytes) records in rec[0..len) */
