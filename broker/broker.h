@@ -194,8 +194,12 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		     const struct kvb_msg_xopen *m, uint32_t len,
 		     uint32_t *handle);
-/* KVB_OP_LAYER from a worker's ring */
+/* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
 void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e);
+/* engine.c: refuse a layer op whose transfer has no cross-node state (an
+ * unknown or same-node handle, or no cross-node layer): -EINVAL, logged */
+void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e);
 /* A cross-node transfer is ending with status: notify, fail deferred ops. */
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);

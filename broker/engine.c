@@ -277,6 +277,16 @@ uint32_t kvb_inflight_alloc(struct kvb_broker *b)
 	return idx;
 }
 
+void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e)
+{
+	b->st.descriptors_refused++;
+	log_warn("worker %u: layer op for an unknown or local transfer "
+		 "(handle %#x)",
+		 w->id, e->transfer);
+	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0, e->transfer);
+}
+
 static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 		   const struct kvb_sqe *e, int rc, const char *why)
 {
@@ -393,6 +403,8 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
 		return;
 	case KVB_OP_LAYER:
+		b->st.descriptors_submitted++;
+		w->st.submitted++;
 		kvb_remote_layer(b, w, e);
 		return;
 	default:

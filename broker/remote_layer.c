@@ -418,15 +418,8 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 	const char *why = NULL;
 	int rc;
 
-	b->st.descriptors_submitted++;
-	w->st.submitted++;
 	if (!rx || !b->rm) {
-		b->st.descriptors_refused++;
-		log_warn("worker %u: layer op for an unknown or local transfer "
-			 "(handle %#x)",
-			 w->id, e->transfer);
-		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0,
-			     e->transfer);
+		kvb_layer_refuse(b, w, e);
 		return;
 	}
 	if (!((rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) ||

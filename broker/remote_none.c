@@ -66,19 +66,12 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	return -ENOTCONN;
 }
 
-/* No transfer here is cross-node, so a layer op is refused and completed
- * with -EINVAL, counted and logged, as the full broker does for a layer op
- * on a same-node transfer. */
+/* No transfer here is cross-node: refused as the full broker refuses a
+ * layer op on a same-node transfer. */
 void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e)
 {
-	b->st.descriptors_submitted++;
-	w->st.submitted++;
-	b->st.descriptors_refused++;
-	log_warn("worker %u: layer op for an unknown or local transfer "
-		 "(handle %#x)",
-		 w->id, e->transfer);
-	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0, e->transfer);
+	kvb_layer_refuse(b, w, e);
 }
 
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)

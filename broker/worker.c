@@ -272,16 +272,16 @@ static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
 	return -ENOENT;
 }
 
-static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
-		     const struct kvb_msg_open *m,
-		     struct kvb_msg_open_reply *rep)
+/* OPEN, and each id of OPEN_BATCH: intern id[0..len) into *handle. */
+static int xfer_open(struct kvb_broker *b, struct kvb_worker *w, const char *id,
+		     uint32_t len, uint32_t *handle)
 {
 	struct kvb_xfer *x;
 	int err = 0;
 
-	if (m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX)
+	if (len == 0 || len > KVB_XFER_ID_MAX)
 		return -EINVAL;
-	x = kvb_xfer_open(&b->xfers, w->id, m->id, m->id_len,
+	x = kvb_xfer_open(&b->xfers, w->id, id, len,
 			  kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms *
 						 1000000,
 			  &err);
@@ -291,7 +291,7 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w,
 		return err;
 	}
 	x->opened = 1;
-	rep->handle = kvb_xfer_handle(&b->xfers, x);
+	*handle = kvb_xfer_handle(&b->xfers, x);
 	return 0;
 }
 
@@ -306,7 +306,6 @@ static int open_batch(struct kvb_broker *b, struct kvb_worker *w,
 {
 	const uint8_t *p = (const uint8_t *) (m + 1), *q = p;
 	const uint8_t *end = (const uint8_t *) m + len;
-	struct kvb_msg_open one;
 
 	if (m->n == 0 || m->n > KVB_OPEN_BATCH_MAX)
 		return -EINVAL;
@@ -318,12 +317,9 @@ static int open_batch(struct kvb_broker *b, struct kvb_worker *w,
 	if (q != end)
 		return -EBADMSG;
 	for (uint32_t i = 0; i < m->n; i++) {
-		struct kvb_msg_open_reply r = {.handle = 0};
-
-		one.id_len = *p;
-		memcpy(one.id, p + 1, *p);
-		rep->res[i].status = xfer_open(b, w, &one, &r);
-		rep->res[i].handle = rep->res[i].status ? 0 : r.handle;
+		rep->res[i].handle = 0;
+		rep->res[i].status = xfer_open(b, w, (const char *) p + 1, *p,
+					       &rep->res[i].handle);
 		p += 1 + *p;
 	}
 	rep->n = m->n;
@@ -470,7 +466,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
 
 		NEED(struct kvb_msg_open);
-		rc = xfer_open(b, w, &m.open, &rep);
+		rc = xfer_open(b, w, m.open.id, m.open.id_len, &rep.handle);
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}

@@ -61,7 +61,7 @@ command -v python3 >/dev/null || {
 	echo "copy-profile: no kvbench at $KVBENCH (build it, or set KVBENCH)" >&2
 	exit 1
 }
-TMP=$(mktemp -d /tmp/kvb-prof.XXXXXX)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvb-prof.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
 FREQ=2000 # perf samples per second per CPU
