@@ -1,6 +1,7 @@
 #!/bin/sh
 # kvbench workload's command line: bad arguments are refused with exit 2 and
-# a message naming the option; --repeat N runs N trials of each mode,
+# a message naming the option; --iters-total splits the steps among the
+# workers; --repeat N runs N trials of each mode,
 # direct and broker alternating (ABBA), and writes each trial to the JSON.
 # Usage: args-test.sh KVBENCH
 set -u
@@ -30,6 +31,31 @@ refuse "--block-bytes: 12 is not a multiple of 8" --block-bytes 12
 refuse "--mode: 'sideways' is not direct, broker or both" --mode sideways
 refuse "--transport: 'pigeon' is not one of" --transport pigeon
 refuse "unknown option '--bogus'" --bogus
+refuse "--iters and --iters-total: give one of them" --iters 3 --iters-total 5
+refuse "--iters-total: '0' is not a whole number" --iters-total 0
+
+# --iters-total 5 over W = 1, 2: 5 and 3 steps per worker; D verifies every
+# byte, so the WR counts are what was written: W x steps x 1 x 2 x 2
+if ! "$K" workload --layers 2 --blocks 2 --requests 1 --iters-total 5 \
+	--sweep-workers 1,2 --verify --json "$tmp/t.json" >"$tmp/out" 2>&1; then
+	echo "FAIL: --iters-total run:" >&2
+	cat "$tmp/out" >&2
+	fail=1
+fi
+for key in '"iters":null,"iters_total":5' \
+	'"workers":1,"iters":5,"direct":\{"wrs":20,' \
+	'"workers":2,"iters":3,"direct":\{"wrs":24,'; do
+	grep -Eq "$key" "$tmp/t.json" || {
+		echo "FAIL: no '$key' in the JSON:" >&2
+		cat "$tmp/t.json" >&2
+		fail=1
+	}
+done
+grep -q "5 steps in all (W workers: 5/W each, rounded up)" "$tmp/out" || {
+	echo "FAIL: --iters-total not said in the header:" >&2
+	cat "$tmp/out" >&2
+	fail=1
+}
 
 # --repeat 2: d#1 b#1, then b#2 d#2 (ABBA), medians, the pair ratios, JSON
 if ! "$K" workload --workers 1 --layers 2 --blocks 2 --requests 1 \

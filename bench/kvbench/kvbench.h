@@ -59,8 +59,17 @@ struct wl_cfg {
 	int verify, progress;
 	const char *json, *plot, *broker, *broker_opts;
 	unsigned sweep[KVB_BENCH_MAX_SWEEP], nsweep;
-	unsigned repeat; /* trials per mode per worker count (medians) */
+	unsigned repeat;      /* trials per mode per worker count (medians) */
+	unsigned iters_total; /* --iters-total: steps split among workers */
 };
+
+/* Steps per worker at w workers: --iters, or --iters-total / w rounded up. */
+static inline unsigned wl_iters_for(const struct wl_cfg *c, unsigned w)
+{
+	if (!c->iters_total || !w)
+		return c->iters;
+	return (c->iters_total + w - 1) / w;
+}
 
 /*
  * What one P worker reports (in shared memory, written by the child, read

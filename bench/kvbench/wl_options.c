@@ -43,6 +43,13 @@ static void workload_usage(FILE *f)
 	      "  --requests R       concurrent requests per step (default 4)\n"
 	      "  --iters N          steps per worker; R x N requests in all "
 	      "(default 4)\n"
+	      "  --iters-total N    instead of --iters: N steps split among "
+	      "the workers\n"
+	      "                     (N/W each, rounded up), so every worker "
+	      "count of a\n"
+	      "                     sweep moves the same bytes and its "
+	      "trials last about\n"
+	      "                     as long (bandwidth sweeps)\n"
 	      "  --rate X           requests/s arriving (default 0 = back to "
 	      "back)\n"
 	      "  --transport T      local (default), tcp (two nodes: see "
@@ -198,6 +205,7 @@ enum {
 	O_BBYTES,
 	O_REQS,
 	O_ITERS,
+	O_ITERS_TOTAL,
 	O_RATE,
 	O_TRANSPORT,
 	O_MODE,
@@ -225,6 +233,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 		{"block-bytes", 1, NULL, O_BBYTES},
 		{"requests", 1, NULL, O_REQS},
 		{"iters", 1, NULL, O_ITERS},
+		{"iters-total", 1, NULL, O_ITERS_TOTAL},
 		{"rate", 1, NULL, O_RATE},
 		{"transport", 1, NULL, O_TRANSPORT},
 		{"mode", 1, NULL, O_MODE},
@@ -243,7 +252,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 		{"help", 0, NULL, O_HELP},
 		{NULL, 0, NULL, 0}};
 	uint64_t v;
-	int o;
+	int o, iters_set = 0;
 
 	optind = 1;
 	opterr = 0;
@@ -289,6 +298,13 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 			if (kvb_bench_parse_u64("--iters", a, 1, 1000000, &v))
 				return -1;
 			c->iters = (unsigned) v;
+			iters_set = 1;
+			break;
+		case O_ITERS_TOTAL:
+			if (kvb_bench_parse_u64("--iters-total", a, 1, 1000000,
+						&v))
+				return -1;
+			c->iters_total = (unsigned) v;
 			break;
 		case O_REPEAT:
 			if (kvb_bench_parse_u64("--repeat", a, 1,
@@ -417,6 +433,13 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 				"draws against the worker count)\n");
 		return -1;
 	}
+	if (iters_set && c->iters_total) {
+		fprintf(stderr, "kvbench: --iters and --iters-total: give one "
+				"of them\n");
+		return -1;
+	}
+	if (c->iters_total)
+		c->iters = c->iters_total; /* the most a worker runs (W = 1) */
 	if ((uint64_t) c->iters * c->requests > 1000000) {
 		fprintf(stderr, "kvbench: --iters x --requests: at most "
 				"1000000 requests per worker\n");

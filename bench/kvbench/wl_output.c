@@ -281,7 +281,7 @@ static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
 		       const struct wl_figs *d, const struct wl_figs *b,
 		       const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
 {
-	fprintf(f, "{\"workers\":%u", w);
+	fprintf(f, "{\"workers\":%u,\"iters\":%u", w, wl_iters_for(c, w));
 	json_modes(f, c, d, b, t);
 	fputs("}", f);
 }
@@ -319,13 +319,21 @@ static void json_config(FILE *f, const struct wl_cfg *c)
 		fputs("\",", f);
 	}
 	fprintf(f,
-		"\"layers\":%u,\"blocks\":%"
-		"u,"
-		"\"block_bytes\":%llu,\"requests\":%u,\"iters\":%u,\"rate\":%g,"
-		"\"verify\":%s,\"broker_opts\":\"%s\",\"repeat\":%u,"
-		"\"figures_are\":\"%s\"}",
+		"\"layers\":%u,\"blocks\":%u,\"block_bytes\":%llu,"
+		"\"requests\":%u,",
 		c->layers, c->blocks, (unsigned long long) c->block_bytes,
-		c->requests, c->iters, c->rate, c->verify ? "true" : "false",
+		c->requests);
+	/* --iters-total: steps per worker depend on W (each point has its
+	 * "iters") */
+	if (c->iters_total)
+		fprintf(f, "\"iters\":null,\"iters_total\":%u,",
+			c->iters_total);
+	else
+		fprintf(f, "\"iters\":%u,\"iters_total\":null,", c->iters);
+	fprintf(f,
+		"\"rate\":%g,\"verify\":%s,\"broker_opts\":\"%s\","
+		"\"repeat\":%u,\"figures_are\":\"%s\"}",
+		c->rate, c->verify ? "true" : "false",
 		c->broker_opts ? c->broker_opts : "", c->repeat,
 		c->repeat > 1 ? "the median of the trials, figure by figure; "
 				"ratio = median broker / median direct"
@@ -347,7 +355,8 @@ int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	json_config(f, c);
 	if (!c->nsweep) {
 		/* one point: its keys at the top level */
-		fprintf(f, ",\"workers\":%u", ws[0]);
+		fprintf(f, ",\"workers\":%u,\"iters\":%u", ws[0],
+			wl_iters_for(c, ws[0]));
 		json_modes(f, c, &res[0][0], &res[0][1],
 			   trials ? trials[0] : NULL);
 	} else {

@@ -573,12 +573,14 @@ int kvb_bench_workload_main(int argc, char **argv)
 	n = c.nsweep ? c.nsweep : 1;
 	for (k = 0; k < n; k++)
 		ws[k] = c.nsweep ? c.sweep[k] : c.workers;
-	for (k = 0, mem = 0; k < n; k++)
-		if ((uint64_t) ws[k] * c.layers *
-			    (wl_region_bytes_p(&c) + wl_region_bytes_d(&c)) >
-		    mem)
-			mem = (uint64_t) ws[k] * c.layers *
-			      (wl_region_bytes_p(&c) + wl_region_bytes_d(&c));
+	for (k = 0, mem = 0; k < n; k++) {
+		uint64_t need;
+
+		c.iters = wl_iters_for(&c, ws[k]); /* verify: regions grow */
+		need = (uint64_t) ws[k] * c.layers *
+		       (wl_region_bytes_p(&c) + wl_region_bytes_d(&c));
+		mem = need > mem ? need : mem;
+	}
 	if (mem >
 	    (sysconf(_SC_PHYS_PAGES) * (uint64_t) sysconf(_SC_PAGESIZE)) / 2) {
 		fprintf(stderr,
@@ -636,9 +638,15 @@ int kvb_bench_workload_main(int argc, char **argv)
 		       "tcp for two)\n");
 	}
 	printf("%u layers x %u blocks x %llu B per request per rank, %u "
-	       "requests/step, %u steps, rate %s, verify %s\n",
+	       "requests/step, ",
 	       c.layers, c.blocks, (unsigned long long) c.block_bytes,
-	       c.requests, c.iters, c.rate > 0 ? "limited" : "unlimited",
+	       c.requests);
+	if (c.iters_total)
+		printf("%u steps in all (W workers: %u/W each, rounded up), ",
+		       c.iters_total, c.iters_total);
+	else
+		printf("%u steps, ", c.iters);
+	printf("rate %s, verify %s\n", c.rate > 0 ? "limited" : "unlimited",
 	       c.verify ? "on" : "off");
 	if (c.rate > 0)
 		printf("rate: %g requests/s\n", c.rate);
@@ -650,6 +658,7 @@ int kvb_bench_workload_main(int argc, char **argv)
 	wl_table_header();
 	for (k = 0; k < n; k++) {
 		c.workers = ws[k];
+		c.iters = wl_iters_for(&c, ws[k]);
 		for (unsigned t = 0; t < c.repeat; t++) {
 			/* ABBA: a drift in the machine's load hits both */
 			for (int j = 0; j < 2; j++) {
