@@ -12,7 +12,8 @@
 #   -i ITERS    kvbench --iters, steps per worker (default 200: ~2 s of
 #               copying per mode on a 2-core VM)
 #   -r ROUNDS   direct/broker pairs to run, alternating (default 1)
-# Environment: BUILD (default build), KVBENCH (the binary).
+# Environment: BUILD (default build), KVBENCH (the binary), TOP (rows of
+# the by-function table, default 8).
 # Needs perf (Debian: linux-perf) and python3; as root, or with
 # kernel.perf_event_paranoid <= 0 for system-wide recording.
 #
@@ -70,7 +71,7 @@ FREQ=2000 # perf samples per second per CPU
 analyse() {
 	perf script -i "$1" -F comm,tid,time,ip,sym 2>/dev/null |
 		python3 -c '
-import collections, sys
+import collections, os, sys
 bw, freq = float(sys.argv[1]), float(sys.argv[2])
 def is_copy(s):
     return any("memmove" in x or "memcpy" in x for x in s)
@@ -120,7 +121,7 @@ print("  by process (% of the samples): " + ", ".join(
     f"{comm} {100 * v / n:.1f} %" + (" in memmove" if c else " other")
     for (comm, c), v in procs.most_common(6)))
 print("  the rest, by process and function (% of the samples):")
-for (comm, sym), v in other.most_common(8):
+for (comm, sym), v in other.most_common(int(os.environ.get("TOP", "8"))):
     print(f"    {100 * v / n:5.1f} %  {comm:<10} {sym}")
 ' "$2" "$FREQ"
 }
