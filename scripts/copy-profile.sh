@@ -40,10 +40,11 @@ while getopts "w:i:r:h" o; do
 		;;
 	esac
 done
-for v in "$W" "$ITERS" "$ROUNDS"; do
+TOP=${TOP:-8}
+for v in "$W" "$ITERS" "$ROUNDS" "$TOP"; do
 	case $v in
 	'' | *[!0-9]* | 0)
-		echo "copy-profile: -w, -i, -r take a positive integer, not '$v'" >&2
+		echo "copy-profile: -w, -i, -r and TOP take a positive integer, not '$v'" >&2
 		exit 2
 		;;
 	esac
@@ -71,8 +72,8 @@ FREQ=2000 # perf samples per second per CPU
 analyse() {
 	perf script -i "$1" -F comm,tid,time,ip,sym 2>/dev/null |
 		python3 -c '
-import collections, os, sys
-bw, freq = float(sys.argv[1]), float(sys.argv[2])
+import collections, sys
+bw, freq, top = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 def is_copy(s):
     return any("memmove" in x or "memcpy" in x for x in s)
 samples = []
@@ -121,9 +122,9 @@ print("  by process (% of the samples): " + ", ".join(
     f"{comm} {100 * v / n:.1f} %" + (" in memmove" if c else " other")
     for (comm, c), v in procs.most_common(6)))
 print("  the rest, by process and function (% of the samples):")
-for (comm, sym), v in other.most_common(int(os.environ.get("TOP", "8"))):
+for (comm, sym), v in other.most_common(top):
     print(f"    {100 * v / n:5.1f} %  {comm:<10} {sym}")
-' "$2" "$FREQ"
+' "$2" "$FREQ" "$TOP"
 }
 
 for r in $(seq 1 "$ROUNDS"); do

@@ -15,6 +15,7 @@
 #     --transport gpu --verify` (direct and broker, every byte checked at
 #     D), the small- and large-block gpu cases of `make bench` (fewer
 #     steps), and the large-block `local` case on this machine's cores
+#     (--iters-total: the same bytes at every worker count, as `make bench`)
 #     (the 2-core dev VM cannot say whether the broker keeps up with direct
 #     workers when cores are to spare). JSON to $OUT.
 #
@@ -88,10 +89,10 @@ gcc $CF bench/kvbench/main.c bench/kvbench/common.c bench/kvbench/net.c \
 	bridge/gpu/*.c -ldl -lpthread -lm -o "$B/kvbench" ||
 	{ echo "RESULT3: BUILD-FAILED (kvbench)"; exit 1; }
 if [ "$QUICK" = 1 ]; then
-	VL=4 GS=2 GL=1 LL=2 REP=1 SW=1,2 SWC=2
+	VL=4 GS=2 GL=1 LLT=4 REP=1 SW=1,2 SWC=2
 else
 	VL=32 GS=${ITERS_GPU_SMALL:-20} GL=${ITERS_GPU_LARGE:-10}
-	LL=${ITERS_LARGE:-50} REP=3 SW=1,2,4,8,16 SWC=8,16
+	LLT=${ITERS_LARGE_TOTAL:-300} REP=3 SW=1,2,4,8,16 SWC=8,16
 fi
 SMALL=(--layers 32 --blocks 16 --block-bytes 512 --requests 8 --no-verify --mode both)
 LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify --mode both)
@@ -115,13 +116,13 @@ if [ $vg -eq 0 ]; then
 	kb workload-gpu-large workload --transport gpu --gpu-backend "$BACKEND" \
 		"${LARGE[@]}" --iters "$GL" --repeat "$REP" --sweep-workers "${SW%,16}"
 fi
-kb workload-local-large workload "${LARGE[@]}" --iters "$LL" --repeat "$REP" \
+kb workload-local-large workload "${LARGE[@]}" --iters-total "$LLT" --repeat "$REP" \
 	--sweep-workers "$SW"
 if [ $vg -eq 0 ]; then
 	kb workload-gpu-small workload --transport gpu --gpu-backend "$BACKEND" \
 		"${SMALL[@]}" --iters "$GS" --sweep-workers "${SW%,16}"
 fi
-kb workload-local-large-ct8 workload "${LARGE[@]}" --iters "$LL" \
+kb workload-local-large-ct8 workload "${LARGE[@]}" --iters-total "$LLT" \
 	--repeat "$REP" --sweep-workers "$SWC" --broker-opts "--copy-threads 8"
 echo "RESULT1 (transport): exit $rc1; RESULT2 (broker): exit $rc2; RESULT3 (kvbench): exit $rc3"
 [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]
