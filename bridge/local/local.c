@@ -13,8 +13,9 @@
  * growing longer than that: control requests (a transfer open) are not
  * held up behind a 16 MiB chain. Pool threads and the caller's thread each take
  * their own lane of consecutive pieces (struct achain). An op completes when
- * the last of the pieces covering it is copied; its completion goes to a locked
- * queue and wakes wait_fd().
+ * the last of the pieces covering it is copied. The completions a run of
+ * pieces finishes go to a locked queue together after the run (one lock, one
+ * drain of the copies' stores per run, not per piece) and wake wait_fd().
  *
  * Memory: the broker keeps a region mapped while an op on it is in flight
  * (in-flight ops hold references); dereg_mr() still waits until no chain is
@@ -160,25 +161,44 @@ static void chain_free(struct local_transport *lt, struct achain *c)
 	pthread_mutex_unlock(&lt->lock);
 }
 
-static void op_done(struct local_transport *lt, struct achain *c,
-		    struct aop *op)
+/* Completions found by one run of pieces, handed over together. */
+#define DONE_BATCH 64u
+struct done_batch {
+	unsigned n;
+	unsigned counted; /* ops pushed by this run */
+	uint64_t cookie[DONE_BATCH];
+};
+
+/* Queue the batch's completions under one lock. */
+static void batch_push(struct local_transport *lt, struct done_batch *b)
+{
+	if (!b->n)
+		return;
+	pthread_mutex_lock(&lt->dlock);
+	/* room was reserved when the chain was posted */
+	for (unsigned i = 0; i < b->n; i++)
+		q_push(&lt->done, b->cookie[i], 0);
+	lt->pending -= b->n;
+	pthread_mutex_unlock(&lt->dlock);
+	b->counted += b->n;
+	b->n = 0;
+}
+
+/*
+ * Count the run's completed ops off the chain (after copy_run's last use
+ * of c). The chain's last ones wake a sleeping broker, once per chain (not
+ * per op: a polling broker would pay a write and a read per completion;
+ * earlier completions are reaped by its polls, which go on at least every
+ * millisecond while anything is in flight), and free it.
+ */
+static void chain_count(struct local_transport *lt, struct achain *c,
+			unsigned n)
 {
 	uint64_t one = 1;
 
-	pthread_mutex_lock(&lt->dlock);
-	/* room was reserved when the chain was posted */
-	q_push(&lt->done, op->cookie, 0);
-	lt->pending--;
-	pthread_mutex_unlock(&lt->dlock);
-	if (atomic_fetch_sub_explicit(&c->ops_left, 1, memory_order_acq_rel) !=
-	    1)
+	if (!n || atomic_fetch_sub_explicit(&c->ops_left, n,
+					    memory_order_acq_rel) != n)
 		return;
-	/*
-	 * The chain's last op: wake a sleeping broker, once per chain (not per
-	 * op: a polling broker would pay a write and a read per completion).
-	 * Earlier completions are reaped by its polls, which go on at least
-	 * every millisecond while anything is in flight.
-	 */
 	pthread_mutex_lock(&lt->dlock);
 	if (!lt->signalled && write(lt->efd, &one, sizeof(one)) == sizeof(one))
 		lt->signalled = 1;
@@ -186,25 +206,37 @@ static void op_done(struct local_transport *lt, struct achain *c,
 	chain_free(lt, c);
 }
 
-/* Copy piece k of c and complete the ops it finishes. */
-static void copy_piece(struct local_transport *lt, struct achain *c, unsigned k)
+/*
+ * Copy pieces [k, k + n) of c, then complete the ops they finish: one
+ * batch (one lock, one wait for the copies' stores to drain) per run, not
+ * per piece. An op inside a single piece is finished by its copier alone;
+ * one spread over several counts down its parts atomically. Ops complete
+ * strictly after their bytes landed (zero-length ops were completed at
+ * post). The run's ops are counted off the chain's ops_left only at the
+ * end: until then c cannot be freed.
+ */
+static void copy_run(struct local_transport *lt, struct achain *c, unsigned k,
+		     unsigned n)
 {
-	uint64_t lo = (uint64_t) k * c->piece, hi = lo + c->piece;
-	unsigned i, first = 0, last = c->nops;
+	uint64_t lo = (uint64_t) k * c->piece,
+		 hi = lo + (uint64_t) n * c->piece;
+	struct done_batch b;
+	unsigned i, first;
 
+	b.n = b.counted = 0;
 	if (hi > c->total)
 		hi = c->total;
 	/* the first op with bytes in [lo, hi): ops are ordered by start */
 	{
-		unsigned a = 0, b = c->nops;
+		unsigned a = 0, e = c->nops;
 
-		while (a < b) {
-			unsigned m = a + (b - a) / 2;
+		while (a < e) {
+			unsigned m = a + (e - a) / 2;
 
 			if (c->ops[m].start + c->ops[m].len <= lo)
 				a = m + 1;
 			else
-				b = m;
+				e = m;
 		}
 		first = a;
 	}
@@ -218,19 +250,30 @@ static void copy_piece(struct local_transport *lt, struct achain *c, unsigned k)
 			memcpy(op->dst + (s - op->start),
 			       op->src + (s - op->start), e - s);
 	}
-	last = i;
-	/*
-	 * Count down after every copy of this piece: ops complete strictly
-	 * after their bytes landed. Zero-length ops were completed at post.
-	 */
-	for (i = first; i < last; i++) {
-		struct aop *op = &c->ops[i];
+	for (unsigned j = first; j < i; j++) {
+		struct aop *op = &c->ops[j];
+		uint64_t s = op->start > lo ? op->start : lo;
+		uint64_t e =
+			op->start + op->len < hi ? op->start + op->len : hi;
+		/* the pieces of this run that hold bytes of op */
+		unsigned p = e > s ? (unsigned) ((e - 1) / c->piece -
+						 s / c->piece + 1)
+				   : 0u;
 
-		if (op->len &&
-		    atomic_fetch_sub_explicit(&op->parts, 1,
-					      memory_order_acq_rel) == 1)
-			op_done(lt, c, op);
+		if (!p)
+			continue;
+		/* acquire: the other copiers' bytes of op landed first */
+		if (atomic_load_explicit(&op->parts, memory_order_acquire) !=
+			    p &&
+		    atomic_fetch_sub_explicit(&op->parts, p,
+					      memory_order_acq_rel) != p)
+			continue;
+		b.cookie[b.n++] = op->cookie;
+		if (b.n == DONE_BATCH)
+			batch_push(lt, &b);
 	}
+	batch_push(lt, &b);
+	chain_count(lt, c, b.counted);
 }
 
 /*
@@ -286,8 +329,7 @@ static void *copier(void *arg)
 
 		if (n) {
 			pthread_mutex_unlock(&lt->lock);
-			for (unsigned i = 0; i < n; i++)
-				copy_piece(lt, c, k + i);
+			copy_run(lt, c, k, n);
 			pthread_mutex_lock(&lt->lock);
 			continue;
 		}
@@ -509,8 +551,8 @@ static int local_progress(struct kvb_transport *t)
 	pthread_mutex_lock(&lt->lock);
 	got = (int) take(lt, 0, &c, &k);
 	pthread_mutex_unlock(&lt->lock);
-	for (int i = 0; i < got; i++)
-		copy_piece(lt, c, k + (unsigned) i);
+	if (got)
+		copy_run(lt, c, k, (unsigned) got);
 	return got;
 }
 
