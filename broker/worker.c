@@ -198,6 +198,9 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 			    fd, (off_t) m->fd_offset);
 		if (addr == MAP_FAILED)
 			return -errno;
+		/* map the region's huge pages as such (shmem THP `advise`),
+		 * as kvb_mem_alloc() asks on the worker's side */
+		(void) madvise(addr, m->size, MADV_HUGEPAGE);
 	} else if (m->kind != KVB_MEM_GPU || fd >= 0) {
 		return -EINVAL;
 	} else if (!b->trs[KVB_TS_GPU]) {

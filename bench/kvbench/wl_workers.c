@@ -138,6 +138,9 @@ void *wl_memfd_map(uint64_t len)
 
 	if (fd >= 0 && !ftruncate(fd, (off_t) len))
 		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* huge pages where shmem THP is `advise`, as kvb_mem_alloc() asks */
+	if (p != MAP_FAILED)
+		(void) madvise(p, len, MADV_HUGEPAGE);
 	if (fd >= 0)
 		close(fd);
 	return p;

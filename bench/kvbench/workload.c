@@ -111,6 +111,8 @@ static int direct_maps(const struct wl_cfg *c, void **maps)
 			perror("kvbench: mmap D region");
 			return -1;
 		}
+		/* the same pages as broker mode's regions (kvb_mem_alloc) */
+		(void) madvise(maps[i], len, MADV_HUGEPAGE);
 		/* allocate the pages now, as the broker-mode D worker does:
 		 * the writers then only take minor faults, in both modes */
 		memset(maps[i], 0, len);

@@ -3,7 +3,9 @@
  * End to end: one broker, kvb-demo with 2 P and 2 D workers writing 32
  * layers x many blocks (every byte verified at D), then the broker's counters
  * through `kvbctl stats --json` must balance: every submitted descriptor
- * completed, none refused, no transfer failed, nobody left attached.
+ * completed, none refused, no transfer failed, nobody left attached. Last,
+ * a region from kvb_mem_alloc() is advised for huge pages in the worker's
+ * mapping and in the broker's.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -160,12 +162,74 @@ static void test_kvbctl(void **state)
 	assert_int_equal(run_cmd(badcmd, out, sizeof(out), 10), 2);
 }
 
+/*
+ * Whether a mapping of pid has the VmFlags token `flag` (smaps): the one
+ * holding addr, or (addr 0) every one whose path has `name`. 1 yes, 0 no,
+ * -1 no such mapping.
+ */
+static int vma_flag(pid_t pid, uintptr_t addr, const char *name,
+		    const char *flag)
+{
+	char path[64], line[512];
+	int in = 0, found = 0, all = 1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/smaps", (int) pid);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		/* a mapping's first line; the others start "Name:" */
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+			in = addr ? addr >= lo && addr < hi
+				  : strstr(line, name) != NULL;
+			continue;
+		}
+		if (in && !strncmp(line, "VmFlags:", 8)) {
+			char want[16];
+
+			snprintf(want, sizeof(want), " %s ", flag);
+			found = 1;
+			/* the line ends " \n": tokens are " xx " */
+			all &= strstr(line + 7, want) != NULL;
+			in = 0;
+		}
+	}
+	fclose(f);
+	return found ? all : -1;
+}
+
+static void test_hugepage_advice(void **state)
+{
+	struct kvb_region r;
+	struct kvb_ctx *c;
+
+	(void) state;
+	if (access("/sys/kernel/mm/transparent_hugepage", F_OK)) {
+		print_message("kernel without transparent huge pages\n");
+		skip();
+	}
+	c = w_attach(&br, KVB_ROLE_P, 0, 1, 0);
+	assert_non_null(c);
+	assert_int_equal(kvb_mem_alloc(c, 4u << 20, 0, 7, &r), 0);
+	/* "hg": VM_HUGEPAGE, set by madvise(MADV_HUGEPAGE) */
+	assert_int_equal(vma_flag(getpid(), (uintptr_t) r.addr, NULL, "hg"), 1);
+	assert_int_equal(vma_flag(br.pid, 0, "memfd:kvb-region", "hg"), 1);
+	assert_int_equal(kvb_mem_free(c, &r), 0);
+	assert_int_equal(kvb_detach(c), 0);
+	/* gone from the broker too */
+	assert_int_equal(broker_wait_stat(&br, "regions", 0, 5000), 0);
+	assert_int_equal(vma_flag(br.pid, 0, "memfd:kvb-region", "hg"), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_demo),
 		cmocka_unit_test(test_stats_balance),
 		cmocka_unit_test(test_kvbctl),
+		cmocka_unit_test(test_hugepage_advice),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

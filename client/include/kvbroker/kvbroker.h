@@ -81,7 +81,10 @@ struct kvb_region {
 /*
  * Allocate a region of `size` bytes shared with the broker (memfd). `key` is
  * a user label (e.g. the layer index) that peers use in kvb_mem_lookup().
- * Returns 0, -EINVAL, -ENOMEM, -EPIPE. Thread-safe.
+ * The mapping asks for transparent huge pages (MADV_HUGEPAGE): the kernel
+ * backs it with 2 MiB pages where /sys/kernel/mm/transparent_hugepage/
+ * shmem_enabled is `advise` or `always` (not under Debian's default
+ * `never`). Returns 0, -EINVAL, -ENOMEM, -EPIPE. Thread-safe.
  */
 int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 		  uint64_t key, struct kvb_region *out);
