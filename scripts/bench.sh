@@ -299,12 +299,9 @@ elapsed=$(($(date +%s) - start))
 # --- BENCHMARKS.md --------------------------------------------------------
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)
-# what moves the local figures between machines: huge pages for shmem (the
-# regions are memfds) and whether clock reads stay out of the kernel
+# huge pages for shmem (the regions are memfds) move the local figures
 thp=$(sed -n 's/.*\[\(.*\)\].*/\1/p' \
 	/sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)
-clk=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource \
-	2>/dev/null)
 table() { sed 's/^/    /' "$RES/$1.txt"; }
 # sections TR SUFFIX LARGE [VERIFY_MORE] [LARGE_NOTE]: a transport's three
 # BENCHMARKS.md sections (verify$SUFFIX, workload$SUFFIX-small, -large)
@@ -390,7 +387,7 @@ ITERS_GPU_LARGE=${ITERS_GPU_LARGE} on \`gpu\`) on $(date -u '+%Y-%m-%d %H:%M UTC
 hand: run \`make bench\` again.
 
 - Machine: $(nproc) CPUs, ${cpu:-unknown CPU}, ${mem}, Linux $(uname -r);
-  transparent huge pages for shmem: ${thp:-unknown}; clocksource ${clk:-unknown}.
+  transparent huge pages for shmem: ${thp:-unknown}.
   Shared with other jobs: figures are noisy; compare the ratios of one run.
 - Transports: \`local\` (one node, the broker's memcpy path)${where:+,
   \`tcp\` (two nodes: ${where})}$(if [ "$RDMA_OK" = 1 ]; then

@@ -94,8 +94,7 @@ static int reap(struct prun *s, int block)
 	const struct wl_direct *d = s->d;
 	struct kvb_transport *t = d->t;
 	int64_t stall = d->stall_ns ? d->stall_ns : STALL_NS;
-	int64_t start = 0; /* read on the first empty blocking poll: a
-			    * clock read costs a syscall on some VMs */
+	int64_t start = 0; /* read on the first empty blocking poll */
 	int wfd = t->ops->wait_fd ? t->ops->wait_fd(t) : -1;
 	struct kvb_xcqe cqe[COMP_BATCH];
 
