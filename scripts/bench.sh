@@ -545,6 +545,29 @@ copies slower per second; the profile does not show that.) With each step's requ
 broker's own share outside memmove fell from 10.2-12.3 % to 7.1 / 6.4 %,
 and memmove had 85.1 / 84.2 % of the samples against 90.4 / 89.6 % for
 direct mode.
+Completing a run of pieces in one batch (one lock, one drain of the
+copies' stores per run instead of per 256 KiB piece, 2026-12-01) took the
+broker's non-copy share from 9.4 to 7.7 % of the samples in one profile
+each.
+
+How far one trial pair moves here: separate kvbench runs of each mode,
+interleaved, W = 2 large blocks (the case below), 2026-12-01: 12 pairs,
+broker / direct median 1.01 (0.91-1.08); 10 pairs at W = 4, 0.96
+(0.88-1.15); 10 at W = 8, 0.97 (0.82-1.30); 8 more at W = 2 an hour
+later, 1.05 (0.97-1.14). This machine is a 2-vCPU VM on a shared host
+where a context switch costs ~12 us (\`perf bench sched pipe\`: a 25 us
+round trip), a syscall 1.1 us, a thread-CPU clock read 1.6 us (kvbench
+takes two around every post in both modes, for post_cpu), and the first
+touch of memfd memory ~3.6 s per GiB (so setup, not the timed part,
+dominates a W = 8 trial). A W = 2 broker-mode run switched contexts
+7 976 times against direct's 4 737 (\`perf record -e sched:sched_switch\`,
+setup included): the broker waking P workers waiting on their transfers,
+which direct workers, copying inline, never do.
+Huge pages: the regions (memfds) ask for them (MADV_HUGEPAGE); with
+\`/sys/kernel/mm/transparent_hugepage/shmem_enabled\` at \`advise\`
+instead of Debian's \`never\`, 8 interleaved pairs at W = 2 gave direct
+29.4 and broker 30.3 GB/s (medians; 26.8 and 28.7 at \`never\`, the
+same hour): both faster, broker / direct 1.03 against 1.05.
 Small blocks: one broker thread validates, copies and
 completes for all W workers, so message rate is lower. The broker still
 cuts doorbells by its drain burst (chains of up to \`--burst\` WRs per
