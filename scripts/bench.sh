@@ -16,9 +16,7 @@
 # --qp-per-transfer, default 8), GPU=0 (skip the gpu step), REPEAT_LARGE
 # (kvbench --repeat of the large-block cases, default 3: direct and broker
 # alternate, ABBA, and the figures are the medians, so that a drift in this
-# shared machine's load does not land on one mode only; QUICK=1: 1),
-# REPEAT_LOCAL_LARGE (the same for the large-block case on `local`, default
-# 5: its ratio sits near 1, where the single pairs spread most).
+# shared machine's load does not land on one mode only; QUICK=1: 1).
 #
 # tcp: kvbench places P and D in two network namespaces joined by a veth
 # pair when run as root with `ip netns` (it makes and deletes them itself),
@@ -59,7 +57,6 @@ if [ "$QUICK" = 1 ]; then
 	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-10}
 	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-4}
 	REPEAT_LARGE=${REPEAT_LARGE:-1}
-	REPEAT_LOCAL_LARGE=${REPEAT_LOCAL_LARGE:-1}
 	RATE_S=2
 	LAT_N=100000
 	RING_S=1
@@ -67,13 +64,12 @@ else
 	ITERS_SMALL=${ITERS_SMALL:-1500}
 	ITERS_LARGE_TOTAL=${ITERS_LARGE_TOTAL:-400}
 	ITERS_TCP_SMALL=${ITERS_TCP_SMALL:-600}
-	ITERS_TCP_LARGE_TOTAL=${ITERS_TCP_LARGE_TOTAL:-24}
+	ITERS_TCP_LARGE_TOTAL=${ITERS_TCP_LARGE_TOTAL:-36}
 	ITERS_RDMA_SMALL=${ITERS_RDMA_SMALL:-20}
 	ITERS_RDMA_LARGE=${ITERS_RDMA_LARGE:-4}
 	ITERS_GPU_SMALL=${ITERS_GPU_SMALL:-200}
 	ITERS_GPU_LARGE=${ITERS_GPU_LARGE:-20}
 	REPEAT_LARGE=${REPEAT_LARGE:-3}
-	REPEAT_LOCAL_LARGE=${REPEAT_LOCAL_LARGE:-5}
 	RATE_S=5
 	LAT_N=300000
 	RING_S=2
@@ -161,11 +157,9 @@ run workload-small workload "${SMALL[@]}" --iters "$ITERS_SMALL" \
 	--json "$RES/workload-small.json" --plot "$RES/workload-small.png"
 
 # 2. large blocks: bandwidth bound (256 KiB, 32 layers x 4 blocks)
-LARGE0=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify
-	--mode both)
-LARGE=("${LARGE0[@]}" --repeat "$REPEAT_LARGE")
-run workload-large workload "${LARGE0[@]}" --repeat "$REPEAT_LOCAL_LARGE" \
-	--iters-total "$ITERS_LARGE_TOTAL" \
+LARGE=(--layers 32 --blocks 4 --block-bytes 256K --requests 4 --no-verify
+	--mode both --repeat "$REPEAT_LARGE")
+run workload-large workload "${LARGE[@]}" --iters-total "$ITERS_LARGE_TOTAL" \
 	--sweep-workers 1,2,4,8 \
 	--json "$RES/workload-large.json" --plot "$RES/workload-large.png"
 
@@ -414,8 +408,7 @@ hand: run \`make bench\` again.
 
 Each cell is the broker's figure divided by direct's at the same worker
 count W (below 1: the broker has less of it; for MsgRate and BW, above 1
-is better). The large-block cases run REPEAT_LOCAL_LARGE=${REPEAT_LOCAL_LARGE} (\`local\`) and
-REPEAT_LARGE=${REPEAT_LARGE} (the others) trials of each
+is better). The large-block cases run REPEAT_LARGE=${REPEAT_LARGE} trials of each
 mode per W, direct and broker alternating (ABBA): their cells are the
 median broker figure over the median direct one, and the last column gives
 the lowest and highest bandwidth ratio of the single trial pairs (how much
