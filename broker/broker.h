@@ -197,10 +197,11 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 /* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
 void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e);
-/* engine.c: refuse a layer op whose transfer has no cross-node state (an
- * unknown or same-node handle, or no cross-node layer): -EINVAL, logged */
+/* engine.c: refuse a layer op: completed with rc, counted (broker and
+ * worker), logged within the worker's refusal log budget; the transfer
+ * itself is left as it is */
 void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e);
+		      const struct kvb_sqe *e, int rc, const char *why);
 /* A cross-node transfer is ending with status: notify, fail deferred ops. */
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
 /* Is the transfer complete (cross-node rules)? */

@@ -277,35 +277,48 @@ uint32_t kvb_inflight_alloc(struct kvb_broker *b)
 	return idx;
 }
 
-void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e)
+/* Count a refused op of w; 1 if it may still be logged (the first
+ * REFUSALS_LOGGED of each worker are), with *more set on the last one. */
+static int refusal_count(struct kvb_broker *b, struct kvb_worker *w,
+			 const char **more)
 {
 	b->st.descriptors_refused++;
-	log_warn("worker %u: layer op for an unknown or local transfer "
-		 "(handle %#x)",
-		 w->id, e->transfer);
-	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0, e->transfer);
+	w->st.refused++;
+	if (w->refused_logged >= REFUSALS_LOGGED)
+		return 0;
+	w->refused_logged++;
+	*more = w->refused_logged == REFUSALS_LOGGED
+			? " (further refusals counted, not logged)"
+			: "";
+	return 1;
+}
+
+void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e, int rc, const char *why)
+{
+	const char *more;
+
+	if (refusal_count(b, w, &more))
+		log_warn("worker %u: layer op (tag %llu, transfer %#x, layer "
+			 "%u) refused: %s%s",
+			 w->id, (unsigned long long) e->tag, e->transfer,
+			 e->layer, why, more);
+	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 }
 
 static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 		   const struct kvb_sqe *e, int rc, const char *why)
 {
 	struct kvb_xfer *x;
+	const char *more;
 
-	b->st.descriptors_refused++;
-	w->st.refused++;
-	if (w->refused_logged < REFUSALS_LOGGED) {
-		w->refused_logged++;
+	if (refusal_count(b, w, &more))
 		log_warn("worker %u: refused descriptor (tag %llu, region "
 			 "%#x+%llu -> %#x+%llu, len %llu): %s%s",
 			 w->id, (unsigned long long) e->tag, e->region,
 			 (unsigned long long) e->offset, e->peer_region,
 			 (unsigned long long) e->peer_offset,
-			 (unsigned long long) e->len, why,
-			 w->refused_logged == REFUSALS_LOGGED
-				 ? " (further refusals counted, not logged)"
-				 : "");
-	}
+			 (unsigned long long) e->len, why, more);
 	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
 		x->submitted++;

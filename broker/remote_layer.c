@@ -419,29 +419,23 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 	int rc;
 
 	if (!rx || !b->rm) {
-		kvb_layer_refuse(b, w, e);
+		kvb_layer_refuse(b, w, e, -EINVAL,
+				 "layer op for an unknown or local transfer");
+		return;
+	}
+	if (e->layer >= MAX_LAYERS) {
+		kvb_layer_refuse(b, w, e, -EINVAL, "layer out of range");
 		return;
 	}
 	if (!((rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) ||
-	      (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ)) ||
-	    e->layer >= MAX_LAYERS) {
-		b->st.descriptors_refused++;
-		log_warn("worker %u: transfer '%s': layer op refused (%s)",
-			 w->id, x->id,
-			 e->layer >= MAX_LAYERS
-				 ? "layer out of range"
-				 : "layer ops are for P in WRITE mode and D "
-				   "in READ mode");
-		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EINVAL, 0,
-			     e->transfer);
+	      (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ))) {
+		kvb_layer_refuse(b, w, e, -EINVAL,
+				 "layer ops are for P in WRITE mode and D in "
+				 "READ mode");
 		return;
 	}
 	if (rx->layers[e->layer / 64] & (1ull << (e->layer % 64))) {
-		b->st.descriptors_refused++;
-		log_warn("worker %u: transfer '%s': layer %u submitted twice",
-			 w->id, x->id, e->layer);
-		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, -EEXIST, 0,
-			     e->transfer);
+		kvb_layer_refuse(b, w, e, -EEXIST, "layer submitted twice");
 		return;
 	}
 	rx->layers[e->layer / 64] |= 1ull << (e->layer % 64);

@@ -71,7 +71,8 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e)
 {
-	kvb_layer_refuse(b, w, e);
+	kvb_layer_refuse(b, w, e, -EINVAL,
+			 "layer op for an unknown or local transfer");
 }
 
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)

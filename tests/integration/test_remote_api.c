@@ -78,6 +78,7 @@ static void test_no_host_ip(void **state)
 	struct kvb_remote_xfer x = {.mode = KVB_XFER_WRITE};
 	uint32_t peer = 0, h = 0, blocks[2] = {0, 1};
 	struct kvb_completion c[4];
+	static char js[8192];
 	int n;
 
 	(void) state;
@@ -109,6 +110,10 @@ static void test_no_host_ip(void **state)
 	assert_int_equal(c[0].tag, 42);
 	assert_int_equal(c[0].status, -EINVAL);
 	assert_true(broker_log_has(&b, "layer op for an unknown or local"));
+	/* counted for the broker and for the worker, as any refusal */
+	assert_int_equal(broker_stats(&b, js, sizeof(js)), 0);
+	assert_int_equal(stat_get(js, "descriptors_refused"), 1);
+	assert_non_null(strstr(js, "\"refused\":1,"));
 	kvb_detach(ctx);
 	assert_int_equal(broker_stop(&b), 0);
 }
