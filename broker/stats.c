@@ -185,13 +185,21 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    "rank\":%u,"
 			    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
 			    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
-			    "llu,\"late_wakes\":%u}",
+			    "llu,\"late_wakes\":%u,\"wait_sleeps\":%llu,"
+			    "\"wait_spin_us\":%llu}",
 			    nw++ ? "," : "", w->id, (int) w->pid,
 			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
 			    w->tp_size, (unsigned long long) w->st.submitted,
 			    (unsigned long long) w->st.completed,
 			    (unsigned long long) w->st.refused,
-			    (unsigned long long) w->st.bytes, late_wakes(w));
+			    (unsigned long long) w->st.bytes, late_wakes(w),
+			    (unsigned long long) atomic_load_explicit(
+				    &w->seg.hdr->worker_sleeps,
+				    memory_order_relaxed),
+			    (unsigned long long) atomic_load_explicit(
+				    &w->seg.hdr->worker_spin_ns,
+				    memory_order_relaxed) /
+				    1000);
 		}
 		put(&o, "]}\n");
 		return o.len;

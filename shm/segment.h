@@ -48,7 +48,15 @@ struct kvb_seg_hdr {
 	 * there, i.e. a wakeup the broker should have sent and did not.
 	 */
 	alignas(KVB_CACHELINE) _Atomic uint32_t worker_late_wakes;
-	uint8_t pad1[60];
+	uint32_t pad1;
+	/*
+	 * Also the worker's, read for stats: kvb_wait calls that went to
+	 * sleep (their busy-poll found nothing), and the ns all kvb_wait calls
+	 * spent busy-polling.
+	 */
+	_Atomic uint64_t worker_sleeps;
+	_Atomic uint64_t worker_spin_ns;
+	uint8_t pad2[40];
 };
 
 _Static_assert(sizeof(struct kvb_seg_hdr) == 256, "segment header size");
@@ -58,6 +66,8 @@ _Static_assert(offsetof(struct kvb_seg_hdr, worker_waiting) == 128,
 	       "wait line");
 _Static_assert(offsetof(struct kvb_seg_hdr, worker_late_wakes) == 192,
 	       "worker's counter line");
+_Static_assert(offsetof(struct kvb_seg_hdr, worker_spin_ns) == 208,
+	       "worker's counters");
 
 /* Submission opcodes */
 enum kvb_sq_op {

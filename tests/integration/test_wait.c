@@ -4,7 +4,8 @@
  * nothing pending times out, not before its time; after the broker has gone
  * to sleep (idle longer than --busy-poll-us), a submission wakes it and the
  * completion wakes the waiting worker; thousands of submit/wait round trips
- * with jittered pauses lose no wakeup.
+ * with jittered pauses lose no wakeup; waits that always end up asleep
+ * shorten kvb_wait's busy-poll (counted in the broker's per-worker stats).
  *
  * A lost wakeup is not judged by the clock (a loaded 2-core CI machine
  * stalls a process for most of a second now and then) but by the counters:
@@ -201,6 +202,43 @@ static void test_no_lost_wakeup(void **state)
 	no_late_wakeups();
 }
 
+/* This worker's kvb_wait counters in the broker's stats (one worker). */
+static void wait_counters(int64_t *sleeps, int64_t *spin_us)
+{
+	char js[16384];
+
+	assert_int_equal(broker_stats(&fx.br, js, sizeof(js)), 0);
+	*sleeps = stat_get(js, "wait_sleeps");
+	*spin_us = stat_get(js, "wait_spin_us");
+	assert_true(*sleeps >= 0 && *spin_us >= 0);
+}
+
+/*
+ * Waits that always sleep (nothing comes) shrink kvb_wait's busy-poll: 256
+ * of them spin well under the 256 x 20 us a fixed spin burns (about 16
+ * full-length probes plus 1 us each; a fixed 20 us spin fails this). Each
+ * is counted as one sleep. Then round trips still complete.
+ */
+static void test_spin_adapts(void **state)
+{
+	struct kvb_completion c[4];
+	int64_t s0, u0, s1, u1;
+	double ms;
+
+	(void) state;
+	wait_counters(&s0, &u0);
+	for (int i = 0; i < 256; i++)
+		assert_int_equal(kvb_wait(fx.ctx, c, 4, 1), -ETIMEDOUT);
+	wait_counters(&s1, &u1);
+	fprintf(stderr, "256 waits that slept: %lld us busy-polling\n",
+		(long long) (u1 - u0));
+	assert_int_equal(s1 - s0, 256);
+	assert_true(u1 - u0 < 256 * 20 / 2);
+	for (int i = 0; i < 50; i++)
+		assert_int_equal(round_trip(50000 + (uint64_t) i, &ms), 0);
+	no_late_wakeups();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -208,6 +246,7 @@ int main(void)
 		cmocka_unit_test(test_wake_after_sleep),
 		cmocka_unit_test(test_wake_other_worker),
 		cmocka_unit_test(test_no_lost_wakeup),
+		cmocka_unit_test(test_spin_adapts),
 	};
 
 	fx.size = 64 * KiB;

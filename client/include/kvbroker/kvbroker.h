@@ -325,6 +325,8 @@ int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max);
 /*
  * Wait up to timeout_ms (-1 = no limit, but never past the broker's death)
  * for at least one completion: busy-polls briefly, then sleeps on an eventfd.
+ * The busy-poll adapts, between 1 and 20 us: it shrinks while waits end up
+ * asleep anyway and grows back when completions come during it.
  * Returns the count, -ETIMEDOUT, or -EPIPE. Single completing thread.
  */
 int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
