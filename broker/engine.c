@@ -121,20 +121,31 @@ static void flush_overflow(struct kvb_worker *w)
 	w->cq_dirty = 1;
 }
 
-void kvb_wake_workers(struct kvb_broker *b)
+void kvb_wake_workers(struct kvb_broker *b, int all)
 {
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 		uint64_t one = 1;
+		uint32_t want;
 
-		if (!w->cq_dirty)
+		if (!w->cq_dirty && !all)
 			continue;
 		w->cq_dirty = 0;
 		/* pairs with kvb_wait(): flag store, fence, ring re-check */
 		atomic_thread_fence(memory_order_seq_cst);
-		if (atomic_load_explicit(&w->seg.hdr->worker_waiting,
-					 memory_order_relaxed) &&
-		    write(w->efd, &one, sizeof(one)) < 0)
+		/*
+		 * worker_waiting: how many completions the sleeper waits
+		 * for (kvb_wait_min). Fewer queued: it sleeps on; the
+		 * completion that makes up the count wakes it. A bogus
+		 * count from the worker only keeps that worker asleep.
+		 */
+		want = atomic_load_explicit(&w->seg.hdr->worker_waiting,
+					    memory_order_relaxed);
+		if (!want)
+			continue;
+		if (!all && !w->ovf_len && kvb_ring_count(&w->seg.cq) < want)
+			continue;
+		if (write(w->efd, &one, sizeof(one)) < 0)
 			log_dbg("worker %u: eventfd write failed", w->id);
 	}
 }
@@ -609,7 +620,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	if (b->ndirty)
 		work += flush(b);
 	work += reap(b);
-	kvb_wake_workers(b);
+	kvb_wake_workers(b, 0);
 	return work;
 }
 

@@ -709,8 +709,6 @@ static void spin_end(struct kvb_ctx *ctx, int64_t spun_ns, int slept)
 		ctx->spin_ns = ctx->spin_ns / 2 > WAIT_SPIN_MIN_NS
 				       ? ctx->spin_ns / 2
 				       : WAIT_SPIN_MIN_NS;
-		atomic_fetch_add_explicit(&h->worker_sleeps, 1,
-					  memory_order_relaxed);
 	} else if (2 * spun_ns > ctx->spin_ns) {
 		ctx->spin_ns = 2 * spun_ns < WAIT_SPIN_MAX_NS
 				       ? 2 * spun_ns
@@ -720,16 +718,29 @@ static void spin_end(struct kvb_ctx *ctx, int64_t spun_ns, int slept)
 				  memory_order_relaxed);
 }
 
-int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
-	     int timeout_ms)
+static int shutdown_in(const struct kvb_completion *c, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (c[i].kind == KVB_COMP_SHUTDOWN)
+			return 1;
+	return 0;
+}
+
+int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
+		 unsigned min, int timeout_ms)
 {
 	int64_t start = now_ns(), deadline, budget, now = start;
-	int slept_out = 0; /* the last poll() ran to its timeout */
-	int spun = 0;	   /* 1: busy-polled, 2: and then slept */
-	unsigned n;
+	int spun = 0; /* 1: busy-polled, 2: and then slept */
+	unsigned got = 0, n;
 
 	if (!ctx || !c || !max)
 		return -EINVAL;
+	if (min > max)
+		min = max;
+	if (min > ctx->seg.cq.entries)
+		min = ctx->seg.cq.entries; /* more could never be queued */
+	if (min < 1)
+		min = 1;
 	deadline = timeout_ms < 0 ? INT64_MAX
 				  : start + (int64_t) timeout_ms * 1000000;
 	budget = ++ctx->waits % WAIT_SPIN_PROBE == 0 ? WAIT_SPIN_MAX_NS
@@ -737,21 +748,18 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 	for (;;) {
 		struct pollfd p[2] = {{.fd = ctx->worker_efd, .events = POLLIN},
 				      {.fd = ctx->sock, .events = POLLIN}};
+		uint32_t want;
 		int ms, rc;
 
-		n = reap(ctx, c, max);
-		if (n) {
+		n = reap(ctx, c + got, max - got);
+		got += n;
+		if (got >= min || (n && shutdown_in(c + got - n, n))) {
 			if (spun == 1)
 				spin_end(ctx, now - start, 0);
-			/* slept through a completion: nobody woke us */
-			if (slept_out)
-				atomic_fetch_add_explicit(
-					&ctx->seg.hdr->worker_late_wakes, 1,
-					memory_order_relaxed);
-			return (int) n;
+			return (int) got;
 		}
 		if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
-			return -EPIPE;
+			return got ? (int) got : -EPIPE;
 		now = now_ns();
 		if (now >= deadline) {
 			if (spun == 1) /* timed out while busy-polling */
@@ -759,35 +767,44 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 					&ctx->seg.hdr->worker_spin_ns,
 					(uint64_t) (now - start),
 					memory_order_relaxed);
-			return -ETIMEDOUT;
+			return got ? (int) got : -ETIMEDOUT;
 		}
 		if (now - start < budget && spun < 2) {
 			spun = 1;
 			continue;
 		}
 		if (spun < 2) {
-			/* the spin found nothing: shorter next time */
+			/* the spin found too little: shorter next time */
 			spin_end(ctx, now - start, 1);
 			spun = 2;
 		}
-		/* announce the sleep, then look once more (pairs with the
-		 * broker's fence between publishing cq and reading the flag) */
-		atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 1,
+		/*
+		 * Announce the sleep and how many more completions end it,
+		 * then look once more (pairs with the broker's fence between
+		 * publishing cq and reading the word).
+		 */
+		want = min - got;
+		atomic_store_explicit(&ctx->seg.hdr->worker_waiting, want,
 				      memory_order_relaxed);
 		atomic_thread_fence(memory_order_seq_cst);
-		n = reap(ctx, c, max);
-		if (n) {
+		if (kvb_ring_count(&ctx->seg.cq) >= want) {
 			atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 0,
 					      memory_order_relaxed);
-			return (int) n;
+			continue;
 		}
 		ms = deadline == INT64_MAX
 			     ? 1000
 			     : (int) ((deadline - now + 999999) / 1000000);
 		if (ms > 1000)
 			ms = 1000; /* re-check liveness at least every second */
+		atomic_fetch_add_explicit(&ctx->seg.hdr->worker_sleeps, 1,
+					  memory_order_relaxed);
 		rc = poll(p, 2, ms);
-		slept_out = rc == 0;
+		/* slept to the timeout with the count there: nobody woke us */
+		if (rc == 0 && kvb_ring_count(&ctx->seg.cq) >= want)
+			atomic_fetch_add_explicit(
+				&ctx->seg.hdr->worker_late_wakes, 1,
+				memory_order_relaxed);
 		if (rc > 0) {
 			if (p[0].revents & POLLIN) {
 				uint64_t v;
@@ -803,4 +820,10 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		atomic_store_explicit(&ctx->seg.hdr->worker_waiting, 0,
 				      memory_order_relaxed);
 	}
+}
+
+int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
+	     int timeout_ms)
+{
+	return kvb_wait_min(ctx, c, max, 1, timeout_ms);
 }

@@ -431,7 +431,11 @@ one descriptor = one WR in both modes.
 - **broker**: the same writes go through kvbroker; the workers open each
   step's requests in one round trip (\`kvb_transfer_open_batch\`), submit
   into their rings, seal each request, and D workers seal expecting their
-  P writer (write_done).
+  P writer (write_done). Both sides sleep in \`kvb_wait_min\` until a step's
+  worth of requests is done (one wakeup per step; a direct D worker is
+  woken by each of its P writer's write_done messages). P's latency of a
+  request is taken when P reaps its step's completions, so it includes up
+  to the gap between the first and the last request of a step ending.
 
 On \`local\` (one node) kvbench starts one broker on a private socket and
 direct workers copy into the D workers' memory.

@@ -38,8 +38,10 @@ struct kvb_seg_hdr {
 	alignas(KVB_CACHELINE) _Atomic uint32_t broker_sleeping;
 	_Atomic uint32_t broker_state;
 	/*
-	 * Set by a worker blocked in kvb_wait; the broker writes the worker's
-	 * eventfd after publishing completions when it sees it set.
+	 * Set by a worker blocked in kvb_wait, to the number of completions
+	 * it waits for (kvb_wait_min; 0: not waiting); the broker writes the
+	 * worker's eventfd after publishing completions when the ring holds
+	 * that many.
 	 */
 	alignas(KVB_CACHELINE) _Atomic uint32_t worker_waiting;
 	/*
@@ -50,9 +52,9 @@ struct kvb_seg_hdr {
 	alignas(KVB_CACHELINE) _Atomic uint32_t worker_late_wakes;
 	uint32_t pad1;
 	/*
-	 * Also the worker's, read for stats: kvb_wait calls that went to
-	 * sleep (their busy-poll found nothing), and the ns all kvb_wait calls
-	 * spent busy-polling.
+	 * Also the worker's, read for stats: sleeps in kvb_wait (poll()
+	 * calls, each ended by a wakeup, the timeout or the 1 s liveness
+	 * check), and the ns all kvb_wait calls spent busy-polling.
 	 */
 	_Atomic uint64_t worker_sleeps;
 	_Atomic uint64_t worker_spin_ns;

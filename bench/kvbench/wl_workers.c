@@ -411,7 +411,10 @@ int wl_p_wait_step(struct kvb_ctx *ctx, unsigned rank, uint64_t first,
 	unsigned pending = n;
 
 	while (pending) {
-		int k = kvb_wait(ctx, comp, COMP_BATCH, 60000);
+		/* woken once the step is done, not once per request */
+		int k = kvb_wait_min(
+			ctx, comp, COMP_BATCH,
+			pending < COMP_BATCH ? pending : COMP_BATCH, 60000);
 
 		if (k < 0) {
 			fprintf(stderr,
@@ -748,7 +751,22 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 			}
 			sealed = upto;
 		}
-		k = kvb_wait(ctx, comp, COMP_BATCH, 60000);
+		/*
+		 * Sleep until enough requests are done to open the next
+		 * batch (or all are): woken once per step, not per request.
+		 */
+		{
+			uint64_t left = sealed - res->done,
+				 keep = window - c->requests;
+			uint64_t need = sealed == total ? left
+					: left > keep	? left - keep
+							: 1;
+
+			if (need > COMP_BATCH)
+				need = COMP_BATCH;
+			k = kvb_wait_min(ctx, comp, COMP_BATCH,
+					 need ? (unsigned) need : 1, 60000);
+		}
 		if (k < 0) {
 			fprintf(stderr,
 				"kvbench: D%u: waiting for write_done: %s\n",

@@ -5,7 +5,8 @@
  * to sleep (idle longer than --busy-poll-us), a submission wakes it and the
  * completion wakes the waiting worker; thousands of submit/wait round trips
  * with jittered pauses lose no wakeup; waits that always end up asleep
- * shorten kvb_wait's busy-poll (counted in the broker's per-worker stats).
+ * shorten kvb_wait's busy-poll (counted in the broker's per-worker stats);
+ * kvb_wait_min sleeps once for several completions.
  *
  * A lost wakeup is not judged by the clock (a loaded 2-core CI machine
  * stalls a process for most of a second now and then) but by the counters:
@@ -239,6 +240,93 @@ static void test_spin_adapts(void **state)
 	no_late_wakeups();
 }
 
+struct spaced {
+	int n, gap_ms;
+	uint64_t tag0;
+	int rc;
+};
+
+/* Submit n writes gap_ms apart (the submitting thread; main waits). */
+static void *submit_spaced(void *arg)
+{
+	struct spaced *s = arg;
+
+	s->rc = 0;
+	for (int i = 0; i < s->n && !s->rc; i++) {
+		struct kvb_desc d = {.region = fx.src.id,
+				     .peer_region = fx.dst.id,
+				     .offset = (uint64_t) i * KiB,
+				     .peer_offset = (uint64_t) i * KiB,
+				     .len = KiB,
+				     .tag = s->tag0 + (uint64_t) i};
+
+		usleep((unsigned) s->gap_ms * 1000);
+		if (kvb_submit_write(fx.ctx, &d, 1) != 1)
+			s->rc = -1;
+	}
+	return NULL;
+}
+
+/*
+ * kvb_wait_min sleeps until its count is there: one completion already
+ * queued and two more 30 ms apart come back together, after one sleep (the
+ * broker does not wake the worker for the second: with a wake per
+ * completion it sleeps twice). Fewer than min by the timeout: what came, not an
+ * error; min above max means max.
+ */
+static void test_wait_min(void **state)
+{
+	struct spaced sp = {.n = 1, .gap_ms = 0, .tag0 = 70000};
+	struct kvb_completion c[8];
+	int64_t s0, u0, s1, u1, t0;
+	pthread_t th;
+	int n;
+
+	(void) state;
+	/* one already there when the wait starts, two more 30 ms apart */
+	submit_spaced(&sp);
+	assert_int_equal(sp.rc, 0);
+	usleep(50 * 1000);
+	wait_counters(&s0, &u0);
+	sp = (struct spaced){.n = 2, .gap_ms = 30, .tag0 = 70001};
+	t0 = now_ns();
+	assert_int_equal(pthread_create(&th, NULL, submit_spaced, &sp), 0);
+	n = kvb_wait_min(fx.ctx, c, 8, 3, 5000);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(sp.rc, 0);
+	fprintf(stderr, "1 + 2 completions 30 ms apart: one wait of %.1f ms\n",
+		ms_since(t0));
+	assert_int_equal(n, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(c[i].tag, 70000 + i);
+		assert_int_equal(c[i].status, 0);
+	}
+	assert_true(ms_since(t0) >= 55);
+	wait_counters(&s1, &u1);
+	/* 0 when this thread stalled until all three were there */
+	assert_true(s1 - s0 <= 1);
+
+	/* two come, five wanted: the two at the timeout */
+	sp = (struct spaced){.n = 2, .gap_ms = 5, .tag0 = 71000};
+	assert_int_equal(pthread_create(&th, NULL, submit_spaced, &sp), 0);
+	t0 = now_ns();
+	n = kvb_wait_min(fx.ctx, c, 8, 5, 300);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(n, 2);
+	assert_true(ms_since(t0) >= 299);
+	assert_int_equal(kvb_wait_min(fx.ctx, c, 8, 5, 20), -ETIMEDOUT);
+
+	/* min > max: max */
+	sp = (struct spaced){.n = 2, .gap_ms = 5, .tag0 = 72000};
+	assert_int_equal(pthread_create(&th, NULL, submit_spaced, &sp), 0);
+	n = kvb_wait_min(fx.ctx, c, 2, 64, 5000);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(n, 2);
+	assert_int_equal(kvb_wait_min(NULL, c, 2, 1, 0), -EINVAL);
+	assert_int_equal(kvb_wait_min(fx.ctx, c, 0, 1, 0), -EINVAL);
+	no_late_wakeups();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -247,6 +335,7 @@ int main(void)
 		cmocka_unit_test(test_wake_other_worker),
 		cmocka_unit_test(test_no_lost_wakeup),
 		cmocka_unit_test(test_spin_adapts),
+		cmocka_unit_test(test_wait_min),
 	};
 
 	fx.size = 64 * KiB;

@@ -332,6 +332,19 @@ int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max);
 int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 	     int timeout_ms);
 
+/*
+ * kvb_wait for at least `min` completions (min is taken as 1 when 0, and at
+ * most max and the completion ring's size): it sleeps until that many are
+ * there, so a worker that needs a batch (a step's transfers) is woken once,
+ * not once per completion. Returns early with what it has when the timeout
+ * runs out (-ETIMEDOUT: nothing), when the broker goes away (-EPIPE:
+ * nothing), or with a KVB_COMP_SHUTDOWN. Completions that never come (fewer
+ * transfers in flight than min) are only ended by the timeout. Single
+ * completing thread.
+ */
+int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
+		 unsigned min, int timeout_ms);
+
 /* Human-readable text for a status. Thread-safe. */
 const char *kvb_strerror(int status);
 
