@@ -218,23 +218,30 @@ static void wait_counters(int64_t *sleeps, int64_t *spin_us)
  * Waits that always sleep (nothing comes) shrink kvb_wait's busy-poll: 256
  * of them spin well under the 256 x 20 us a fixed spin burns (about 16
  * full-length probes plus 1 us each; a fixed 20 us spin fails this). Each
- * is counted as one sleep. Then round trips still complete.
+ * is counted as one sleep. The spin is timed by the clock, so a stall in
+ * the middle of one can blow the sum: up to three tries of 256, one must
+ * pass (a fixed spin fails all three). Then round trips still complete.
  */
 static void test_spin_adapts(void **state)
 {
 	struct kvb_completion c[4];
 	int64_t s0, u0, s1, u1;
+	int ok = 0;
 	double ms;
 
 	(void) state;
-	wait_counters(&s0, &u0);
-	for (int i = 0; i < 256; i++)
-		assert_int_equal(kvb_wait(fx.ctx, c, 4, 1), -ETIMEDOUT);
-	wait_counters(&s1, &u1);
-	fprintf(stderr, "256 waits that slept: %lld us busy-polling\n",
-		(long long) (u1 - u0));
-	assert_int_equal(s1 - s0, 256);
-	assert_true(u1 - u0 < 256 * 20 / 2);
+	for (int t = 0; t < 3 && !ok; t++) {
+		wait_counters(&s0, &u0);
+		for (int i = 0; i < 256; i++)
+			assert_int_equal(kvb_wait(fx.ctx, c, 4, 1), -ETIMEDOUT);
+		wait_counters(&s1, &u1);
+		fprintf(stderr,
+			"256 waits that slept: %lld sleeps, %lld us "
+			"busy-polling\n",
+			(long long) (s1 - s0), (long long) (u1 - u0));
+		ok = s1 - s0 == 256 && u1 - u0 < 256 * 20 / 2;
+	}
+	assert_true(ok);
 	for (int i = 0; i < 50; i++)
 		assert_int_equal(round_trip(50000 + (uint64_t) i, &ms), 0);
 	no_late_wakeups();
