@@ -700,22 +700,22 @@ int kvb_poll(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max)
 	return 0;
 }
 
-/* Account a spin of spun_ns that ended in a sleep (slept) or a find. */
-static void spin_end(struct kvb_ctx *ctx, int64_t spun_ns, int slept)
-{
-	struct kvb_seg_hdr *h = ctx->seg.hdr;
+/* How a busy-poll ended. */
+enum spin_end { SPIN_FOUND, SPIN_SLEPT, SPIN_TIMED_OUT };
 
-	if (slept) {
+/* Count a busy-poll of spun_ns and adapt the budget to how it ended. */
+static void spin_end(struct kvb_ctx *ctx, int64_t spun_ns, enum spin_end how)
+{
+	if (how == SPIN_SLEPT)
 		ctx->spin_ns = ctx->spin_ns / 2 > WAIT_SPIN_MIN_NS
 				       ? ctx->spin_ns / 2
 				       : WAIT_SPIN_MIN_NS;
-	} else if (2 * spun_ns > ctx->spin_ns) {
+	else if (how == SPIN_FOUND && 2 * spun_ns > ctx->spin_ns)
 		ctx->spin_ns = 2 * spun_ns < WAIT_SPIN_MAX_NS
 				       ? 2 * spun_ns
 				       : WAIT_SPIN_MAX_NS;
-	}
-	atomic_fetch_add_explicit(&h->worker_spin_ns, (uint64_t) spun_ns,
-				  memory_order_relaxed);
+	atomic_fetch_add_explicit(&ctx->seg.hdr->worker_spin_ns,
+				  (uint64_t) spun_ns, memory_order_relaxed);
 }
 
 static int shutdown_in(const struct kvb_completion *c, unsigned n)
@@ -755,18 +755,15 @@ int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		got += n;
 		if (got >= min || (n && shutdown_in(c + got - n, n))) {
 			if (spun == 1)
-				spin_end(ctx, now - start, 0);
+				spin_end(ctx, now - start, SPIN_FOUND);
 			return (int) got;
 		}
 		if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 			return got ? (int) got : -EPIPE;
 		now = now_ns();
 		if (now >= deadline) {
-			if (spun == 1) /* timed out while busy-polling */
-				atomic_fetch_add_explicit(
-					&ctx->seg.hdr->worker_spin_ns,
-					(uint64_t) (now - start),
-					memory_order_relaxed);
+			if (spun == 1)
+				spin_end(ctx, now - start, SPIN_TIMED_OUT);
 			return got ? (int) got : -ETIMEDOUT;
 		}
 		if (now - start < budget && spun < 2) {
@@ -775,7 +772,7 @@ int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		}
 		if (spun < 2) {
 			/* the spin found too little: shorter next time */
-			spin_end(ctx, now - start, 1);
+			spin_end(ctx, now - start, SPIN_SLEPT);
 			spun = 2;
 		}
 		/*

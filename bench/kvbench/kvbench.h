@@ -343,7 +343,7 @@ uint64_t wl_src_block(const struct wl_cfg *c, uint64_t q, unsigned j);
 uint64_t wl_dst_block(const struct wl_cfg *c, uint64_t q, unsigned j);
 uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
 		       void *const *layer_base, uint64_t q);
-void *wl_memfd_map(uint64_t len);
+void *wl_memfd_map(const char *name, uint64_t len);
 /* P's source in host memory: all layers side by side in one memfd
  * mapping (m->map), holding the warm-up pattern. 0 or -1 (printed). */
 int wl_src_mem(struct wl_mem *m, const struct wl_cfg *c, unsigned rank);

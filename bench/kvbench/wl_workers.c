@@ -128,12 +128,10 @@ uint64_t wl_verify_req(const struct wl_cfg *c, unsigned rank,
 	return bad;
 }
 
-/* A barrier with the parent: every worker passes it twice, after setup
- * and after the warm-up. */
 /* A shared memfd mapping of len bytes, MAP_FAILED on error. */
-void *wl_memfd_map(uint64_t len)
+void *wl_memfd_map(const char *name, uint64_t len)
 {
-	int fd = memfd_create("kvbench-p", MFD_CLOEXEC);
+	int fd = memfd_create(name, MFD_CLOEXEC);
 	void *p = MAP_FAILED;
 
 	if (fd >= 0 && !ftruncate(fd, (off_t) len))
@@ -146,6 +144,8 @@ void *wl_memfd_map(uint64_t len)
 	return p;
 }
 
+/* A barrier with the parent: every worker passes it twice, after setup
+ * and after the warm-up. */
 int wl_sync_start(int ready_fd, int go_fd)
 {
 	char byte = 1;
@@ -239,7 +239,7 @@ int wl_src_mem(struct wl_mem *m, const struct wl_cfg *c, unsigned rank)
 	m->layers = c->layers;
 	m->len = pb;
 	m->map_len = pb * c->layers;
-	m->map = wl_memfd_map(m->map_len);
+	m->map = wl_memfd_map("kvbench-p", m->map_len);
 	m->at = calloc(c->layers, sizeof(*m->at));
 	m->host = m->at;
 	if (m->map == MAP_FAILED)

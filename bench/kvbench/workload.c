@@ -97,22 +97,13 @@ static int direct_maps(const struct wl_cfg *c, void **maps)
 	uint64_t len = wl_region_bytes_d(c) * c->layers;
 
 	for (unsigned i = 0; i < c->workers; i++) {
-		int fd = memfd_create("kvbench-d", MFD_CLOEXEC);
-
-		if (fd < 0 || ftruncate(fd, (off_t) len)) {
-			perror("kvbench: memfd");
-			return -1;
-		}
-		maps[i] = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED,
-			       fd, 0);
-		close(fd);
+		/* the same pages as broker mode's regions (kvb_mem_alloc) */
+		maps[i] = wl_memfd_map("kvbench-d", len);
 		if (maps[i] == MAP_FAILED) {
 			maps[i] = NULL;
-			perror("kvbench: mmap D region");
+			perror("kvbench: memfd for a D region");
 			return -1;
 		}
-		/* the same pages as broker mode's regions (kvb_mem_alloc) */
-		(void) madvise(maps[i], len, MADV_HUGEPAGE);
 		/* allocate the pages now, as the broker-mode D worker does:
 		 * the writers then only take minor faults, in both modes */
 		memset(maps[i], 0, len);

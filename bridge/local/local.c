@@ -215,6 +215,20 @@ static void chain_count(struct local_transport *lt, struct achain *c,
  * post). The run's ops are counted off the chain's ops_left only at the
  * end: until then c cannot be freed.
  */
+/* Pieces of size piece that hold bytes of [s, e) (0 when empty). */
+static unsigned pieces_in(uint64_t piece, uint64_t s, uint64_t e)
+{
+	return e > s ? (unsigned) ((e - 1) / piece - s / piece + 1) : 0u;
+}
+
+/* The part [*s, *e) of op inside the chain's byte range [lo, hi). */
+static void op_clip(const struct aop *op, uint64_t lo, uint64_t hi, uint64_t *s,
+		    uint64_t *e)
+{
+	*s = op->start > lo ? op->start : lo;
+	*e = op->start + op->len < hi ? op->start + op->len : hi;
+}
+
 static void copy_run(struct local_transport *lt, struct achain *c, unsigned k,
 		     unsigned n)
 {
@@ -242,24 +256,20 @@ static void copy_run(struct local_transport *lt, struct achain *c, unsigned k,
 	}
 	for (i = first; i < c->nops && c->ops[i].start < hi; i++) {
 		struct aop *op = &c->ops[i];
-		uint64_t s = op->start > lo ? op->start : lo;
-		uint64_t e =
-			op->start + op->len < hi ? op->start + op->len : hi;
+		uint64_t s, e;
 
+		op_clip(op, lo, hi, &s, &e);
 		if (e > s)
 			memcpy(op->dst + (s - op->start),
 			       op->src + (s - op->start), e - s);
 	}
 	for (unsigned j = first; j < i; j++) {
 		struct aop *op = &c->ops[j];
-		uint64_t s = op->start > lo ? op->start : lo;
-		uint64_t e =
-			op->start + op->len < hi ? op->start + op->len : hi;
-		/* the pieces of this run that hold bytes of op */
-		unsigned p = e > s ? (unsigned) ((e - 1) / c->piece -
-						 s / c->piece + 1)
-				   : 0u;
+		uint64_t s, e;
+		unsigned p; /* the pieces of this run that hold bytes of op */
 
+		op_clip(op, lo, hi, &s, &e);
+		p = pieces_in(c->piece, s, e);
 		if (!p)
 			continue;
 		/* acquire: the other copiers' bytes of op landed first */
@@ -511,10 +521,7 @@ static int post_async(struct local_transport *lt, const struct kvb_xop *ops,
 		a->len = ops[i].len;
 		a->start = pos;
 		a->cookie = ops[i].cookie;
-		atomic_init(&a->parts,
-			    a->len ? (unsigned) ((pos + a->len - 1) / c->piece -
-						 pos / c->piece + 1)
-				   : 0u);
+		atomic_init(&a->parts, pieces_in(c->piece, pos, pos + a->len));
 		pos += a->len;
 	}
 	/* zero-length ops copy nothing: complete them now */
