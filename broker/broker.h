@@ -141,9 +141,9 @@ void kvb_engine_timers(struct kvb_broker *b, int64_t now);
 /* Queue a completion to a worker (ring or overflow). */
 void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 		  const struct kvb_cqe *c);
-/* Wake workers blocked in kvb_wait whose CQ got entries and holds as many
- * as they wait for (all: every waiting worker, whatever its CQ holds). */
-void kvb_wake_workers(struct kvb_broker *b, int all);
+/* Wake workers blocked in kvb_wait whose CQ got entries and now holds as
+ * many as they wait for. */
+void kvb_wake_workers(struct kvb_broker *b);
 /* Fail and forget everything of a worker that is going away. */
 void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
 /* Region no longer referenced and dead: unmap and free the slot. */

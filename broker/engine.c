@@ -121,14 +121,14 @@ static void flush_overflow(struct kvb_worker *w)
 	w->cq_dirty = 1;
 }
 
-void kvb_wake_workers(struct kvb_broker *b, int all)
+void kvb_wake_workers(struct kvb_broker *b)
 {
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 		uint64_t one = 1;
 		uint32_t want;
 
-		if (!w->cq_dirty && !all)
+		if (!w->cq_dirty)
 			continue;
 		w->cq_dirty = 0;
 		/* pairs with kvb_wait(): flag store, fence, ring re-check */
@@ -141,9 +141,7 @@ void kvb_wake_workers(struct kvb_broker *b, int all)
 		 */
 		want = atomic_load_explicit(&w->seg.hdr->worker_waiting,
 					    memory_order_relaxed);
-		if (!want)
-			continue;
-		if (!all && !w->ovf_len && kvb_ring_count(&w->seg.cq) < want)
+		if (!want || (!w->ovf_len && kvb_ring_count(&w->seg.cq) < want))
 			continue;
 		if (write(w->efd, &one, sizeof(one)) < 0)
 			log_dbg("worker %u: eventfd write failed", w->id);
@@ -620,7 +618,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	if (b->ndirty)
 		work += flush(b);
 	work += reap(b);
-	kvb_wake_workers(b, 0);
+	kvb_wake_workers(b);
 	return work;
 }
 

@@ -345,7 +345,9 @@ static void shutdown_all(struct kvb_broker *b)
 				      memory_order_release);
 		kvb_complete(b, w, &c);
 	}
-	kvb_wake_workers(b, 1); /* whatever count each waits for */
+	/* a kvb_wait_min sleeper waiting for more than the SHUTDOWN entry
+	 * is woken by its socket's hang-up, just below */
+	kvb_wake_workers(b);
 	for (i = 0; i < b->opt.max_workers; i++)
 		if (b->workers[i].id)
 			kvb_worker_drop(b, &b->workers[i],
