@@ -2,7 +2,8 @@
 /*
  * Unit tests for the broker's transfer table (broker/xfer.c): interning,
  * handles with generations, owner checks, the terminal LRU, a full table,
- * hash-bucket collisions and the completion rule.
+ * hash-bucket collisions and the completion rule; the slot table is
+ * resident from the start (no page faults on the broker loop later).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -12,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -37,6 +40,25 @@ static int teardown(void **state)
 	kvb_xfers_fini(t);
 	free(t);
 	return 0;
+}
+
+/* Every page of the slot table is in memory right after init (mincore):
+ * a lazily zeroed table fails this. */
+static void test_slots_resident(void **state)
+{
+	struct kvb_xfers *t = *state;
+	size_t page = (size_t) sysconf(_SC_PAGESIZE);
+	size_t len = (size_t) KVB_MAX_XFERS * sizeof(*t->v);
+	size_t npages = (len + page - 1) / page, in = 0;
+	unsigned char *vec = malloc(npages);
+
+	assert_non_null(vec);
+	assert_int_equal((uintptr_t) t->v % page, 0);
+	assert_int_equal(mincore(t->v, len, vec), 0);
+	for (size_t i = 0; i < npages; i++)
+		in += vec[i] & 1;
+	free(vec);
+	assert_int_equal(in, npages);
 }
 
 static struct kvb_xfer *open_ok(struct kvb_xfers *t, uint32_t w, const char *id)
@@ -330,13 +352,10 @@ int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 	const struct CMUnitTest tests[] = {
-		T(test_intern),
-		T(test_bad_ids),
-		T(test_handles),
-		T(test_terminal_lru),
-		T(test_full),
-		T(test_bucket_collisions),
-		cmocka_unit_test(test_complete_rule),
+		T(test_slots_resident),	   T(test_intern),
+		T(test_bad_ids),	   T(test_handles),
+		T(test_terminal_lru),	   T(test_full),
+		T(test_bucket_collisions), cmocka_unit_test(test_complete_rule),
 	};
 #undef T
 
