@@ -459,7 +459,8 @@ loopback (the tables' first line says which).
 
 Columns: \`WR/db\` = WRs per doorbell (transport counters; broker: its STATS;
 on \`tcp\` a doorbell is a \`sendmsg\` carrying WRs); \`post_cpu\` = CPU per WR
-inside post() (direct: thread CPU time around each \`post()\`; **broker: the
+inside post() (direct: thread CPU time of one \`post()\` in 16, chosen at
+random, less the two clock reads' own cost measured at start; **broker: the
 broker process's whole CPU time / WRs, an upper bound** that also counts
 draining rings, validation, completions and idle spinning; **n/a on \`tcp\`**:
 sending goes on in \`poll()\` after \`post()\` returns, so no post-only figure
@@ -560,8 +561,11 @@ broker / direct median 1.01 (0.91-1.08); 10 pairs at W = 4, 0.96
 (0.88-1.15); 10 at W = 8, 0.97 (0.82-1.30); 8 more at W = 2 an hour
 later, 1.05 (0.97-1.14). This machine is a 2-vCPU VM on a shared host
 where a context switch costs ~12 us (\`perf bench sched pipe\`: a 25 us
-round trip), a syscall 1.1 us, a thread-CPU clock read 1.6 us (kvbench
-takes two around every post in both modes, for post_cpu), and the first
+round trip), a syscall 1.1 us, a thread-CPU clock read 1.3-1.6 us
+(kvbench takes two around one post in 16 in both modes, for post_cpu;
+until 2026-12-01 it took them around every post, which was most of the
+workers' CPU with small blocks: direct local 7.4 Mdesc/s at W = 8 then,
+35 without), and the first
 touch of memfd memory ~3.6 s per GiB (so setup, not the timed part,
 dominates a W = 8 trial). A W = 2 broker-mode run switched contexts
 7 976 times against direct's 4 737 (\`perf record -e sched:sched_switch\`,

@@ -36,11 +36,6 @@ static uint64_t clock_ns(clockid_t id)
 	return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
 }
 
-uint64_t kvb_bench_thread_cpu_ns(void)
-{
-	return clock_ns(CLOCK_THREAD_CPUTIME_ID);
-}
-
 uint64_t kvb_bench_proc_cpu_ns(void)
 {
 	return clock_ns(CLOCK_PROCESS_CPUTIME_ID);

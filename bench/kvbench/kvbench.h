@@ -77,7 +77,10 @@ static inline unsigned wl_iters_for(const struct wl_cfg *c, unsigned w)
  */
 struct wl_pres {
 	uint64_t descs, bytes, doorbells, wrs, failed;
-	uint64_t post_cpu_ns; /* thread CPU inside post()/kvb_submit_write() */
+	/* thread CPU inside the timed post()/kvb_submit_write() calls (a
+	 * sample of them: struct wl_post_timer), the clock's own cost
+	 * already taken off; post_timed: the descriptors those calls took */
+	uint64_t post_cpu_ns, post_timed;
 	uint64_t ctl_ns;      /* wall time in kvb_transfer_open() round trips */
 	uint64_t cpu_ns;      /* the worker process's CPU during the run */
 	int64_t end_ns;	      /* CLOCK_MONOTONIC when its last request ended */
@@ -118,6 +121,31 @@ uint64_t kvb_bench_thread_cpu_ns(void);
 uint64_t kvb_bench_proc_cpu_ns(void);
 /* utime + stime of pid from /proc, in seconds; -1 on error */
 double kvb_bench_pid_cpu_s(pid_t pid);
+
+/*
+ * Timing the posting calls on a sample of them. Reading a thread's CPU
+ * clock is a system call (1.3 us each on this project's 2-core VMs, where
+ * a 16-descriptor kvb_submit_write() takes ~0.1 us): timing every call
+ * made the two clock reads most of a worker's CPU with small blocks, taken
+ * from the cores that post and copy, in both modes. So one call in
+ * WL_POST_SAMPLE (chosen at random, not by position in a step) is timed,
+ * and the cost of two back-to-back reads (measured at start, the median of
+ * 31) is taken off each timed call. The figure is the sampled calls' CPU
+ * over the descriptors they took.
+ */
+#define WL_POST_SAMPLE 16
+struct wl_post_timer {
+	uint64_t rng;	 /* xorshift64 state */
+	uint64_t ovh_ns; /* two back-to-back thread-CPU reads */
+	uint64_t t0;	 /* 0: this call is not timed */
+	int64_t net_ns;	 /* timed calls' CPU less the clock's cost */
+};
+void wl_post_timer_init(struct wl_post_timer *pt, uint64_t seed);
+/* Before a posting call: times it with probability 1/WL_POST_SAMPLE. */
+void wl_post_begin(struct wl_post_timer *pt);
+/* After it: n = descriptors it took (counted only when timed). One timer
+ * per wl_pres: it sets res->post_cpu_ns to its running total. */
+void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n);
 /*
  * Parse an unsigned number with an optional K/M/G (binary) suffix into
  * [min, max]; on error print "kvbench: OPT: ..." and return -1.

@@ -44,6 +44,7 @@ struct prun {
 	uint64_t first;	    /* the step's first request */
 	unsigned pending;   /* requests of the step not done */
 	uint64_t warm_left; /* warm-up WRs not completed */
+	struct wl_post_timer pt;
 	int measuring;
 };
 
@@ -140,11 +141,13 @@ static int post_chain(struct prun *s, const struct kvb_xop *ops, unsigned n)
 	unsigned sent = 0;
 
 	while (sent < n) {
-		uint64_t tc = kvb_bench_thread_cpu_ns();
-		int rc = d->t->ops->post(d->t, d->ep, ops + sent, n - sent);
+		int rc;
 
 		if (s->measuring)
-			s->res->post_cpu_ns += kvb_bench_thread_cpu_ns() - tc;
+			wl_post_begin(&s->pt);
+		rc = d->t->ops->post(d->t, d->ep, ops + sent, n - sent);
+		if (s->measuring)
+			wl_post_end(&s->pt, s->res, rc > 0 ? (unsigned) rc : 0);
 		if (rc < 0) {
 			fprintf(stderr, "kvbench: P%u: %s post: %s\n", d->rank,
 				tname(d), strerror(-rc));
@@ -260,6 +263,7 @@ int wl_direct_p_run(const struct wl_direct *d, int ready_fd, int go_fd,
 	wrs0 = t->stats.wrs;
 	if (d->post_ns)
 		pns0 = d->post_ns(t);
+	wl_post_timer_init(&s.pt, d->rank + 1);
 	if (wl_sync_start(ready_fd, go_fd))
 		goto out;
 	s.measuring = 1;

@@ -276,11 +276,14 @@ static int bp_phase(struct kvb_ctx *ctx, const struct wl_cfg *c, unsigned rank,
 	uint32_t *h = calloc(c->requests, sizeof(*h));
 	uint32_t *ids = calloc(c->blocks, sizeof(*ids));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
+	struct wl_post_timer pt;
 	uint64_t next = 0;
 	int rc = -1;
 
 	if (!h || !ids || !t0)
 		goto out;
+	if (measure)
+		wl_post_timer_init(&pt, rank + 1);
 	while (next < total) {
 		unsigned n = measure ? wl_next_step(c, next, total, go_ns)
 				     : (unsigned) (total - next < c->requests
@@ -313,20 +316,25 @@ static int bp_phase(struct kvb_ctx *ctx, const struct wl_cfg *c, unsigned rank,
 		}
 		for (unsigned l = 0; l < c->layers; l++)
 			for (unsigned i = 0; i < n; i++) {
-				uint64_t tc = kvb_bench_thread_cpu_ns();
 				int e;
 
 				if (l == 0)
 					t0[i] = kvb_bench_now_ns();
-				while ((e = kvb_submit_layer(
+				for (;;) {
+					if (measure)
+						wl_post_begin(&pt);
+					e = kvb_submit_layer(
 						ctx, h[i], (uint16_t) l,
-						next + i,
-						KVB_DESC_UNSIGNALED)) ==
-				       -EAGAIN)
+						next + i, KVB_DESC_UNSIGNALED);
+					if (measure)
+						wl_post_end(&pt, res,
+							    e >= 0 ? c->blocks
+								   : 0);
+					if (e != -EAGAIN)
+						break;
 					sched_yield(); /* ring full */
+				}
 				if (measure) {
-					res->post_cpu_ns +=
-						kvb_bench_thread_cpu_ns() - tc;
 					res->descs += c->blocks;
 					res->bytes +=
 						c->blocks * c->block_bytes;

@@ -580,6 +580,7 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 	struct kvb_desc *d = calloc(c->blocks, sizeof(*d));
 	uint32_t *h = calloc(c->requests, sizeof(*h));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
+	struct wl_post_timer pt;
 	struct wl_mem m;
 	struct kvb_ctx *ctx;
 	uint64_t cpu0;
@@ -608,7 +609,10 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 			kvb_strerror(rc));
 		return 1;
 	}
-	if (wl_mem_fill(&m, c, rank, 0) || wl_sync_start(ready_fd, go[1]))
+	if (wl_mem_fill(&m, c, rank, 0))
+		return 1;
+	wl_post_timer_init(&pt, rank + 1);
+	if (wl_sync_start(ready_fd, go[1]))
 		return 1;
 	go_ns = kvb_bench_now_ns();
 	cpu0 = kvb_bench_proc_cpu_ns();
@@ -629,7 +633,7 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 		}
 		for (unsigned l = 0; l < c->layers; l++)
 			for (unsigned i = 0; i < n; i++) {
-				uint64_t q = next + i, tc;
+				uint64_t q = next + i;
 				unsigned sent = 0;
 
 				if (l == 0)
@@ -650,11 +654,11 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 						.len = c->block_bytes,
 						.tag = q};
 				while (sent < c->blocks) {
-					tc = kvb_bench_thread_cpu_ns();
+					wl_post_begin(&pt);
 					rc = kvb_submit_write(ctx, d + sent,
 							      c->blocks - sent);
-					res->post_cpu_ns +=
-						kvb_bench_thread_cpu_ns() - tc;
+					wl_post_end(&pt, res,
+						    rc > 0 ? (unsigned) rc : 0);
 					if (rc == -EAGAIN) {
 						/* ring full: let the broker run
 						 */

@@ -302,7 +302,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	static char js0[1 << 16], js1[1 << 16];
 	int want_progress = kvb_bench_progress_wanted(c->progress);
 	int64_t go_ns, last_prog, end_ns = 0;
-	uint64_t total_lat = 0, post_ns = 0, cpu_ns = 0, dcpu_ns = 0;
+	uint64_t total_lat = 0, post_ns = 0, post_timed = 0, cpu_ns = 0;
+	uint64_t dcpu_ns = 0;
 	unsigned i, p_left;
 	int rc = -1;
 	void *shm;
@@ -428,6 +429,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->verified_bytes += d->dchecked;
 		f->bad_bytes += d->dbad * 8;
 		post_ns += p->post_cpu_ns;
+		post_timed += p->post_timed;
 		verbs_ns += p->verbs_post_ns;
 		f->open_wait_s += (double) p->ctl_ns / 1e9;
 		cpu_ns += p->cpu_ns;
@@ -451,8 +453,9 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	f->lat_p99_us = kvb_bench_quantile(lat, total_lat, 0.99);
 	f->lat_p999_us = kvb_bench_quantile(lat, total_lat, 0.999);
 	f->cpu_workers_s = (double) cpu_ns / 1e9;
+	/* over the descriptors of the timed (sampled) calls */
 	f->worker_post_cpu_us_per_wr =
-		f->descs ? (double) post_ns / 1e3 / f->descs : 0;
+		post_timed ? (double) post_ns / 1e3 / (double) post_timed : 0;
 	if (mode == MODE_BROKER && tcp) {
 		/* the P broker's tcp / rdma transport: what it sent */
 		f->doorbells = tr_num(js1, tr_str(c), "doorbells") -
@@ -484,8 +487,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			goto out;
 		}
 	} else {
-		f->post_cpu_us_per_wr =
-			f->wrs > 0 ? (double) post_ns / 1e3 / f->wrs : 0;
+		/* a direct worker's post() takes one WR per descriptor */
+		f->post_cpu_us_per_wr = f->worker_post_cpu_us_per_wr;
 	}
 	if (tcp) {
 		/* tcp: not measurable, a WR's sending goes on in poll() after
