@@ -81,9 +81,9 @@ struct wl_pres {
 	 * sample of them: struct wl_post_timer), the clock's own cost
 	 * already taken off; post_timed: the descriptors those calls took */
 	uint64_t post_cpu_ns, post_timed;
-	uint64_t ctl_ns;      /* wall time in kvb_transfer_open() round trips */
-	uint64_t cpu_ns;      /* the worker process's CPU during the run */
-	int64_t end_ns;	      /* CLOCK_MONOTONIC when its last request ended */
+	uint64_t ctl_ns; /* wall time in kvb_transfer_open() round trips */
+	uint64_t cpu_ns; /* the worker process's CPU during the run */
+	int64_t end_ns;	 /* CLOCK_MONOTONIC when its last request ended */
 	uint64_t nlat;
 	volatile uint64_t done;	  /* requests done so far (progress line) */
 	uint64_t dbad;		  /* D side: bad bytes (D workers use this) */
