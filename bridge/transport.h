@@ -117,6 +117,7 @@ struct kvb_transport_params {
 	int timeout_ms;	      /* tcp: connect / stalled-peer limit, 0 = 10000 */
 	int copy_threads;     /* local: copy pool size, 0 = copy in post() */
 	uint64_t copy_piece;  /* local: bytes per pooled copy, 0 = 256 KiB */
+	int copy_plain; /* local: 1 = memcpy only (no non-temporal stores) */
 };
 
 struct kvb_transport;
@@ -170,5 +171,7 @@ struct kvb_transport {
 };
 
 extern const struct kvb_transport_ops kvb_local_ops;
+/* 1 if this local transport copies >= 32 KiB with non-temporal stores */
+int kvb_local_streams(const struct kvb_transport *t);
 
 #endif /* KVB_BRIDGE_TRANSPORT_H */

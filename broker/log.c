@@ -19,7 +19,7 @@ void kvb_log(int level, const char *fmt, ...)
 	if (level > kvb_log_level)
 		return;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	fprintf(stderr, "kvbroker %ld.%03ld %s: ", (long)ts.tv_sec,
+	fprintf(stderr, "kvbroker %ld.%03ld %s: ", (long) ts.tv_sec,
 		ts.tv_nsec / 1000000, names[level]);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);

@@ -48,6 +48,7 @@ static int open_transport(struct kvb_broker *b)
 	struct kvb_transport_params p = {
 		.post_batch_size = b->opt.post_batch_size,
 		.copy_threads = b->opt.copy_threads,
+		.copy_plain = b->opt.copy_plain,
 	};
 	enum kvb_transport_kind k = b->opt.transport;
 	char why[256] = "";
@@ -93,8 +94,11 @@ static int open_transport(struct kvb_broker *b)
 		log_info("transport auto: same-node only (no --host-ip: no "
 			 "cross-node bridge)");
 	log_info("transport local ready (%d copy thread%s besides the broker "
-		 "thread for chains of >= 512 KiB)",
-		 p.copy_threads, p.copy_threads == 1 ? "" : "s");
+		 "thread for chains of >= 512 KiB; %s)",
+		 p.copy_threads, p.copy_threads == 1 ? "" : "s",
+		 kvb_local_streams(b->trs[KVB_TS_HOST])
+			 ? "copies of >= 32 KiB with non-temporal stores"
+			 : "memcpy");
 	return 0;
 }
 

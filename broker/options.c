@@ -92,6 +92,11 @@ void kvb_options_usage(FILE *f)
 	      "                         broker thread (0 = broker thread "
 	      "only; auto:\n"
 	      "                         min(4, CPUs - 1), the default)\n"
+	      "  --copy-plain           same-node copies with memcpy only "
+	      "(default: copies\n"
+	      "                         of >= 32 KiB use non-temporal "
+	      "stores where the CPU\n"
+	      "                         has AVX2)\n"
 	      "  --help, --version\n",
 	      f);
 }
@@ -154,6 +159,7 @@ enum {
 	O_VER,
 	O_DPORT,
 	O_COPYT,
+	O_COPYPLAIN,
 };
 
 static const struct option longopts[] = {
@@ -180,6 +186,7 @@ static const struct option longopts[] = {
 	{"qp-per-transfer", required_argument, NULL, O_QPS},
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
 	{"copy-threads", required_argument, NULL, O_COPYT},
+	{"copy-plain", no_argument, NULL, O_COPYPLAIN},
 	{"help", no_argument, NULL, O_HELP},
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
@@ -364,6 +371,9 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					    "(0..64 or auto)",
 					    a);
 			o->copy_threads = (int) v;
+			break;
+		case O_COPYPLAIN:
+			o->copy_plain = 1;
 			break;
 		case O_HELP:
 			o->help = 1;

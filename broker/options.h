@@ -39,6 +39,7 @@ struct kvb_options {
 	int qp_per_transfer;
 	int gpu_streams;
 	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
+	int copy_plain;	  /* --copy-plain: memcpy only, no streaming stores */
 	int help, version;
 };
 

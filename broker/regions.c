@@ -33,12 +33,12 @@ struct kvb_region_ent *kvb_region_alloc(struct kvb_regions *t)
 		slot = 1 + (t->next_free - 1 + i) % (KVB_MAX_REGIONS - 1);
 		if (!t->v[slot].used) {
 			struct kvb_region_ent *r = &t->v[slot];
-			uint16_t gen = (uint16_t)(r->gen + 1);
+			uint16_t gen = (uint16_t) (r->gen + 1);
 
 			memset(r, 0, sizeof(*r));
 			r->gen = gen ? gen : 1;
 			r->used = 1;
-			r->mr.id = ((uint32_t)r->gen << 16) | slot;
+			r->mr.id = ((uint32_t) r->gen << 16) | slot;
 			t->next_free = slot + 1;
 			t->live++;
 			return r;
@@ -116,8 +116,8 @@ int kvb_validate_desc(struct kvb_regions *t, uint32_t worker,
 		*why = "peer region's owner is gone or freed it";
 		return -ENXIO;
 	}
-	need = e->opcode == KVB_OP_WRITE ? KVB_MEM_REMOTE_WRITE :
-					   KVB_MEM_REMOTE_READ;
+	need = e->opcode == KVB_OP_WRITE ? KVB_MEM_REMOTE_WRITE
+					 : KVB_MEM_REMOTE_READ;
 	if (r->owner != worker && !(r->mr.flags & need)) {
 		*why = "peer region not granted for this access";
 		return -EINVAL;

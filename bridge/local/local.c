@@ -17,6 +17,18 @@
  * pieces finishes go to a locked queue together after the run (one lock, one
  * drain of the copies' stores per run, not per piece) and wake wait_fd().
  *
+ * Copies of at least LOCAL_NT_MIN bytes use non-temporal stores where the
+ * CPU has AVX2 (unless params.copy_plain): the bytes are for another
+ * process (or a device reading host memory), never read back by the thread
+ * that copies them, so reading each destination line before writing it and
+ * filling this core's cache with them is wasted. 256 KiB copies through
+ * 128 MiB of memfd memory on one core of this project's VM: 25.3-25.7 GB/s
+ * against memcpy's 20.9-21.4 (2026-12-01); from 8 KiB up they were ahead,
+ * at 4 KiB behind (the closing fence). Each such copy ends with a store
+ * fence, so its bytes are globally visible before its completion is handed
+ * out. Sanitizer builds keep memcpy (the sanitizers do not see the
+ * intrinsics' stores).
+ *
  * Memory: the broker keeps a region mapped while an op on it is in flight
  * (in-flight ops hold references); dereg_mr() still waits until no chain is
  * being copied, so no copy can outlive a region even for a caller that does
@@ -34,10 +46,24 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LOCAL_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LOCAL_SANITIZED 1
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(LOCAL_SANITIZED)
+#define LOCAL_HAVE_NT 1
+#include <immintrin.h>
+#endif
+
 #define LOCAL_CQ_INIT	  1024u
 #define LOCAL_PIECE_DEF	  (256u << 10)
 #define LOCAL_PIECE_MIN	  (4u << 10)
 #define LOCAL_THREADS_MAX 64
+#define LOCAL_NT_MIN	  (32u << 10) /* non-temporal copies from here */
 #define LOCAL_RUN_BYTES	  (1u << 20)
 /*
  * The caller's thread (the broker's, through progress()) takes runs of up
@@ -107,7 +133,63 @@ struct local_transport {
 	uint64_t pending; /* pooled ops posted, not yet in `done` */
 	int signalled;	  /* efd written and not yet read */
 	int efd;
+	int nt; /* copies of >= LOCAL_NT_MIN bytes use copy_nt() */
 };
+
+#ifdef LOCAL_HAVE_NT
+/* memcpy with non-temporal stores: regular ones up to the first 32-byte
+ * aligned destination byte and for the tail under 128 bytes */
+__attribute__((target("avx2"))) static void copy_nt(char *d, const char *s,
+						    size_t n)
+{
+	size_t head = (size_t) (-(uintptr_t) d & 31u);
+
+	if (head > n)
+		head = n;
+	memcpy(d, s, head);
+	d += head;
+	s += head;
+	n -= head;
+	for (; n >= 128; n -= 128, d += 128, s += 128) {
+		__m256i a = _mm256_loadu_si256((const __m256i *) s);
+		__m256i b = _mm256_loadu_si256((const __m256i *) (s + 32));
+		__m256i c = _mm256_loadu_si256((const __m256i *) (s + 64));
+		__m256i e = _mm256_loadu_si256((const __m256i *) (s + 96));
+
+		_mm256_stream_si256((__m256i *) d, a);
+		_mm256_stream_si256((__m256i *) (d + 32), b);
+		_mm256_stream_si256((__m256i *) (d + 64), c);
+		_mm256_stream_si256((__m256i *) (d + 96), e);
+	}
+	memcpy(d, s, n);
+	/* the streamed stores are weakly ordered: drain them before anyone
+	 * can see this copy's completion */
+	_mm_sfence();
+}
+#endif
+
+static int nt_available(void)
+{
+#ifdef LOCAL_HAVE_NT
+	return __builtin_cpu_supports("avx2") != 0;
+#else
+	return 0;
+#endif
+}
+
+static void copy_bytes(const struct local_transport *lt, char *dst,
+		       const char *src, size_t n)
+{
+#ifdef LOCAL_HAVE_NT
+	if (lt->nt && n >= LOCAL_NT_MIN) {
+		copy_nt(dst, src, n);
+		return;
+	}
+#else
+	(void) lt;
+#endif
+	memcpy(dst, src, n);
+}
 
 static int q_reserve(struct done_q *q, unsigned n)
 {
@@ -260,8 +342,8 @@ static void copy_run(struct local_transport *lt, struct achain *c, unsigned k,
 
 		op_clip(op, lo, hi, &s, &e);
 		if (e > s)
-			memcpy(op->dst + (s - op->start),
-			       op->src + (s - op->start), e - s);
+			copy_bytes(lt, op->dst + (s - op->start),
+				   op->src + (s - op->start), e - s);
 	}
 	for (unsigned j = first; j < i; j++) {
 		struct aop *op = &c->ops[j];
@@ -397,6 +479,7 @@ static int local_open(const struct kvb_transport_params *p,
 		local_free(lt);
 		return -EINVAL;
 	}
+	lt->nt = !p->copy_plain && nt_available();
 	lt->piece = p->copy_piece ? p->copy_piece : LOCAL_PIECE_DEF;
 	if (lt->piece < LOCAL_PIECE_MIN)
 		lt->piece = LOCAL_PIECE_MIN;
@@ -589,7 +672,7 @@ static int local_post(struct kvb_transport *t, struct kvb_ep *ep,
 			const char *src;
 
 			op_ends(&ops[i], &dst, &src);
-			memcpy(dst, src, ops[i].len);
+			copy_bytes(lt, dst, src, ops[i].len);
 			q_push(&lt->cq, ops[i].cookie, 0);
 		}
 	}
@@ -626,6 +709,11 @@ static int local_wait_fd(struct kvb_transport *t)
 		container_of(t, struct local_transport, base);
 
 	return lt->nthreads ? lt->efd : -1;
+}
+
+int kvb_local_streams(const struct kvb_transport *t)
+{
+	return container_of(t, const struct local_transport, base)->nt;
 }
 
 const struct kvb_transport_ops kvb_local_ops = {

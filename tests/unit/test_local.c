@@ -29,10 +29,12 @@ struct fx {
 	uint64_t len;
 };
 
-static void fx_open(struct fx *f, int threads, uint64_t piece, uint64_t len)
+static void fx_open_p(struct fx *f, int threads, uint64_t piece, uint64_t len,
+		      int plain)
 {
 	struct kvb_transport_params p = {.copy_threads = threads,
-					 .copy_piece = piece};
+					 .copy_piece = piece,
+					 .copy_plain = plain};
 	char why[128] = "";
 
 	memset(f, 0, sizeof(*f));
@@ -51,6 +53,11 @@ static void fx_open(struct fx *f, int threads, uint64_t piece, uint64_t len)
 		.id = 2, .kind = KVB_MEM_HOST, .addr = f->d, .len = len};
 	assert_int_equal(f->t->ops->reg_mr(f->t, &f->src), 0);
 	assert_int_equal(f->t->ops->reg_mr(f->t, &f->dst), 0);
+}
+
+static void fx_open(struct fx *f, int threads, uint64_t piece, uint64_t len)
+{
+	fx_open_p(f, threads, piece, len, 0);
 }
 
 static void fx_close(struct fx *f)
@@ -427,6 +434,75 @@ static void test_close_in_flight(void **state)
 	free(f.d);
 }
 
+/* Does this build stream (non-temporal stores) on this CPU? */
+static int expect_streams(void)
+{
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+	return 0;
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	return 0;
+#elif defined(__x86_64__) && defined(__GNUC__)
+	return __builtin_cpu_supports("avx2") != 0;
+#else
+	return 0;
+#endif
+}
+
+/*
+ * Copies around the streaming threshold (32 KiB) and its 32-byte
+ * destination alignment and 128-byte steps: every length and misalignment
+ * of source and destination copies exactly its bytes and nothing next to
+ * them, streamed or not (copy_plain), inline and through the pool.
+ */
+static void streamed(int threads, int plain)
+{
+	static const uint64_t lens[] = {
+		(32u << 10) - 1,   32u << 10,	      (32u << 10) + 1,
+		(32u << 10) + 31,  (32u << 10) + 127, (32u << 10) + 128,
+		(256u << 10) + 77, MIB + 5,	      2 * MIB + 4095};
+	static const uint64_t mis[][2] = {{0, 0},   {1, 0},  {0, 1},
+					  {5, 31},  {31, 5}, {32, 33},
+					  {63, 17}, {17, 63}};
+	struct fx f;
+
+	fx_open_p(&f, threads, 64u << 10, 8 * MIB, plain);
+	assert_int_equal(kvb_local_streams(f.t), plain ? 0 : expect_streams());
+	for (unsigned i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+		for (unsigned k = 0; k < sizeof(mis) / sizeof(mis[0]); k++) {
+			uint64_t soff = 4096 + mis[k][0],
+				 doff = 3 * MIB + mis[k][1];
+			struct kvb_xop op = wr(&f, soff, doff, lens[i], 0);
+
+			memset(f.d, 0xee, f.len);
+			assert_int_equal(f.t->ops->post(f.t, NULL, &op, 1), 1);
+			reap_all(&f, 1);
+			check_range(&f, soff, doff, lens[i]);
+			/* the bytes around the copy are untouched */
+			for (uint64_t j = doff - 64; j < doff; j++)
+				assert_int_equal(f.d[j], 0xee);
+			for (uint64_t j = doff + lens[i];
+			     j < doff + lens[i] + 64; j++)
+				assert_int_equal(f.d[j], 0xee);
+		}
+	fx_close(&f);
+}
+
+static void test_streamed_inline(void **state)
+{
+	(void) state;
+	streamed(0, 0);
+	streamed(0, 1);
+}
+
+static void test_streamed_pool(void **state)
+{
+	(void) state;
+	streamed(2, 0);
+}
+
 static void test_bad_params(void **state)
 {
 	struct kvb_transport_params p = {.copy_threads = 65};
@@ -463,6 +539,8 @@ int main(void)
 		cmocka_unit_test(test_pool_lanes),
 		cmocka_unit_test(test_dereg_waits),
 		cmocka_unit_test(test_close_in_flight),
+		cmocka_unit_test(test_streamed_inline),
+		cmocka_unit_test(test_streamed_pool),
 		cmocka_unit_test(test_bad_params),
 	};
 

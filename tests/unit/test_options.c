@@ -100,6 +100,7 @@ static void test_defaults(void **state)
 	assert_int_equal(o.qp_per_transfer, 1);
 	assert_int_equal(o.gpu_streams, 64);
 	assert_int_equal(o.copy_threads, -1);
+	assert_int_equal(o.copy_plain, 0);
 	assert_int_equal(o.help, 0);
 	assert_int_equal(o.version, 0);
 
@@ -167,6 +168,8 @@ static void test_every_option(void **state)
 	assert_int_equal(
 		parse(&o, err, sizeof(err), "--copy-threads=auto", NULL), 0);
 	assert_int_equal(o.copy_threads, -1);
+	assert_int_equal(parse(&o, err, sizeof(err), "--copy-plain", NULL), 0);
+	assert_int_equal(o.copy_plain, 1);
 
 	/* --opt=value form, and the other end of the ranges */
 	assert_int_equal(parse(&o, err, sizeof(err), "--sq-entries=1048576",
@@ -258,6 +261,7 @@ static void test_bad_numbers(void **state)
 	refused("--copy-threads", "--copy-threads", "65", NULL);
 	refused("--copy-threads", "--copy-threads", "-1", NULL);
 	refused("--copy-threads", "--copy-threads", "Auto", NULL);
+	refused("--copy-plain", "--copy-plain=1", NULL); /* takes no value */
 }
 
 static void test_bad_strings(void **state)
