@@ -2,9 +2,10 @@
 # Where the CPU goes in a large-block `local` run, direct and broker mode:
 # `perf record -a` (software cpu-clock, so it works in a VM without hardware
 # counters) during one kvbench run per mode, then, over the steady part of
-# the run (100 ms buckets where memmove dominates and page faults do not,
-# i.e. after the warm-up), how many cores were inside memmove, the copy
-# rate per memmove-core (kvbench's BW / those cores), and the other
+# the run (100 ms buckets where copying dominates and page faults do not,
+# i.e. after the warm-up), how many cores were copying (memmove/memcpy, or
+# the local transport's streaming copy_nt), the copy rate per copying core
+# (kvbench's BW / those cores), and the other
 # processes and functions that took CPU.
 #
 # Usage: scripts/copy-profile.sh [-w WORKERS] [-i ITERS] [-r ROUNDS]
@@ -75,7 +76,8 @@ analyse() {
 import collections, sys
 bw, freq, top = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 def is_copy(s):
-    return any("memmove" in x or "memcpy" in x for x in s)
+    return any("memmove" in x or "memcpy" in x or x.startswith("copy_nt")
+               for x in s)
 samples = []
 for block in sys.stdin.read().split("\n\n"):
     lines = [l.strip() for l in block.strip().split("\n") if l.strip()]
@@ -114,12 +116,12 @@ for t, comm, s in samples:
         other[(comm, s[0] if s else "?")] += 1
 cores = copy / (freq * secs)
 print(f"  steady window {lo / 10:.1f}-{(hi + 1) / 10:.1f} s: "
-      f"{n / (freq * secs):.2f} CPUs busy, {cores:.2f} in memmove/memcpy "
+      f"{n / (freq * secs):.2f} CPUs busy, {cores:.2f} copying "
       f"({100 * copy / n:.1f} % of samples)")
-print(f"  copy rate per memmove-core: {bw / cores:.1f} GB/s "
+print(f"  copy rate per copying core: {bw / cores:.1f} GB/s "
       f"(BW {bw:.2f} GB/s / {cores:.2f})")
 print("  by process (% of the samples): " + ", ".join(
-    f"{comm} {100 * v / n:.1f} %" + (" in memmove" if c else " other")
+    f"{comm} {100 * v / n:.1f} %" + (" copying" if c else " other")
     for (comm, c), v in procs.most_common(6)))
 print("  the rest, by process and function (% of the samples):")
 for (comm, sym), v in other.most_common(top):
