@@ -80,13 +80,51 @@ struct kvb_xfer *kvb_xfer_find(struct kvb_xfers *t, uint32_t worker,
 	return NULL;
 }
 
+_Static_assert(
+	(KVB_TERMINAL_LRU & (KVB_TERMINAL_LRU - 1)) == 0 &&
+		KVB_TERMINAL_LRU < 65536,
+	"the LRU index masks with KVB_TERMINAL_LRU and links entries + 1 "
+	"in 16 bits");
+
+/* The LRU index's bucket of a hash (KVB_TERMINAL_LRU is a power of two). */
+static uint32_t lru_bucket(uint64_t hash)
+{
+	return (uint32_t) (hash ^ (hash >> 32)) & (KVB_TERMINAL_LRU - 1);
+}
+
 int kvb_xfer_is_terminal(const struct kvb_xfers *t, uint32_t worker,
 			 uint64_t hash)
 {
-	for (uint32_t i = 0; i < KVB_TERMINAL_LRU; i++)
-		if (t->lru_hash[i] == hash && t->lru_worker[i] == worker)
+	for (uint32_t e = t->lru_head[lru_bucket(hash)]; e;
+	     e = t->lru_chain[e - 1])
+		if (t->lru_hash[e - 1] == hash &&
+		    t->lru_worker[e - 1] == worker)
 			return 1;
 	return 0;
+}
+
+/* Remember (worker, hash) as ended, in place of the oldest entry. */
+static void lru_add(struct kvb_xfers *t, uint32_t worker, uint64_t hash)
+{
+	uint32_t i = t->lru_next;
+	uint16_t *pp;
+
+	if (i < t->lru_fill) {
+		/* unlink the entry this one replaces */
+		pp = &t->lru_head[lru_bucket(t->lru_hash[i])];
+		while (*pp && *pp != i + 1)
+			pp = &t->lru_chain[*pp - 1];
+		if (*pp)
+			*pp = t->lru_chain[i];
+	} else {
+		t->lru_fill = i + 1;
+	}
+	t->lru_hash[i] = hash;
+	t->lru_worker[i] = worker;
+	pp = &t->lru_head[lru_bucket(hash)];
+	t->lru_chain[i] = *pp;
+	*pp = (uint16_t) (i + 1);
+	t->lru_next = (i + 1) % KVB_TERMINAL_LRU;
 }
 
 struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
@@ -170,9 +208,7 @@ void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 	last = t->active[--t->nactive];
 	t->active[x->active_pos] = last;
 	t->v[last].active_pos = x->active_pos;
-	t->lru_hash[t->lru_next] = x->hash;
-	t->lru_worker[t->lru_next] = x->worker;
-	t->lru_next = (t->lru_next + 1) % KVB_TERMINAL_LRU;
+	lru_add(t, x->worker, x->hash);
 	if (x->rx && kvb_xfer_rx_free)
 		kvb_xfer_rx_free(x->rx);
 	memset(x, 0, sizeof(*x));

@@ -51,6 +51,11 @@ struct kvb_xfers {
 	uint64_t lru_hash[KVB_TERMINAL_LRU];
 	uint32_t lru_worker[KVB_TERMINAL_LRU];
 	uint32_t lru_next;
+	uint32_t lru_fill; /* entries written so far, up to KVB_TERMINAL_LRU */
+	/* a hash index over the LRU (entry + 1, 0 = end of chain), so that a
+	 * lookup does not scan all of it on every transfer open */
+	uint16_t lru_head[KVB_TERMINAL_LRU];
+	uint16_t lru_chain[KVB_TERMINAL_LRU];
 };
 
 int kvb_xfers_init(struct kvb_xfers *t);

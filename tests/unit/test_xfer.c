@@ -228,6 +228,47 @@ static void test_terminal_lru(void **state)
 	check_active(t);
 }
 
+/*
+ * The terminal LRU against a model: 3 x KVB_TERMINAL_LRU + 123 transfers of
+ * three workers end one after another; at every 97th ending, exactly the
+ * last KVB_TERMINAL_LRU ids (each with its own worker) are terminal and
+ * the 256 before them are not. With as many index buckets as entries,
+ * chains form, and entries leave them from every position.
+ */
+static void test_terminal_lru_model(void **state)
+{
+	struct kvb_xfers *t = *state;
+	const unsigned n = 3 * KVB_TERMINAL_LRU + 123;
+	char id[32];
+
+	for (unsigned k = 0; k < n; k++) {
+		snprintf(id, sizeof(id), "m-%u", k);
+		kvb_xfer_end(t, open_ok(t, W1 + k % 3, id));
+		if (k % 97 && k != n - 1)
+			continue;
+		for (unsigned j = k + 1 > KVB_TERMINAL_LRU + 256
+					  ? k + 1 - KVB_TERMINAL_LRU - 256
+					  : 0;
+		     j <= k; j++) {
+			int len = snprintf(id, sizeof(id), "m-%u", j);
+			uint32_t w = W1 + j % 3;
+			int want = k - j < KVB_TERMINAL_LRU;
+
+			if (kvb_xfer_is_terminal(
+				    t, w, kvb_xfer_hash(w, id, (size_t) len)) !=
+			    want)
+				fail_msg("after %u endings: '%s' terminal %d, "
+					 "want %d",
+					 k + 1, id, !want, want);
+			/* another worker's same id never is */
+			assert_false(kvb_xfer_is_terminal(
+				t, w + 3,
+				kvb_xfer_hash(w + 3, id, (size_t) len)));
+		}
+	}
+	assert_int_equal(t->nactive, 0);
+}
+
 static void test_full(void **state)
 {
 	struct kvb_xfers *t = *state;
@@ -352,10 +393,15 @@ int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 	const struct CMUnitTest tests[] = {
-		T(test_slots_resident),	   T(test_intern),
-		T(test_bad_ids),	   T(test_handles),
-		T(test_terminal_lru),	   T(test_full),
-		T(test_bucket_collisions), cmocka_unit_test(test_complete_rule),
+		T(test_slots_resident),
+		T(test_intern),
+		T(test_bad_ids),
+		T(test_handles),
+		T(test_terminal_lru),
+		T(test_terminal_lru_model),
+		T(test_full),
+		T(test_bucket_collisions),
+		cmocka_unit_test(test_complete_rule),
 	};
 #undef T
 
