@@ -107,7 +107,7 @@ struct achain {
 
 struct done_q {
 	struct kvb_xcqe *v;
-	unsigned cap, head, len;
+	unsigned cap, head, len; /* cap: a power of two (indices masked) */
 };
 
 struct local_transport {
@@ -204,7 +204,7 @@ static int q_reserve(struct done_q *q, unsigned n)
 	if (!nv)
 		return -ENOMEM;
 	for (i = 0; i < q->len; i++)
-		nv[i] = q->v[(q->head + i) % q->cap];
+		nv[i] = q->v[(q->head + i) & (q->cap - 1)];
 	free(q->v);
 	q->v = nv;
 	q->cap = cap;
@@ -215,7 +215,7 @@ static int q_reserve(struct done_q *q, unsigned n)
 /* Caller reserved room. */
 static void q_push(struct done_q *q, uint64_t cookie, int status)
 {
-	struct kvb_xcqe *c = &q->v[(q->head + q->len++) % q->cap];
+	struct kvb_xcqe *c = &q->v[(q->head + q->len++) & (q->cap - 1)];
 
 	c->cookie = cookie;
 	c->status = status;
@@ -228,7 +228,7 @@ static unsigned q_pop(struct done_q *q, struct kvb_xcqe *out, unsigned max)
 
 	while (n < max && q->len) {
 		out[n++] = q->v[q->head];
-		q->head = (q->head + 1) % q->cap;
+		q->head = (q->head + 1) & (q->cap - 1);
 		q->len--;
 	}
 	return n;
