@@ -79,8 +79,10 @@ struct wl_pres {
 	uint64_t descs, bytes, doorbells, wrs, failed;
 	/* thread CPU inside the timed post()/kvb_submit_write() calls (a
 	 * sample of them: struct wl_post_timer), the clock's own cost
-	 * already taken off; post_timed: the descriptors those calls took */
-	uint64_t post_cpu_ns, post_timed;
+	 * already taken off (so a run of calls cheaper than the clock's
+	 * jitter may sum below 0); post_timed: the descriptors they took */
+	int64_t post_cpu_ns;
+	uint64_t post_timed;
 	uint64_t ctl_ns; /* wall time in kvb_transfer_open() round trips */
 	uint64_t cpu_ns; /* the worker process's CPU during the run */
 	int64_t end_ns;	 /* CLOCK_MONOTONIC when its last request ended */
@@ -138,13 +140,12 @@ struct wl_post_timer {
 	uint64_t rng;	 /* xorshift64 state */
 	uint64_t ovh_ns; /* two back-to-back thread-CPU reads */
 	uint64_t t0;	 /* 0: this call is not timed */
-	int64_t net_ns;	 /* timed calls' CPU less the clock's cost */
 };
 void wl_post_timer_init(struct wl_post_timer *pt, uint64_t seed);
 /* Before a posting call: times it with probability 1/WL_POST_SAMPLE. */
 void wl_post_begin(struct wl_post_timer *pt);
-/* After it: n = descriptors it took (counted only when timed). One timer
- * per wl_pres: it sets res->post_cpu_ns to its running total. */
+/* After it: n = descriptors it took (counted, with the call's CPU, in
+ * res only when timed). */
 void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n);
 /*
  * Parse an unsigned number with an optional K/M/G (binary) suffix into

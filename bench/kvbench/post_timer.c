@@ -36,7 +36,6 @@ void wl_post_timer_init(struct wl_post_timer *pt, uint64_t seed)
 	pt->ovh_ns = v[15];
 	pt->rng = seed * 0x9e3779b97f4a7c15ull | 1; /* never 0 */
 	pt->t0 = 0;
-	pt->net_ns = 0;
 }
 
 void wl_post_begin(struct wl_post_timer *pt)
@@ -57,10 +56,9 @@ void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n)
 	if (!pt->t0)
 		return;
 	dt = kvb_bench_thread_cpu_ns() - pt->t0;
-	/* net of the clock's cost over all timed calls, not clipped call by
-	 * call (a call cheaper than the clock's jitter would count high) */
-	pt->net_ns += (int64_t) (dt - pt->ovh_ns);
-	res->post_cpu_ns = pt->net_ns > 0 ? (uint64_t) pt->net_ns : 0;
+	/* net of the clock's cost, not clipped call by call (a call cheaper
+	 * than the clock's jitter would count high): the sum is clipped */
+	res->post_cpu_ns += (int64_t) (dt - pt->ovh_ns);
 	res->post_timed += n;
 	pt->t0 = 0;
 }

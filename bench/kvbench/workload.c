@@ -302,8 +302,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	static char js0[1 << 16], js1[1 << 16];
 	int want_progress = kvb_bench_progress_wanted(c->progress);
 	int64_t go_ns, last_prog, end_ns = 0;
-	uint64_t total_lat = 0, post_ns = 0, post_timed = 0, cpu_ns = 0;
-	uint64_t dcpu_ns = 0;
+	uint64_t total_lat = 0, post_timed = 0, cpu_ns = 0, dcpu_ns = 0;
+	int64_t post_ns = 0; /* net of the clock's cost: clipped at 0 below */
 	unsigned i, p_left;
 	int rc = -1;
 	void *shm;
@@ -455,7 +455,9 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	f->cpu_workers_s = (double) cpu_ns / 1e9;
 	/* over the descriptors of the timed (sampled) calls */
 	f->worker_post_cpu_us_per_wr =
-		post_timed ? (double) post_ns / 1e3 / (double) post_timed : 0;
+		post_timed && post_ns > 0
+			? (double) post_ns / 1e3 / (double) post_timed
+			: 0;
 	if (mode == MODE_BROKER && tcp) {
 		/* the P broker's tcp / rdma transport: what it sent */
 		f->doorbells = tr_num(js1, tr_str(c), "doorbells") -
