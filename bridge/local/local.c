@@ -288,15 +288,6 @@ static void chain_count(struct local_transport *lt, struct achain *c,
 	chain_free(lt, c);
 }
 
-/*
- * Copy pieces [k, k + n) of c, then complete the ops they finish: one
- * batch (one lock, one wait for the copies' stores to drain) per run, not
- * per piece. An op inside a single piece is finished by its copier alone;
- * one spread over several counts down its parts atomically. Ops complete
- * strictly after their bytes landed (zero-length ops were completed at
- * post). The run's ops are counted off the chain's ops_left only at the
- * end: until then c cannot be freed.
- */
 /* Pieces of size piece that hold bytes of [s, e) (0 when empty). */
 static unsigned pieces_in(uint64_t piece, uint64_t s, uint64_t e)
 {
@@ -311,6 +302,15 @@ static void op_clip(const struct aop *op, uint64_t lo, uint64_t hi, uint64_t *s,
 	*e = op->start + op->len < hi ? op->start + op->len : hi;
 }
 
+/*
+ * Copy pieces [k, k + n) of c, then complete the ops they finish: one
+ * batch (one lock, one wait for the copies' stores to drain) per run, not
+ * per piece. An op inside a single piece is finished by its copier alone;
+ * one spread over several counts down its parts atomically. Ops complete
+ * strictly after their bytes landed (zero-length ops were completed at
+ * post). The run's ops are counted off the chain's ops_left only at the
+ * end: until then c cannot be freed.
+ */
 static void copy_run(struct local_transport *lt, struct achain *c, unsigned k,
 		     unsigned n)
 {
