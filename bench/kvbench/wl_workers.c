@@ -760,16 +760,18 @@ int wl_broker_d(const struct wl_cfg *c, unsigned rank, const char *sock,
 		 * batch (or all are): woken once per step, not per request.
 		 */
 		{
+			/* left >= 1: the loop runs while done < total */
 			uint64_t left = sealed - res->done,
-				 keep = window - c->requests;
-			uint64_t need = sealed == total ? left
-					: left > keep	? left - keep
-							: 1;
+				 keep = window - c->requests, need = 1;
 
+			if (sealed == total)
+				need = left;
+			else if (left > keep)
+				need = left - keep;
 			if (need > COMP_BATCH)
 				need = COMP_BATCH;
-			k = kvb_wait_min(ctx, comp, COMP_BATCH,
-					 need ? (unsigned) need : 1, 60000);
+			k = kvb_wait_min(ctx, comp, COMP_BATCH, (unsigned) need,
+					 60000);
 		}
 		if (k < 0) {
 			fprintf(stderr,
