@@ -3,6 +3,7 @@
 #include "broker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -61,9 +63,22 @@ int kvb_worker_accept(struct kvb_broker *b)
 			break;
 		}
 	if (!w) {
-		log_warn("refused connection from pid %d: %u workers attached "
-			 "(--max-workers)",
-			 (int) cred.pid, b->opt.max_workers);
+		/* a client that keeps reconnecting: one line a second */
+		static int64_t last_ns;
+		static unsigned quiet;
+		int64_t now = kvb_now_ns();
+
+		b->st.messages_rejected++;
+		if (now - last_ns >= 1000000000) {
+			log_warn("refused connection from pid %d: %u workers "
+				 "attached (--max-workers; %u more refused "
+				 "since the last line)",
+				 (int) cred.pid, b->opt.max_workers, quiet);
+			last_ns = now;
+			quiet = 0;
+		} else {
+			quiet++;
+		}
 		close(fd);
 		return 0;
 	}
@@ -131,10 +146,14 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 		return -EINVAL;
 	}
 	size = kvb_seg_bytes(sq, cq);
-	fds[0] = memfd_create("kvb-segment", MFD_CLOEXEC);
+	fds[0] = memfd_create("kvb-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fds[0] < 0)
 		return -errno;
-	if (ftruncate(fds[0], (off_t) size) < 0) {
+	/* the worker gets this fd: sealed, it cannot cut the file under the
+	 * broker's mapping (a SIGBUS in the broker) */
+	if (ftruncate(fds[0], (off_t) size) < 0 ||
+	    fcntl(fds[0], F_ADD_SEALS,
+		  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		rc = -errno;
 		goto err_fd;
 	}
@@ -179,6 +198,40 @@ err_fd:
 	return rc;
 }
 
+/*
+ * A host region's file must hold the whole region now and be unable to
+ * shrink later (F_SEAL_SHRINK): the broker copies in and out of its mapping,
+ * and a mapped page past the end of the file is a SIGBUS that would take
+ * the whole broker down. 0, -EINVAL (not a regular file, or too short) or
+ * -EPERM (not sealed); refusals are logged and counted as rejected.
+ */
+static int host_fd_check(struct kvb_broker *b, struct kvb_worker *w, int fd,
+			 uint64_t off, uint64_t size)
+{
+	const char *why = NULL;
+	struct stat st;
+	int seals, rc = -EINVAL;
+
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+		why = "not a regular file (memfd)";
+	else if ((uint64_t) st.st_size < off ||
+		 (uint64_t) st.st_size - off < size)
+		why = "region runs past the end of its file";
+	else if ((seals = fcntl(fd, F_GET_SEALS)) < 0 ||
+		 !(seals & F_SEAL_SHRINK)) {
+		why = "file not sealed against shrinking (memfd with "
+		      "MFD_ALLOW_SEALING and F_SEAL_SHRINK)";
+		rc = -EPERM;
+	}
+	if (!why)
+		return 0;
+	log_warn("worker %u: region of %llu bytes at offset %llu refused: %s",
+		 w->id, (unsigned long long) size, (unsigned long long) off,
+		 why);
+	b->st.messages_rejected++;
+	return rc;
+}
+
 static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 		   const struct kvb_msg_mem_reg *m, int fd,
 		   struct kvb_msg_mem_reply *rep)
@@ -194,6 +247,9 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	if (m->kind == KVB_MEM_HOST) {
 		if (fd < 0 || (m->fd_offset & 4095))
 			return -EINVAL;
+		rc = host_fd_check(b, w, fd, m->fd_offset, m->size);
+		if (rc)
+			return rc;
 		addr = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED,
 			    fd, (off_t) m->fd_offset);
 		if (addr == MAP_FAILED)

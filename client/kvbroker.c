@@ -3,6 +3,7 @@
 #include "kvbroker/kvbroker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -233,10 +234,13 @@ int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 	if (!ctx || !out || size == 0 ||
 	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 		return -EINVAL;
-	fd = memfd_create("kvb-region", MFD_CLOEXEC);
+	fd = memfd_create("kvb-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
-	if (ftruncate(fd, (off_t) size) < 0) {
+	/* sealed against shrinking, which the broker requires: a truncated
+	 * file under its mapping would be a SIGBUS in the broker */
+	if (ftruncate(fd, (off_t) size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
 		rc = -errno;
 		goto err_fd;
 	}
@@ -277,6 +281,10 @@ int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
 	if (!ctx || !out || fd < 0 || size == 0 ||
 	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 		return -EINVAL;
+	/* the broker takes only files that cannot shrink under its mapping:
+	 * seal it where the file allows (a memfd with MFD_ALLOW_SEALING);
+	 * where not, the broker's refusal (-EPERM) says so */
+	(void) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
 	kvb_msg_init(&req.h, KVB_MSG_MEM_REG, sizeof(req));
 	req.size = size;
 	req.fd_offset = fd_offset;

@@ -444,6 +444,65 @@ static void test_other_uid(void **state)
 	broker_cleanup(&nb);
 }
 
+/* Lines of the broker's log that contain s. */
+static int log_count(const struct broker *b, const char *s)
+{
+	char line[512];
+	FILE *f = fopen(b->log, "r");
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * --max-workers: a connection past the limit is refused, counted and
+ * logged (a line a second at most, however often it retries); a slot that
+ * frees up is taken again.
+ */
+static void test_max_workers(void **state)
+{
+	static const char *const args[] = {"--max-workers", "2", NULL};
+	const struct broker_opts o = {.args = args};
+	struct kvb_ctx *a, *b, *c;
+	struct broker nb;
+	int rc, lines;
+
+	(void) state;
+	rc = broker_start(&nb, &o);
+	if (rc) {
+		broker_cleanup(&nb);
+		fail_msg("broker --max-workers 2: %s", strerror(-rc));
+	}
+	a = w_attach(&nb, KVB_ROLE_P, 0, 1, 0);
+	b = w_attach(&nb, KVB_ROLE_D, 0, 1, 0);
+	assert_non_null(a);
+	assert_non_null(b);
+	for (int i = 0; i < 5; i++) {
+		c = w_attach(&nb, KVB_ROLE_P, 0, 1, 0);
+		assert_null(c);
+	}
+	kvb_detach(b);
+	/* stats take a connection too: one slot is free now */
+	assert_int_equal(broker_wait_stat(&nb, "workers", 1, 5000), 0);
+	/* 5, or more where a stats connection came before the detach */
+	assert_true(broker_stat(&nb, "messages_rejected") >= 5);
+	assert_true(broker_log_has(&nb, "workers attached (--max-workers"));
+	/* the 5 attempts took well under a second: one or two lines */
+	lines = log_count(&nb, "workers attached (--max-workers");
+	assert_true(lines >= 1 && lines <= 2);
+	c = w_attach(&nb, KVB_ROLE_D, 0, 1, 0);
+	assert_non_null(c);
+	kvb_detach(c);
+	kvb_detach(a);
+	assert_int_equal(broker_stop(&nb), 0);
+	broker_cleanup(&nb);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -456,6 +515,7 @@ int main(void)
 		cmocka_unit_test(test_open_batch_garbage),
 		cmocka_unit_test(test_still_serving),
 		cmocka_unit_test(test_other_uid),
+		cmocka_unit_test(test_max_workers),
 	};
 
 	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);

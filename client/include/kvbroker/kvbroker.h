@@ -90,10 +90,16 @@ int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 		  uint64_t key, struct kvb_region *out);
 
 /*
- * Register memory the worker already holds as a shareable fd (memfd, shm):
- * `size` bytes at `fd_offset`. The fd is duplicated to the broker; the caller
- * keeps its own. out->addr is NULL (map it yourself). Returns 0 or -errno.
- * Thread-safe.
+ * Register memory the worker already holds as a memfd: `size` bytes at
+ * `fd_offset` (a multiple of 4096), all inside the file. The fd is
+ * duplicated to the broker; the caller keeps its own. The broker maps the
+ * file and must not find it shorter later, so it takes only files sealed
+ * against shrinking: the library adds F_SEAL_SHRINK to the file where it
+ * can (a memfd created with MFD_ALLOW_SEALING; the seal is permanent: the
+ * file can grow, never shrink). out->addr is NULL (map it yourself).
+ * Returns 0, -EINVAL (bad arguments, not a regular file, region past the
+ * end of the file), -EPERM (the file cannot be sealed: a memfd without
+ * MFD_ALLOW_SEALING, a shm_open() file), -EPIPE, or -errno. Thread-safe.
  */
 int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
 			uint64_t size, uint32_t flags, uint64_t key,
