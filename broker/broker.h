@@ -38,6 +38,7 @@ struct kvb_worker {
 	uint32_t ovf_len, ovf_cap;
 	uint8_t cq_dirty;
 	uint32_t refused_logged; /* refusals logged (first few only) */
+	uint32_t seal_logged;	 /* a bad seal count was logged */
 	struct kvb_worker_stats st;
 	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
 	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */

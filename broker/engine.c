@@ -413,7 +413,20 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			return;
 		}
 		if (e->len > UINT32_MAX) {
-			refuse(b, w, e, -EINVAL, "seal count too large");
+			/* only a raw ring writer gets here (the library's
+			 * count is 32 bits): the transfer fails with -EINVAL,
+			 * its one completion carrying the seal's tag */
+			b->st.messages_rejected++;
+			if (!w->seal_logged) {
+				w->seal_logged = 1;
+				log_warn("worker %u: seal of transfer %#x "
+					 "refused: count %llu too large "
+					 "(further ones counted only)",
+					 w->id, e->transfer,
+					 (unsigned long long) e->len);
+			}
+			x->seal_tag = e->tag;
+			kvb_xfer_finish(b, x, -EINVAL);
 			return;
 		}
 		x->sealed = 1;
@@ -450,6 +463,12 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			refuse(b, w, e, -EINVAL, "unknown or ended transfer");
 			return;
 		}
+	}
+	/* kvb_engine_round dequeues a burst only while the table has room for
+	 * it, but a layer op in the same burst may take many entries */
+	if (!b->inf_nfree) {
+		refuse(b, w, e, -ENOBUFS, "in-flight table full");
+		return;
 	}
 	idx = b->inf_free[--b->inf_nfree];
 	f = &b->inf[idx];
@@ -591,12 +610,12 @@ static unsigned reap(struct kvb_broker *b)
 
 unsigned kvb_engine_round(struct kvb_broker *b)
 {
-	struct kvb_sqe sqe[256];
+	struct kvb_sqe sqe[KVB_BURST_MAX];
 	uint32_t nw = b->nlive, burst = b->opt.burst;
 	unsigned work = 0;
 
-	if (burst > 256)
-		burst = 256;
+	if (burst > KVB_BURST_MAX) /* options.c refuses more */
+		burst = KVB_BURST_MAX;
 	for (uint32_t k = 0; k < nw; k++) {
 		struct kvb_worker *w = &b->workers[b->live[(b->rr + k) % nw]];
 		uint32_t n;

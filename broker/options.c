@@ -66,7 +66,8 @@ void kvb_options_usage(FILE *f)
 	      "(default 8192)\n"
 	      "  --max-workers N        (default 256)\n"
 	      "  --burst N              descriptors drained per worker per "
-	      "round (default 64)\n"
+	      "round (default 64,\n"
+	      "                         at most 256)\n"
 	      "  --post-batch-size N    WRs per chain, -1 = all pending "
 	      "(default -1)\n"
 	      "  --transfer-timeout S   seconds a transfer may take (default "
@@ -118,7 +119,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 	long v;
 
 	errno = 0;
-	v = strtol(s, &end, 0);
+	v = strtol(s, &end, 10);
 	if (errno || end == s || *end || v < lo || v > hi)
 		return -EINVAL;
 	*out = v;
@@ -269,10 +270,10 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			o->max_workers = (uint32_t) v;
 			break;
 		case O_BURST:
-			if (parse_int(a, 1, 1024, &v))
+			if (parse_int(a, 1, KVB_BURST_MAX, &v))
 				return fail(err, err_len,
-					    "--burst: bad value '%s' (1..1024)",
-					    a);
+					    "--burst: bad value '%s' (1..%u)",
+					    a, KVB_BURST_MAX);
 			o->burst = (uint32_t) v;
 			break;
 		case O_BATCH:

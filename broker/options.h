@@ -2,6 +2,9 @@
 #ifndef KVB_BROKER_OPTIONS_H
 #define KVB_BROKER_OPTIONS_H
 
+/* --burst: the most descriptors drained from one ring per round */
+#define KVB_BURST_MAX 256u
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -9,6 +9,13 @@
 #include <stdio.h>
 #include <string.h>
 
+/*
+ * Room a per-worker row needs, with what follows it: rows that would not
+ * fit in the reply (KVB_MSG_MAX) are counted (per_worker_omitted), not cut,
+ * so the JSON stays whole however many workers there are.
+ */
+#define ROW_ROOM 512u
+
 struct out {
 	char *buf;
 	size_t cap, len;
@@ -88,7 +95,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	struct out o = {.buf = buf, .cap = cap};
 	uint32_t nw = 0;
 	char lbl[32];
-	unsigned i;
+	unsigned i, omitted = 0;
 
 	uint64_t wlate = b->st.worker_late_wakes_gone;
 
@@ -180,6 +187,10 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 			if (!w->attached)
 				continue;
+			if (o.cap - o.len < ROW_ROOM) {
+				omitted++; /* the reply is full: keep it JSON */
+				continue;
+			}
 			put(&o,
 			    "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_"
 			    "rank\":%u,"
@@ -201,7 +212,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 				    memory_order_relaxed) /
 				    1000);
 		}
-		put(&o, "]}\n");
+		put(&o, "],\"per_worker_omitted\":%u}\n", omitted);
 		return o.len;
 	}
 	put(&o, "transport              %s\n", names);
@@ -251,6 +262,10 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 		if (!w->attached)
 			continue;
+		if (o.cap - o.len < ROW_ROOM) {
+			omitted++;
+			continue;
+		}
 		put(&o,
 		    "%-8u %-7d %-4s %-3u %u/%-3u %12llu %12llu %9llu %14llu\n",
 		    w->id, (int) w->pid, w->role == 1 ? "P" : "D", w->dp_rank,
@@ -260,5 +275,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) w->st.refused,
 		    (unsigned long long) w->st.bytes);
 	}
+	if (omitted)
+		put(&o, "(%u more workers: the reply is full)\n", omitted);
 	return o.len;
 }

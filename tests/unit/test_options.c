@@ -131,7 +131,7 @@ static void test_every_option(void **state)
 		      "--transport", "rdma", "--log-level", "debug",
 		      "--busy-poll-us", "0", "--sq-entries", "1024",
 		      "--cq-entries", "2", "--max-workers", "4096", "--burst",
-		      "1024", "--post-batch-size", "16", "--transfer-timeout",
+		      "256", "--post-batch-size", "16", "--transfer-timeout",
 		      "5", "--defer-timeout", "86400", "--host-ip", "10.0.0.7",
 		      "--notify-port", "1", "--handshake-port", "65535",
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
@@ -147,7 +147,7 @@ static void test_every_option(void **state)
 	assert_int_equal(o.sq_entries, 1024);
 	assert_int_equal(o.cq_entries, 2);
 	assert_int_equal(o.max_workers, 4096);
-	assert_int_equal(o.burst, 1024);
+	assert_int_equal(o.burst, 256);
 	assert_int_equal(o.post_batch_size, 16);
 	assert_int_equal(o.transfer_timeout_ms, 5000);
 	assert_int_equal(o.defer_timeout_ms, 86400000u);
@@ -249,7 +249,9 @@ static void test_bad_numbers(void **state)
 	refused("--max-workers", "--max-workers", "0", NULL);
 	refused("--max-workers", "--max-workers", "4097", NULL);
 	refused("--burst", "--burst", "0", NULL);
-	refused("--burst", "--burst", "1025", NULL);
+	refused("--burst", "--burst", "257", NULL);
+	/* numbers are decimal: no octal, no hex */
+	refused("--burst", "--burst", "0x10", NULL);
 	refused("--post-batch-size", "--post-batch-size", "0", NULL);
 	refused("--post-batch-size", "--post-batch-size", "-2", NULL);
 	refused("--post-batch-size", "--post-batch-size", "65537", NULL);
