@@ -7,7 +7,8 @@
 
 int kvb_kv_geom_check(const struct kvb_kv_geom *g)
 {
-	unsigned __int128 t;
+	uint32_t dim[4];
+	uint64_t t;
 
 	if (g->layout != KVB_KV_LAYOUT_KV_FIRST &&
 	    g->layout != KVB_KV_LAYOUT_BLOCK_FIRST)
@@ -15,10 +16,18 @@ int kvb_kv_geom_check(const struct kvb_kv_geom *g)
 	if (!g->num_blocks || !g->block_size || !g->num_heads || !g->head_dim ||
 	    !g->elem_size)
 		return -EINVAL;
-	t = (unsigned __int128) 2 * g->num_blocks * g->block_size *
-	    g->num_heads * g->head_dim * g->elem_size;
-	if (t > INT64_MAX)
-		return -EINVAL;
+	/* 2 * num_blocks * the rest, each step checked: five 32-bit factors
+	 * can pass 2^128, so no single wide product is safe */
+	dim[0] = g->block_size;
+	dim[1] = g->num_heads;
+	dim[2] = g->head_dim;
+	dim[3] = g->elem_size;
+	t = 2 * (uint64_t) g->num_blocks; /* < 2^33 */
+	for (int i = 0; i < 4; i++) {
+		if (t > (uint64_t) INT64_MAX / dim[i])
+			return -EINVAL;
+		t *= dim[i];
+	}
 	return 0;
 }
 

@@ -38,6 +38,24 @@ static void test_geom(void **state)
 	g.num_blocks = UINT32_MAX;
 	g.block_size = UINT32_MAX;
 	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+	/* every dimension 2^31: the product (2^156) wraps even 128 bits */
+	g.num_blocks = g.block_size = g.num_heads = g.head_dim = g.elem_size =
+		1u << 31;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+	/* 2 * 2^16 * 2^31 * 2^24 * 2^24 * 2^16 = 2^112: wraps 64 bits */
+	g.num_blocks = 1u << 16;
+	g.block_size = 1u << 31;
+	g.num_heads = g.head_dim = 1u << 24;
+	g.elem_size = 1u << 16;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
+	/* the limit: 2^62 bytes fit, 2^63 do not */
+	g.num_blocks = 1u << 30;
+	g.block_size = g.num_heads = g.head_dim = 1u << 8;
+	g.elem_size = 1u << 7;
+	assert_int_equal(kvb_kv_geom_check(&g), 0);
+	assert_int_equal(kvb_kv_region_len(&g), 1ull << 62);
+	g.elem_size = 1u << 8;
+	assert_int_equal(kvb_kv_geom_check(&g), -EINVAL);
 }
 
 static void test_offsets_kv_first(void **state)
