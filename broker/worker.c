@@ -105,24 +105,41 @@ int kvb_worker_accept(struct kvb_broker *b)
 	return 0;
 }
 
-static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
-		  int status, const int *fds, unsigned nfds);
+/*
+ * Replies echo the request's seq (shm/proto.h). req_seq: the seq of the
+ * request kvb_worker_ctl is answering; peer_seq: per worker slot, the seq of
+ * its last PEER request, which a deferred reply echoes (the library sends
+ * no PEER while one of its PEERs is unanswered).
+ */
+static uint32_t req_seq;
+static uint32_t peer_seq[KVB_WSLOT(~0u) + 1];
 
-void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
-		      int status)
-{
-	reply(w, h, len, status, NULL, 0);
-}
-
-static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
-		  int status, const int *fds, unsigned nfds)
+static void send_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		       int status, const int *fds, unsigned nfds, uint32_t seq)
 {
 	h->magic = KVB_MSG_MAGIC;
 	h->version = KVB_PROTO_VERSION;
 	h->len = (uint32_t) len;
 	h->status = status;
+	h->seq = seq;
+	h->pad = 0;
 	if (kvb_ctl_send(w->sock, h, len, fds, nfds))
 		log_dbg("worker %u: reply failed", w->id);
+}
+
+/* A deferred reply (remote.c): only PEER requests are answered later. */
+void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		      int status)
+{
+	send_reply(w, h, len, status, NULL, 0,
+		   h->type == KVB_MSG_PEER ? peer_seq[KVB_WSLOT(w->id)] : 0);
+}
+
+/* The answer to the request kvb_worker_ctl is handling. */
+static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
+		  int status, const int *fds, unsigned nfds)
+{
+	send_reply(w, h, len, status, fds, nfds, req_seq);
 }
 
 static int hello(struct kvb_broker *b, struct kvb_worker *w,
@@ -434,6 +451,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		       "garbage on the control socket (bad magic or length)");
 		return;
 	}
+	req_seq = m.h.seq; /* echoed by reply() */
 	if (m.h.version != KVB_PROTO_VERSION) {
 		char why[96];
 
@@ -575,6 +593,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_peer_reply rep = {.h.type = KVB_MSG_PEER};
 
 		NEED(struct kvb_msg_peer);
+		peer_seq[KVB_WSLOT(w->id)] = m.h.seq;
 		rc = kvb_remote_peer_req(b, w, &m.peer);
 		if (rc != 1) /* 1: the handshake answers later */
 			reply(w, &rep.h, sizeof(rep), rc, NULL, 0);

@@ -4,12 +4,14 @@
 #include "kvbroker/kvbroker.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 int kvb_default_socket(char *buf, unsigned long len)
@@ -30,11 +32,36 @@ int kvb_default_socket(char *buf, unsigned long len)
 	return n;
 }
 
+int64_t kvb_ctl_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t kvb_ctl_deadline(int timeout_ms)
+{
+	return kvb_ctl_now_ns() +
+	       (timeout_ms > 0 ? (int64_t) timeout_ms * 1000000 : 0);
+}
+
+/* Set a socket timeout (SO_RCVTIMEO / SO_SNDTIMEO) of ns, at least 1 us. */
+static void set_timeo(int fd, int opt, int64_t ns)
+{
+	struct timeval tv;
+
+	if (ns < 1000)
+		ns = 1000;
+	tv.tv_sec = (time_t) (ns / 1000000000);
+	tv.tv_usec = (suseconds_t) (ns % 1000000000 / 1000);
+	setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv));
+}
+
 int kvb_ctl_connect(const char *path, int timeout_ms)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	struct timeval tv = {.tv_sec = timeout_ms / 1000,
-			     .tv_usec = (timeout_ms % 1000) * 1000};
+	int64_t deadline = kvb_ctl_deadline(timeout_ms);
 	int fd, rc;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -43,13 +70,23 @@ int kvb_ctl_connect(const char *path, int timeout_ms)
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
-		rc = -errno;
+	/* for the plain kvb_ctl_send / kvb_ctl_recv (kvbctl, tests) */
+	set_timeo(fd, SO_RCVTIMEO, (int64_t) timeout_ms * 1000000);
+	/* connect waits (a full backlog) up to SO_SNDTIMEO: what is left of
+	 * the deadline, each time a signal interrupts it */
+	for (;;) {
+		set_timeo(fd, SO_SNDTIMEO, deadline - kvb_ctl_now_ns());
+		if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0)
+			break;
+		rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
+		if (rc == -EINTR && kvb_ctl_now_ns() < deadline)
+			continue;
+		if (rc == -EINTR)
+			rc = -ETIMEDOUT;
 		close(fd);
 		return rc;
 	}
+	set_timeo(fd, SO_SNDTIMEO, (int64_t) timeout_ms * 1000000);
 	return fd;
 }
 
@@ -62,8 +99,9 @@ void kvb_msg_init(struct kvb_msg_hdr *h, uint16_t type, uint32_t len)
 	h->len = len;
 }
 
-int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
-		 unsigned nfds)
+/* One sendmsg: 0, -EAGAIN (would block / timed out) or -errno. */
+static int send_once(int sock, const void *msg, size_t len, const int *fds,
+		     unsigned nfds, int flags)
 {
 	char cbuf[CMSG_SPACE(sizeof(int) * KVB_CTL_MAX_FDS)];
 	struct iovec iov = {.iov_base = (void *) msg, .iov_len = len};
@@ -84,15 +122,16 @@ int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
 		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
 		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
 	}
-	do
-		n = sendmsg(sock, &mh, MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	n = sendmsg(sock, &mh, MSG_NOSIGNAL | flags);
 	if (n < 0)
-		return errno == EAGAIN ? -ETIMEDOUT : -errno;
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
 	return (size_t) n == len ? 0 : -EIO;
 }
 
-int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
+/* One recvmsg: the length, -EAGAIN, -EPIPE (EOF), -EMSGSIZE or -errno;
+ * *nfds is set in every case (0 on an error). */
+static int recv_once(int sock, void *buf, size_t cap, int *fds, unsigned *nfds,
+		     int flags)
 {
 	char cbuf[CMSG_SPACE(sizeof(int) * KVB_CTL_MAX_FDS)];
 	struct iovec iov = {.iov_base = buf, .iov_len = cap};
@@ -104,11 +143,11 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 	struct cmsghdr *c;
 	ssize_t n;
 
-	do
-		n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
+	if (nfds)
+		*nfds = 0;
+	n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
 	if (n < 0)
-		return errno == EAGAIN ? -ETIMEDOUT : -errno;
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
 	for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		unsigned k, cnt;
 		int *p = (int *) CMSG_DATA(c);
@@ -138,6 +177,90 @@ int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
 	return (int) n;
 }
 
+int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
+		 unsigned nfds)
+{
+	int rc;
+
+	do
+		rc = send_once(sock, msg, len, fds, nfds, 0);
+	while (rc == -EINTR);
+	return rc == -EAGAIN ? -ETIMEDOUT : rc;
+}
+
+int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds)
+{
+	unsigned room = nfds ? *nfds : 0;
+	int rc;
+
+	for (;;) {
+		if (nfds)
+			*nfds = room;
+		rc = recv_once(sock, buf, cap, fds, nfds, 0);
+		if (rc != -EINTR)
+			break;
+	}
+	return rc == -EAGAIN ? -ETIMEDOUT : rc;
+}
+
+/* Wait for `events` on sock until the deadline: 0 (ready, or hung up: the
+ * next call says which), -ETIMEDOUT or -errno. Signals shorten no wait and
+ * lengthen none. */
+static int wait_until(int sock, short events, int64_t deadline)
+{
+	for (;;) {
+		struct pollfd p = {.fd = sock, .events = events};
+		int64_t left = deadline - kvb_ctl_now_ns();
+		int rc;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		left = (left + 999999) / 1000000;
+		rc = poll(&p, 1, left > INT_MAX ? INT_MAX : (int) left);
+		if (rc > 0)
+			return 0;
+		if (rc < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+int kvb_ctl_send_by(int sock, const void *msg, size_t len, const int *fds,
+		    unsigned nfds, int64_t deadline)
+{
+	for (;;) {
+		int rc = send_once(sock, msg, len, fds, nfds, MSG_DONTWAIT);
+
+		if (rc == -EINTR)
+			continue;
+		if (rc != -EAGAIN)
+			return rc;
+		rc = wait_until(sock, POLLOUT, deadline);
+		if (rc)
+			return rc;
+	}
+}
+
+int kvb_ctl_recv_by(int sock, void *buf, size_t cap, int *fds, unsigned *nfds,
+		    int64_t deadline)
+{
+	unsigned room = nfds ? *nfds : 0;
+
+	for (;;) {
+		int rc;
+
+		if (nfds)
+			*nfds = room;
+		rc = recv_once(sock, buf, cap, fds, nfds, MSG_DONTWAIT);
+		if (rc == -EINTR)
+			continue;
+		if (rc != -EAGAIN)
+			return rc;
+		rc = wait_until(sock, POLLIN, deadline);
+		if (rc)
+			return rc;
+	}
+}
+
 int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
 			size_t min_len)
 {
@@ -156,6 +279,7 @@ int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 		  int timeout_ms)
 {
 	struct kvb_msg_stats req;
+	int64_t deadline;
 	size_t len;
 	char *msg;
 	int fd, n;
@@ -166,16 +290,18 @@ int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 	msg = malloc(KVB_MSG_MAX + 1);
 	if (!msg)
 		return -ENOMEM;
+	deadline = kvb_ctl_deadline(timeout_ms);
 	fd = kvb_ctl_connect(socket_path, timeout_ms);
 	if (fd < 0) {
 		free(msg);
 		return fd;
 	}
 	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
+	req.h.seq = 1;
 	req.json = json ? 1 : 0;
-	n = kvb_ctl_send(fd, &req, sizeof(req), NULL, 0);
+	n = kvb_ctl_send_by(fd, &req, sizeof(req), NULL, 0, deadline);
 	if (!n)
-		n = kvb_ctl_recv(fd, msg, KVB_MSG_MAX, NULL, NULL);
+		n = kvb_ctl_recv_by(fd, msg, KVB_MSG_MAX, NULL, NULL, deadline);
 	close(fd);
 	if (n >= 0) {
 		int rc = kvb_ctl_check_reply((const struct kvb_msg_hdr *) msg,
@@ -212,15 +338,15 @@ const char *kvb_strerror(int status)
 	case -ENXIO:
 		return "region's owner is gone";
 	case -ETIMEDOUT:
-		return "transfer timed out";
+		return "timed out";
 	case -ECANCELED:
 		return "transfer aborted";
 	case -EPIPE:
 		return "broker is gone";
 	case -ESTALE:
 		return "transfer already ended";
-	case -EALREADY:
-		return "duplicate write for this layer";
+	case -EEXIST:
+		return "already there (a layer submitted or declared twice)";
 	default:
 		return strerror(-status);
 	}

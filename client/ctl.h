@@ -21,8 +21,26 @@ int kvb_ctl_send(int sock, const void *msg, size_t len, const int *fds,
 /*
  * Receive one message; *nfds in: room in fds, out: fds received. Returns the
  * message length, -EPIPE on EOF, -ETIMEDOUT, -EMSGSIZE or -errno.
+ * kvb_ctl_send and kvb_ctl_recv wait as the socket says (SO_SNDTIMEO /
+ * SO_RCVTIMEO, set by kvb_ctl_connect; not at all on a non-blocking one),
+ * and a signal restarts that wait: the client library uses the _by forms.
  */
 int kvb_ctl_recv(int sock, void *buf, size_t cap, int *fds, unsigned *nfds);
+
+/* CLOCK_MONOTONIC in ns: the clock of the deadlines below. */
+int64_t kvb_ctl_now_ns(void);
+/* A deadline timeout_ms from now (timeout_ms <= 0: now). */
+int64_t kvb_ctl_deadline(int timeout_ms);
+/*
+ * kvb_ctl_send / kvb_ctl_recv that give up at `deadline` (kvb_ctl_now_ns's
+ * clock) with -ETIMEDOUT, whatever the socket's timeouts and however many
+ * signals interrupt them; a deadline already past still sends or receives
+ * what can go without waiting.
+ */
+int kvb_ctl_send_by(int sock, const void *msg, size_t len, const int *fds,
+		    unsigned nfds, int64_t deadline);
+int kvb_ctl_recv_by(int sock, void *buf, size_t cap, int *fds, unsigned *nfds,
+		    int64_t deadline);
 /* Check a reply's header against the request type; 0 or the status. */
 int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
 			size_t min_len);

@@ -35,6 +35,14 @@
 #define WAIT_SPIN_MIN_NS 1000
 #define WAIT_SPIN_PROBE	 16u
 
+/* Room for any reply to a ctl_call request (the largest: OPEN_BATCH's). */
+#define CTL_RX_MAX 1024u
+_Static_assert(sizeof(struct kvb_msg_open_batch_reply) +
+			       KVB_OPEN_BATCH_MAX *
+				       sizeof(struct kvb_open_result) <=
+		       CTL_RX_MAX,
+	       "CTL_RX_MAX holds every reply");
+
 struct kvb_ctx {
 	int sock;
 	int broker_efd;
@@ -51,6 +59,19 @@ struct kvb_ctx {
 	void *seg_mem;
 	size_t seg_size;
 	pthread_mutex_t ctl_lock;
+	/* under ctl_lock: the last request's number (shm/proto.h), the
+	 * number of a PEER request still unanswered (0: none), and where
+	 * replies are received */
+	uint32_t seq;
+	uint32_t peer_seq;
+	union {
+		struct kvb_msg_hdr h;
+		char raw[CTL_RX_MAX];
+	} rx;
+	/* requests whose replies nobody waits for any more: read (and
+	 * dropped) by the next control call, or by kvb_wait / kvb_poll;
+	 * atomic, a hint */
+	unsigned strays;
 };
 
 uint32_t kvb_worker_id(const struct kvb_ctx *ctx)
@@ -66,21 +87,131 @@ static int64_t now_ns(void)
 	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* One request/reply on the control socket, serialised by ctl_lock. */
+/* The next request number: never 0. Under ctl_lock. */
+static uint32_t next_seq(struct kvb_ctx *ctx)
+{
+	if (++ctx->seq == 0)
+		ctx->seq = 1;
+	return ctx->seq;
+}
+
+/* Take ctl_lock by the deadline (now_ns's clock): 0 or -ETIMEDOUT. */
+static int ctl_lock_by(struct kvb_ctx *ctx, int64_t deadline)
+{
+	struct timespec ts = {.tv_sec = (time_t) (deadline / 1000000000),
+			      .tv_nsec = (long) (deadline % 1000000000)};
+	int rc = pthread_mutex_clocklock(&ctx->ctl_lock, CLOCK_MONOTONIC, &ts);
+
+	return rc == ETIMEDOUT ? -ETIMEDOUT : -rc;
+}
+
+/*
+ * The reply to a request nobody waits for any more (its call returned
+ * -ETIMEDOUT), now in ctx->rx, n bytes. A region registered that late is
+ * freed again (its caller was told it failed): a DEREG whose own reply is
+ * one more of these. Under ctl_lock.
+ */
+static void stray(struct kvb_ctx *ctx, int n, int64_t deadline)
+{
+	const struct kvb_msg_mem_reply *mr = (const void *) ctx->rx.raw;
+	const struct kvb_msg_hdr *h = &ctx->rx.h;
+
+	if (__atomic_load_n(&ctx->strays, __ATOMIC_RELAXED))
+		__atomic_fetch_sub(&ctx->strays, 1, __ATOMIC_RELAXED);
+	if (h->type == KVB_MSG_PEER && h->seq == ctx->peer_seq)
+		ctx->peer_seq = 0;
+	if (h->type == KVB_MSG_MEM_REG && h->status == 0 &&
+	    n == (int) sizeof(*mr)) {
+		struct kvb_msg_mem_dereg d;
+
+		kvb_msg_init(&d.h, KVB_MSG_MEM_DEREG, sizeof(d));
+		d.h.seq = next_seq(ctx);
+		d.region = mr->region;
+		if (!kvb_ctl_send_by(ctx->sock, &d, sizeof(d), NULL, 0,
+				     deadline))
+			__atomic_fetch_add(&ctx->strays, 1, __ATOMIC_RELAXED);
+	}
+}
+
+/*
+ * Receive one message into ctx->rx by the deadline: its length, or -errno.
+ * Replies carry no fds after HELLO: any are closed. A message too short
+ * for a header, or of another magic or version, is -EPROTO. Under ctl_lock.
+ */
+static int ctl_read(struct kvb_ctx *ctx, int64_t deadline)
+{
+	int fds[KVB_CTL_MAX_FDS];
+	unsigned nfds = KVB_CTL_MAX_FDS;
+	int n;
+
+	n = kvb_ctl_recv_by(ctx->sock, ctx->rx.raw, sizeof(ctx->rx), fds, &nfds,
+			    deadline);
+	while (nfds)
+		close(fds[--nfds]);
+	if (n >= 0 &&
+	    (n < (int) sizeof(ctx->rx.h) || ctx->rx.h.magic != KVB_MSG_MAGIC ||
+	     ctx->rx.h.version != KVB_PROTO_VERSION))
+		return -EPROTO;
+	return n;
+}
+
+/*
+ * One request/reply on the control socket, serialised by ctl_lock, all of
+ * it (the lock, the send, the reply) within ctx->timeout_ms. The reply is
+ * the message that echoes the request's number; replies to calls that gave
+ * up earlier are dropped on the way (stray()).
+ */
 static int ctl_call(struct kvb_ctx *ctx, struct kvb_msg_hdr *req,
 		    const int *fds, unsigned nfds, void *reply, size_t cap,
 		    size_t min_len)
 {
-	int rc;
+	int64_t deadline = kvb_ctl_deadline(ctx->timeout_ms);
+	int rc, n;
 
 	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 		return -EPIPE;
-	pthread_mutex_lock(&ctx->ctl_lock);
-	rc = kvb_ctl_send(ctx->sock, req, req->len, fds, nfds);
+	rc = ctl_lock_by(ctx, deadline);
+	if (rc)
+		return rc;
+	/* one PEER unanswered at a time (shm/proto.h): wait for the last
+	 * one's reply before sending another */
+	while (!rc && req->type == KVB_MSG_PEER && ctx->peer_seq) {
+		n = ctl_read(ctx, deadline);
+		if (n < 0)
+			rc = n;
+		else
+			stray(ctx, n, deadline);
+	}
+	/* no time left (the lock took it): a request sent now would only
+	 * come back as a late reply */
+	if (!rc && kvb_ctl_now_ns() >= deadline)
+		rc = -ETIMEDOUT;
 	if (!rc) {
-		rc = kvb_ctl_recv(ctx->sock, reply, cap, NULL, NULL);
-		if (rc >= 0)
-			rc = kvb_ctl_check_reply(reply, rc, req->type, min_len);
+		req->seq = next_seq(ctx);
+		rc = kvb_ctl_send_by(ctx->sock, req, req->len, fds, nfds,
+				     deadline);
+	}
+	while (!rc) {
+		n = ctl_read(ctx, deadline);
+		if (n == -ETIMEDOUT) {
+			/* sent, not answered: its reply comes later */
+			__atomic_fetch_add(&ctx->strays, 1, __ATOMIC_RELAXED);
+			if (req->type == KVB_MSG_PEER)
+				ctx->peer_seq = req->seq;
+		}
+		if (n < 0) {
+			rc = n;
+		} else if (ctx->rx.h.seq != req->seq) {
+			stray(ctx, n, deadline);
+		} else {
+			rc = (size_t) n > cap ? -EPROTO : 0;
+			if (!rc) {
+				memcpy(reply, ctx->rx.raw, (size_t) n);
+				rc = kvb_ctl_check_reply(reply, n, req->type,
+							 min_len);
+			}
+			break;
+		}
 	}
 	pthread_mutex_unlock(&ctx->ctl_lock);
 	if (rc == -EPIPE || rc == -ECONNRESET)
@@ -88,18 +219,45 @@ static int ctl_call(struct kvb_ctx *ctx, struct kvb_msg_hdr *req,
 	return rc == -ECONNRESET ? -EPIPE : rc;
 }
 
+/*
+ * Drop the replies of calls that gave up, without waiting, unless a control
+ * call is in progress (it reads them itself). Returns 1 when the socket
+ * holds no such reply now, 0 when it may.
+ */
+static int drain_strays(struct kvb_ctx *ctx)
+{
+	if (!__atomic_load_n(&ctx->strays, __ATOMIC_RELAXED))
+		return 1;
+	if (pthread_mutex_trylock(&ctx->ctl_lock))
+		return 0;
+	for (;;) {
+		int n = ctl_read(ctx, 0);
+
+		if (n == -EPIPE || n == -ECONNRESET)
+			__atomic_store_n(&ctx->dead, 1, __ATOMIC_RELAXED);
+		if (n == -EPROTO)
+			continue; /* not ours to answer: dropped too */
+		if (n < 0)
+			break;
+		stray(ctx, n, 0);
+	}
+	pthread_mutex_unlock(&ctx->ctl_lock);
+	return 1;
+}
+
 /* A non-blocking look at the socket: has the broker hung up? */
 static int broker_alive(struct kvb_ctx *ctx)
 {
-	struct pollfd p = {.fd = ctx->sock, .events = POLLIN};
+	struct pollfd p = {.fd = ctx->sock, .events = 0};
 
 	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 		return 0;
+	drain_strays(ctx);
 	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR))) {
 		__atomic_store_n(&ctx->dead, 1, __ATOMIC_RELAXED);
 		return 0;
 	}
-	return 1;
+	return !__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED);
 }
 
 int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
@@ -110,6 +268,7 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	int fds[3] = {-1, -1, -1};
 	unsigned nfds = 3;
 	struct kvb_ctx *ctx;
+	int64_t deadline;
 	int rc;
 
 	if (!o || !out || (o->role != KVB_ROLE_P && o->role != KVB_ROLE_D) ||
@@ -131,6 +290,7 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	ctx->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
 	ctx->spin_ns = WAIT_SPIN_MAX_NS;
 	pthread_mutex_init(&ctx->ctl_lock, NULL);
+	deadline = kvb_ctl_deadline(ctx->timeout_ms);
 	rc = kvb_ctl_connect(path, ctx->timeout_ms);
 	if (rc < 0)
 		goto err_free;
@@ -144,13 +304,17 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	req.pid = (uint32_t) getpid();
 	req.sq_entries = o->sq_entries;
 	req.cq_entries = o->cq_entries;
-	rc = kvb_ctl_send(ctx->sock, &req, sizeof(req), NULL, 0);
+	req.h.seq = next_seq(ctx);
+	rc = kvb_ctl_send_by(ctx->sock, &req, sizeof(req), NULL, 0, deadline);
 	if (rc)
 		goto err_sock;
-	rc = kvb_ctl_recv(ctx->sock, &rep, sizeof(rep), fds, &nfds);
+	rc = kvb_ctl_recv_by(ctx->sock, &rep, sizeof(rep), fds, &nfds,
+			     deadline);
 	if (rc < 0)
 		goto err_sock;
 	rc = kvb_ctl_check_reply(&rep.h, rc, KVB_MSG_HELLO, sizeof(rep));
+	if (!rc && rep.h.seq != req.h.seq)
+		rc = -EPROTO;
 	if (rc)
 		goto err_fds;
 	if (nfds != 3 || rep.seg_size == 0 || rep.seg_size > (1ull << 32)) {
@@ -510,8 +674,9 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *id,
 		return -EINVAL;
 	n = strlen(id);
 	nb = x->nblocks;
-	nr = x->remote_blocks ? x->nremote : 0;
-	if (n == 0 || n > KVB_XFER_ID_MAX || (nb && !x->blocks))
+	nr = x->nremote;
+	if (n == 0 || n > KVB_XFER_ID_MAX || (nb && !x->blocks) ||
+	    (nr && !x->remote_blocks))
 		return -EINVAL;
 	len = sizeof(*req) + ((size_t) nb + nr) * sizeof(uint32_t);
 	if (len > KVB_MSG_MAX)
@@ -754,8 +919,11 @@ int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 	budget = ++ctx->waits % WAIT_SPIN_PROBE == 0 ? WAIT_SPIN_MAX_NS
 						     : ctx->spin_ns;
 	for (;;) {
+		/* the control socket: for the broker hanging up (POLLHUP),
+		 * and for replies nobody waits for, when they are ours to
+		 * drop (never for a call in progress: spinning on it) */
 		struct pollfd p[2] = {{.fd = ctx->worker_efd, .events = POLLIN},
-				      {.fd = ctx->sock, .events = POLLIN}};
+				      {.fd = ctx->sock, .events = 0}};
 		uint32_t want;
 		int ms, rc;
 
@@ -797,6 +965,9 @@ int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 					      memory_order_relaxed);
 			continue;
 		}
+		if (drain_strays(ctx) &&
+		    __atomic_load_n(&ctx->strays, __ATOMIC_RELAXED))
+			p[1].events = POLLIN;
 		ms = deadline == INT64_MAX
 			     ? 1000
 			     : (int) ((deadline - now + 999999) / 1000000);

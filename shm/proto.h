@@ -4,7 +4,15 @@
  * per packet, file descriptors with SCM_RIGHTS). Slow path only: attach,
  * memory registration, transfer-id interning, stats. Every request starts
  * with struct kvb_msg_hdr and gets exactly one reply of the same type with
- * `status` set (0 or -errno).
+ * `status` set (0 or -errno) and the request's `seq` echoed.
+ *
+ * Replies can come late: a client that gave up waiting (its timeout) keeps
+ * its connection, and the broker answers a PEER request only when the
+ * handshake ends (seconds later). `seq` tells a late reply from the answer
+ * the client waits for: the library numbers its requests (never 0) and
+ * discards a reply of another number. The broker answers a worker's PEER
+ * requests, deferred, with the number of the last one the worker sent: the
+ * library sends no PEER while one of its PEERs is unanswered.
  */
 #ifndef KVB_SHM_PROTO_H
 #define KVB_SHM_PROTO_H
@@ -12,7 +20,7 @@
 #include <stdint.h>
 
 #define KVB_MSG_MAGIC	  0x4b56424du /* "KVBM" */
-#define KVB_PROTO_VERSION 1u
+#define KVB_PROTO_VERSION 2u	      /* 2: seq in the header */
 #define KVB_MSG_MAX	  65536u
 #define KVB_XFER_ID_MAX	  255u
 
@@ -36,6 +44,8 @@ struct kvb_msg_hdr {
 	uint16_t type;
 	uint32_t len;	/* whole message, header included */
 	int32_t status; /* replies: 0 or -errno */
+	uint32_t seq;	/* requests: the sender's number; replies: echoed */
+	uint32_t pad;
 };
 
 struct kvb_msg_hello {

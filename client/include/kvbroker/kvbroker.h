@@ -11,9 +11,22 @@
  * Conventions: every function returns 0, a count, or -errno. A context is
  * used by one submitting thread and one completing thread at a time (they may
  * be different threads); control calls (memory, transfers) are serialised
- * internally and may be called from any thread. After the broker goes away,
- * every call returns -EPIPE promptly (completions already delivered can still
- * be polled).
+ * internally and may be called from any thread.
+ *
+ * Control calls end within the context's timeout_ms, all of it (waiting for
+ * another thread's control call, sending, the reply), however often signals
+ * interrupt them. One that returns -ETIMEDOUT may still be carried out by
+ * the broker: its late reply is dropped when it comes (never taken for a
+ * later call's), and a region it registered is then freed again; a transfer
+ * it opened stays open unknown to the caller (until --transfer-timeout
+ * ends it), a peer it connected stays known to the broker.
+ *
+ * After the broker goes away: control calls and kvb_wait return -EPIPE at
+ * once (kvb_wait sees the hang-up when it sleeps, within ~20 us); kvb_poll
+ * returns -EPIPE within 256 calls that find nothing; submissions (which
+ * make no system call) return -EPIPE once one of those has seen it, or when
+ * the ring is full; before that they queue descriptors that never complete.
+ * Completions already delivered can still be polled.
  */
 #ifndef KVBROKER_H
 #define KVBROKER_H
@@ -84,7 +97,7 @@ struct kvb_region {
  * The mapping asks for transparent huge pages (MADV_HUGEPAGE): the kernel
  * backs it with 2 MiB pages where /sys/kernel/mm/transparent_hugepage/
  * shmem_enabled is `advise` or `always` (not under Debian's default
- * `never`). Returns 0, -EINVAL, -ENOMEM, -EPIPE. Thread-safe.
+ * `never`). Returns 0, -EINVAL, -ENOMEM, -ETIMEDOUT, -EPIPE. Thread-safe.
  */
 int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 		  uint64_t key, struct kvb_region *out);
@@ -239,6 +252,11 @@ int kvb_mem_set_kv(struct kvb_ctx *ctx, uint32_t region, uint32_t layer,
  * -EHOSTUNREACH / -ETIMEDOUT (no answer), -EPROTONOSUPPORT (other version),
  * -EACCES (not in --trusted-hosts, either side), -ENOTCONN (the broker has
  * no --host-ip), -EPIPE. Thread-safe.
+ *
+ * The broker answers when the handshake ends: up to 3 s for a peer that does
+ * not answer. A call whose timeout_ms ran out before that (-ETIMEDOUT) leaves
+ * the handshake going; the next kvb_peer_connect on this context first waits
+ * for it to end (within its own timeout_ms) and only then asks.
  */
 int kvb_peer_connect(struct kvb_ctx *ctx, const char *host, uint16_t port,
 		     uint32_t *peer);
@@ -289,8 +307,10 @@ struct kvb_remote_xfer {
  *
  * A transfer that cannot finish fails within --transfer-timeout (or the
  * defer timeout) with a status; none stays pending. Returns 0 with *handle,
- * -EINVAL, -ENOENT (unknown peer), -ESTALE (the id ended already),
- * -ENOSPC, -EPIPE. Thread-safe.
+ * -EINVAL (also: blocks or remote_blocks NULL with a count), -ENOENT
+ * (unknown peer), -ESTALE (the id ended already), -ENOSPC, -E2BIG (the
+ * block lists, 4 bytes a block, do not fit in one control message: about
+ * 16000 blocks in all), -EPIPE. Thread-safe.
  */
 int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
 			     const struct kvb_remote_xfer *x, uint32_t *handle);
@@ -299,9 +319,10 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
  * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
  * transfer opened with kvb_transfer_open_remote(). Completes as one
  * descriptor (KVB_COMP_DESC with `tag`, status 0 or -errno; KVB_DESC_UNSIGNALED
- * in flags: only on failure). A second submission of the same layer fails
- * with -EEXIST. Returns 1, -EAGAIN (ring full), -EPIPE. Single submitting
- * thread.
+ * in flags: only on failure). A second submission of the same layer is
+ * queued all the same (the call returns 1) and refused by the broker: its
+ * completion has status -EEXIST. Returns 1, -EAGAIN (ring full), -EPIPE.
+ * Single submitting thread.
  */
 int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
 		     uint64_t tag, uint32_t flags);
