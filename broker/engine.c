@@ -553,10 +553,10 @@ static unsigned flush(struct kvb_broker *b)
 			}
 			off += (uint32_t) rc;
 			posted += (uint32_t) rc;
-			if ((unsigned) rc < n) {
-				d->tr->stats.credit_stalls++;
+			/* short: out of credit (the transport counts its own
+			 * credit_stalls, as episodes), or a chain limit */
+			if ((unsigned) rc < n)
 				break;
-			}
 		}
 		if (off < d->n) {
 			memmove(d->ops, d->ops + off,

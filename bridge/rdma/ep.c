@@ -499,8 +499,65 @@ out_ok:
 	return 0;
 }
 
+/*
+ * Keep ep's accepted ops for poll(): the live ones failed with
+ * -ECONNABORTED (their outcome is unknown now), the retired ones with the
+ * status they had. 0 or -ENOMEM.
+ */
+static int ep_orphan_ops(struct kvb_rdma *r, struct kvb_ep *ep)
+{
+	unsigned i, need = 0;
+
+	for (i = 0; i < ep->nqp; i++) {
+		if (!ep->qp[i].qp)
+			continue;
+		kvb_chain_fail_all(&ep->qp[i].ch, -ECONNABORTED);
+		need += kvb_chain_ready(&ep->qp[i].ch);
+	}
+	if (r->orphan_head == r->norphan)
+		r->orphan_head = r->norphan = 0;
+	if (r->norphan + need > r->orphan_cap) {
+		unsigned cap = r->norphan + need + 64;
+		struct kvb_xcqe *n = realloc(r->orphan, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		r->orphan = n;
+		r->orphan_cap = cap;
+	}
+	for (i = 0; i < ep->nqp; i++)
+		if (ep->qp[i].qp)
+			r->norphan += kvb_chain_reap(
+				&ep->qp[i].ch, r->orphan + r->norphan,
+				r->orphan_cap - r->norphan);
+	return 0;
+}
+
+/*
+ * Every op accepted on ep still completes once, through poll() (the
+ * transport contract; the broker's in-flight entries and region references
+ * wait for them). Should the memory for that not be there, the endpoint is
+ * kept (its QPs in error, its chains broken) rather than its ops lost, and
+ * close() ends it.
+ */
 void _kvb_rdma_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
 {
-	if (ep)
-		_kvb_rdma_ep_destroy(to_rdma(t), ep);
+	struct kvb_rdma *r = to_rdma(t);
+
+	if (!ep)
+		return;
+	if (ep_orphan_ops(r, ep)) {
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+		/* no memory: the chains keep the failed cookies, poll()
+		 * reaps them from there; the endpoint stays until close() */
+		for (unsigned i = 0; i < ep->nqp; i++)
+			if (ep->qp[i].qp) {
+				ibv_modify_qp(ep->qp[i].qp, &a, IBV_QP_STATE);
+				_kvb_rdma_ready_push(r, &ep->qp[i]);
+			}
+		ep->state = KVB_RDMA_EP_RESET;
+		return;
+	}
+	_kvb_rdma_ep_destroy(r, ep);
 }

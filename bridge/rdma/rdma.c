@@ -163,6 +163,7 @@ static void rdma_close(struct kvb_transport *t)
 
 	while (r->eps)
 		_kvb_rdma_ep_destroy(r, r->eps);
+	free(r->orphan);
 	ibv_destroy_cq(r->cq);
 	/* Fails (EBUSY) if the broker left regions registered; nothing to do.
 	 */
@@ -284,12 +285,14 @@ static int wc_apply(struct kvb_rdma *r, const struct ibv_wc *wc)
  */
 void _kvb_rdma_cq_drain(struct kvb_rdma *r)
 {
+	/* its own buffer: rdma_poll's batch may still be in r->wc */
+	struct ibv_wc wc[KVB_RDMA_POLL_BATCH];
 	int k, i;
 
-	while ((k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, r->wc)) > 0) {
+	while ((k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, wc)) > 0) {
 		r->base.stats.cqes += (uint64_t) k;
 		for (i = 0; i < k; i++)
-			wc_apply(r, &r->wc[i]);
+			wc_apply(r, &wc[i]);
 	}
 }
 
@@ -394,11 +397,15 @@ static unsigned reap_ready(struct kvb_rdma *r, struct kvb_xcqe *out,
 static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 		     unsigned max)
 {
+	struct kvb_ep *bad[KVB_RDMA_POLL_BATCH];
 	struct kvb_rdma *r = to_rdma(t);
-	unsigned n;
+	unsigned n, nbad;
 	int k, i;
 
-	n = reap_ready(r, out, max);
+	n = 0;
+	while (n < max && r->orphan_head < r->norphan)
+		out[n++] = r->orphan[r->orphan_head++];
+	n += reap_ready(r, out + n, max - n);
 	while (n < max) {
 		k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, r->wc);
 		if (k < 0)
@@ -406,16 +413,29 @@ static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 		if (!k)
 			break;
 		r->base.stats.cqes += (uint64_t) k;
+		/*
+		 * Apply the whole batch before resetting an endpoint whose QP
+		 * failed: the reset drains the CQ and quiesces the endpoint's
+		 * other QPs, and a CQE of this batch not applied yet (another
+		 * endpoint's success, a sibling QP's) would be lost to it.
+		 */
+		nbad = 0;
 		for (i = 0; i < k; i++) {
 			const struct ibv_wc *wc = &r->wc[i];
+			struct kvb_ep *ep;
+			unsigned j;
 
-			/* Fail the rest, reset, wait for the peer. */
-			if (wc_apply(r, wc))
-				_kvb_rdma_ep_usable(
-					r,
-					r->slots[kvb_chain_wr_id_qp(wc->wr_id)]
-						->ep);
+			if (!wc_apply(r, wc))
+				continue;
+			ep = r->slots[kvb_chain_wr_id_qp(wc->wr_id)]->ep;
+			for (j = 0; j < nbad && bad[j] != ep; j++)
+				;
+			if (j == nbad)
+				bad[nbad++] = ep;
 		}
+		/* fail the rest, reset, wait for the peer */
+		for (unsigned j = 0; j < nbad; j++)
+			_kvb_rdma_ep_usable(r, bad[j]);
 		n += reap_ready(r, out + n, max - n);
 	}
 	return (int) n;

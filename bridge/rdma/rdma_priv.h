@@ -63,6 +63,9 @@ struct kvb_rdma {
 	unsigned nready;
 	int time_posts;
 	struct ibv_wc wc[KVB_RDMA_POLL_BATCH];
+	/* completions of disconnected endpoints' ops, handed out by poll() */
+	struct kvb_xcqe *orphan;
+	unsigned norphan, orphan_head, orphan_cap;
 };
 
 #define to_rdma(t) container_of(t, struct kvb_rdma, base)

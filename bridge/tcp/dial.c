@@ -422,6 +422,22 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 	return (int) take;
 }
 
+/*
+ * Is slot idx's WRITE payload still (partly) in the send queue? An honest
+ * server acknowledges a write only after its bytes landed, so an ACK then
+ * is a protocol error: completing the op would let the broker release the
+ * source region while the frame still sends from it.
+ */
+static int slot_unsent(const struct kvb_ep *ep, uint32_t idx)
+{
+	for (const struct tcp_frame *f = ep->tx.head; f; f = f->next)
+		/* seg i is part i + 1: unsent from part - 1 on */
+		for (unsigned i = f->part ? f->part - 1 : 0; i < f->nseg; i++)
+			if (f->seg[i].ref == idx)
+				return 1;
+	return 0;
+}
+
 static int ep_on_recs(struct kvb_ep *ep)
 {
 	struct tcp_rx *rx = &ep->rx;
@@ -444,7 +460,7 @@ static int ep_on_recs(struct kvb_ep *ep)
 		if (!s->used || s->seq != r->seq || s->answered ||
 		    s->opcode != code)
 			return -EPROTO;
-		if (code == KVB_XOP_WRITE ? r->len != 0
+		if (code == KVB_XOP_WRITE ? r->len != 0 || slot_unsent(ep, idx)
 					  : r->len != (r->status ? 0 : s->len))
 			return -EPROTO;
 		s->answered = 1;

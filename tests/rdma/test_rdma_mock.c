@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The rdma transport's completion paths against mock verbs (no device):
+ * this program defines ibv_create_qp / ibv_modify_qp / ibv_destroy_qp,
+ * which take the place of libibverbs' for the transport's code, and a CQ
+ * and post_send of its own behind the inline ibv_poll_cq / ibv_post_send.
+ * A QP moved to the error state "flushes" what it holds, as hardware does.
+ *
+ *  - one CQ batch holds an endpoint's work-completion error and another
+ *    endpoint's success: the error resets its endpoint (which drains the CQ
+ *    and quiesces a sibling QP), and still every op completes exactly once;
+ *  - disconnect() with ops in flight and ops retired but not reaped: each
+ *    completes once through poll(), the in-flight ones -ECONNABORTED.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rdma/rdma_priv.h"
+
+#define MAXQ 16
+
+static struct ibv_context mctx;
+static struct ibv_cq mcq;
+static struct ibv_wc cqes[256]; /* the mock CQ */
+static int ncqe;
+static uint32_t next_qpn = 100;
+static struct posted {
+	struct ibv_qp *qp;
+	uint64_t id[64]; /* wr_ids posted, not completed */
+	int n, err;
+} P[MAXQ];
+static int np;
+
+static struct posted *find(struct ibv_qp *qp)
+{
+	for (int i = 0; i < np; i++)
+		if (P[i].qp == qp)
+			return &P[i];
+	return NULL;
+}
+
+/* Complete the oldest WR posted on P[i] with st. */
+static void cq_push(int i, enum ibv_wc_status st)
+{
+	struct posted *p = &P[i];
+
+	assert_true(p->n > 0);
+	memset(&cqes[ncqe], 0, sizeof(cqes[0]));
+	cqes[ncqe].wr_id = p->id[0];
+	cqes[ncqe].status = st;
+	cqes[ncqe].qp_num = p->qp->qp_num;
+	ncqe++;
+	memmove(p->id, p->id + 1, (size_t) --p->n * sizeof(p->id[0]));
+}
+
+static int mock_poll(struct ibv_cq *c, int num, struct ibv_wc *wc)
+{
+	int k = num < ncqe ? num : ncqe;
+
+	(void) c;
+	memcpy(wc, cqes, (size_t) k * sizeof(*wc));
+	memmove(cqes, cqes + k, (size_t) (ncqe - k) * sizeof(*wc));
+	ncqe -= k;
+	return k;
+}
+
+static int mock_post(struct ibv_qp *qp, struct ibv_send_wr *wr,
+		     struct ibv_send_wr **bad)
+{
+	struct posted *p = find(qp);
+
+	(void) bad;
+	for (; wr; wr = wr->next)
+		p->id[p->n++] = wr->wr_id;
+	return 0;
+}
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
+{
+	struct ibv_qp *qp = calloc(1, sizeof(*qp));
+
+	(void) pd;
+	(void) a;
+	if (!qp || np == MAXQ)
+		return NULL;
+	qp->context = &mctx;
+	qp->qp_num = next_qpn++;
+	P[np++] = (struct posted){.qp = qp};
+	return qp;
+}
+
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
+{
+	struct posted *p = find(qp);
+
+	(void) mask;
+	if (a->qp_state == IBV_QPS_ERR && !p->err) {
+		p->err = 1; /* the hardware flushes what the QP holds */
+		while (p->n)
+			cq_push((int) (p - P), IBV_WC_WR_FLUSH_ERR);
+	}
+	if (a->qp_state == IBV_QPS_RESET)
+		p->err = 0;
+	return 0;
+}
+
+int ibv_destroy_qp(struct ibv_qp *qp)
+{
+	struct posted *p = find(qp);
+
+	if (p)
+		p->qp = NULL;
+	free(qp);
+	return 0;
+}
+
+static struct kvb_rdma *r;
+static struct kvb_transport *t;
+static char lbuf[1 << 16];
+static struct kvb_mr mr = {.id = 1, .addr = lbuf, .len = sizeof(lbuf)};
+
+static int setup(void **state)
+{
+	(void) state;
+	memset(P, 0, sizeof(P));
+	np = 0;
+	ncqe = 0;
+	r = calloc(1, sizeof(*r));
+	assert_non_null(r);
+	t = &r->base;
+	mctx.ops.poll_cq = mock_poll;
+	mctx.ops.post_send = mock_post;
+	mcq.context = &mctx;
+	r->base.ops = &kvb_rdma_ops;
+	r->cq = &mcq;
+	r->cq_size = 1 << 16;
+	r->p.sq_depth = 8;
+	r->p.qp_per_peer = 2;
+	r->p.ib_port = 1;
+	r->dev.max_qp_rd_atom = 16;
+	mr.lkey = 7;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void) state;
+	while (r->eps)
+		_kvb_rdma_ep_destroy(r, r->eps);
+	free(r->orphan);
+	free(r);
+	return 0;
+}
+
+static struct kvb_ep *ready_ep(void)
+{
+	struct kvb_ep *ep;
+
+	assert_int_equal(_kvb_rdma_connect(t, NULL, 0, &ep), 0);
+	ep->state = KVB_RDMA_EP_READY; /* as if the peer's blob came */
+	return ep;
+}
+
+/* n writes never contiguous (one WR each), cookies c0, c0 + 1, ... */
+static void post_n(struct kvb_ep *ep, unsigned n, uint64_t c0)
+{
+	struct kvb_xop op[8];
+
+	assert_true(n <= 8);
+	memset(op, 0, sizeof(op));
+	for (unsigned i = 0; i < n; i++) {
+		op[i].opcode = KVB_XOP_WRITE;
+		op[i].local = &mr;
+		op[i].local_off = i * 8192;
+		op[i].len = 4096;
+		op[i].remote.addr = 0x100000;
+		op[i].remote.rkey = 9;
+		op[i].remote_off = i * 16384;
+		op[i].cookie = c0 + i;
+	}
+	assert_int_equal(t->ops->post(t, ep, op, n), (int) n);
+}
+
+/* poll() until it gives nothing; the cookies' statuses into st[cookie &
+ * 0xff] (each counted in seen[]) */
+static unsigned drain(int32_t *st, unsigned *seen)
+{
+	struct kvb_xcqe out[32];
+	unsigned total = 0;
+
+	for (int round = 0; round < 8; round++) {
+		int n = t->ops->poll(t, out, 32);
+
+		assert_true(n >= 0);
+		for (int i = 0; i < n; i++) {
+			st[out[i].cookie & 0xff] = out[i].status;
+			seen[out[i].cookie & 0xff]++;
+		}
+		total += (unsigned) n;
+	}
+	return total;
+}
+
+static void test_error_and_success_in_one_batch(void **state)
+{
+	struct kvb_ep *a, *b;
+	int32_t st[256];
+	unsigned seen[256] = {0};
+
+	(void) state;
+	a = ready_ep();			   /* P[0], P[1] */
+	b = ready_ep();			   /* P[2], P[3] */
+	post_n(a, 1, 0xa0);		   /* a.qp0 */
+	post_n(a, 2, 0xa1);		   /* a.qp1, round robin */
+	post_n(b, 1, 0xb0);		   /* b.qp0 */
+	cq_push(0, IBV_WC_REM_ACCESS_ERR); /* a.qp0 failed remotely */
+	cq_push(2, IBV_WC_SUCCESS);	   /* b's write landed */
+	assert_int_equal(drain(st, seen), 4);
+	for (unsigned c = 0xa0; c <= 0xa2; c++)
+		assert_int_equal(seen[c], 1);
+	assert_int_equal(seen[0xb0], 1);
+	assert_int_equal(st[0xa0], -EACCES);
+	assert_int_equal(st[0xb0], 0); /* not lost to a's reset */
+	assert_int_equal(b->qp[0].ch.head - b->qp[0].ch.done, 0);
+	assert_int_equal(b->qp[0].ch.credits, 8);
+}
+
+static void test_disconnect_completes_accepted_ops(void **state)
+{
+	struct kvb_ep *a, *b;
+	int32_t st[256];
+	unsigned seen[256] = {0};
+
+	(void) state;
+	a = ready_ep();
+	b = ready_ep();
+	post_n(a, 3, 0xa0); /* one chain on a.qp0 */
+	post_n(b, 2, 0xb0);
+	/* b's first write landed and was retired, not yet handed out */
+	cq_push(2, IBV_WC_SUCCESS);
+	_kvb_rdma_cq_drain(r); /* into its chain, not handed out */
+	assert_int_equal(ncqe, 0);
+	t->ops->disconnect(t, b);
+	t->ops->disconnect(t, a);
+	assert_null(r->eps);
+	assert_int_equal(drain(st, seen), 5);
+	for (unsigned c = 0xa0; c <= 0xa2; c++) {
+		assert_int_equal(seen[c], 1);
+		assert_int_equal(st[c], -ECONNABORTED);
+	}
+	assert_int_equal(seen[0xb0], 1);
+	assert_int_equal(st[0xb0], 0);
+	assert_int_equal(seen[0xb1], 1);
+	assert_int_equal(st[0xb1], -ECONNABORTED);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			test_error_and_success_in_one_batch, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_disconnect_completes_accepted_ops, setup,
+			teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
