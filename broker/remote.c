@@ -62,6 +62,24 @@ void ep_del(struct kvb_broker *b, int fd)
 		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
+int rlog_ok(struct kvb_xnode *rm)
+{
+	uint64_t sec = (uint64_t) (kvb_now_ns() / 1000000000);
+
+	if (sec != rm->log_sec) {
+		if (rm->log_lines > RLOG_BURST)
+			log_warn("cross-node: %u bad-input log lines "
+				 "suppressed",
+				 rm->log_lines - RLOG_BURST);
+		rm->log_sec = sec;
+		rm->log_lines = 0;
+	}
+	if (++rm->log_lines <= RLOG_BURST)
+		return 1;
+	rm->st.logs_suppressed++;
+	return 0;
+}
+
 int trusted(struct kvb_xnode *rm, const char *host)
 {
 	if (!rm->ntrusted)
@@ -74,21 +92,104 @@ int trusted(struct kvb_xnode *rm, const char *host)
 
 struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id)
 {
-	if (!rm || id == 0 || id >= rm->npeers_max ||
-	    rm->peers[id].state == PEER_FREE)
+	uint32_t slot = PEER_SLOT(id);
+
+	if (!rm || slot == 0 || slot >= rm->npeers_max ||
+	    rm->peers[slot].state == PEER_FREE ||
+	    rm->peers[slot].gen != id / MAX_PEERS)
 		return NULL;
-	return &rm->peers[id];
+	return &rm->peers[slot];
 }
 
 uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p)
 {
-	return (uint32_t) (p - rm->peers);
+	return p->gen * MAX_PEERS + (uint32_t) (p - rm->peers);
+}
+
+void peer_ref(struct kvb_peer *p, uint32_t wid)
+{
+	uint32_t k = PEER_REFS;
+
+	for (uint32_t i = 0; i < PEER_REFS; i++) {
+		if (p->refs[i] == wid)
+			return;
+		if (k == PEER_REFS && !kvb_worker_by_id(g_b, p->refs[i]))
+			k = i; /* empty, or a worker that is gone */
+	}
+	if (k < PEER_REFS)
+		p->refs[k] = wid;
+	/* else PEER_REFS live workers hold it already: it is kept anyway */
+}
+
+static int peer_referenced(const struct kvb_peer *p)
+{
+	for (uint32_t i = 0; i < PEER_REFS; i++) {
+		struct kvb_worker *w =
+			p->refs[i] ? kvb_worker_by_id(g_b, p->refs[i]) : NULL;
+
+		if (w && w->attached)
+			return 1;
+	}
+	return 0;
+}
+
+/* The least recently used peer nothing holds, or NULL. */
+static struct kvb_peer *peer_victim(struct kvb_xnode *rm)
+{
+	struct kvb_broker *b = g_b;
+	uint8_t busy[MAX_PEERS] = {0};
+	struct kvb_peer *v = NULL;
+
+	for (uint32_t i = 0; i < b->xfers.nactive; i++) {
+		const struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+		struct kvb_peer *p = x->rx ? peer_get(rm, x->rx->peer) : NULL;
+
+		if (p)
+			busy[p - rm->peers] = 1;
+	}
+	for (uint32_t gi = 1; gi < MAX_GROUPS; gi++) {
+		struct kvb_peer *p = rm->groups[gi].used
+					     ? peer_get(rm, rm->groups[gi].peer)
+					     : NULL;
+
+		if (p)
+			busy[p - rm->peers] = 1;
+	}
+	for (uint32_t i = 1; i < rm->npeers_max; i++) {
+		struct kvb_peer *p = &rm->peers[i];
+
+		if (busy[i] || p->state == PEER_HS || p->nwaiters ||
+		    peer_referenced(p))
+			continue;
+		if (!v || p->last_use < v->last_use)
+			v = p;
+	}
+	return v;
+}
+
+/* Drop an idle peer: its connections, its descriptor; its id dies. */
+static void peer_reclaim(struct kvb_xnode *rm, struct kvb_peer *p)
+{
+	uint32_t gen = p->gen + 1 > PEER_GEN_MAX ? 0 : p->gen + 1;
+
+	rm->st.peers_reclaimed++;
+	if (rlog_ok(rm))
+		log_info("peer %u %s:%u: idle, dropped to make room for "
+			 "another",
+			 peer_id(rm, p), p->host, p->port);
+	close_dealer(g_b, p);
+	peer_disconnect(g_b, p);
+	kvb_hs_fini(&p->desc);
+	memset(p, 0, sizeof(*p));
+	p->gen = gen;
+	p->dealer_fd = -1;
 }
 
 struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 			   uint16_t port, int create)
 {
 	struct kvb_peer *free_p = NULL;
+	uint32_t gen;
 
 	for (uint32_t i = 1; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];
@@ -98,16 +199,27 @@ struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 				free_p = p;
 			continue;
 		}
-		if (p->port == port && !strcmp(p->host, host))
+		if (p->port == port && !strcmp(p->host, host)) {
+			p->last_use = ++rm->tick;
 			return p;
+		}
 	}
-	if (!create || !free_p)
+	if (!create)
 		return NULL;
+	if (!free_p) {
+		free_p = peer_victim(rm);
+		if (!free_p)
+			return NULL;
+		peer_reclaim(rm, free_p);
+	}
+	gen = free_p->gen;
 	memset(free_p, 0, sizeof(*free_p));
+	free_p->gen = gen;
 	snprintf(free_p->host, sizeof(free_p->host), "%s", host);
 	free_p->port = port;
 	free_p->dealer_fd = -1;
 	free_p->state = PEER_FAILED; /* no handshake yet */
+	free_p->last_use = ++rm->tick;
 	return free_p;
 }
 
@@ -170,22 +282,37 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 {
 	int rc = -ENOTCONN;
 
+	/* a failed kvb_notify_send() is counted and logged (rate-limited)
+	 * by the endpoint itself */
 	if (w && w->notify)
-		rc = kvb_notify_send(w->notify, host, port, m);
-	if (rc) {
-		b->rm->st.send_errors++;
+		return kvb_notify_send(w->notify, host, port, m);
+	b->rm->st.send_errors++;
+	if (rlog_ok(b->rm))
 		log_warn("worker %u: cannot send %s for '%s' to %s:%u: %s",
 			 w ? w->id : 0, kvb_zmsg_type_name(m->type),
 			 m->transfer_id, host, port, strerror(-rc));
-	}
 	return rc;
 }
 
 /* ------------------------------------------------------------------ */
 /* transfers */
 
+void rx_opened(struct kvb_rxfer *rx)
+{
+	struct kvb_xnode *rm = g_b ? g_b->rm : NULL;
+
+	if (!rx->unopened)
+		return;
+	rx->unopened = 0;
+	if (!rm)
+		return;
+	rm->nunopened--;
+	rm->unopened_ids -= rx->nrb;
+}
+
 void rx_free(struct kvb_rxfer *rx)
 {
+	rx_opened(rx);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -236,8 +363,16 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 	snprintf(m.req_id, sizeof(m.req_id), "%s", x->id);
 	m.decode_rank = w->dp_rank;
 	rc = kvb_zmsg_set_blocks(&m, rx->lb, rx->nlb);
-	if (rc)
+	if (!rc)
+		rc = kvb_zmsg_check(&m); /* what no peer would take */
+	if (rc) {
+		log_warn("transfer '%s': cannot announce its blocks (ids up to "
+			 "%u, at most %u of them): %s",
+			 x->id, (unsigned) KVB_ZMSG_BLOCK_MAX,
+			 KVB_ZMSG_BLOCKS_MAX, strerror(-rc));
+		kvb_zmsg_fini(&m);
 		return rc;
+	}
 	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
 		const struct kvb_hs_worker *hw = &p->desc.workers[i];
 		int port;
@@ -329,6 +464,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_xfer_end(&b->xfers, x);
 		return -EINVAL;
 	}
+	rx_opened(rx);
 	rx->peer = m->peer;
 	rx->role = (uint8_t) w->role;
 	rx->mode = (uint8_t) m->mode;

@@ -341,8 +341,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			op.len = ents[i].len;
 			op.cookie = idx;
 			{
-				uint32_t di =
-					ts * b->opt.max_workers + rx->peer;
+				uint32_t di = ts * b->opt.max_workers +
+					      PEER_SLOT(rx->peer);
 
 				b->dests[di].tr = b->trs[ts];
 				b->dests[di].ep = p->ep[ts];

@@ -33,9 +33,11 @@
 static int reject(struct kvb_broker *b, struct kvb_worker *w,
 		  const struct kvb_zmsg *m, int rc, const char *why)
 {
+	/* counted and logged once, rate-limited, by the notify endpoint
+	 * that called on_notify (messages_rejected) */
+	(void) m;
 	b->rm->st.rejected++;
-	log_warn("worker %u: %s for '%s' rejected: %s", w->id,
-		 kvb_zmsg_type_name(m->type), m->transfer_id, why);
+	kvb_notify_reject_why(w->notify, why);
 	return rc;
 }
 
@@ -63,8 +65,14 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 				      const struct kvb_zmsg *m, uint8_t role,
 				      uint32_t timeout_ms, int *err)
 {
+	struct kvb_xnode *rm = b->rm;
 	struct kvb_xfer *x;
 
+	/* anyone may send to a notify port: keep room for workers' opens */
+	if (rm->nunopened >= UNOPENED_MAX) {
+		*err = -ENOSPC;
+		return NULL;
+	}
 	x = kvb_xfer_open(&b->xfers, w->id, m->transfer_id,
 			  strlen(m->transfer_id),
 			  kvb_now_ns() + (int64_t) timeout_ms * 1000000, err);
@@ -78,6 +86,8 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 	}
 	x->rx->role = role;
 	x->rx->mode = KVB_XFER_WRITE;
+	x->rx->unopened = 1;
+	rm->nunopened++;
 	return x;
 }
 
@@ -94,12 +104,21 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
 	if (!x) { /* before P opened it: keep the blocks until it does */
+		if (m->nblocks > UNOPENED_IDS ||
+		    b->rm->unopened_ids + m->nblocks > UNOPENED_IDS_ALL)
+			return reject(b, w, m, -ENOSPC,
+				      "too many block ids for a transfer not "
+				      "opened yet");
 		x = unopened_xfer(b, w, m, KVB_ROLE_P, b->opt.defer_timeout_ms,
 				  &err);
 		if (!x)
 			return err == -ENOMEM ? err
-					      : reject(b, w, m, err,
-						       "transfer table full");
+			       : err == -ENOSPC
+				       ? reject(b, w, m, err,
+						"too many transfers not opened "
+						"yet")
+				       : reject(b, w, m, err,
+						"transfer table full");
 	}
 	rx = x->rx;
 	if (!rx)
@@ -143,6 +162,8 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 	if (!rx->rb)
 		return -ENOMEM;
 	rx->nrb = m->nblocks;
+	if (rx->unopened)
+		b->rm->unopened_ids += rx->nrb;
 	rx->remote_dp = m->decode_rank;
 	rx->have_rblocks = 1;
 	if (x->opened && rx->ndef)
@@ -211,8 +232,12 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 				  b->opt.transfer_timeout_ms, &err);
 		if (!x)
 			return err == -ENOMEM ? err
-					      : reject(b, w, m, err,
-						       "transfer table full");
+			       : err == -ENOSPC
+				       ? reject(b, w, m, err,
+						"too many transfers not opened "
+						"yet")
+				       : reject(b, w, m, err,
+						"transfer table full");
 	}
 	if (!x->rx)
 		return reject(b, w, m, -ENOENT,
@@ -278,6 +303,7 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
 	b->rm->st.notify_rejected_closed += st.messages_rejected;
 	b->rm->st.notify_received_closed += st.messages_received;
 	b->rm->st.notify_sent_closed += st.messages_sent;
+	b->rm->st.send_errors_closed += st.send_errors;
 	kvb_notify_close(w->notify);
 	w->notify = NULL;
 }

@@ -134,7 +134,8 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 
 void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status)
 {
-	struct kvb_dest *d = &b->dests[ts * b->opt.max_workers + pid];
+	struct kvb_dest *d =
+		&b->dests[ts * b->opt.max_workers + PEER_SLOT(pid)];
 
 	for (uint32_t i = 0; i < d->n; i++)
 		kvb_complete_inflight(b, (uint32_t) d->ops[i].cookie, status);
@@ -218,6 +219,8 @@ void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status)
 		if (!w || !w->attached)
 			continue;
 		rep.peer = status ? 0 : peer_id(b->rm, p);
+		if (!status)
+			peer_ref(p, w->id);
 		kvb_worker_reply(w, &rep.h, sizeof(rep), status);
 	}
 	p->nwaiters = 0;
@@ -468,11 +471,17 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 	hs_reply(b->rm->router, id, rc, "rdma endpoint refused", 21);
 }
 
-/* Read one multipart message (at most `max` frames); -EAGAIN if none. */
+/*
+ * Read one multipart message, keeping at most `max` frames in f: 0, -EAGAIN
+ * if none, -EBADMSG when it had more than max (the extras are dropped), or
+ * another -errno. *nf is set to the frames held in f on every return: the
+ * caller closes them whatever the result.
+ */
 static int recv_frames(void *sock, zmq_msg_t *f, int max, int *nf)
 {
 	int more = 1, n = 0, extra = 0;
 
+	*nf = 0;
 	while (more) {
 		zmq_msg_t tmp;
 		zmq_msg_t *m = n < max ? &f[n] : &tmp;
@@ -519,6 +528,10 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 		rc = recv_frames(p->dealer, f, 3, &n);
 		if (rc == -EAGAIN)
 			return;
+		if (rc) {
+			close_frames(f, n);
+			n = 0;
+		}
 		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(status) &&
 		    zmq_msg_size(&f[1]) == 2 &&
 		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
@@ -552,11 +565,12 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 			rc = -EBADMSG;
 		}
 		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
-			if (!rc)
-				close_frames(f, n);
-			b->rm->st.rejected++;
-			log_warn("peer %s:%u: malformed handshake reply",
-				 p->host, p->port);
+			close_frames(f, n);
+			b->rm->st.hs_bad_replies++;
+			if (rlog_ok(b->rm))
+				log_warn("peer %s:%u: malformed handshake "
+					 "reply",
+					 p->host, p->port);
 			continue;
 		}
 		memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
@@ -579,7 +593,7 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 		if (rc) {
 			log_warn("peer %s:%u: bad engine descriptor: %s",
 				 p->host, p->port, reason ? reason : "?");
-			b->rm->st.rejected++;
+			b->rm->st.hs_bad_replies++;
 			peer_done(b, p, rc);
 			continue;
 		}
@@ -638,13 +652,17 @@ void hs_serve(struct kvb_broker *b)
 		if (rc || n != 2) {
 			static const char why[] = "malformed request";
 
-			if (!rc) {
+			/* f[0] is the sender's identity whenever a frame
+			 * came (ROUTER), even for too many frames */
+			if (n)
 				hs_reply(rm->router, &f[0], -EBADMSG, why,
 					 sizeof(why) - 1);
-				close_frames(f, n);
-			}
+			close_frames(f, n);
 			rm->st.hs_refused++;
-			log_warn("handshake port: malformed request refused");
+			if (rlog_ok(rm))
+				log_warn("handshake port: malformed request "
+					 "(%d%s frames) refused",
+					 n, rc == -EBADMSG ? "+" : "");
 			continue;
 		}
 		addr = zmq_msg_gets(&f[1], "Peer-Address");
@@ -653,7 +671,9 @@ void hs_serve(struct kvb_broker *b)
 			static const char why[] = "not in --trusted-hosts";
 
 			rm->st.hs_refused++;
-			log_warn("handshake from %s refused: %s", host, why);
+			if (rlog_ok(rm))
+				log_warn("handshake from %s refused: %s", host,
+					 why);
 			hs_reply(rm->router, &f[0], -EACCES, why,
 				 sizeof(why) - 1);
 			close_frames(f, n);
@@ -663,15 +683,31 @@ void hs_serve(struct kvb_broker *b)
 				   &reason);
 		if (rc) {
 			rm->st.hs_refused++;
-			log_warn("handshake from %s refused: %s", host,
-				 reason ? reason : strerror(-rc));
-			if (rc == -EPROTONOSUPPORT)
+			if (rlog_ok(rm))
+				log_warn("handshake from %s refused: %s", host,
+					 reason ? reason : strerror(-rc));
+			if (rc == -EPROTONOSUPPORT && rlog_ok(rm))
 				log_warn("peer %s speaks handshake version %u, "
 					 "this broker %u",
 					 host, d.version, KVB_HS_VERSION);
 			hs_reply(rm->router, &f[0], rc,
 				 reason ? reason : "bad descriptor",
 				 strlen(reason ? reason : "bad descriptor"));
+			close_frames(f, n);
+			continue;
+		}
+		if (d.host[0] && !trusted(rm, d.host)) {
+			static const char why[] =
+				"declared host not in --trusted-hosts";
+
+			rm->st.hs_refused++;
+			if (rlog_ok(rm))
+				log_warn("handshake from %s (declaring host "
+					 "%s) refused: %s",
+					 host, d.host, why);
+			hs_reply(rm->router, &f[0], -EACCES, why,
+				 sizeof(why) - 1);
+			kvb_hs_fini(&d);
 			close_frames(f, n);
 			continue;
 		}
@@ -684,8 +720,9 @@ void hs_serve(struct kvb_broker *b)
 				p->state = PEER_READY;
 			if (!rc)
 				issue_deferred_of_peer(b, peer_id(rm, p));
-		} else {
-			log_warn("handshake from %s: peer table full (%u)",
+		} else if (rlog_ok(rm)) {
+			log_warn("handshake from %s: peer table full (%u, all "
+				 "in use)",
 				 host, rm->npeers_max - 1);
 		}
 		kvb_hs_fini(&d);

@@ -15,7 +15,10 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 
-#define MAX_PEERS     64u
+#define MAX_PEERS     64u /* a power of two: peer id = gen * MAX_PEERS + slot */
+#define PEER_GEN_MAX  (UINT32_MAX / MAX_PEERS)
+#define PEER_SLOT(id) ((id) % MAX_PEERS)
+#define PEER_REFS     32u
 #define PEER_WAITERS  32u
 #define MAX_LAYERS    4096u
 #define MAX_GROUPS    65536u
@@ -25,6 +28,12 @@
 #define NOTIFY_BUDGET 256u
 #define MAX_TRUSTED   32u
 #define MAX_TARGETS   64u
+/* Transfers a notify message created before a worker opened them: at most a
+ * quarter of the transfer table (the rest stays for workers' opens), holding
+ * at most UNOPENED_IDS block ids each and UNOPENED_IDS_ALL together. */
+#define UNOPENED_MAX	 (KVB_MAX_XFERS / 4)
+#define UNOPENED_IDS	 65536u
+#define UNOPENED_IDS_ALL (1u << 22) /* 16 MiB */
 
 enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
 
@@ -46,6 +55,9 @@ struct kvb_peer {
 	uint8_t ep_pending; /* rdma offer sent, answer awaited */
 	int64_t ep_deadline;
 	uint64_t ep_offers, ep_answers;
+	uint32_t gen;		  /* of the slot: ids of a freed peer die */
+	uint64_t last_use;	  /* rm->tick when last found or adopted */
+	uint32_t refs[PEER_REFS]; /* workers told this peer's id */
 };
 
 /* "ep" handshake message: an endpoint blob of one transport (rdma offer or
@@ -75,6 +87,7 @@ struct kvb_rxfer {
 	uint32_t peer;
 	uint8_t role, mode, flags;
 	uint8_t have_rblocks, announced, refreshed;
+	uint8_t unopened;   /* created by a message, counted in rm->nunopened */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;  /* this worker's block ids */
 	uint32_t *rb, nrb;  /* the other side's */
@@ -107,9 +120,18 @@ struct kvb_xnode {
 		uint64_t layer_ops, layers_deferred, defer_expired;
 		uint64_t remote_blocks_sent, write_done_sent, releases_sent;
 		uint64_t write_done_rx, releases_rx, remote_blocks_rx;
-		uint64_t send_errors;
+		uint64_t send_errors;	     /* sends with no notify endpoint */
+		uint64_t send_errors_closed; /* of closed notify endpoints */
 		uint64_t rejected; /* by the state machine (also in notify's) */
+		uint64_t hs_bad_replies; /* malformed replies on our DEALERs */
+		uint64_t logs_suppressed;
+		uint64_t peers_reclaimed; /* idle peers dropped for new ones */
 	} st;
+	uint32_t nunopened;    /* kvb_rxfer.unopened ones */
+	uint64_t unopened_ids; /* block ids they hold */
+	uint64_t tick;	       /* peer LRU clock */
+	uint64_t log_sec;      /* rlog_ok() window */
+	uint32_t log_lines;
 };
 
 extern struct kvb_broker *g_b; /* one broker per process */
@@ -118,13 +140,26 @@ extern struct kvb_broker *g_b; /* one broker per process */
 int ep_add(struct kvb_broker *b, int fd);
 /* remote.c */
 void ep_del(struct kvb_broker *b, int fd);
+#define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
+
+/* remote.c: whether a line about bad input may be logged now (at most
+ * RLOG_BURST a second, the rest counted and summed up a second later) */
+int rlog_ok(struct kvb_xnode *rm);
 /* remote.c */
 int trusted(struct kvb_xnode *rm, const char *host);
 /* remote.c */
 uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p);
-/* remote.c */
+/*
+ * remote.c: the peer at host:port; with create, a new one when there is
+ * none, in a free slot or else in the slot of the least recently used idle
+ * peer (not handshaking, no worker waiting for or told its id, no live
+ * transfer or layer op): that one is disconnected and its id stops naming
+ * anything. NULL when none is found (or every slot is busy).
+ */
 struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 			   uint16_t port, int create);
+/* remote.c: remember that worker wid was told p's id (p is then kept) */
+void peer_ref(struct kvb_peer *p, uint32_t wid);
 /* remote.c */
 const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
 					      const char *name);
@@ -167,6 +202,8 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
 /* Free a cross-node transfer state (kvb_xfer_rx_free, set at init). */
 void rx_free(struct kvb_rxfer *rx);
+/* remote.c: a worker opened it, or it goes: out of the unopened count */
+void rx_opened(struct kvb_rxfer *rx);
 /* remote_notify.c */
 void notify_close(struct kvb_broker *b, struct kvb_worker *w);
 

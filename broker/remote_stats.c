@@ -45,6 +45,28 @@ put_(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 
 #define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
 
+/* A JSON string value: node ids and hosts come from peers' descriptors and
+ * may hold '"' or '\\' (control characters are refused at decode, but are
+ * escaped here all the same). */
+static void put_jstr(char *buf, size_t cap, size_t *lenp, const char *s)
+{
+	size_t len = *lenp;
+
+	PUT("\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char) *s;
+
+		if (c == '"' || c == '\\')
+			PUT("\\%c", c);
+		else if (c < 0x20 || c == 0x7f)
+			PUT("\\u%04x", c);
+		else
+			PUT("%c", c);
+	}
+	PUT("\"");
+	*lenp = len;
+}
+
 /* Per-QP counters of a peer's rdma endpoint (kvbctl stats). */
 static void qp_stats(struct kvb_broker *b, const struct kvb_peer *p, int json,
 		     char *buf, size_t cap, size_t *lenp)
@@ -103,6 +125,8 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 	rx = rm->st.notify_received_closed;
 	rej = rm->st.notify_rejected_closed;
 	sent = rm->st.notify_sent_closed;
+	serr = rm->st.send_errors_closed + rm->st.send_errors;
+	rej += rm->st.hs_bad_replies;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 		struct kvb_notify_stats st;
@@ -125,10 +149,10 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
 		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
 		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
-		    "\"peers\":[",
+		    "\"handshake_replies_rejected\":%llu,"
+		    "\"logs_suppressed\":%llu,\"peers\":[",
 		    (unsigned long long) rx, (unsigned long long) rej,
-		    (unsigned long long) sent,
-		    (unsigned long long) (serr + rm->st.send_errors),
+		    (unsigned long long) sent, (unsigned long long) serr,
 		    (unsigned long long) rm->st.hs_served,
 		    (unsigned long long) rm->st.hs_refused,
 		    (unsigned long long) rm->st.hs_sent,
@@ -141,13 +165,14 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.releases_sent,
 		    (unsigned long long) rm->st.remote_blocks_rx,
 		    (unsigned long long) rm->st.write_done_rx,
-		    (unsigned long long) rm->st.releases_rx);
+		    (unsigned long long) rm->st.releases_rx,
+		    (unsigned long long) rm->st.hs_bad_replies,
+		    (unsigned long long) rm->st.logs_suppressed);
 	} else {
 		PUT("notify messages        %llu received, %llu rejected, %llu "
 		    "sent, %llu send errors\n",
 		    (unsigned long long) rx, (unsigned long long) rej,
-		    (unsigned long long) sent,
-		    (unsigned long long) (serr + rm->st.send_errors));
+		    (unsigned long long) sent, (unsigned long long) serr);
 		PUT("handshakes             %llu served, %llu refused, %llu "
 		    "sent, %llu failed\n",
 		    (unsigned long long) rm->st.hs_served,
@@ -173,18 +198,21 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 		if (p->state == PEER_FREE)
 			continue;
-		if (json)
-			PUT("%s{\"id\":%u,\"host\":\"%s\",\"port\":%u,"
-			    "\"state\":\"%s\",\"stale\":%u,\"node\":\"%s\","
-			    "\"workers\":%u,\"transport\":\"%s\","
+		if (json) {
+			PUT("%s{\"id\":%u,\"host\":", k++ ? "," : "", i);
+			put_jstr(buf, cap, &len, p->host);
+			PUT(",\"port\":%u,\"state\":\"%s\",\"stale\":%u,"
+			    "\"node\":",
+			    p->port, sn[p->state], p->stale);
+			put_jstr(buf, cap, &len,
+				 p->have_desc ? p->desc.node_id : "");
+			PUT(",\"workers\":%u,\"transport\":\"%s\","
 			    "\"handshakes\":%llu,\"failures\":%llu,\"qps\":[",
-			    k++ ? "," : "", i, p->host, p->port, sn[p->state],
-			    p->stale, p->have_desc ? p->desc.node_id : "",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none",
 			    (unsigned long long) p->handshakes,
 			    (unsigned long long) p->failures);
-		else
+		} else
 			PUT("peer %-3u               %s:%u %s%s node %s, %u "
 			    "workers, over %s\n",
 			    i, p->host, p->port, sn[p->state],
@@ -209,7 +237,8 @@ uint64_t kvb_remote_rejected(struct kvb_broker *b)
 
 	if (!rm)
 		return 0;
-	rej = rm->st.notify_rejected_closed + rm->st.hs_refused;
+	rej = rm->st.notify_rejected_closed + rm->st.hs_refused +
+	      rm->st.hs_bad_replies;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_notify_stats st;
 

@@ -322,6 +322,11 @@ static int validate(const struct kvb_zmsg *m)
 	return -EINVAL;
 }
 
+int kvb_zmsg_check(const struct kvb_zmsg *m)
+{
+	return validate(m);
+}
+
 static int encode_plain(const struct kvb_zmsg *m, char **out, size_t *len)
 {
 	size_t n = strlen(m->transfer_id);

@@ -79,6 +79,10 @@ int kvb_zmsg_decode(struct kvb_zmsg *m, const void *buf, size_t len,
  */
 int kvb_zmsg_encode(const struct kvb_zmsg *m, char **out, size_t *len);
 
+/* The check kvb_zmsg_encode() does first: 0 or -EINVAL (e.g. a block id over
+ * KVB_ZMSG_BLOCK_MAX, an id string that is not a valid identifier). */
+int kvb_zmsg_check(const struct kvb_zmsg *m);
+
 /*
  * Start a message: zero *m (without freeing: kvb_zmsg_fini() a message that
  * owns blocks first), set type and a copy of transfer_id. Returns 0, or

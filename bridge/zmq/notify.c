@@ -43,6 +43,7 @@ struct kvb_notify {
 	struct notify_peer *peers;
 	uint64_t tick;
 
+	const char *why; /* kvb_notify_reject_why() during on_msg */
 	uint64_t log_window_sec;
 	uint32_t log_window_lines;
 	struct kvb_notify_stats st;
@@ -327,14 +328,16 @@ static void dispatch(struct kvb_notify *n, uint16_t port, const void *buf,
 		reject(n, port, buf, len, why);
 		return;
 	}
+	n->why = NULL;
 	ret = n->on_msg(n->arg, &m, port);
 	if (ret < 0) {
 		n->st.messages_rejected++;
 		if (reject_log_ok(n))
 			nlog(n, KVB_NOTIFY_LOG_WARN,
-			     "notify port %u: %s for %s refused: %s", port,
-			     kvb_zmsg_type_name(m.type), m.transfer_id,
-			     strerror(-ret));
+			     "notify port %u: %s for '%s' refused: %s%s%s%s",
+			     port, kvb_zmsg_type_name(m.type), m.transfer_id,
+			     n->why ? n->why : "", n->why ? " (" : "",
+			     strerror(-ret), n->why ? ")" : "");
 	} else {
 		n->st.messages_accepted++;
 	}
@@ -506,6 +509,11 @@ out:
 	}
 	n->st.messages_sent++;
 	return 0;
+}
+
+void kvb_notify_reject_why(struct kvb_notify *n, const char *why)
+{
+	n->why = why;
 }
 
 void kvb_notify_get_stats(const struct kvb_notify *n,

@@ -43,7 +43,8 @@ enum kvb_notify_log_level {
  * kvb_notify_recv() or kvb_notify_close() on the same endpoint. Return 0 when
  * taken, or -errno to have it counted as rejected (e.g. meant for the other
  * role, a terminal transfer, block ids out of the peer's range): it is then
- * logged with strerror(-ret) and counted in messages_rejected.
+ * counted in messages_rejected and logged (rate-limited, with the reason
+ * given by kvb_notify_reject_why() during the call, else strerror(-ret)).
  */
 typedef int (*kvb_notify_msg_fn)(void *arg, const struct kvb_zmsg *msg,
 				 uint16_t port);
@@ -121,6 +122,13 @@ int kvb_notify_fds(struct kvb_notify *n, int *fds, int max);
 
 /* The bound ports (1 or 2), like kvb_notify_fds(). ports[0] is the primary. */
 int kvb_notify_ports(struct kvb_notify *n, uint16_t *ports, int max);
+
+/*
+ * From inside on_msg, before it returns -errno: why the message is refused
+ * (a string that outlives the call, e.g. a literal). The endpoint logs it in
+ * its one rate-limited line for that rejection, so the callback need not log.
+ */
+void kvb_notify_reject_why(struct kvb_notify *n, const char *why);
 
 /*
  * Read and dispatch up to budget pending messages, never blocking. Returns

@@ -702,8 +702,11 @@ static void test_encode_refuses(void **state)
 	m.decode_rank = KVB_ZMSG_RANK_MAX + 1;
 	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
 	m.decode_rank = 0;
+	assert_int_equal(kvb_zmsg_check(&m), 0);
 	assert_int_equal(kvb_zmsg_set_blocks(&m, bad_ids, 1), 0);
 	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
+	/* what the broker asks before announcing a D open's blocks */
+	assert_int_equal(kvb_zmsg_check(&m), -EINVAL);
 	kvb_zmsg_fini(&m);
 
 	kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, "tx-1");
