@@ -5,6 +5,8 @@
  */
 #include "tcp_harness.h"
 
+#include "bridge/tcp/wire.h"
+
 #define SLACK_S 2.0 /* seconds a loaded CI machine may add to a bound */
 
 /* Refused ops fail alone with the right status; nothing lands outside. */
@@ -449,6 +451,78 @@ static void test_dereg_during_read(void **state)
 	region_free(&r);
 }
 
+/*
+ * A server that acknowledges a write before it has its bytes (only a
+ * broken or hostile one does): the dialer still sends from the source
+ * region, so the ACK is a protocol error, the op fails, and is not
+ * reported done while the frame still reads from its memory.
+ */
+static void test_early_ack(void **state)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	uint8_t blob[64], in[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN];
+	uint8_t ack[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN];
+	struct kvb_tcp_blob bl;
+	struct kvb_tcp_hdr h = {.type = KVB_TCP_F_ACK, .count = 1};
+	struct kvb_tcp_rec rec;
+	size_t len = sizeof(blob), got = 0;
+	struct kvb_xop op;
+	struct region l;
+	struct pair p;
+	double end;
+	int lfd, fd = -1;
+
+	(void) state;
+	pair_open(&p, 0, 10000, 1);
+	lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	assert_true(lfd >= 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(lfd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 1), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *) &sa, &sl), 0);
+	/* B's blob, pointed at the fake server */
+	assert_int_equal(kvb_tcp_ops.local_info(p.b, blob, &len), 0);
+	assert_int_equal(kvb_tcp_blob_decode(&bl, blob, len), 0);
+	bl.port = ntohs(sa.sin_port);
+	kvb_tcp_blob_encode(&bl, blob);
+	kvb_tcp_ops.disconnect(p.a, p.ep);
+	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+	/* far more than the socket buffers take: most of it stays queued */
+	region_init(&l, 1, 64 * MiB, 0);
+	reg(p.a, &l);
+	op = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 64 * MiB, 0);
+	post_all(&p, &op, 1);
+	end = now_s() + DEADLINE;
+	while (got < sizeof(in) && now_s() < end) {
+		ssize_t n;
+
+		pump(&p);
+		if (fd < 0) {
+			fd = accept(lfd, NULL, NULL);
+			continue;
+		}
+		n = recv(fd, in + got, sizeof(in) - got, MSG_DONTWAIT);
+		if (n > 0)
+			got += (size_t) n;
+	}
+	assert_int_equal(got, sizeof(in));
+	kvb_tcp_rec_decode(&rec, in + KVB_TCP_HDR_LEN);
+	/* acknowledge it now, without reading the payload */
+	kvb_tcp_hdr_encode(&h, ack);
+	rec = (struct kvb_tcp_rec){.seq = rec.seq};
+	kvb_tcp_rec_encode(&rec, ack + KVB_TCP_HDR_LEN);
+	assert_int_equal(send(fd, ack, sizeof(ack), 0), (ssize_t) sizeof(ack));
+	while (p.tr.done < 1 && now_s() < end)
+		pump(&p);
+	assert_int_equal(p.tr.done, 1);
+	assert_true(p.tr.status[0] < 0);
+	close(fd);
+	close(lfd);
+	pair_close(&p);
+	region_free(&l);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -459,6 +533,7 @@ int main(void)
 		cmocka_unit_test(test_stalled_peer),
 		cmocka_unit_test(test_dereg_during_write),
 		cmocka_unit_test(test_dereg_during_read),
+		cmocka_unit_test(test_early_ack),
 	};
 
 	srand(1);
