@@ -483,6 +483,28 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	if (m->nblocks && !rx->lb)
 		goto nomem;
 	rx->acks_needed = 1;
+	if (w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ && p &&
+	    p->have_desc) {
+		/* ACKs the D ranks will send, typed release or plain string:
+		 * from the peer's D TP size (a typed release's
+		 * consumer_tp_size overrides it) */
+		uint32_t ctp = 0;
+		int a;
+
+		for (uint32_t i = 0; i < p->desc.nworkers; i++) {
+			const struct kvb_hs_worker *hw = &p->desc.workers[i];
+
+			if (hw->role != KVB_HS_ROLE_D)
+				continue;
+			ctp = !ctp || ctp == hw->tp_size ? hw->tp_size
+							 : UINT32_MAX;
+		}
+		a = ctp && ctp != UINT32_MAX
+			    ? kvb_tp_release_acks(w->tp_size, ctp)
+			    : -EINVAL;
+		if (a > 0)
+			rx->acks_needed = (uint32_t) a;
+	}
 	memcpy(rx->notify_host, m->notify_host, sizeof(rx->notify_host));
 	rx->notify_port = (uint16_t) m->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
@@ -556,6 +578,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		}
 	} else if (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ) {
 		/* reads done or failed: release the P rank read from */
+		uint32_t n;
 		int port;
 
 		if (!rx->ntargets && compute_targets(w, p, rx))
@@ -570,12 +593,18 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			m.flags |= KVB_ZMSG_F_CONSUMER_TP;
 			m.consumer_tp_size = w->tp_size;
 		}
-		port = kvb_port_of(peer_notify_base(p, rx), rx->remote_dp,
-				   rx->targets[0], rx->target_tp,
-				   KVB_PORT_DP_TIMES_TP);
-		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
-					  (uint32_t) port, &m))
-			rm->st.releases_sent++;
+		/* P ranks no D rank reads from (P TP larger) wait for a
+		 * release all the same: rank d releases the P ranks from the
+		 * one it read to the next D rank's */
+		n = rx->target_tp > w->tp_size ? rx->target_tp / w->tp_size : 1;
+		for (uint32_t k = 0; k < n; k++) {
+			port = kvb_port_of(peer_notify_base(p, rx),
+					   rx->remote_dp, rx->targets[0] + k,
+					   rx->target_tp, KVB_PORT_DP_TIMES_TP);
+			if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
+						  (uint32_t) port, &m))
+				rm->st.releases_sent++;
+		}
 	}
 }
 

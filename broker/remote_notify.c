@@ -207,6 +207,14 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 	if (m->type == KVB_ZMSG_RELEASE && (m->flags & KVB_ZMSG_F_CONSUMER_TP))
 		rx->acks_needed = (uint32_t) kvb_tp_release_acks(
 			w->tp_size, m->consumer_tp_size);
+	if (m->type == KVB_ZMSG_PLAIN && (m->flags & KVB_ZMSG_F_TP_RANK) &&
+	    m->tp_rank < 64) {
+		/* "<id>:tp<r>" names the D rank: one ACK per rank */
+		if (rx->acked_ranks & (1ull << m->tp_rank))
+			return reject(b, w, m, -EALREADY,
+				      "a second release from the same D rank");
+		rx->acked_ranks |= 1ull << m->tp_rank;
+	}
 	rx->acks_got++;
 	kvb_xfer_maybe_finish(b, x);
 	return 0;

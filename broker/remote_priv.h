@@ -92,6 +92,7 @@ struct kvb_rxfer {
 	uint32_t *lb, nlb;  /* this worker's block ids */
 	uint32_t *rb, nrb;  /* the other side's */
 	uint32_t acks_needed, acks_got;
+	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
 	struct deferred *def;
 	uint32_t ndef, capdef;
 	int64_t defer_deadline;

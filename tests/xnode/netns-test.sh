@@ -8,8 +8,9 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | read | read_hetero | peer_killed | bad_input |
-#       moriio_peer | untrusted | flood
+# CASE: write | write_hetero | read | read_hetero | read_narrow |
+#       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
+#       flood
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
 set -u
@@ -139,6 +140,18 @@ late_rank)
 	;;
 read) run_pair read 2 2 --layers 32 --xfers 8 --conc 4 || fail "READ TP2<-TP2" ;;
 read_hetero) run_pair read 2 4 --layers 32 --xfers 8 --conc 4 || fail "READ TP4<-TP2" ;;
+read_narrow)
+	# D TP 1 reads from P rank 0 only; P rank 1's transfers end on the
+	# release D sends it all the same
+	run_pair read 2 1 --layers 8 --xfers 8 --conc 4 || fail "READ TP1<-TP2"
+	;;
+read_hetero_plain)
+	# plain-string releases carry no consumer TP size: P must still wait
+	# for both D ranks it feeds; D rank 1 reads slowly, so a P that
+	# completed on the first ACK would detach before rank 1's reads
+	D1_ARGS="--layer-delay-ms 150" run_pair read 2 4 --layers 8 --xfers 4 \
+		--conc 4 --plain-release || fail "READ TP4<-TP2, plain releases"
+	;;
 peer_killed)
 	# D's broker dies while P's transfers wait on it: they must fail within
 	# the transfer timeout, A keeps serving, and takes B back after restart.

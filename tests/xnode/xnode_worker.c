@@ -31,6 +31,7 @@ static struct {
 	int role, mode, dp, tp, tp_size, peer_tp_size, peer_dp;
 	unsigned layers, nblocks, per_xfer, xfers, conc, heads;
 	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
+	int plain_release;
 	int contig, no_verify;
 	/* moriio_peer / untrusted cases */
 	const char *expect_cancel, *check, *hold_until, *linger_until;
@@ -266,6 +267,7 @@ static void usage(void)
 		"(notify\n"
 		"                         ports open) until FILE exists, at "
 		"most --timeout\n"
+		"  [--plain-release]  D, READ: release with the plain string\n"
 		"  [--check LIST]  D, after holding: check the bytes of these\n"
 		"                  transfers (opened by nobody here)\n");
 }
@@ -305,6 +307,7 @@ static int parse(int argc, char **argv)
 					   {"hold-until", 1, 0, 'U'},
 					   {"linger-until", 1, 0, 'G'},
 					   {"check", 1, 0, 'K'},
+					   {"plain-release", 0, 0, 'Q'},
 					   {0, 0, 0, 0}};
 	int c;
 
@@ -415,6 +418,9 @@ static int parse(int argc, char **argv)
 		}
 		case 'X':
 			o.expect_cancel = optarg;
+			break;
+		case 'Q':
+			o.plain_release = 1;
 			break;
 		case 'E':
 			o.expect_peer_error = 1;
@@ -613,6 +619,8 @@ int main(int argc, char **argv)
 			if (!is_p && o.mode == KVB_XFER_READ) {
 				rx.remote_blocks = pb;
 				rx.nremote = o.per_xfer;
+				if (o.plain_release)
+					rx.flags |= KVB_XFER_F_PLAIN_RELEASE;
 			}
 			do { /* D: the P side may not be known yet */
 				rc = kvb_transfer_open_remote(ctx, id, &rx,
