@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A worker that writes its submission ring itself, past the library's
+ * checks (as a buggy or hostile one could): a SEAL whose count does not
+ * fit 32 bits fails its transfer with -EINVAL (one transfer completion,
+ * the seal's tag; counted as a rejected message, not as a refused
+ * descriptor); an unknown opcode is refused as a descriptor; and the
+ * broker keeps serving the next seal.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ctl.h"
+#include "harness.h"
+#include "segment.h"
+
+static int sock = -1, efd_broker = -1, efd_worker = -1;
+static struct kvb_seg seg;
+static void *mem;
+static size_t mem_len;
+
+/* HELLO by hand: the segment, mapped and attached, and its eventfds */
+static void raw_attach(void)
+{
+	struct kvb_msg_hello m;
+	struct kvb_msg_hello_reply rep;
+	int fds[KVB_CTL_MAX_FDS];
+	unsigned nfds = KVB_CTL_MAX_FDS;
+	int n;
+
+	sock = kvb_ctl_connect(fx.br.sock, 3000);
+	assert_true(sock >= 0);
+	kvb_msg_init(&m.h, KVB_MSG_HELLO, sizeof(m));
+	m.role = KVB_ROLE_P;
+	m.tp_size = 1;
+	m.pid = (uint32_t) getpid();
+	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
+	n = kvb_ctl_recv(sock, &rep, sizeof(rep), fds, &nfds);
+	assert_int_equal(
+		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
+	assert_int_equal(nfds, 3);
+	mem_len = rep.seg_size;
+	mem = mmap(NULL, mem_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0],
+		   0);
+	assert_true(mem != MAP_FAILED);
+	close(fds[0]);
+	efd_broker = fds[1];
+	efd_worker = fds[2];
+	assert_int_equal(kvb_seg_attach(&seg, mem, mem_len), 0);
+}
+
+static uint32_t raw_open(const char *id)
+{
+	struct kvb_msg_open m;
+	struct kvb_msg_open_reply rep;
+	int n;
+
+	kvb_msg_init(&m.h, KVB_MSG_OPEN, sizeof(m));
+	m.id_len = (uint32_t) strlen(id);
+	memcpy(m.id, id, m.id_len);
+	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
+	n = kvb_ctl_recv(sock, &rep, sizeof(rep), NULL, NULL);
+	assert_int_equal(
+		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_OPEN, sizeof(rep)), 0);
+	return rep.handle;
+}
+
+/* Put one entry in the ring and wake the broker (it may be asleep). */
+static void submit(const struct kvb_sqe *e)
+{
+	uint64_t one = 1;
+
+	assert_int_equal(kvb_ring_enqueue_burst(&seg.sq, e, 1), 1);
+	assert_int_equal(write(efd_broker, &one, sizeof(one)), sizeof(one));
+}
+
+/* The next completion, within 5 s. */
+static struct kvb_cqe next_cqe(void)
+{
+	struct kvb_cqe c;
+	int64_t t0 = now_ns();
+
+	while (kvb_ring_dequeue_burst(&seg.cq, &c, 1) != 1) {
+		if (ms_since(t0) > 5000 + SLACK)
+			fail_msg("no completion from the broker");
+		usleep(1000);
+	}
+	return c;
+}
+
+static void test_seal_count_too_large(void **state)
+{
+	int64_t rej = broker_stat(&fx.br, "messages_rejected");
+	int64_t refused = broker_stat(&fx.br, "descriptors_refused");
+	uint32_t h = raw_open("raw-seal");
+	struct kvb_sqe e = {.opcode = KVB_OP_SEAL,
+			    .transfer = h,
+			    .len = 1ull << 33,
+			    .tag = 77};
+	struct kvb_cqe c;
+
+	(void) state;
+	submit(&e);
+	c = next_cqe();
+	assert_int_equal(c.opcode, KVB_CQ_TRANSFER);
+	assert_int_equal(c.tag, 77);
+	assert_int_equal(c.status, -EINVAL);
+	assert_int_equal(broker_stat(&fx.br, "messages_rejected"), rej + 1);
+	assert_int_equal(broker_stat(&fx.br, "descriptors_refused"), refused);
+	assert_true(broker_log_has(&fx.br, "too large"));
+	/* that transfer ended: sealing it again finds nothing */
+	e.len = 0;
+	e.tag = 78;
+	submit(&e);
+	c = next_cqe();
+	assert_int_equal(c.opcode, KVB_CQ_TRANSFER);
+	assert_int_equal(c.tag, 78);
+	assert_int_equal(c.status, -ESTALE);
+}
+
+static void test_unknown_opcode(void **state)
+{
+	int64_t refused = broker_stat(&fx.br, "descriptors_refused");
+	struct kvb_sqe e = {.opcode = 99, .len = 4096, .tag = 79};
+	struct kvb_cqe c;
+
+	(void) state;
+	submit(&e);
+	c = next_cqe();
+	assert_int_equal(c.opcode, KVB_CQ_DESC);
+	assert_int_equal(c.tag, 79);
+	assert_int_equal(c.status, -EINVAL);
+	assert_int_equal(broker_stat(&fx.br, "descriptors_refused"),
+			 refused + 1);
+}
+
+/* still serving: a good transfer of no writes ends at once with 0 */
+static void test_still_serving(void **state)
+{
+	struct kvb_sqe e = {.opcode = KVB_OP_SEAL,
+			    .transfer = raw_open("raw-good"),
+			    .len = 0,
+			    .tag = 80};
+	struct kvb_cqe c;
+
+	(void) state;
+	submit(&e);
+	c = next_cqe();
+	assert_int_equal(c.opcode, KVB_CQ_TRANSFER);
+	assert_int_equal(c.tag, 80);
+	assert_int_equal(c.status, 0);
+}
+
+static int setup(void **state)
+{
+	int rc = fixture_setup(state);
+
+	if (!rc)
+		raw_attach();
+	return rc;
+}
+
+static int teardown(void **state)
+{
+	if (mem)
+		munmap(mem, mem_len);
+	close(efd_broker);
+	close(efd_worker);
+	close(sock);
+	return fixture_teardown(state);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_seal_count_too_large),
+		cmocka_unit_test(test_unknown_opcode),
+		cmocka_unit_test(test_still_serving),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
