@@ -31,6 +31,36 @@
 
 #define SILENT_PORT 16398 /* nobody listens there */
 
+/* Each test's broker; a failed test leaves it to teardown() (it may be
+ * stopped: SIGSTOP), so that the next test finds its ports free. */
+static struct broker br;
+static int running;
+
+static void start(const char *const *args)
+{
+	struct broker_opts o = {.args = args};
+
+	assert_int_equal(broker_start(&br, &o), 0);
+	running = 1;
+}
+
+static void stop(void)
+{
+	running = 0;
+	assert_int_equal(broker_stop(&br), 0);
+}
+
+static int teardown(void **state)
+{
+	(void) state;
+	if (running) {
+		kill(br.pid, SIGCONT);
+		broker_kill(&br);
+		running = 0;
+	}
+	return 0;
+}
+
 static struct kvb_ctx *attach_ms(const struct broker *b, int timeout_ms)
 {
 	struct kvb_attach_opts o = {.socket_path = b->sock,
@@ -89,24 +119,22 @@ static void test_late_peer_reply(void **state)
 		"--host-ip",	   "127.0.0.1",	    "--handshake-port",
 		"16311",	   "--notify-port", "16315",
 		"--trusted-hosts", "127.0.0.1",	    NULL};
-	struct broker_opts o = {.args = args};
 	struct kvb_completion c[4];
-	struct broker b;
 	struct kvb_ctx *ctx;
 	uint32_t peer = 0;
 	double wall, cpu;
 	int64_t t0;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, &o), 0);
-	ctx = attach_ms(&b, 500);
+	start(args);
+	ctx = attach_ms(&br, 500);
 	t0 = now_ns();
 	assert_int_equal(kvb_peer_connect(ctx, "127.0.0.1", SILENT_PORT, &peer),
 			 -ETIMEDOUT);
 	wall = ms_since(t0);
 	assert_true(wall >= 500 && wall < 500 + SLACK);
 	/* the broker answers when its handshake gives up */
-	assert_int_equal(log_wait(&b, "no handshake answer", 10000), 0);
+	assert_int_equal(log_wait(&br, "no handshake answer", 10000), 0);
 	usleep(100 * 1000);
 
 	/* the late reply sits on the control socket: kvb_wait sleeps */
@@ -135,7 +163,7 @@ static void test_late_peer_reply(void **state)
 	sleep(3);
 	opens_agree(ctx, "p2");
 	kvb_detach(ctx);
-	assert_int_equal(broker_stop(&b), 0);
+	stop();
 }
 
 /* A MEM_REG answered after its call gave up: the region is freed again,
@@ -145,33 +173,32 @@ static void test_late_mem_reg(void **state)
 	struct kvb_completion c[4];
 	struct kvb_region r;
 	struct kvb_ctx *ctx;
-	struct broker b;
 	uint32_t h;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, NULL), 0);
-	ctx = attach_ms(&b, 300);
-	assert_int_equal(broker_stat(&b, "regions"), 0);
+	start(NULL);
+	ctx = attach_ms(&br, 300);
+	assert_int_equal(broker_stat(&br, "regions"), 0);
 
 	/* 1: the next control call drops the late reply */
-	assert_int_equal(kill(b.pid, SIGSTOP), 0);
+	assert_int_equal(kill(br.pid, SIGSTOP), 0);
 	assert_int_equal(kvb_mem_alloc(ctx, 1 << 20, 0, 1, &r), -ETIMEDOUT);
-	assert_int_equal(kill(b.pid, SIGCONT), 0);
-	assert_int_equal(broker_wait_stat(&b, "regions", 1, 5000), 0);
+	assert_int_equal(kill(br.pid, SIGCONT), 0);
+	assert_int_equal(broker_wait_stat(&br, "regions", 1, 5000), 0);
 	assert_int_equal(kvb_transfer_open(ctx, "after-reg", &h), 0);
-	assert_int_equal(broker_wait_stat(&b, "regions", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&br, "regions", 0, 5000), 0);
 
 	/* 2: kvb_wait drops it (no control call after) */
-	assert_int_equal(kill(b.pid, SIGSTOP), 0);
+	assert_int_equal(kill(br.pid, SIGSTOP), 0);
 	assert_int_equal(kvb_mem_alloc(ctx, 1 << 20, 0, 2, &r), -ETIMEDOUT);
-	assert_int_equal(kill(b.pid, SIGCONT), 0);
-	assert_int_equal(broker_wait_stat(&b, "regions", 1, 5000), 0);
+	assert_int_equal(kill(br.pid, SIGCONT), 0);
+	assert_int_equal(broker_wait_stat(&br, "regions", 1, 5000), 0);
 	assert_int_equal(kvb_wait(ctx, c, 4, 200), -ETIMEDOUT);
-	assert_int_equal(broker_wait_stat(&b, "regions", 0, 5000), 0);
+	assert_int_equal(broker_wait_stat(&br, "regions", 0, 5000), 0);
 
 	opens_agree(ctx, "m");
 	kvb_detach(ctx);
-	assert_int_equal(broker_stop(&b), 0);
+	stop();
 }
 
 static void on_alarm(int sig)
@@ -186,7 +213,6 @@ static void test_eintr(void **state)
 	struct itimerval it = {{0, 100000}, {0, 100000}}, off = {0};
 	struct sigaction sa = {.sa_handler = on_alarm}, old;
 	struct kvb_ctx *ctx;
-	struct broker b;
 	uint32_t h, hy, hx;
 	double wall;
 	int64_t t0;
@@ -194,16 +220,16 @@ static void test_eintr(void **state)
 	int rc;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, NULL), 0);
-	ctx = attach_ms(&b, 1000);
-	assert_int_equal(kill(b.pid, SIGSTOP), 0);
+	start(NULL);
+	ctx = attach_ms(&br, 1000);
+	assert_int_equal(kill(br.pid, SIGSTOP), 0);
 	/* a call that never ends would hang the test: the broker runs again
 	 * after 8 s whatever happens */
 	guard = fork();
 	assert_true(guard >= 0);
 	if (guard == 0) {
 		sleep(8);
-		kill(b.pid, SIGCONT);
+		kill(br.pid, SIGCONT);
 		_exit(0);
 	}
 	sigemptyset(&sa.sa_mask);
@@ -214,7 +240,7 @@ static void test_eintr(void **state)
 	wall = ms_since(t0);
 	setitimer(ITIMER_REAL, &off, NULL);
 	sigaction(SIGALRM, &old, NULL);
-	kill(b.pid, SIGCONT);
+	kill(br.pid, SIGCONT);
 	kill(guard, SIGKILL);
 	waitpid(guard, NULL, 0);
 	fprintf(stderr, "open under SIGALRM: %d after %.0f ms\n", rc, wall);
@@ -227,7 +253,7 @@ static void test_eintr(void **state)
 	assert_int_equal(kvb_transfer_open(ctx, "y", &h), 0);
 	assert_int_equal(h, hy);
 	kvb_detach(ctx);
-	assert_int_equal(broker_stop(&b), 0);
+	stop();
 }
 
 #define NTHREADS 6
@@ -258,12 +284,11 @@ static void test_lock_deadline(void **state)
 {
 	struct opener o[NTHREADS];
 	struct kvb_ctx *ctx;
-	struct broker b;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, NULL), 0);
-	ctx = attach_ms(&b, 800);
-	assert_int_equal(kill(b.pid, SIGSTOP), 0);
+	start(NULL);
+	ctx = attach_ms(&br, 800);
+	assert_int_equal(kill(br.pid, SIGSTOP), 0);
 	for (int i = 0; i < NTHREADS; i++) {
 		o[i] = (struct opener){.ctx = ctx, .id = i};
 		assert_int_equal(
@@ -271,7 +296,7 @@ static void test_lock_deadline(void **state)
 	}
 	for (int i = 0; i < NTHREADS; i++)
 		pthread_join(o[i].thread, NULL);
-	kill(b.pid, SIGCONT);
+	kill(br.pid, SIGCONT);
 	for (int i = 0; i < NTHREADS; i++) {
 		fprintf(stderr, "thread %d: %d after %.0f ms\n", i, o[i].rc,
 			o[i].ms);
@@ -280,7 +305,7 @@ static void test_lock_deadline(void **state)
 	}
 	opens_agree(ctx, "l");
 	kvb_detach(ctx);
-	assert_int_equal(broker_stop(&b), 0);
+	stop();
 }
 
 /* After SIGKILL: a submission may still be queued (no system call), the
@@ -291,18 +316,18 @@ static void test_dead_broker(void **state)
 	struct kvb_completion c[4];
 	struct kvb_ctx *a, *p;
 	struct kvb_desc d;
-	struct broker b;
 	uint32_t h;
 	int64_t t0;
 	int rc, i;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, NULL), 0);
-	a = attach_ms(&b, 1000);
-	p = attach_ms(&b, 1000);
+	start(NULL);
+	a = attach_ms(&br, 1000);
+	p = attach_ms(&br, 1000);
 	assert_int_equal(kvb_transfer_open(a, "d", &h), 0);
 	d = (struct kvb_desc){.transfer = h, .len = 64, .tag = 1};
-	broker_kill(&b);
+	broker_kill(&br);
+	running = 0;
 
 	rc = kvb_submit_write(a, &d, 1);
 	assert_true(rc == 1 || rc == -EPIPE);
@@ -329,14 +354,13 @@ static void test_args(void **state)
 	static uint32_t blocks[20000];
 	struct kvb_remote_xfer x = {.peer = 1, .mode = KVB_XFER_READ};
 	struct kvb_ctx *ctx;
-	struct broker b;
 	int64_t requests;
 	uint32_t h;
 
 	(void) state;
-	assert_int_equal(broker_start(&b, NULL), 0);
-	ctx = attach_ms(&b, 1000);
-	requests = broker_stat(&b, "control_requests");
+	start(NULL);
+	ctx = attach_ms(&br, 1000);
+	requests = broker_stat(&br, "control_requests");
 	x.blocks = blocks;
 	x.nblocks = 3;
 	x.nremote = 3; /* remote_blocks NULL */
@@ -346,20 +370,20 @@ static void test_args(void **state)
 	x.nremote = 10000;
 	assert_int_equal(kvb_transfer_open_remote(ctx, "r", &x, &h), -E2BIG);
 	assert_non_null(strstr(kvb_strerror(-EEXIST), "twice"));
-	assert_int_equal(broker_stat(&b, "control_requests"), requests);
+	assert_int_equal(broker_stat(&br, "control_requests"), requests);
 	kvb_detach(ctx);
-	assert_int_equal(broker_stop(&b), 0);
+	stop();
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_late_peer_reply),
-		cmocka_unit_test(test_late_mem_reg),
-		cmocka_unit_test(test_eintr),
-		cmocka_unit_test(test_lock_deadline),
-		cmocka_unit_test(test_dead_broker),
-		cmocka_unit_test(test_args),
+		cmocka_unit_test_teardown(test_late_peer_reply, teardown),
+		cmocka_unit_test_teardown(test_late_mem_reg, teardown),
+		cmocka_unit_test_teardown(test_eintr, teardown),
+		cmocka_unit_test_teardown(test_lock_deadline, teardown),
+		cmocka_unit_test_teardown(test_dead_broker, teardown),
+		cmocka_unit_test_teardown(test_args, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
