@@ -80,17 +80,26 @@ static void clock_cost_taken_off(void **state)
 	double per;
 
 	(void) state;
-	memset(&res, 0, sizeof(res));
-	wl_post_timer_init(&pt, 11);
-	for (unsigned i = 0; i < CALLS; i++) {
-		wl_post_begin(&pt);
-		timed += pt.t0 != 0;
-		wl_post_end(&pt, &res, 1);
+	/*
+	 * Without the subtraction each empty call counts about ovh_ns, every
+	 * time. A busy machine (ctest -j2 on 2 cores) can preempt a few timed
+	 * calls and lift one series' mean: the best of 3 series must pass.
+	 */
+	for (unsigned attempt = 0; attempt < 3; attempt++) {
+		memset(&res, 0, sizeof(res));
+		wl_post_timer_init(&pt, 11 + 100 * attempt);
+		timed = 0;
+		for (unsigned i = 0; i < CALLS; i++) {
+			wl_post_begin(&pt);
+			timed += pt.t0 != 0;
+			wl_post_end(&pt, &res, 1);
+		}
+		per = (double) res.post_cpu_ns / timed;
+		print_message("clock reads %llu ns; empty call %.0f ns\n",
+			      (unsigned long long) pt.ovh_ns, per);
+		if (per < 0.5 * (double) pt.ovh_ns)
+			break;
 	}
-	per = (double) res.post_cpu_ns / timed;
-	print_message("clock reads %llu ns; empty call %.0f ns\n",
-		      (unsigned long long) pt.ovh_ns, per);
-	/* without the subtraction each would count about ovh_ns */
 	assert_true(per < 0.5 * (double) pt.ovh_ns);
 
 	memset(&res, 0, sizeof(res));
