@@ -464,43 +464,57 @@ static int log_count(const struct broker *b, const char *s)
  * logged (a line a second at most, however often it retries); a slot that
  * frees up is taken again.
  */
+static struct broker mw_br; /* killed by teardown if a check failed */
+
+static int mw_teardown(void **state)
+{
+	(void) state;
+	if (mw_br.pid > 0) {
+		broker_kill(&mw_br);
+		broker_cleanup(&mw_br);
+	}
+	return 0;
+}
+
 static void test_max_workers(void **state)
 {
 	static const char *const args[] = {"--max-workers", "2", NULL};
 	const struct broker_opts o = {.args = args};
+	struct broker *const nb_ = &mw_br;
 	struct kvb_ctx *a, *b, *c;
-	struct broker nb;
 	int rc, lines;
 
 	(void) state;
-	rc = broker_start(&nb, &o);
+	rc = broker_start(nb_, &o);
 	if (rc) {
-		broker_cleanup(&nb);
+		broker_cleanup(nb_);
 		fail_msg("broker --max-workers 2: %s", strerror(-rc));
 	}
-	a = w_attach(&nb, KVB_ROLE_P, 0, 1, 0);
-	b = w_attach(&nb, KVB_ROLE_D, 0, 1, 0);
+	a = w_attach(nb_, KVB_ROLE_P, 0, 1, 0);
+	b = w_attach(nb_, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(a);
 	assert_non_null(b);
 	for (int i = 0; i < 5; i++) {
-		c = w_attach(&nb, KVB_ROLE_P, 0, 1, 0);
+		c = w_attach(nb_, KVB_ROLE_P, 0, 1, 0);
 		assert_null(c);
 	}
 	kvb_detach(b);
 	/* stats take a connection too: one slot is free now */
-	assert_int_equal(broker_wait_stat(&nb, "workers", 1, 5000), 0);
+	assert_int_equal(broker_wait_stat(nb_, "workers", 1, 5000), 0);
 	/* 5, or more where a stats connection came before the detach */
-	assert_true(broker_stat(&nb, "messages_rejected") >= 5);
-	assert_true(broker_log_has(&nb, "workers attached (--max-workers"));
+	assert_true(broker_stat(nb_, "messages_rejected") >= 5);
+	assert_true(broker_log_has(nb_, "workers attached (--max-workers"));
 	/* the 5 attempts took well under a second: one or two lines */
-	lines = log_count(&nb, "workers attached (--max-workers");
+	lines = log_count(nb_, "workers attached (--max-workers");
 	assert_true(lines >= 1 && lines <= 2);
-	c = w_attach(&nb, KVB_ROLE_D, 0, 1, 0);
+	c = w_attach(nb_, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(c);
 	kvb_detach(c);
 	kvb_detach(a);
-	assert_int_equal(broker_stop(&nb), 0);
-	broker_cleanup(&nb);
+	rc = broker_stop(nb_);
+	nb_->pid = 0;
+	assert_int_equal(rc, 0);
+	broker_cleanup(nb_);
 }
 
 int main(void)
@@ -515,7 +529,7 @@ int main(void)
 		cmocka_unit_test(test_open_batch_garbage),
 		cmocka_unit_test(test_still_serving),
 		cmocka_unit_test(test_other_uid),
-		cmocka_unit_test(test_max_workers),
+		cmocka_unit_test_teardown(test_max_workers, mw_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, fixture_setup, fixture_teardown);

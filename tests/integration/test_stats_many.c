@@ -21,6 +21,8 @@
 
 #define NW 450 /* rows of ~190 bytes: more than 64 KiB */
 
+static struct broker br; /* killed by teardown if a check failed */
+
 static unsigned count(const char *s, const char *what)
 {
 	unsigned n = 0;
@@ -38,7 +40,6 @@ static void test_many_workers(void **state)
 	static char js[KVB_MSG_MAX + 1];
 	char *argv[] = {KVBCTL_BIN, "--socket", NULL, "stats", NULL};
 	struct rlimit rl;
-	struct broker br;
 	int64_t omitted;
 	size_t len;
 	int rc;
@@ -81,8 +82,20 @@ static void test_many_workers(void **state)
 	assert_true(count(js, "\n") > NW);
 	for (unsigned i = 0; i < NW; i++)
 		kvb_detach(ctx[i]);
-	assert_int_equal(broker_stop(&br), 0);
+	rc = broker_stop(&br);
+	br.pid = 0;
+	assert_int_equal(rc, 0);
 	broker_cleanup(&br);
+}
+
+static int teardown(void **state)
+{
+	(void) state;
+	if (br.pid > 0) {
+		broker_kill(&br);
+		broker_cleanup(&br);
+	}
+	return 0;
 }
 
 int main(void)
@@ -91,5 +104,5 @@ int main(void)
 		cmocka_unit_test(test_many_workers),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, NULL, teardown);
 }
