@@ -153,6 +153,15 @@ int kvb_gpu_import(const struct kvb_gpu_handle *h, void **broker_ptr)
 		    !memcmp(im->ipc.b, h->ipc, sizeof(h->ipc)))
 			break;
 	if (im) {
+		/* the same IPC handle is the same allocation: a handle that
+		 * says otherwise would point past the mapping */
+		if (h->alloc_size != im->alloc_size) {
+			rc = fail(-EINVAL,
+				  "import: allocation size differs from the "
+				  "same handle's earlier import",
+				  NULL);
+			goto out;
+		}
 		im->refs++;
 		*broker_ptr = im->base + h->offset;
 		rc = 0;

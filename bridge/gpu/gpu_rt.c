@@ -422,7 +422,33 @@ static int rt_ipc_open(const struct kvb_gpu_api *g, int dev,
 		if (rt->ipc_flags[1] == rt->ipc_flags[0])
 			break;
 	}
-	return rt_check(rt, e, "IpcOpenMemHandle");
+	rc = rt_check(rt, e, "IpcOpenMemHandle");
+	if (rc)
+		return rc;
+	/*
+	 * alloc_size comes from the worker, which could claim more than the
+	 * handle's allocation: what the broker then touches at base + offset
+	 * must be inside what the runtime mapped.
+	 */
+	{
+		char *rb;
+		uint64_t rs;
+
+		rc = rt_range(rt, *base, &rb, &rs);
+		if (!rc && (rb != (char *) *base || rs < alloc_size)) {
+			snprintf(rt_errbuf, sizeof(rt_errbuf),
+				 "ipc handle maps %llu bytes, the worker "
+				 "declared %llu",
+				 (unsigned long long) rs,
+				 (unsigned long long) alloc_size);
+			rc = -EINVAL;
+		}
+		if (rc) {
+			(void) RT_CALL(rt, IpcCloseMemHandle, *base);
+			*base = NULL;
+		}
+	}
+	return rc;
 }
 
 static int rt_ipc_close(const struct kvb_gpu_api *g, void *base)

@@ -671,6 +671,13 @@ static void test_export_import(void **state)
 	assert_int_equal(kvb_gpu_export(f->c1.addr, BLK, 1, &h2), 0);
 	assert_int_equal(kvb_gpu_import(&h2, &p2), 0); /* same allocation */
 	assert_ptr_equal(p2, f->c1.addr);
+	/* the same IPC bytes claiming a larger allocation (and an offset
+	 * inside that claim): refused, not base + 512 GiB */
+	bad = h2;
+	bad.alloc_size = 1ull << 40;
+	bad.offset = 1ull << 39;
+	assert_int_equal(kvb_gpu_import(&bad, &p), -EINVAL);
+	assert_ptr_equal(p, (char *) f->c1.addr + 3 * BLK); /* untouched */
 	assert_int_equal(kvb_gpu_unimport(p), 0);
 	assert_int_equal(kvb_gpu_unimport(p2), 0);
 	assert_int_equal(kvb_gpu_unimport(p2), -ENOENT);
