@@ -55,6 +55,74 @@ static struct kvb_xfer *find_or_terminal(struct kvb_broker *b,
 	return x;
 }
 
+/* The unopened transfer a FIFO entry names, or NULL (opened or ended). */
+static struct kvb_xfer *ufifo_xfer(struct kvb_broker *b, uint32_t i)
+{
+	struct kvb_xnode *rm = b->rm;
+	struct kvb_xfer *x;
+
+	i &= UNOPENED_FIFO - 1;
+	x = kvb_xfer_get(&b->xfers, rm->ufifo[i].handle, rm->ufifo[i].worker);
+	return x && x->rx && x->rx->unopened ? x : NULL;
+}
+
+/*
+ * End the oldest unopened transfers until at most `keep` remain, or until
+ * `ids` block ids fit under UNOPENED_IDS_ALL. 0, or -ENOSPC when none is
+ * left to end.
+ */
+static int unopened_evict(struct kvb_broker *b, uint32_t keep, uint64_t ids)
+{
+	struct kvb_xnode *rm = b->rm;
+
+	while (rm->nunopened > keep ||
+	       rm->unopened_ids + ids > UNOPENED_IDS_ALL) {
+		struct kvb_xfer *x = NULL;
+
+		while (rm->ufifo_head != rm->ufifo_tail &&
+		       !(x = ufifo_xfer(b, rm->ufifo_head++)))
+			;
+		if (!x)
+			return -ENOSPC;
+		rm->st.unopened_evicted++;
+		if (rlog_ok(rm))
+			log_warn("transfer '%s' dropped: announced by a "
+				 "message, "
+				 "not opened by worker %u, and the oldest of "
+				 "%u such (a flood of notify messages?)",
+				 x->id, x->worker, rm->nunopened);
+		/* -ECANCELED: no line of its own per transfer */
+		kvb_xfer_finish(b, x, -ECANCELED);
+	}
+	return 0;
+}
+
+/* Remember an unopened transfer; 0 or -ENOSPC. */
+static int ufifo_push(struct kvb_xnode *rm, uint32_t handle, uint32_t worker)
+{
+	if (!rm->ufifo) {
+		rm->ufifo = calloc(UNOPENED_FIFO, sizeof(*rm->ufifo));
+		if (!rm->ufifo)
+			return -ENOSPC;
+	}
+	if (rm->ufifo_tail - rm->ufifo_head == UNOPENED_FIFO) {
+		/* full of entries opened or ended since: keep the live ones */
+		uint32_t j = rm->ufifo_head;
+
+		for (uint32_t i = rm->ufifo_head; i != rm->ufifo_tail; i++)
+			if (ufifo_xfer(g_b, i))
+				rm->ufifo[j++ & (UNOPENED_FIFO - 1)] =
+					rm->ufifo[i & (UNOPENED_FIFO - 1)];
+		rm->ufifo_tail = j;
+		if (j - rm->ufifo_head == UNOPENED_FIFO)
+			return -ENOSPC; /* cannot be: at most UNOPENED_MAX */
+	}
+	rm->ufifo[rm->ufifo_tail & (UNOPENED_FIFO - 1)].handle = handle;
+	rm->ufifo[rm->ufifo_tail & (UNOPENED_FIFO - 1)].worker = worker;
+	rm->ufifo_tail++;
+	return 0;
+}
+
 /*
  * A cross-node transfer that a message names before its worker opened it
  * (WRITE mode): kept, not opened, until the worker opens it or timeout_ms
@@ -68,8 +136,11 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 	struct kvb_xnode *rm = b->rm;
 	struct kvb_xfer *x;
 
-	/* anyone may send to a notify port: keep room for workers' opens */
-	if (rm->nunopened >= UNOPENED_MAX) {
+	/* anyone may send to a notify port: keep room for workers' opens.
+	 * At the cap the oldest such transfer goes (a flood that ended
+	 * does not keep out the announcements that follow it) */
+	if (rm->nunopened >= UNOPENED_MAX &&
+	    unopened_evict(b, UNOPENED_MAX - 1, 0)) {
 		*err = -ENOSPC;
 		return NULL;
 	}
@@ -88,6 +159,12 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 	x->rx->mode = KVB_XFER_WRITE;
 	x->rx->unopened = 1;
 	rm->nunopened++;
+	if (ufifo_push(rm, kvb_xfer_handle(&b->xfers, x), w->id)) {
+		/* no slot to remember it by: do not keep it either */
+		kvb_xfer_finish(b, x, -ECANCELED);
+		*err = -ENOSPC;
+		return NULL;
+	}
 	return x;
 }
 
@@ -105,7 +182,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 		return reject(b, w, m, rc, "the transfer already ended");
 	if (!x) { /* before P opened it: keep the blocks until it does */
 		if (m->nblocks > UNOPENED_IDS ||
-		    b->rm->unopened_ids + m->nblocks > UNOPENED_IDS_ALL)
+		    unopened_evict(b, UINT32_MAX, m->nblocks))
 			return reject(b, w, m, -ENOSPC,
 				      "too many block ids for a transfer not "
 				      "opened yet");

@@ -34,6 +34,7 @@
 #define UNOPENED_MAX	 (KVB_MAX_XFERS / 4)
 #define UNOPENED_IDS	 65536u
 #define UNOPENED_IDS_ALL (1u << 22) /* 16 MiB */
+#define UNOPENED_FIFO	 (2 * UNOPENED_MAX)
 
 enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
 
@@ -126,12 +127,20 @@ struct kvb_xnode {
 		uint64_t rejected; /* by the state machine (also in notify's) */
 		uint64_t hs_bad_replies; /* malformed replies on our DEALERs */
 		uint64_t logs_suppressed;
-		uint64_t peers_reclaimed; /* idle peers dropped for new ones */
+		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
+		uint64_t unopened_evicted; /* oldest unopened, for new ones */
 	} st;
 	uint32_t nunopened;    /* kvb_rxfer.unopened ones */
 	uint64_t unopened_ids; /* block ids they hold */
-	uint64_t tick;	       /* peer LRU clock */
-	uint64_t log_sec;      /* rlog_ok() window */
+	/* unopened transfers in creation order (handle, worker); entries
+	 * opened or ended since are skipped: the oldest goes first when the
+	 * cap is reached (UNOPENED_FIFO slots, a power of two) */
+	struct {
+		uint32_t handle, worker;
+	} * ufifo;
+	uint32_t ufifo_head, ufifo_tail;
+	uint64_t tick;	  /* peer LRU clock */
+	uint64_t log_sec; /* rlog_ok() window */
 	uint32_t log_lines;
 };
 

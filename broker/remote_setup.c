@@ -252,6 +252,7 @@ void kvb_remote_fini(struct kvb_broker *b)
 		zmq_ctx_term(rm->zctx);
 	free(rm->groups);
 	free(rm->gfree);
+	free(rm->ufifo);
 	free(rm);
 	b->rm = NULL;
 }

@@ -150,7 +150,8 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
 		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
 		    "\"handshake_replies_rejected\":%llu,"
-		    "\"logs_suppressed\":%llu,\"peers\":[",
+		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
+		    "\"peers_reclaimed\":%llu,\"peers\":[",
 		    (unsigned long long) rx, (unsigned long long) rej,
 		    (unsigned long long) sent, (unsigned long long) serr,
 		    (unsigned long long) rm->st.hs_served,
@@ -167,7 +168,9 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.write_done_rx,
 		    (unsigned long long) rm->st.releases_rx,
 		    (unsigned long long) rm->st.hs_bad_replies,
-		    (unsigned long long) rm->st.logs_suppressed);
+		    (unsigned long long) rm->st.logs_suppressed,
+		    (unsigned long long) rm->st.unopened_evicted,
+		    (unsigned long long) rm->st.peers_reclaimed);
 	} else {
 		PUT("notify messages        %llu received, %llu rejected, %llu "
 		    "sent, %llu send errors\n",
