@@ -7,6 +7,7 @@
 #include "kvbench.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -111,6 +112,34 @@ bad:
 	return -1;
 }
 
+void kvb_bench_unknown_option(char *const *argv, const struct option *lo,
+			      const char *sub)
+{
+	const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
+	int len = eq ? (int) (eq - arg) : (int) strlen(arg);
+	unsigned matches = 0;
+
+	if (optopt > 0 && optopt < 256) {
+		/* a short option, perhaps inside a cluster (-xy): optind
+		 * may still be on it, argv[optind - 1] is then another */
+		fprintf(stderr,
+			"kvbench: unknown option '-%c' (see kvbench %s "
+			"--help)\n",
+			optopt, sub);
+		return;
+	}
+	if (optopt) { /* a known long option that takes no value */
+		fprintf(stderr, "kvbench: %.*s takes no value\n", len, arg);
+		return;
+	}
+	if (len > 2 && !strncmp(arg, "--", 2))
+		for (unsigned i = 0; lo[i].name; i++)
+			matches +=
+				!strncmp(lo[i].name, arg + 2, (size_t) len - 2);
+	fprintf(stderr, "kvbench: %s option '%.*s' (see kvbench %s --help)\n",
+		matches > 1 ? "ambiguous" : "unknown", len, arg, sub);
+}
+
 int kvb_bench_parse_double(const char *opt, const char *arg, double min,
 			   double max, double *out)
 {
@@ -177,28 +206,6 @@ int kvb_bench_check_transport(const char *arg, int tcp_ok)
 		"gpu\n",
 		arg);
 	return -1;
-}
-
-static int cmp_dbl(const void *a, const void *b)
-{
-	double x = *(const double *) a, y = *(const double *) b;
-
-	return x < y ? -1 : x > y;
-}
-
-void kvb_bench_sort(double *v, size_t n)
-{
-	qsort(v, n, sizeof(*v), cmp_dbl);
-}
-
-double kvb_bench_quantile(const double *sorted, size_t n, double q)
-{
-	size_t i;
-
-	if (!n)
-		return 0;
-	i = (size_t) (q * (double) n);
-	return sorted[i < n ? i : n - 1];
 }
 
 void *kvb_bench_shared(size_t len)
@@ -302,7 +309,7 @@ int kvb_bench_broker_start(struct bench_broker *b, const char *path,
 		}
 		usleep(10000);
 	}
-	fprintf(stderr, "kvbench: broker did not answer on %s within 5 s\n",
+	fprintf(stderr, "kvbench: broker did not answer on %s within 30 s\n",
 		b->sock);
 	kvb_bench_broker_stop(b);
 	return -1;
@@ -320,6 +327,7 @@ void kvb_bench_broker_stop(struct bench_broker *b)
 		return;
 	}
 	kill(b->pid, SIGTERM);
+	kill(b->pid, SIGCONT); /* a stopped broker: let it take the SIGTERM */
 	while (waitpid(b->pid, &status, WNOHANG) == 0) {
 		if (kvb_bench_now_ns() > deadline) {
 			fprintf(stderr, "kvbench: broker ignored SIGTERM, "

@@ -148,11 +148,27 @@ void wl_post_begin(struct wl_post_timer *pt);
  * res only when timed). */
 void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n);
 /*
+ * The figure: the timed calls' CPU (summed, net of the clock's cost) over
+ * the descriptors they took, in us; 0 when the net sum is not above 0 (the
+ * calls were cheaper than the clock's jitter), NAN when no call was timed
+ * (a short run may have none: not measured, never a 0).
+ */
+double wl_post_cpu_us_per_wr(int64_t post_cpu_ns, uint64_t post_timed);
+/*
  * Parse an unsigned number with an optional K/M/G (binary) suffix into
  * [min, max]; on error print "kvbench: OPT: ..." and return -1.
  */
 int kvb_bench_parse_u64(const char *opt, const char *arg, uint64_t min,
 			uint64_t max, uint64_t *out);
+/*
+ * After getopt_long() returned '?' (opterr = 0, every long option's val
+ * >= 256): name what was wrong (an unknown short option, one in a
+ * cluster, an unknown or ambiguous long option, a value given to an option
+ * that takes none), pointing to `kvbench SUB --help`.
+ */
+struct option;
+void kvb_bench_unknown_option(char *const *argv, const struct option *lo,
+			      const char *sub);
 int kvb_bench_parse_double(const char *opt, const char *arg, double min,
 			   double max, double *out);
 /*
@@ -161,7 +177,11 @@ int kvb_bench_parse_double(const char *opt, const char *arg, double min,
  * -1.
  */
 int kvb_bench_check_transport(const char *arg, int tcp_ok);
-/* Sort samples and read the q-quantile (0..1); 0 if none. */
+/*
+ * quantile.c: sort samples; the q-quantile (0..1) of sorted samples by
+ * nearest rank: the ceil(q * n)-th smallest (p50 of 4 samples: the 2nd,
+ * p99 of 100: the 99th; q = 0: the smallest). NAN when n = 0.
+ */
 void kvb_bench_sort(double *v, size_t n);
 double kvb_bench_quantile(const double *sorted, size_t n, double q);
 /* Anonymous shared memory that survives fork; NULL on failure. */

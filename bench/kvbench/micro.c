@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 
 struct micro_cfg {
 	unsigned workers, burst, seconds;
+	unsigned timeout_s; /* lat: a round trip's deadline */
 	uint64_t bytes, samples, warmup;
 	const char *json, *broker, *broker_opts;
 	int progress;
@@ -127,6 +129,8 @@ static int lat_worker(const struct micro_cfg *c, const char *sock,
 	struct kvb_region src;
 	struct kvb_ctx *ctx;
 	uint64_t i, total = c->warmup + c->samples;
+	int64_t limit = (int64_t) c->timeout_s * 1000000000;
+	unsigned spins = 0;
 	int rc = 0;
 
 	if (p_setup(sock, 0, 1, &ctx, &src, &dst))
@@ -140,12 +144,19 @@ static int lat_worker(const struct micro_cfg *c, const char *sock,
 				     .tag = i};
 		int64_t t0 = kvb_bench_now_ns(), t1;
 
+		/* a stalled broker (stopped, starved) answers no more and
+		 * does not die: give up at the deadline, the clock read
+		 * only every 1024 spins, not to weigh on the round trip */
 		while ((rc = kvb_submit_write(ctx, &d, 1)) == -EAGAIN)
-			;
+			if (++spins % 1024 == 0 &&
+			    kvb_bench_now_ns() - t0 > limit)
+				goto stalled;
 		if (rc < 0)
 			goto fail;
 		while ((rc = kvb_poll(ctx, comp, 4)) == 0)
-			;
+			if (++spins % 1024 == 0 &&
+			    kvb_bench_now_ns() - t0 > limit)
+				goto stalled;
 		t1 = kvb_bench_now_ns();
 		if (rc < 0)
 			goto fail;
@@ -165,6 +176,14 @@ fail:
 	fprintf(stderr, "kvbench: lat: after %llu round trips: %s\n",
 		(unsigned long long) i, kvb_strerror(rc));
 	return 1;
+stalled:
+	/* no kvb_detach: it would wait for the stalled broker too */
+	fprintf(stderr,
+		"kvbench: lat: round trip %llu had no completion within %u s "
+		"(--timeout): the broker is stalled (stopped? starved of "
+		"CPU?)\n",
+		(unsigned long long) i, c->timeout_s);
+	return 1;
 }
 
 static void micro_usage(FILE *f, int lat)
@@ -182,7 +201,13 @@ static void micro_usage(FILE *f, int lat)
 		      "200000)\n"
 		      "  --warmup N         round trips not measured first "
 		      "(default 10000)\n"
-		      "  --bytes N          write size (default 8)\n",
+		      "  --bytes N          write size (default 8)\n"
+		      "  --timeout S        give up when a round trip has "
+		      "had no completion for S\n"
+		      "                     seconds: the broker is stalled "
+		      "(default 60)\n"
+		      "Percentiles: nearest rank (p99 of N samples: the "
+		      "ceil(0.99 N)-th smallest).\n",
 		      f);
 	else
 		fputs("Usage: kvbench rate [OPTIONS]\n"
@@ -211,86 +236,112 @@ static void micro_usage(FILE *f, int lat)
 	      f);
 }
 
+enum {
+	O_WORKERS = 256,
+	O_BURST,
+	O_BYTES,
+	O_SECONDS,
+	O_SAMPLES,
+	O_WARMUP,
+	O_TIMEOUT,
+	O_JSON,
+	O_TRANSPORT,
+	O_BROKER,
+	O_BOPTS,
+	O_PROGRESS,
+	O_HELP,
+};
+
 static int micro_parse(struct micro_cfg *c, int lat, int argc, char **argv)
 {
-	static const struct option lo[] = {
-		{"workers", 1, NULL, 'w'},  {"burst", 1, NULL, 'b'},
-		{"bytes", 1, NULL, 'B'},    {"seconds", 1, NULL, 's'},
-		{"samples", 1, NULL, 'n'},  {"warmup", 1, NULL, 'W'},
-		{"json", 1, NULL, 'j'},	    {"transport", 1, NULL, 't'},
-		{"broker", 1, NULL, 'k'},   {"broker-opts", 1, NULL, 'o'},
-		{"progress", 0, NULL, 'p'}, {"help", 0, NULL, 'h'},
-		{NULL, 0, NULL, 0}};
+	static const struct option lo[] = {{"workers", 1, NULL, O_WORKERS},
+					   {"burst", 1, NULL, O_BURST},
+					   {"bytes", 1, NULL, O_BYTES},
+					   {"seconds", 1, NULL, O_SECONDS},
+					   {"samples", 1, NULL, O_SAMPLES},
+					   {"warmup", 1, NULL, O_WARMUP},
+					   {"timeout", 1, NULL, O_TIMEOUT},
+					   {"json", 1, NULL, O_JSON},
+					   {"transport", 1, NULL, O_TRANSPORT},
+					   {"broker", 1, NULL, O_BROKER},
+					   {"broker-opts", 1, NULL, O_BOPTS},
+					   {"progress", 0, NULL, O_PROGRESS},
+					   {"help", 0, NULL, O_HELP},
+					   {NULL, 0, NULL, 0}};
+	const char *sub = lat ? "lat" : "rate";
 	uint64_t v;
-	int o;
+	int o, li;
 
 	optind = 1;
 	opterr = 0;
-	while ((o = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
+	while ((li = -1, o = getopt_long(argc, argv, ":", lo, &li)) != -1) {
 		const char *a = optarg;
+		int rate_only =
+			o == O_WORKERS || o == O_BURST || o == O_SECONDS;
+		int lat_only =
+			o == O_SAMPLES || o == O_WARMUP || o == O_TIMEOUT;
 
-		if (lat && (o == 'w' || o == 'b' || o == 's')) {
+		if (li >= 0 && (lat ? rate_only : lat_only)) {
 			fprintf(stderr,
-				"kvbench lat: %s is a `kvbench rate` option\n",
-				argv[optind - 1 - (a ? 1 : 0)]);
-			return -1;
-		}
-		if (!lat && (o == 'n' || o == 'W')) {
-			fprintf(stderr,
-				"kvbench rate: %s is a `kvbench lat` option\n",
-				argv[optind - 1 - (a ? 1 : 0)]);
+				"kvbench %s: --%s is a `kvbench %s` option\n",
+				sub, lo[li].name, lat ? "rate" : "lat");
 			return -1;
 		}
 		switch (o) {
-		case 'w':
+		case O_WORKERS:
 			if (kvb_bench_parse_u64("--workers", a, 1, 16, &v))
 				return -1;
 			c->workers = (unsigned) v;
 			break;
-		case 'b':
+		case O_BURST:
 			if (kvb_bench_parse_u64("--burst", a, 1, 4096, &v))
 				return -1;
 			c->burst = (unsigned) v;
 			break;
-		case 'B':
+		case O_BYTES:
 			if (kvb_bench_parse_u64("--bytes", a, 1, 64 << 10, &v))
 				return -1;
 			c->bytes = v;
 			break;
-		case 's':
+		case O_SECONDS:
 			if (kvb_bench_parse_u64("--seconds", a, 1, 3600, &v))
 				return -1;
 			c->seconds = (unsigned) v;
 			break;
-		case 'n':
+		case O_SAMPLES:
 			if (kvb_bench_parse_u64("--samples", a, 1, 100000000,
 						&v))
 				return -1;
 			c->samples = v;
 			break;
-		case 'W':
+		case O_WARMUP:
 			if (kvb_bench_parse_u64("--warmup", a, 0, 100000000,
 						&v))
 				return -1;
 			c->warmup = v;
 			break;
-		case 'j':
+		case O_TIMEOUT:
+			if (kvb_bench_parse_u64("--timeout", a, 1, 3600, &v))
+				return -1;
+			c->timeout_s = (unsigned) v;
+			break;
+		case O_JSON:
 			c->json = a;
 			break;
-		case 't':
+		case O_TRANSPORT:
 			if (kvb_bench_check_transport(a, 0) < 0)
 				return -1;
 			break;
-		case 'k':
+		case O_BROKER:
 			c->broker = a;
 			break;
-		case 'o':
+		case O_BOPTS:
 			c->broker_opts = a;
 			break;
-		case 'p':
+		case O_PROGRESS:
 			c->progress = 1;
 			break;
-		case 'h':
+		case O_HELP:
 			micro_usage(stdout, lat);
 			return 1;
 		case ':':
@@ -298,10 +349,7 @@ static int micro_parse(struct micro_cfg *c, int lat, int argc, char **argv)
 				argv[optind - 1]);
 			return -1;
 		default:
-			fprintf(stderr,
-				"kvbench: unknown option '%s' (see kvbench %s "
-				"--help)\n",
-				argv[optind - 1], lat ? "lat" : "rate");
+			kvb_bench_unknown_option(argv, lo, sub);
 			return -1;
 		}
 	}
@@ -339,6 +387,18 @@ static int progress_end(const struct micro_cfg *c)
 	return 0;
 }
 
+/* The broker's stats into buf; 0, or -1 with the reason printed. */
+static int stats(const struct bench_broker *br, int lat, char *buf, size_t cap)
+{
+	int rc = kvb_bench_broker_stats(br, buf, cap);
+
+	if (rc)
+		fprintf(stderr, "kvbench %s: the broker's stats: %s%s\n",
+			lat ? "lat" : "rate", kvb_strerror(rc),
+			rc == -ETIMEDOUT ? " (the broker is stalled)" : "");
+	return rc ? -1 : 0;
+}
+
 static int wait_children(const pid_t *pids, unsigned n)
 {
 	int st, fails = 0;
@@ -369,12 +429,13 @@ static int micro_run(struct micro_cfg *c, int lat)
 		perror("kvbench: shared memory");
 		return 1;
 	}
+	kvb_bench_cleanup_init(); /* the broker's socket, on a signal too */
 	if (kvb_bench_broker_start(&br, c->broker, c->broker_opts,
 				   lat ? "--busy-poll-us 10000000" : NULL))
 		goto out;
 	if (d_setup(br.sock, &dctx, &dreg))
 		goto out;
-	if (kvb_bench_broker_stats(&br, js0, sizeof(js0)))
+	if (stats(&br, lat, js0, sizeof(js0)))
 		goto out;
 	cpu0 = kvb_bench_pid_cpu_s(br.pid);
 	t0 = kvb_bench_now_ns();
@@ -386,14 +447,17 @@ static int micro_run(struct micro_cfg *c, int lat)
 			pids[i] = 0;
 			goto out_wait;
 		}
-		if (!pids[i])
+		if (!pids[i]) {
+			/* dies with kvbench, whatever kills it */
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			_exit(lat ? lat_worker(c, br.sock, sh)
 				  : rate_worker(c, br.sock, i, sh));
+		}
 	}
 	if (!lat) {
 		/* attach and warm up, then measure a window of --seconds */
 		usleep(300000);
-		if (kvb_bench_broker_stats(&br, js0, sizeof(js0)))
+		if (stats(&br, lat, js0, sizeof(js0)))
 			goto out_wait;
 		cpu0 = kvb_bench_pid_cpu_s(br.pid);
 		t0 = kvb_bench_now_ns();
@@ -405,8 +469,7 @@ static int micro_run(struct micro_cfg *c, int lat)
 		}
 		t1 = kvb_bench_now_ns();
 		cpu1 = kvb_bench_pid_cpu_s(br.pid);
-		if (progress_end(c) ||
-		    kvb_bench_broker_stats(&br, js1, sizeof(js1)))
+		if (progress_end(c) || stats(&br, lat, js1, sizeof(js1)))
 			goto out_wait;
 		measured = 1;
 	}
@@ -414,16 +477,19 @@ out_wait:
 	if (!lat)
 		sh->stop = 1; /* lat: the worker stops after --samples */
 	fails = wait_children(pids, lat ? 1 : c->workers);
+	if (fails) {
+		fprintf(stderr, "kvbench %s: %d worker(s) failed\n",
+			lat ? "lat" : "rate", fails);
+		goto out;
+	}
 	if (lat) {
 		t1 = kvb_bench_now_ns();
 		cpu1 = kvb_bench_pid_cpu_s(br.pid);
-		if (kvb_bench_broker_stats(&br, js1, sizeof(js1)))
+		if (stats(&br, lat, js1, sizeof(js1)))
 			goto out;
 	}
-	if (fails || !measured) {
-		fprintf(stderr, "kvbench: %d worker(s) failed\n", fails);
+	if (!measured) /* printed */
 		goto out;
-	}
 	jf = c->json ? fopen(c->json, "w") : NULL;
 	if (c->json && !jf) {
 		fprintf(stderr, "kvbench: --json %s: %s\n", c->json,
@@ -542,7 +608,10 @@ int kvb_bench_rate_main(int argc, char **argv)
 
 int kvb_bench_lat_main(int argc, char **argv)
 {
-	struct micro_cfg c = {.bytes = 8, .samples = 200000, .warmup = 10000};
+	struct micro_cfg c = {.bytes = 8,
+			      .samples = 200000,
+			      .warmup = 10000,
+			      .timeout_s = 60};
 	int rc = micro_parse(&c, 1, argc, argv);
 
 	if (rc)

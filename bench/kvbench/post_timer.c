@@ -5,6 +5,7 @@
  */
 #include "kvbench.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -61,4 +62,13 @@ void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n)
 	res->post_cpu_ns += (int64_t) (dt - pt->ovh_ns);
 	res->post_timed += n;
 	pt->t0 = 0;
+}
+
+double wl_post_cpu_us_per_wr(int64_t post_cpu_ns, uint64_t post_timed)
+{
+	if (!post_timed)
+		return NAN; /* no call was timed: not measured */
+	return post_cpu_ns > 0
+		       ? (double) post_cpu_ns / 1e3 / (double) post_timed
+		       : 0;
 }

@@ -7,7 +7,9 @@
 #include "kvbench.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,7 +126,12 @@ static void workload_usage(FILE *f)
 	      "take more CPU than small-block posting itself).\n"
 	      "msg_rate_mps = descriptors/s in millions; bw_gbps in GB/s "
 	      "(1e9 bytes);\n"
-	      "latency from a request's first write to its write_done.\n"
+	      "latency from a request's first write to its write_done; "
+	      "percentiles by\n"
+	      "nearest rank (p99 of N: the ceil(0.99 N)-th smallest). "
+	      "n/a (null in JSON):\n"
+	      "not measured (post_cpu when no call of the sample was "
+	      "timed).\n"
 	      "\n"
 	      "tcp: direct = every P worker opens its own tcp transport and "
 	      "socket to its\n"
@@ -255,8 +262,9 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 		{"repeat", 1, NULL, O_REPEAT},
 		{"help", 0, NULL, O_HELP},
 		{NULL, 0, NULL, 0}};
+	int o, iters_set = 0, workers_set = 0;
+	struct in_addr in;
 	uint64_t v;
-	int o, iters_set = 0;
 
 	optind = 1;
 	opterr = 0;
@@ -269,6 +277,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 						KVB_BENCH_MAX_WORKERS, &v))
 				return -1;
 			c->workers = (unsigned) v;
+			workers_set = 1;
 			break;
 		case O_LAYERS:
 			if (kvb_bench_parse_u64("--layers", a, 1, 1024, &v))
@@ -342,8 +351,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 			}
 			break;
 		case O_RDMA_IP:
-			if (strlen(a) >=
-			    sizeof(((struct bench_net *) 0)->ip[0])) {
+			if (inet_pton(AF_INET, a, &in) != 1) {
 				fprintf(stderr,
 					"kvbench: --rdma-ip: '%s' is not an "
 					"IPv4 address\n",
@@ -411,10 +419,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 				argv[optind - 1]);
 			return -1;
 		default:
-			fprintf(stderr,
-				"kvbench: unknown option '%s' (see kvbench "
-				"workload --help)\n",
-				argv[optind - 1]);
+			kvb_bench_unknown_option(argv, lo, "workload");
 			return -1;
 		}
 	}
@@ -430,6 +435,16 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 	if (c->gpu_backend && c->transport != KVB_BENCH_TR_GPU) {
 		fprintf(stderr, "kvbench: --gpu-backend goes with --transport "
 				"gpu\n");
+		return -1;
+	}
+	if (c->rdma_ip && c->transport != KVB_BENCH_TR_RDMA) {
+		fprintf(stderr, "kvbench: --rdma-ip goes with --transport "
+				"rdma\n");
+		return -1;
+	}
+	if (workers_set && c->nsweep) {
+		fprintf(stderr, "kvbench: --workers and --sweep-workers: give "
+				"one of them\n");
 		return -1;
 	}
 	if (c->plot && !c->nsweep) {

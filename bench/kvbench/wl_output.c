@@ -71,19 +71,63 @@ static const char *col3(char *buf, size_t cap, double v)
 	return buf;
 }
 
-/* s inside a JSON string: quotes, backslashes, control bytes escaped */
+/* the length of the valid UTF-8 sequence at s (1-4), 0 if none */
+static unsigned utf8_len(const unsigned char *s)
+{
+	unsigned n, i;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2, cp = s[0] & 0x1f;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3, cp = s[0] & 0x0f;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4, cp = s[0] & 0x07;
+	else
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	/* overlong, surrogates, past U+10FFFF */
+	if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+	    (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+		return 0;
+	return n;
+}
+
+/* s inside a JSON string: quotes, backslashes, control bytes escaped;
+ * bytes that are not UTF-8 become U+FFFD (a JSON text is UTF-8) */
 static void json_str(FILE *f, const char *s)
 {
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char) *s;
+	const unsigned char *p = (const unsigned char *) s;
 
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
+	while (*p) {
+		unsigned n = utf8_len(p);
+
+		if (!n) {
+			fputs("\\ufffd", f);
+			p++;
+		} else if (*p == '"' || *p == '\\') {
+			fprintf(f, "\\%c", *p++);
+		} else if (*p < 0x20 || *p == 0x7f) {
+			fprintf(f, "\\u%04x", *p++);
+		} else {
+			fwrite(p, 1, n, f);
+			p += n;
+		}
 	}
+}
+
+/* "key":"s", with s escaped */
+static void json_key_str(FILE *f, const char *key, const char *s)
+{
+	fprintf(f, "\"%s\":\"", key);
+	json_str(f, s);
+	fputs("\",", f);
 }
 
 static const char *tr_name(const struct wl_cfg *c)
@@ -290,33 +334,32 @@ static void json_config(FILE *f, const struct wl_cfg *c)
 {
 	fprintf(f, "\"config\":{\"transport\":\"%s\",", tr_name(c));
 	if (c->transport == KVB_BENCH_TR_GPU) {
-		fprintf(f,
-			"\"gpu_backend\":\"%s\",\"gpu_backend_asked\":\"%s\","
-			"\"gpu_devices\":%d,\"measures\":\"%s\",",
-			c->gpu_name, c->gpu_backend ? c->gpu_backend : "auto",
-			c->gpu_devices,
-			gpu_host(c) ? "the host copy path (host backend: memfd "
-				      "'device memory', copies by host "
-				      "threads), not a GPU"
-				    : "GPU device memory, copies by the GPU "
-				      "runtime (device 0)");
+		json_key_str(f, "gpu_backend", c->gpu_name);
+		json_key_str(f, "gpu_backend_asked",
+			     c->gpu_backend ? c->gpu_backend : "auto");
+		fprintf(f, "\"gpu_devices\":%d,", c->gpu_devices);
+		json_key_str(f, "measures",
+			     gpu_host(c) ? "the host copy path (host backend: "
+					   "memfd 'device memory', copies by "
+					   "host threads), not a GPU"
+					 : "GPU device memory, copies by the "
+					   "GPU runtime (device 0)");
 	}
 	if (c->nw && c->nw->rdma) {
-		fprintf(f,
-			"\"placement\":\"rdma\",\"device\":\"%s\",\"host_ip\":"
-			"\"%s\","
-			"\"placement_note\":\"one device, two brokers on one "
-			"address, distinct ports\",",
-			c->nw->rdma_dev, c->nw->ip[0]);
+		json_key_str(f, "placement", "rdma");
+		json_key_str(f, "device", c->nw->rdma_dev);
+		json_key_str(f, "host_ip", c->nw->ip[0]);
+		json_key_str(f, "placement_note",
+			     "one device, two brokers on one address, "
+			     "distinct ports");
 	} else if (c->nw) {
-		fprintf(f,
-			"\"placement\":\"%s\",\"p_ip\":\"%s\",\"d_ip\":\"%s\","
-			"\"placement_note\":\"",
-			c->nw->netns ? "netns" : "loopback", c->nw->ip[0],
-			c->nw->ip[1]);
-		json_str(f, c->nw->netns ? "two network namespaces, veth pair"
-					 : c->nw->why);
-		fputs("\",", f);
+		json_key_str(f, "placement",
+			     c->nw->netns ? "netns" : "loopback");
+		json_key_str(f, "p_ip", c->nw->ip[0]);
+		json_key_str(f, "d_ip", c->nw->ip[1]);
+		json_key_str(f, "placement_note",
+			     c->nw->netns ? "two network namespaces, veth pair"
+					  : c->nw->why);
 	}
 	fprintf(f,
 		"\"layers\":%u,\"blocks\":%u,\"block_bytes\":%llu,"
@@ -330,11 +373,10 @@ static void json_config(FILE *f, const struct wl_cfg *c)
 			c->iters_total);
 	else
 		fprintf(f, "\"iters\":%u,\"iters_total\":null,", c->iters);
-	fprintf(f,
-		"\"rate\":%g,\"verify\":%s,\"broker_opts\":\"%s\","
-		"\"repeat\":%u,\"figures_are\":\"%s\"}",
-		c->rate, c->verify ? "true" : "false",
-		c->broker_opts ? c->broker_opts : "", c->repeat,
+	fprintf(f, "\"rate\":%g,\"verify\":%s,", c->rate,
+		c->verify ? "true" : "false");
+	json_key_str(f, "broker_opts", c->broker_opts ? c->broker_opts : "");
+	fprintf(f, "\"repeat\":%u,\"figures_are\":\"%s\"}", c->repeat,
 		c->repeat > 1 ? "the median of the trials, figure by figure; "
 				"ratio = median broker / median direct"
 			      : "one trial");

@@ -455,9 +455,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	f->cpu_workers_s = (double) cpu_ns / 1e9;
 	/* over the descriptors of the timed (sampled) calls */
 	f->worker_post_cpu_us_per_wr =
-		post_timed && post_ns > 0
-			? (double) post_ns / 1e3 / (double) post_timed
-			: 0;
+		wl_post_cpu_us_per_wr(post_ns, post_timed);
 	if (mode == MODE_BROKER && tcp) {
 		/* the P broker's tcp / rdma transport: what it sent */
 		f->doorbells = tr_num(js1, tr_str(c), "doorbells") -
@@ -476,7 +474,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			 kvb_bench_json_num(js0, "wrs");
 		f->cpu_broker_s = bcpu1 - bcpu0;
 		f->post_cpu_us_per_wr =
-			f->wrs > 0 ? f->cpu_broker_s * 1e6 / f->wrs : 0;
+			f->wrs > 0 ? f->cpu_broker_s * 1e6 / f->wrs : NAN;
 		/* gpu: every WR must have been a copy of its gpu transport */
 		if (c->transport == KVB_BENCH_TR_GPU &&
 		    gpu_num(js1, "copies") - gpu_num(js0, "copies") != f->wrs) {
@@ -564,28 +562,32 @@ int kvb_bench_workload_main(int argc, char **argv)
 	static struct bench_net net;
 	unsigned ws[KVB_BENCH_MAX_SWEEP], n, k;
 	int rc = wl_parse(&c, argc, argv), fails = 0;
-	uint64_t mem;
+	double mem;
 
 	if (rc)
 		return rc < 0 ? 2 : 0;
 	n = c.nsweep ? c.nsweep : 1;
 	for (k = 0; k < n; k++)
 		ws[k] = c.nsweep ? c.sweep[k] : c.workers;
+	/* in double: W x layers x bytes can pass 2^64 (a region's bytes
+	 * cannot: the options' limits keep them under 2^59) */
 	for (k = 0, mem = 0; k < n; k++) {
-		uint64_t need;
+		double need;
 
 		c.iters = wl_iters_for(&c, ws[k]); /* verify: regions grow */
-		need = (uint64_t) ws[k] * c.layers *
-		       (wl_region_bytes_p(&c) + wl_region_bytes_d(&c));
+		need = (double) ws[k] * c.layers *
+		       ((double) wl_region_bytes_p(&c) +
+			(double) wl_region_bytes_d(&c));
 		mem = need > mem ? need : mem;
 	}
-	if (mem >
-	    (sysconf(_SC_PHYS_PAGES) * (uint64_t) sysconf(_SC_PAGESIZE)) / 2) {
+	if (mem > (double) sysconf(_SC_PHYS_PAGES) *
+			  (double) sysconf(_SC_PAGESIZE) / 2) {
 		fprintf(stderr,
 			"kvbench: the regions need %.1f GiB, more than half of "
 			"this machine's memory; use fewer "
-			"--iters/--requests/--blocks or --no-verify\n",
-			(double) mem / (1 << 30));
+			"--workers/--layers/--iters/--requests/--blocks, "
+			"smaller --block-bytes or --no-verify\n",
+			mem / (1 << 30));
 		return 2;
 	}
 	kvb_bench_cleanup_init(); /* broker sockets, namespaces */

@@ -5,6 +5,7 @@
  * the timed calls' descriptors are counted; the clock reads' own cost is
  * taken off, so a known amount of CPU comes out as itself.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -121,12 +122,24 @@ static void clock_cost_taken_off(void **state)
 	assert_in_range((uint64_t) per, 19000, 20000 + 5 * pt.ovh_ns + 5000);
 }
 
+/* The figure: n/a (NAN) when no call was timed, never a 0 */
+static void figure_none_timed_is_na(void **state)
+{
+	(void) state;
+	assert_true(isnan(wl_post_cpu_us_per_wr(0, 0)));
+	assert_true(isnan(wl_post_cpu_us_per_wr(5000, 0)));
+	assert_true(wl_post_cpu_us_per_wr(3000, 4) == 0.75);
+	/* timed calls cheaper than the clock's jitter: 0, measured */
+	assert_true(wl_post_cpu_us_per_wr(-200, 4) == 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(samples_about_one_in_16),
 		cmocka_unit_test(same_seed_same_calls),
 		cmocka_unit_test(clock_cost_taken_off),
+		cmocka_unit_test(figure_none_timed_is_na),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -144,12 +144,53 @@ static void json_trials(void **state)
 	free(j);
 }
 
+/* every string written to the JSON is escaped: --broker-opts, the rdma
+ * device ($KVB_RDMA_DEV), bytes that are not UTF-8 */
+static void json_strings_escaped(void **state)
+{
+	struct wl_figs res[1][2] = {{trial(1, 1, NAN), trial(1, 1, 1)}};
+	char path[] = "/tmp/kvb-wl-json.XXXXXX";
+	struct bench_net nw = {.rdma = 1};
+	struct wl_cfg c = {.layers = 1,
+			   .blocks = 1,
+			   .block_bytes = 8,
+			   .requests = 1,
+			   .iters = 1,
+			   .repeat = 1,
+			   .transport = KVB_BENCH_TR_RDMA,
+			   .nw = &nw,
+			   .broker_opts = "a\"b\\c\t\xff\xc3\xa9",
+			   .json = path};
+	unsigned ws[1] = {1};
+	int fd = mkstemp(path);
+	char *j;
+
+	(void) state;
+	assert_true(fd >= 0);
+	close(fd);
+	snprintf(nw.rdma_dev, sizeof(nw.rdma_dev), "rx\"e0");
+	snprintf(nw.ip[0], sizeof(nw.ip[0]), "192.0.2.1");
+	assert_int_equal(wl_write_json(&c, ws, 1,
+				       (const struct wl_figs(*)[2]) res, NULL),
+			 0);
+	j = slurp(path);
+	unlink(path);
+	assert_non_null(strstr(
+		j, "\"broker_opts\":\"a\\\"b\\\\c\\u0009\\ufffd\xc3\xa9\","));
+	assert_non_null(strstr(j, "\"device\":\"rx\\\"e0\","));
+	/* post_cpu n/a: null, in the figures and in the ratio */
+	assert_non_null(strstr(j, "\"post_cpu_us_per_wr\":null"));
+	assert_null(strstr(j, "nan"));
+	free(j);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(median_odd_even),
 		cmocka_unit_test(median_na_invalid_counts),
 		cmocka_unit_test(json_trials),
+		cmocka_unit_test(json_strings_escaped),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
