@@ -23,9 +23,10 @@ const char *kvb_transport_name(enum kvb_transport_kind k)
 void kvb_options_default(struct kvb_options *o)
 {
 	memset(o, 0, sizeof(*o));
+	/* too long ($KVB_SOCKET, $XDG_RUNTIME_DIR): empty, and parse refuses
+	 * to start without --socket (workers would look elsewhere) */
 	if (kvb_default_socket(o->socket_path, sizeof(o->socket_path)) < 0)
-		snprintf(o->socket_path, sizeof(o->socket_path),
-			 "/tmp/kvbroker.sock");
+		o->socket_path[0] = '\0';
 	o->transport = KVB_TR_LOCAL;
 	o->log_level = KVB_LOG_INFO;
 	o->busy_poll_us = 50;
@@ -82,11 +83,14 @@ void kvb_options_usage(FILE *f)
 	      "free)\n"
 	      "  --notify-port N        (default 61005)\n"
 	      "  --handshake-port N     (default 6301)\n"
-	      "  --read-mode            D pulls (READ) instead of P pushing\n"
+	      "  --read-mode            ignored (MoRIIO compatibility): the "
+	      "client picks\n"
+	      "                         WRITE or READ per transfer "
+	      "(kvb_remote_xfer.mode)\n"
 	      "  --trusted-hosts LIST   comma-separated peers allowed to "
 	      "hand-shake\n"
 	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
-	      "  --qp-per-transfer N    QPs per peer (default 1)\n"
+	      "  --qp-per-transfer N    QPs per peer (default 1, at most 16)\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
 	      "  --copy-threads N|auto  threads that copy large same-node "
 	      "chains with the\n"
@@ -348,11 +352,11 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			o->gid_index = (int) v;
 			break;
 		case O_QPS:
-			if (parse_int(a, 1, 64, &v))
+			if (parse_int(a, 1, KVB_QP_PER_PEER_MAX, &v))
 				return fail(err, err_len,
 					    "--qp-per-transfer: bad value '%s' "
-					    "(1..64)",
-					    a);
+					    "(1..%u)",
+					    a, KVB_QP_PER_PEER_MAX);
 			o->qp_per_transfer = (int) v;
 			break;
 		case O_GSTREAMS:
@@ -392,5 +396,11 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	if (optind < argc)
 		return fail(err, err_len, "unexpected argument '%s'",
 			    argv[optind]);
+	if (!o->socket_path[0] && !o->help && !o->version)
+		return fail(err, err_len,
+			    "the default socket path ($KVB_SOCKET, else "
+			    "$XDG_RUNTIME_DIR/kvbroker.sock) is longer than "
+			    "%zu bytes: give --socket",
+			    sizeof(o->socket_path) - 1);
 	return 0;
 }

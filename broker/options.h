@@ -4,6 +4,8 @@
 
 /* --burst: the most descriptors drained from one ring per round */
 #define KVB_BURST_MAX 256u
+/* --qp-per-transfer: the rdma transport's limit (KVB_RDMA_MAX_QP) */
+#define KVB_QP_PER_PEER_MAX 16u
 
 #include <stddef.h>
 #include <stdint.h>

@@ -32,7 +32,7 @@ while getopts "w:i:r:h" o; do
 	i) ITERS=$OPTARG ;;
 	r) ROUNDS=$OPTARG ;;
 	h)
-		sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)

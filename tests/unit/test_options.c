@@ -118,6 +118,24 @@ static void test_defaults(void **state)
 			 (unsigned) getuid());
 		assert_string_equal(o.socket_path, want);
 	}
+	/* a default too long for a socket: refused (the workers would look
+	 * there), unless --socket says where */
+	{
+		char longdir[200];
+
+		memset(longdir, 'd', sizeof(longdir) - 1);
+		longdir[0] = '/';
+		longdir[sizeof(longdir) - 1] = '\0';
+		setenv("XDG_RUNTIME_DIR", longdir, 1);
+		assert_int_equal(parse(&o, err, sizeof(err), NULL), -EINVAL);
+		assert_non_null(strstr(err, "give --socket"));
+		assert_int_equal(parse(&o, err, sizeof(err), "--socket",
+				       "/tmp/x.sock", NULL),
+				 0);
+		assert_int_equal(parse(&o, err, sizeof(err), "--help", NULL),
+				 0);
+		unsetenv("XDG_RUNTIME_DIR");
+	}
 }
 
 static void test_every_option(void **state)
@@ -136,7 +154,7 @@ static void test_every_option(void **state)
 		      "--notify-port", "1", "--handshake-port", "65535",
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
-		      "--qp-per-transfer", "64", "--gpu-streams", "1",
+		      "--qp-per-transfer", "16", "--gpu-streams", "1",
 		      "--copy-threads", "3", NULL),
 		0);
 	assert_string_equal(err, "");
@@ -159,7 +177,7 @@ static void test_every_option(void **state)
 	assert_string_equal(o.rdma_dev, "mlx5_0");
 	assert_int_equal(o.ib_port, 2);
 	assert_int_equal(o.gid_index, 3);
-	assert_int_equal(o.qp_per_transfer, 64);
+	assert_int_equal(o.qp_per_transfer, 16);
 	assert_int_equal(o.gpu_streams, 1);
 	assert_int_equal(o.copy_threads, 3);
 	assert_int_equal(
@@ -258,7 +276,7 @@ static void test_bad_numbers(void **state)
 	refused("--ib-port", "--ib-port", "0", NULL);
 	refused("--ib-port", "--ib-port", "256", NULL);
 	refused("--gid-index", "--gid-index", "-2", NULL);
-	refused("--qp-per-transfer", "--qp-per-transfer", "65", NULL);
+	refused("--qp-per-transfer", "--qp-per-transfer", "17", NULL);
 	refused("--gpu-streams", "--gpu-streams", "0", NULL);
 	refused("--copy-threads", "--copy-threads", "65", NULL);
 	refused("--copy-threads", "--copy-threads", "-1", NULL);

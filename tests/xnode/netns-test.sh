@@ -8,9 +8,9 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | read | read_hetero | read_narrow |
+# CASE: write | write_hetero | late_rank | read | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood
+#       flood | bench (not a test: measurements, by hand; docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
 set -u

@@ -63,8 +63,11 @@ int kvb_default_socket(char *buf, unsigned long len);
 
 /*
  * Attach to the broker. On success *out is a new context.
- * Returns 0, -ENOENT/-ECONNREFUSED (no broker), -EPROTO (version mismatch),
- * -EPERM (refused), -ETIMEDOUT, -ENOMEM. Thread-safe.
+ * Returns 0, -EINVAL (bad role or ranks, ring sizes not a power of two in
+ * [2, 2^20]), -ENAMETOOLONG (socket path), -ENOENT/-ECONNREFUSED (no
+ * broker; or one that refused the connection: --max-workers reached, or
+ * another uid), -EPROTO (version mismatch), -ETIMEDOUT, -ENOMEM.
+ * Thread-safe.
  */
 int kvb_attach(const struct kvb_attach_opts *opts, struct kvb_ctx **out);
 
