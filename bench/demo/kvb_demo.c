@@ -7,12 +7,18 @@
  * write_done of every request and checks every byte. Prints a summary table
  * (and --json). Used by `make run` and by the integration tests.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,12 +34,17 @@ struct cfg {
 	int quiet;
 };
 
+/* One per P worker, in memory shared with the parent (MAP_SHARED). */
 struct p_result {
 	uint64_t writes, bytes, failed;
 	double elapsed_s;
 	unsigned nlat;
+	int done; /* set last: the rest is valid */
 	double lat_us[4096];
 };
+
+/* No progress for this long (kvb_wait, a full ring) fails the worker. */
+#define STALL_MS 60000
 
 static int64_t now_ns(void)
 {
@@ -116,11 +127,14 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 			return 1;
 		}
 	}
-	if (write(ready_fd, &byte, 1) != 1 || read(go_fd, &byte, 1) != 1)
-		return 1;
+	/* close it: the parent sees EOF once every D is ready or gone */
+	rc = write(ready_fd, &byte, 1) != 1;
+	close(ready_fd);
+	if (rc || read(go_fd, &byte, 1) != 1)
+		return 1; /* the parent gave up */
 	while (done < c->requests && writers) {
 		struct kvb_completion comp[64];
-		int n = kvb_wait(ctx, comp, 64, 60000);
+		int n = kvb_wait(ctx, comp, 64, STALL_MS);
 
 		if (n < 0) {
 			fprintf(stderr, "kvb-demo: D%u wait: %s\n", rank,
@@ -187,28 +201,42 @@ static int cmp_dbl(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
+static void p_fail(unsigned rank, const char *what, int rc)
+{
+	fprintf(stderr, "kvb-demo: P%u %s: %s\n", rank, what,
+		rc == -EAGAIN ? "the broker took nothing for 60 s"
+			      : kvb_strerror(rc));
+}
+
+static int stalled(int64_t since)
+{
+	return now_ns() - since > (int64_t) STALL_MS * 1000000;
+}
+
+static int run_p(const struct cfg *c, unsigned rank, int go_fd,
+		 struct p_result *res)
 {
 	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
 	struct kvb_remote_region *dst = calloc(c->layers, sizeof(*dst));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
-	struct p_result *res = calloc(1, sizeof(*res));
 	unsigned drank = rank % c->d, l, next = 0, done = 0, open_now = 0;
 	struct kvb_desc *descs = calloc(c->blocks, sizeof(*descs));
 	struct kvb_ctx *ctx;
-	int64_t start;
+	int64_t start, t_full;
 	char byte;
 	int rc;
 
-	if (!reg || !dst || !t0 || !res || !descs ||
+	if (!reg || !dst || !t0 || !descs ||
 	    attach(c, KVB_ROLE_P, rank, c->p, &ctx))
 		return 1;
 	for (l = 0; l < c->layers; l++) {
 		rc = kvb_mem_alloc(ctx, rsize, 0, l, &reg[l]);
-		if (rc)
+		if (rc) {
+			p_fail(rank, "alloc", rc);
 			return 1;
+		}
 		for (uint64_t b = 0; b < nblocks; b++)
 			for (uint64_t o = 0; o < c->block_bytes; o++)
 				((uint8_t *) reg[l]
@@ -236,8 +264,10 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 
 			snprintf(id, sizeof(id), "tx-%u", r);
 			rc = kvb_transfer_open(ctx, id, &h);
-			if (rc)
+			if (rc) {
+				p_fail(rank, "open", rc);
 				return 1;
+			}
 			t0[r] = now_ns();
 			for (l = 0; l < c->layers; l++) {
 				unsigned sent = 0;
@@ -259,34 +289,41 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 						.len = c->block_bytes,
 						.tag = r};
 				}
+				t_full = now_ns();
 				while (sent < c->blocks) {
 					rc = kvb_submit_write(ctx, descs + sent,
 							      c->blocks - sent);
-					if (rc == -EAGAIN)
+					if (rc == -EAGAIN && !stalled(t_full))
 						continue; /* the broker drains:
 							     retry */
-					if (rc < 0)
+					if (rc < 0) {
+						p_fail(rank, "submit", rc);
 						return 1;
+					}
 					sent += (unsigned) rc;
+					t_full = now_ns();
 				}
 				res->writes += c->blocks;
 				res->bytes += c->blocks * c->block_bytes;
 			}
+			t_full = now_ns();
 			while ((rc = kvb_transfer_seal(ctx, h,
 						       c->layers * c->blocks,
-						       r)) == -EAGAIN)
+						       r)) == -EAGAIN &&
+			       !stalled(t_full))
 				;
-			if (rc)
+			if (rc) {
+				p_fail(rank, "seal", rc);
 				return 1;
+			}
 			open_now++;
 		}
 		{
 			struct kvb_completion comp[64];
-			int n = kvb_wait(ctx, comp, 64, 60000);
+			int n = kvb_wait(ctx, comp, 64, STALL_MS);
 
 			if (n < 0) {
-				fprintf(stderr, "kvb-demo: P%u wait: %s\n",
-					rank, kvb_strerror(n));
+				p_fail(rank, "wait", n);
 				return 1;
 			}
 			for (int i = 0; i < n; i++) {
@@ -310,8 +347,7 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd, int res_fd)
 		}
 	}
 	res->elapsed_s = (double) (now_ns() - start) / 1e9;
-	if (write(res_fd, res, sizeof(*res)) != sizeof(*res))
-		return 1;
+	res->done = 1;
 	for (l = 0; l < c->layers; l++)
 		kvb_mem_free(ctx, &reg[l]);
 	kvb_detach(ctx);
@@ -359,6 +395,159 @@ static void usage(FILE *f)
 	      f);
 }
 
+/* The numeric options (getopt ids) and their upper bounds. */
+struct num_opt {
+	int id;
+	uint64_t max;
+};
+
+static const struct num_opt num_opts[] = {
+	{'p', 64},	   {'d', 64},	 {'l', 65535}, {'b', 1u << 20},
+	{'B', 1ull << 30}, {'r', 65536}, {'i', 65536},
+};
+
+/*
+ * A decimal (or 0x hex) number from 1 to max; strtoull alone would take
+ * "-1", " 5" and "+5". Returns 0, or 2 after a message.
+ */
+static int parse_num(const char *name, const char *s, uint64_t max, uint64_t *v)
+{
+	char *end;
+
+	errno = 0;
+	if (!isdigit((unsigned char) *s))
+		goto bad;
+	*v = strtoull(s, &end, 0);
+	if (errno || *end || !*v || *v > max)
+		goto bad;
+	return 0;
+bad:
+	fprintf(stderr,
+		"kvb-demo: --%s wants a number from 1 to %" PRIu64
+		", not '%s'\n",
+		name, max, s);
+	return 2;
+}
+
+/* A worker process and what it is, for messages. */
+struct kid {
+	pid_t pid;
+	char role;
+	unsigned rank;
+	int reaped;
+};
+
+static struct kid kids[128];
+static unsigned nkids;
+
+static pid_t spawn(char role, unsigned rank)
+{
+	pid_t parent = getpid(), pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid == 0) {
+		/* gone with the parent, however it ends */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent)
+			_exit(1);
+		return 0;
+	}
+	if (pid > 0)
+		kids[nkids++] =
+			(struct kid){.pid = pid, .role = role, .rank = rank};
+	else
+		perror("kvb-demo: fork");
+	return pid;
+}
+
+/* Record a reaped child; 1 when it failed (message printed), else 0. */
+static int reaped(pid_t pid, int status)
+{
+	for (unsigned k = 0; k < nkids; k++) {
+		if (kids[k].pid != pid)
+			continue;
+		kids[k].reaped = 1;
+		if (WIFEXITED(status) && !WEXITSTATUS(status))
+			return 0;
+		if (WIFSIGNALED(status))
+			fprintf(stderr, "kvb-demo: %c%u killed by signal %d\n",
+				kids[k].role, kids[k].rank, WTERMSIG(status));
+		else
+			fprintf(stderr, "kvb-demo: %c%u exited with %d\n",
+				kids[k].role, kids[k].rank,
+				WEXITSTATUS(status));
+		return 1;
+	}
+	return 0;
+}
+
+/* Reap what has exited, without blocking; returns how many failed. */
+static int reap_some(void)
+{
+	int status, fails = 0;
+	pid_t pid;
+
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+		fails += reaped(pid, status);
+	return fails;
+}
+
+/* SIGKILL the workers still running and reap them all. */
+static void stop_all(void)
+{
+	int status;
+
+	for (unsigned k = 0; k < nkids; k++)
+		if (!kids[k].reaped)
+			kill(kids[k].pid, SIGKILL);
+	while (wait(&status) > 0)
+		;
+}
+
+/*
+ * Wait for every worker; the first one that fails takes the others down
+ * (a P waiting for a dead D would otherwise sit out its 60 s timeout).
+ * Returns how many failed.
+ */
+static int reap_all(void)
+{
+	int status, fails = 0;
+	pid_t pid;
+
+	while ((pid = wait(&status)) > 0 || (pid < 0 && errno == EINTR))
+		if (pid > 0 && reaped(pid, status) && !fails++) {
+			fprintf(stderr,
+				"kvb-demo: stopping the other workers\n");
+			stop_all();
+		}
+	return fails;
+}
+
+/* Wait for one byte per D worker on fd: 0 when all are ready, else -1. */
+static int wait_ready(int fd, unsigned d)
+{
+	unsigned got = 0;
+	char byte;
+
+	while (got < d) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		int n = poll(&pf, 1, 100);
+
+		if (n < 0 && errno != EINTR)
+			return -1;
+		if (n > 0) {
+			/* EOF: every D has written or died */
+			if (read(fd, &byte, 1) != 1)
+				return -1;
+			got++;
+		}
+		if (reap_some())
+			return -1; /* do not wait for the slower ones */
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -375,23 +564,22 @@ int main(int argc, char **argv)
 			.block_bytes = 4096,
 			.requests = 64,
 			.inflight = 8};
-	int ready[2], go[2], res[2], opt, fails = 0, status;
-	static struct p_result pr;
+	int ready[2], go[2], opt, idx, fails = 0;
+	struct p_result *pr;
 	static double lat[1 << 16];
-	uint64_t writes = 0, bytes = 0, failed = 0;
+	uint64_t writes = 0, bytes = 0, failed = 0, v, total;
 	double elapsed = 0;
 	unsigned nlat = 0, i;
 	static char js[65536];
+	FILE *jf = NULL;
 	char byte = 1;
 
-	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		char *end = NULL;
-		unsigned long v = optarg ? strtoul(optarg, &end, 0) : 0;
-
-		if (optarg && (opt != 's' && opt != 'j') && (*end || !v)) {
-			fprintf(stderr, "kvb-demo: bad value '%s'\n", optarg);
-			return 2;
-		}
+	while ((opt = getopt_long(argc, argv, "", lo, &idx)) != -1) {
+		for (i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++)
+			if (num_opts[i].id == opt &&
+			    parse_num(lo[idx].name, optarg, num_opts[i].max,
+				      &v))
+				return 2;
 		switch (opt) {
 		case 's':
 			c.socket = optarg;
@@ -431,46 +619,88 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (c.layers > 65535 || c.p > 64 || c.d > 64 || c.requests > 65536) {
-		fprintf(stderr, "kvb-demo: sizes out of range\n");
+	if (optind < argc) {
+		fprintf(stderr, "kvb-demo: unexpected argument '%s'\n",
+			argv[optind]);
+		usage(stderr);
 		return 2;
 	}
-	if (pipe(ready) || pipe(go) || pipe(res))
+	if (c.socket &&
+	    (!*c.socket ||
+	     strlen(c.socket) >=
+		     sizeof(((struct sockaddr_un *) 0)->sun_path))) {
+		fprintf(stderr, "kvb-demo: --socket: %s\n",
+			*c.socket ? "socket path too long" : "empty path");
+		return 2;
+	}
+	/* each worker maps layers regions of requests x blocks x block-bytes */
+	if (__builtin_mul_overflow((uint64_t) c.requests * c.blocks,
+				   c.block_bytes, &total) ||
+	    __builtin_mul_overflow(total, c.layers, &total) ||
+	    total > (uint64_t) SIZE_MAX) {
+		fprintf(stderr,
+			"kvb-demo: --layers x --requests x --blocks x "
+			"--block-bytes is more memory than a process can "
+			"map\n");
+		return 2;
+	}
+	if (c.json && !(jf = fopen(c.json, "w"))) {
+		fprintf(stderr, "kvb-demo: --json %s: %s\n", c.json,
+			strerror(errno));
 		return 1;
-	for (i = 0; i < c.d; i++)
-		if (fork() == 0) {
+	}
+	pr = mmap(NULL, c.p * sizeof(*pr), PROT_READ | PROT_WRITE,
+		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (pr == MAP_FAILED || pipe(ready) || pipe(go)) {
+		perror("kvb-demo: setup");
+		return 1;
+	}
+	/* a worker that is gone must not kill us through a write on go */
+	signal(SIGPIPE, SIG_IGN);
+	for (i = 0; i < c.d; i++) {
+		pid_t pid = spawn('D', i);
+
+		if (pid == 0) {
+			close(ready[0]);
 			close(go[1]);
-			fflush(stdout);
 			_exit(run_d(&c, i, ready[1], go[0]));
 		}
+		if (pid < 0)
+			goto fail;
+	}
 	close(ready[1]);
-	for (i = 0; i < c.d; i++)
-		if (read(ready[0], &byte, 1) != 1) {
-			fprintf(stderr,
-				"kvb-demo: a D worker failed to start\n");
-			return 1;
-		}
-	for (i = 0; i < c.p; i++)
-		if (fork() == 0) {
+	if (wait_ready(ready[0], c.d)) {
+		fprintf(stderr, "kvb-demo: a D worker failed to start\n");
+		goto fail;
+	}
+	close(ready[0]);
+	for (i = 0; i < c.p; i++) {
+		pid_t pid = spawn('P', i);
+
+		if (pid == 0) {
 			close(go[1]);
-			_exit(run_p(&c, i, go[0], res[1]));
+			_exit(run_p(&c, i, go[0], &pr[i]));
 		}
-	close(res[1]);
+		if (pid < 0)
+			goto fail;
+	}
+	/* a worker that died since takes its byte with it: reap_all tells */
 	for (i = 0; i < c.p + c.d; i++)
 		if (write(go[1], &byte, 1) != 1)
-			return 1;
-	while (read(res[0], &pr, sizeof(pr)) == sizeof(pr)) {
-		writes += pr.writes;
-		bytes += pr.bytes;
-		failed += pr.failed;
-		if (pr.elapsed_s > elapsed)
-			elapsed = pr.elapsed_s;
-		for (unsigned k = 0; k < pr.nlat && nlat < (1 << 16); k++)
-			lat[nlat++] = pr.lat_us[k];
+			break;
+	close(go[1]);
+	fails = reap_all();
+	for (i = 0; i < c.p; i++) {
+		if (!pr[i].done)
+			continue;
+		writes += pr[i].writes;
+		bytes += pr[i].bytes;
+		failed += pr[i].failed;
+		if (pr[i].elapsed_s > elapsed)
+			elapsed = pr[i].elapsed_s;
+		for (unsigned k = 0; k < pr[i].nlat && nlat < (1 << 16); k++)
+			lat[nlat++] = pr[i].lat_us[k];
 	}
-	while (wait(&status) > 0)
-		if (!WIFEXITED(status) || WEXITSTATUS(status))
-			fails++;
 	qsort(lat, nlat, sizeof(*lat), cmp_dbl);
 	if (broker_stats(c.socket, js, sizeof(js)) < 0)
 		js[0] = '\0';
@@ -493,20 +723,18 @@ int main(int argc, char **argv)
 		       " B, %u requests; flushes/wrs are the broker's totals "
 		       "since it started)\n",
 		       c.p, c.d, c.layers, c.blocks, c.block_bytes, c.requests);
-		if (c.json) {
-			FILE *f = fopen(c.json, "w");
-
-			if (f) {
-				fprintf(f,
-					"{\"writes\":%" PRIu64
-					",\"bytes\":%" PRIu64
-					",\"failed\":%" PRIu64
-					",\"elapsed_s\":%.6f,"
-					"\"lat_p50_us\":%.2f,\"lat_p99_us\":%."
-					"2f,\"broker\":%s}\n",
-					writes, bytes, failed, elapsed, p50,
-					p99, js[0] ? js : "null");
-				fclose(f);
+		if (jf) {
+			fprintf(jf,
+				"{\"writes\":%" PRIu64 ",\"bytes\":%" PRIu64
+				",\"failed\":%" PRIu64 ",\"elapsed_s\":%.6f,"
+				"\"lat_p50_us\":%.2f,\"lat_p99_us\":%."
+				"2f,\"broker\":%s}\n",
+				writes, bytes, failed, elapsed, p50, p99,
+				js[0] ? js : "null");
+			if (ferror(jf) | fclose(jf)) {
+				fprintf(stderr, "kvb-demo: --json %s: %s\n",
+					c.json, strerror(errno));
+				return 1;
 			}
 		}
 	}
@@ -518,4 +746,9 @@ int main(int argc, char **argv)
 	}
 	printf("all bytes verified\n");
 	return 0;
+fail:
+	stop_all();
+	if (jf)
+		fclose(jf);
+	return 1;
 }
