@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "ctl.h"
@@ -16,7 +17,12 @@ static void usage(FILE *f)
 	      "bytes,\n"
 	      "           doorbells, wrs, wr_per_doorbell, transfers, "
 	      "rejections)\n"
-	      "  --json   one JSON object instead of a table\n",
+	      "  --socket PATH  the broker's socket (default: $KVB_SOCKET, "
+	      "else\n"
+	      "                 $XDG_RUNTIME_DIR/kvbroker.sock, else "
+	      "/tmp/kvbroker-UID.sock)\n"
+	      "  --json   one JSON object instead of a table\n"
+	      "Options may come before or after `stats`.\n",
 	      f);
 }
 
@@ -29,13 +35,20 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	static char buf[KVB_MSG_MAX];
-	char path[108] = "";
+	char path[sizeof(((struct sockaddr_un *) 0)->sun_path)] = "";
 	int c, json = 0, n;
 
-	while ((c = getopt_long(argc, argv, "+", lo, NULL)) != -1) {
+	/* no "+": options after `stats` are taken too */
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			snprintf(path, sizeof(path), "%s", optarg);
+			if (!*optarg || strlen(optarg) >= sizeof(path)) {
+				fprintf(stderr, "kvbctl: --socket: %s\n",
+					*optarg ? "socket path too long"
+						: "empty path");
+				return 2;
+			}
+			memcpy(path, optarg, strlen(optarg) + 1);
 			break;
 		case 'j':
 			json = 1;
@@ -49,17 +62,16 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc || strcmp(argv[optind], "stats")) {
+		if (optind < argc)
+			fprintf(stderr, "kvbctl: unknown command '%s'\n",
+				argv[optind]);
 		usage(stderr);
 		return 2;
 	}
-	for (int i = optind + 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--json")) {
-			json = 1;
-		} else {
-			fprintf(stderr, "kvbctl: unknown argument '%s'\n",
-				argv[i]);
-			return 2;
-		}
+	if (optind + 1 < argc) {
+		fprintf(stderr, "kvbctl: unknown argument '%s'\n",
+			argv[optind + 1]);
+		return 2;
 	}
 	if (!path[0] && kvb_default_socket(path, sizeof(path)) < 0) {
 		fprintf(stderr, "kvbctl: socket path too long\n");
