@@ -1,0 +1,197 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Cross-node layer ops that need more in-flight entries than the broker's
+ * table holds (64 Ki), with a plain write right behind them: two brokers on
+ * 127.0.0.1, a P worker on A holding 6 KV layers, a D worker on B that opens
+ * a READ of 8000 scattered blocks (16000 block halves, one entry each per
+ * layer op), submits all 6 layer ops and then a same-node write. The table
+ * runs out within a burst: what does not fit is refused (-ENOBUFS) or
+ * waits, the write completes (0 or -ENOBUFS), nothing crashes (the write
+ * used to underflow the table's free stack), and both brokers exit
+ * cleanly.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define NB	  8000u /* blocks of the READ */
+#define NL	  6	/* layers: 6 x 16000 entries > 65535 */
+#define WRITE_TAG 99
+
+static const struct kvb_kv_geometry g = {.layout = KVB_KV_KV_FIRST,
+					 .num_blocks = 2 * NB + 2,
+					 .block_size = 1,
+					 .num_heads = 1,
+					 .head_dim = 64,
+					 .elem_size = 2};
+
+static struct broker ba, bb; /* killed by teardown if a check failed */
+static pid_t pchild;
+
+static struct kvb_ctx *attach(struct broker *b, enum kvb_role role)
+{
+	struct kvb_attach_opts o = {.socket_path = b->sock,
+				    .role = role,
+				    .tp_size = 1,
+				    .timeout_ms = 15000};
+	struct kvb_ctx *ctx = NULL;
+
+	return kvb_attach(&o, &ctx) ? NULL : ctx;
+}
+
+/* 0 or -1: the worker's NL KV layers */
+static int kv_layers(struct kvb_ctx *ctx)
+{
+	for (unsigned l = 0; l < NL; l++) {
+		struct kvb_region r;
+
+		if (kvb_mem_alloc(ctx, 2ull * g.num_blocks * 128,
+				  KVB_MEM_REMOTE_READ | KVB_MEM_REMOTE_WRITE, l,
+				  &r) ||
+		    kvb_mem_set_kv(ctx, r.id, l, &g))
+			return -1;
+	}
+	return 0;
+}
+
+/* P on A: its layers, then it stays until killed. */
+static void p_worker(int ready_fd)
+{
+	struct kvb_ctx *ctx = attach(&ba, KVB_ROLE_P);
+
+	if (!ctx || kv_layers(ctx))
+		_exit(2);
+	if (write(ready_fd, "x", 1) != 1)
+		_exit(3);
+	pause();
+	_exit(0);
+}
+
+static void test_layer_burst(void **state)
+{
+	static const char *const a_args[] = {
+		"--host-ip", "127.0.0.1",     "--handshake-port",
+		"17301",     "--notify-port", "17305",
+		NULL};
+	static const char *const b_args[] = {
+		"--host-ip", "127.0.0.1",     "--handshake-port",
+		"17311",     "--notify-port", "17315",
+		NULL};
+	const struct broker_opts ao = {.args = a_args}, bo = {.args = b_args};
+	static uint32_t lb[NB], rb[NB];
+	struct kvb_remote_xfer x = {.mode = KVB_XFER_READ};
+	struct kvb_region src, dst;
+	struct kvb_completion c[64];
+	struct kvb_ctx *ctx;
+	int64_t t0;
+	int ready[2], write_status = 1, nobufs = 0, rc;
+	uint32_t peer, h;
+	char byte;
+
+	(void) state;
+	assert_int_equal(broker_start(&ba, &ao), 0);
+	assert_int_equal(broker_start(&bb, &bo), 0);
+	assert_int_equal(pipe(ready), 0);
+	pchild = fork();
+	assert_true(pchild >= 0);
+	if (!pchild) {
+		close(ready[0]);
+		p_worker(ready[1]);
+	}
+	close(ready[1]);
+	assert_int_equal(read(ready[0], &byte, 1), 1);
+	close(ready[0]);
+
+	ctx = attach(&bb, KVB_ROLE_D);
+	assert_non_null(ctx);
+	assert_int_equal(kv_layers(ctx), 0);
+	assert_int_equal(kvb_peer_connect(ctx, "127.0.0.1", 17301, &peer), 0);
+	for (uint32_t i = 0; i < NB; i++) /* never contiguous */
+		lb[i] = rb[i] = 2 * i;
+	x.peer = peer;
+	x.blocks = lb;
+	x.nblocks = NB;
+	x.remote_blocks = rb;
+	x.nremote = NB;
+	assert_int_equal(kvb_transfer_open_remote(ctx, "tx-burst", &x, &h), 0);
+	assert_int_equal(kvb_mem_alloc(ctx, 1 << 16, 0, 100, &src), 0);
+	assert_int_equal(kvb_mem_alloc(ctx, 1 << 16, 0, 101, &dst), 0);
+	for (unsigned l = 0; l < NL; l++)
+		assert_int_equal(kvb_submit_layer(ctx, h, l, l, 0), 1);
+	{
+		struct kvb_desc d = {.region = src.id,
+				     .peer_region = dst.id,
+				     .len = 4096,
+				     .tag = WRITE_TAG};
+
+		assert_int_equal(kvb_submit_write(ctx, &d, 1), 1);
+	}
+	/* the write completes, whatever the layer ops do */
+	t0 = now_ns();
+	while (write_status > 0 && ms_since(t0) < 20000 + SLACK) {
+		int n = kvb_wait(ctx, c, 64, 1000);
+
+		assert_true(n >= 0);
+		for (int i = 0; i < n; i++) {
+			nobufs += c[i].status == -ENOBUFS;
+			if (c[i].kind == KVB_COMP_DESC && c[i].tag == WRITE_TAG)
+				write_status = c[i].status;
+		}
+	}
+	print_message("write: %d; -ENOBUFS completions: %d\n", write_status,
+		      nobufs);
+	assert_true(write_status == 0 || write_status == -ENOBUFS);
+	/* B still serves; the transfer ends when asked */
+	assert_true(broker_stat(&bb, "workers") >= 1);
+	assert_int_equal(kvb_transfer_abort(ctx, h, 7), 0);
+	kvb_detach(ctx);
+	kill(pchild, SIGKILL);
+	waitpid(pchild, NULL, 0);
+	pchild = 0;
+	rc = broker_stop(&bb);
+	bb.pid = 0;
+	assert_int_equal(rc, 0);
+	rc = broker_stop(&ba);
+	ba.pid = 0;
+	assert_int_equal(rc, 0);
+}
+
+static int teardown(void **state)
+{
+	(void) state;
+	if (pchild > 0) {
+		kill(pchild, SIGKILL);
+		waitpid(pchild, NULL, 0);
+	}
+	if (bb.pid > 0) {
+		broker_log_dump(&bb);
+		broker_kill(&bb);
+		broker_cleanup(&bb);
+	}
+	if (ba.pid > 0) {
+		broker_kill(&ba);
+		broker_cleanup(&ba);
+	}
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_layer_burst),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, teardown);
+}
