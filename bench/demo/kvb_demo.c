@@ -567,7 +567,7 @@ int main(int argc, char **argv)
 	int ready[2], go[2], opt, idx, fails = 0;
 	struct p_result *pr;
 	static double lat[1 << 16];
-	uint64_t writes = 0, bytes = 0, failed = 0, v, total;
+	uint64_t writes = 0, bytes = 0, failed = 0, v = 0, total;
 	double elapsed = 0;
 	unsigned nlat = 0, i;
 	static char js[65536];
