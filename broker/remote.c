@@ -62,18 +62,23 @@ void ep_del(struct kvb_broker *b, int fd)
 		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
+/* A new second: say how many lines the last one suppressed. */
+static void rlog_roll(struct kvb_xnode *rm, int64_t now)
+{
+	uint64_t sec = (uint64_t) (now / 1000000000);
+
+	if (sec == rm->log_sec)
+		return;
+	if (rm->log_lines > RLOG_BURST)
+		log_warn("cross-node: %u bad-input log lines suppressed",
+			 rm->log_lines - RLOG_BURST);
+	rm->log_sec = sec;
+	rm->log_lines = 0;
+}
+
 int rlog_ok(struct kvb_xnode *rm)
 {
-	uint64_t sec = (uint64_t) (kvb_now_ns() / 1000000000);
-
-	if (sec != rm->log_sec) {
-		if (rm->log_lines > RLOG_BURST)
-			log_warn("cross-node: %u bad-input log lines "
-				 "suppressed",
-				 rm->log_lines - RLOG_BURST);
-		rm->log_sec = sec;
-		rm->log_lines = 0;
-	}
+	rlog_roll(rm, kvb_now_ns());
 	if (++rm->log_lines <= RLOG_BURST)
 		return 1;
 	rm->st.logs_suppressed++;
@@ -715,6 +720,9 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 
 	if (!rm)
 		return;
+	/* the count of a burst's suppressed lines comes out within a second
+	 * of it, not with the next bad message */
+	rlog_roll(rm, now);
 	for (uint32_t i = 1; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];
 
