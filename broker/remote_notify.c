@@ -393,6 +393,18 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
 	w->notify = NULL;
 }
 
+/* --trusted-hosts, where given, holds for the notify ports too (an
+ * IPv4-mapped IPv6 sender compares as its IPv4 address) */
+static bool notify_sender_ok(void *arg, const char *addr)
+{
+	(void) arg;
+	if (!g_b || !g_b->rm || !g_b->rm->ntrusted)
+		return true;
+	if (!strncmp(addr, "::ffff:", 7) && strchr(addr + 7, '.'))
+		addr += 7;
+	return trusted(g_b->rm, addr);
+}
+
 static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 {
 	struct kvb_notify_conf c = {
@@ -405,6 +417,7 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 		.defer_alias = true,
 		.on_msg = on_notify,
 		.on_log = on_notify_log,
+		.sender_ok = notify_sender_ok,
 		.arg = (void *) (uintptr_t) w->id,
 		.zmq_ctx = b->rm->zctx,
 	};

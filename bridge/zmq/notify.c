@@ -33,6 +33,7 @@ struct kvb_notify {
 	int alias_port; /* 0 when none or equal to the primary */
 
 	kvb_notify_msg_fn on_msg;
+	bool (*sender_ok)(void *arg, const char *addr);
 	kvb_notify_log_fn on_log;
 	void *arg;
 
@@ -238,6 +239,7 @@ int kvb_notify_open(struct kvb_notify **out, const struct kvb_notify_conf *conf)
 		return -ENOMEM;
 	strcpy(n->host, conf->host_ip); /* length checked by host_ok() */
 	n->on_msg = conf->on_msg;
+	n->sender_ok = conf->sender_ok;
 	n->on_log = conf->on_log;
 	n->arg = conf->arg;
 	n->sndhwm = conf->sndhwm > 0 ? conf->sndhwm : 1000;
@@ -380,6 +382,19 @@ static int recv_one(struct kvb_notify *n, int k)
 		payload = &parts[1];
 	else if (total == 3 && zmq_msg_size(&parts[1]) == 0)
 		payload = &parts[2];
+	if (payload && n->sender_ok) {
+		const char *addr = zmq_msg_gets(payload, "Peer-Address");
+
+		if (!addr || !n->sender_ok(n->arg, addr)) {
+			n->st.messages_rejected++;
+			if (reject_log_ok(n))
+				nlog(n, KVB_NOTIFY_LOG_WARN,
+				     "notify port %u: message from %s refused: "
+				     "not a trusted host",
+				     n->ports[k], addr ? addr : "(unknown)");
+			goto out;
+		}
+	}
 	if (payload) {
 		dispatch(n, n->ports[k], zmq_msg_data(payload),
 			 zmq_msg_size(payload));

@@ -73,11 +73,18 @@ struct kvb_notify_conf {
 	bool defer_alias;
 	kvb_notify_msg_fn on_msg; /* required */
 	kvb_notify_log_fn on_log; /* optional */
-	void *arg;		  /* passed to both callbacks */
-	void *zmq_ctx;		  /* shared ZMQ context; NULL = own one */
-	int sndhwm;		  /* per DEALER; 0 = 1000 */
-	int linger_ms;		  /* per DEALER; 0 = 100; < 0 = 0 */
-	uint32_t max_peers;	  /* cached DEALERs; 0 = 256; LRU evicted */
+	/*
+	 * Optional: whether a message from this sender address (ZMQ's
+	 * "Peer-Address" of the frame, e.g. "192.0.2.2") may be taken; one
+	 * that may not is rejected (counted, logged rate-limited) before it
+	 * is decoded.
+	 */
+	bool (*sender_ok)(void *arg, const char *addr);
+	void *arg;	    /* passed to the callbacks */
+	void *zmq_ctx;	    /* shared ZMQ context; NULL = own one */
+	int sndhwm;	    /* per DEALER; 0 = 1000 */
+	int linger_ms;	    /* per DEALER; 0 = 100; < 0 = 0 */
+	uint32_t max_peers; /* cached DEALERs; 0 = 256; LRU evicted */
 };
 
 struct kvb_notify_stats {

@@ -408,6 +408,52 @@ static void test_flood_keeps_serving(void **state)
 	kvb_notify_close(rx);
 }
 
+/* sender_ok: a message whose sender it refuses is rejected undecoded;
+ * it sees the sender's address */
+static char seen_addr[64];
+static int trust;
+
+static bool sender_ok(void *arg, const char *addr)
+{
+	(void) arg;
+	snprintf(seen_addr, sizeof(seen_addr), "%s", addr);
+	return trust;
+}
+
+static void test_sender_check(void **state)
+{
+	struct kvb_notify *rx;
+	struct kvb_notify_conf conf;
+	struct kvb_notify_stats st;
+	struct seen s = {0};
+	void *ctx, *raw;
+
+	(void) state;
+	conf_for(&conf, &s, 0, 0, 1);
+	conf.notify_port = test_base + 20;
+	conf.sender_ok = sender_ok;
+	assert_int_equal(kvb_notify_open(&rx, &conf), 0);
+	ctx = zmq_ctx_new();
+	raw = raw_dealer(ctx, test_base + 20);
+	trust = 0;
+	raw_send(raw, "tx-untrusted", 12);
+	pump(rx, 1);
+	kvb_notify_get_stats(rx, &st);
+	assert_int_equal(st.messages_rejected, 1);
+	assert_int_equal(s.n, 0);
+	assert_string_equal(seen_addr, HOST);
+	trust = 1;
+	raw_send(raw, "tx-trusted", 10);
+	pump(rx, 2);
+	kvb_notify_get_stats(rx, &st);
+	assert_int_equal(st.messages_rejected, 1);
+	assert_int_equal(s.n, 1);
+	assert_string_equal(s.tid[0], "tx-trusted");
+	zmq_close(raw);
+	zmq_ctx_term(ctx);
+	kvb_notify_close(rx);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -415,6 +461,7 @@ int main(void)
 		cmocka_unit_test(test_loopback),
 		cmocka_unit_test(test_send_bounded),
 		cmocka_unit_test(test_flood_keeps_serving),
+		cmocka_unit_test(test_sender_check),
 	};
 	const char *env = getenv("KVB_TEST_PORT_BASE");
 
