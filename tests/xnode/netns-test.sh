@@ -363,9 +363,17 @@ untrusted)
 	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
 		--peer 192.0.2.1:6301 --layers 2 --xfers 0 --expect-peer-error \
 		>>"$T/worker-D-untrusted.log" 2>&1 || fail "D on B: kvb_peer_connect did not fail with EACCES"
+	# P on A stays attached afterwards (its notify port open) until
+	# untrusted-done, for the notify check below
 	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
 		--peer 192.0.2.2:6301 --layers 2 --xfers 0 --expect-peer-error \
-		>>"$T/worker-P-untrusted.log" 2>&1 || fail "P on A: kvb_peer_connect did not fail with EACCES"
+		--hold-s 60 --hold-until "$T/untrusted-done" \
+		>>"$T/worker-P-untrusted.log" 2>&1 &
+	wpu=$!
+	for _ in $(seq 1 80); do
+		grep -q "expected" "$T/worker-P-untrusted.log" 2>/dev/null && break
+		sleep 0.1
+	done
 	t1=$(date +%s)
 	[ $((t1 - t0)) -le 8 ] || fail "the refused connects took $((t1 - t0)) s (retried?)"
 	cat "$T"/worker-*-untrusted.log
@@ -374,6 +382,32 @@ untrusted)
 	echo "A: handshakes_refused $r0 -> $r1"
 	[ "$r1" -ge $((r0 + 1)) ] || fail "A did not count the refused handshake"
 	grep -q "refused: not in --trusted-hosts" "$T/broker-a.log" || fail "A did not log the refusal"
+	# a notify message from B (not in --trusted-hosts) at P's port: refused
+	PY=${KVB_PYTHON:-/usr/bin/python3}
+	if [ -x "$PY" ] && "$PY" -c "import zmq" 2>/dev/null; then
+		m0=$(json_get "$(stats a)" messages_rejected)
+		ip netns exec "$NB" "$PY" -c '
+import zmq, time
+s = zmq.Context().socket(zmq.DEALER)
+s.setsockopt(zmq.LINGER, 2000)
+s.connect("tcp://192.0.2.1:61005")
+s.send(b"tx-from-untrusted")
+time.sleep(0.3)
+' || fail "could not send the notify message"
+		for _ in $(seq 1 50); do
+			grep -q "not a trusted host" "$T/broker-a.log" && break
+			sleep 0.1
+		done
+		m1=$(json_get "$(stats a)" messages_rejected)
+		echo "A: messages_rejected $m0 -> $m1 after a notify from B"
+		[ "$m1" -ge $((m0 + 1)) ] || fail "A did not count the untrusted notify message"
+		grep -q "from 192.0.2.2 refused: not a trusted host" "$T/broker-a.log" ||
+			fail "A did not log the untrusted notify message"
+	else
+		echo "notify check skipped: no python3-zmq"
+	fi
+	touch "$T/untrusted-done"
+	wait "$wpu" || fail "P on A: kvb_peer_connect did not fail with EACCES"
 	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac

@@ -523,6 +523,9 @@ int main(int argc, char **argv)
 		       is_p ? 'P' : 'D', o.tp, o.peer_host, o.peer_port,
 		       rc ? kvb_strerror(rc) : "connected",
 		       kvb_strerror(-EACCES));
+		fflush(stdout);
+		if (o.hold_s) /* keep the notify port open meanwhile */
+			stay(o.hold_s, o.hold_until);
 		kvb_detach(ctx);
 		return rc == -EACCES ? 0 : 1;
 	}
