@@ -118,6 +118,19 @@ static void test_layer_burst(void **state)
 	assert_non_null(ctx);
 	assert_int_equal(kv_layers(ctx), 0);
 	assert_int_equal(kvb_peer_connect(ctx, "127.0.0.1", 17301, &peer), 0);
+	{
+		/* a block id no msgpack int32 holds: refused as invalid,
+		 * not as an unreachable peer */
+		uint32_t big = 1u << 31;
+		struct kvb_remote_xfer wx = {.peer = peer,
+					     .mode = KVB_XFER_WRITE,
+					     .blocks = &big,
+					     .nblocks = 1};
+
+		assert_int_equal(
+			kvb_transfer_open_remote(ctx, "tx-bigid", &wx, &h),
+			-EINVAL);
+	}
 	for (uint32_t i = 0; i < NB; i++) /* never contiguous */
 		lb[i] = rb[i] = 2 * i;
 	x.peer = peer;
