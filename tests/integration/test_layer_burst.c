@@ -8,7 +8,8 @@
  * runs out within a burst: what does not fit is refused (-ENOBUFS) or
  * waits, the write completes (0 or -ENOBUFS), nothing crashes (the write
  * used to underflow the table's free stack), and both brokers exit
- * cleanly.
+ * cleanly. On the way, a WRITE open naming block 2^31 (no msgpack int32
+ * holds it) is refused -EINVAL.
  */
 #include <errno.h>
 #include <setjmp.h>
