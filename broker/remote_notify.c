@@ -126,29 +126,37 @@ static int ufifo_push(struct kvb_xnode *rm, uint32_t handle, uint32_t worker)
 /*
  * A cross-node transfer that a message names before its worker opened it
  * (WRITE mode): kept, not opened, until the worker opens it or timeout_ms
- * passes. NULL with *err set on failure.
+ * passes. NULL on failure, the message then rejected and *err what the
+ * handler returns (-ENOMEM as such: nothing wrong with the message).
  */
 static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 				      struct kvb_worker *w,
 				      const struct kvb_zmsg *m, uint8_t role,
 				      uint32_t timeout_ms, int *err)
 {
+	static const char full[] = "too many transfers not opened yet";
 	struct kvb_xnode *rm = b->rm;
 	struct kvb_xfer *x;
+	int rc = 0;
 
 	/* anyone may send to a notify port: keep room for workers' opens.
 	 * At the cap the oldest such transfer goes (a flood that ended
 	 * does not keep out the announcements that follow it) */
 	if (rm->nunopened >= UNOPENED_MAX &&
 	    unopened_evict(b, UNOPENED_MAX - 1, 0)) {
-		*err = -ENOSPC;
+		*err = reject(b, w, m, -ENOSPC, full);
 		return NULL;
 	}
 	x = kvb_xfer_open(&b->xfers, w->id, m->transfer_id,
 			  strlen(m->transfer_id),
-			  kvb_now_ns() + (int64_t) timeout_ms * 1000000, err);
-	if (!x)
+			  kvb_now_ns() + (int64_t) timeout_ms * 1000000, &rc);
+	if (!x) {
+		*err = reject(b, w, m, rc,
+			      rc == -ESTALE   ? "the transfer already ended"
+			      : rc == -ENOSPC ? "transfer table full"
+					      : "bad transfer id");
 		return NULL;
+	}
 	x->rx = calloc(1, sizeof(*x->rx));
 	if (!x->rx) {
 		kvb_xfer_end(&b->xfers, x);
@@ -162,7 +170,7 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 	if (ufifo_push(rm, kvb_xfer_handle(&b->xfers, x), w->id)) {
 		/* no slot to remember it by: do not keep it either */
 		kvb_xfer_finish(b, x, -ECANCELED);
-		*err = -ENOSPC;
+		*err = reject(b, w, m, -ENOSPC, full);
 		return NULL;
 	}
 	return x;
@@ -189,13 +197,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 		x = unopened_xfer(b, w, m, KVB_ROLE_P, b->opt.defer_timeout_ms,
 				  &err);
 		if (!x)
-			return err == -ENOMEM ? err
-			       : err == -ENOSPC
-				       ? reject(b, w, m, err,
-						"too many transfers not opened "
-						"yet")
-				       : reject(b, w, m, err,
-						"transfer table full");
+			return err;
 	}
 	rx = x->rx;
 	if (!rx)
@@ -316,13 +318,7 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 		x = unopened_xfer(b, w, m, KVB_ROLE_D,
 				  b->opt.transfer_timeout_ms, &err);
 		if (!x)
-			return err == -ENOMEM ? err
-			       : err == -ENOSPC
-				       ? reject(b, w, m, err,
-						"too many transfers not opened "
-						"yet")
-				       : reject(b, w, m, err,
-						"transfer table full");
+			return err;
 	}
 	if (!x->rx)
 		return reject(b, w, m, -ENOENT,
