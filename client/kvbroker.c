@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* libkvbroker: the worker side. See include/kvbroker/kvbroker.h. */
+/* libkvbroker: the worker side (attach, control calls, transfers, submission
+ * and completion); memory is in mem.c. See include/kvbroker/kvbroker.h. */
 #include "kvbroker/kvbroker.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -14,9 +14,6 @@
 
 #include "ctl.h"
 #include "segment.h"
-#ifdef KVB_HAVE_GPU
-#include "gpu/gpu_export.h"
-#endif
 
 #define SUBMIT_CHUNK   64u
 #define LIVENESS_EVERY 256u /* empty polls between broker liveness checks */
@@ -35,44 +32,7 @@
 #define WAIT_SPIN_MIN_NS 1000
 #define WAIT_SPIN_PROBE	 16u
 
-/* Room for any reply to a ctl_call request (the largest: OPEN_BATCH's). */
-#define CTL_RX_MAX 1024u
-_Static_assert(sizeof(struct kvb_msg_open_batch_reply) +
-			       KVB_OPEN_BATCH_MAX *
-				       sizeof(struct kvb_open_result) <=
-		       CTL_RX_MAX,
-	       "CTL_RX_MAX holds every reply");
-
-struct kvb_ctx {
-	int sock;
-	int broker_efd;
-	int worker_efd;
-	int timeout_ms;
-	uint32_t worker_id;
-	int dead; /* broker gone: set once, read by both threads */
-	unsigned empty_polls;
-	/* kvb_wait's spin budget (ns) and its count of waits; touched by the
-	 * single completing thread only */
-	int64_t spin_ns;
-	unsigned waits;
-	struct kvb_seg seg;
-	void *seg_mem;
-	size_t seg_size;
-	pthread_mutex_t ctl_lock;
-	/* under ctl_lock: the last request's number (shm/proto.h), the
-	 * number of a PEER request still unanswered (0: none), and where
-	 * replies are received */
-	uint32_t seq;
-	uint32_t peer_seq;
-	union {
-		struct kvb_msg_hdr h;
-		char raw[CTL_RX_MAX];
-	} rx;
-	/* requests whose replies nobody waits for any more: read (and
-	 * dropped) by the next control call, or by kvb_wait / kvb_poll;
-	 * atomic, a hint */
-	unsigned strays;
-};
+#include "client.h"
 
 uint32_t kvb_worker_id(const struct kvb_ctx *ctx)
 {
@@ -161,7 +121,7 @@ static int ctl_read(struct kvb_ctx *ctx, int64_t deadline)
  * the message that echoes the request's number; replies to calls that gave
  * up earlier are dropped on the way (stray()).
  */
-static int ctl_call(struct kvb_ctx *ctx, struct kvb_msg_hdr *req,
+int kvb_client_call(struct kvb_ctx *ctx, struct kvb_msg_hdr *req,
 		    const int *fds, unsigned nfds, void *reply, size_t cap,
 		    size_t min_len)
 {
@@ -361,7 +321,8 @@ int kvb_detach(struct kvb_ctx *ctx)
 		return 0;
 	if (!__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED)) {
 		kvb_msg_init(&bye, KVB_MSG_BYE, sizeof(bye));
-		ctl_call(ctx, &bye, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+		kvb_client_call(ctx, &bye, NULL, 0, &rep, sizeof(rep),
+				sizeof(rep));
 	}
 	munmap(ctx->seg_mem, ctx->seg_size);
 	close(ctx->broker_efd);
@@ -369,174 +330,6 @@ int kvb_detach(struct kvb_ctx *ctx)
 	close(ctx->sock);
 	pthread_mutex_destroy(&ctx->ctl_lock);
 	free(ctx);
-	return 0;
-}
-
-static int mem_register(struct kvb_ctx *ctx, struct kvb_msg_mem_reg *req,
-			int fd, struct kvb_region *out)
-{
-	struct kvb_msg_mem_reply rep;
-	int rc;
-
-	rc = ctl_call(ctx, &req->h, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, &rep,
-		      sizeof(rep), sizeof(rep));
-	if (rc)
-		return rc;
-	out->id = rep.region;
-	out->flags = rep.flags;
-	out->size = rep.size;
-	return 0;
-}
-
-int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
-		  uint64_t key, struct kvb_region *out)
-{
-	struct kvb_msg_mem_reg req;
-	void *addr;
-	int fd, rc;
-
-	if (!ctx || !out || size == 0 ||
-	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
-		return -EINVAL;
-	fd = memfd_create("kvb-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return -errno;
-	/* sealed against shrinking, which the broker requires: a truncated
-	 * file under its mapping would be a SIGBUS in the broker */
-	if (ftruncate(fd, (off_t) size) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
-		rc = -errno;
-		goto err_fd;
-	}
-	addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (addr == MAP_FAILED) {
-		rc = -errno;
-		goto err_fd;
-	}
-	/* huge pages where shmem THP is `advise`: fewer TLB misses for the
-	 * copies; EINVAL on a kernel without THP is no error */
-	(void) madvise(addr, size, MADV_HUGEPAGE);
-	kvb_msg_init(&req.h, KVB_MSG_MEM_REG, sizeof(req));
-	req.size = size;
-	req.key = key;
-	req.flags = flags;
-	rc = mem_register(ctx, &req, fd, out);
-	if (rc)
-		goto err_map;
-	close(fd);
-	out->addr = addr;
-	out->gpu = 0;
-	return 0;
-
-err_map:
-	munmap(addr, size);
-err_fd:
-	close(fd);
-	return rc;
-}
-
-int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
-			uint64_t size, uint32_t flags, uint64_t key,
-			struct kvb_region *out)
-{
-	struct kvb_msg_mem_reg req;
-	int rc;
-
-	if (!ctx || !out || fd < 0 || size == 0 ||
-	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
-		return -EINVAL;
-	/* the broker takes only files that cannot shrink under its mapping:
-	 * seal it where the file allows (a memfd with MFD_ALLOW_SEALING);
-	 * where not, the broker's refusal (-EPERM) says so */
-	(void) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
-	kvb_msg_init(&req.h, KVB_MSG_MEM_REG, sizeof(req));
-	req.size = size;
-	req.fd_offset = fd_offset;
-	req.key = key;
-	req.flags = flags;
-	rc = mem_register(ctx, &req, fd, out);
-	if (!rc) {
-		out->addr = NULL;
-		out->gpu = 0;
-	}
-	return rc;
-}
-
-int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
-			 int device, uint32_t flags, uint64_t key,
-			 struct kvb_region *out)
-{
-#ifdef KVB_HAVE_GPU
-	struct {
-		struct kvb_msg_mem_reg req;
-		struct kvb_gpu_handle h;
-	} m;
-	int rc;
-
-	if (!ctx || !out || !dev_ptr || size == 0 ||
-	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
-		return -EINVAL;
-	kvb_msg_init(&m.req.h, KVB_MSG_MEM_REG, sizeof(m));
-	rc = kvb_gpu_export(dev_ptr, size, device, &m.h);
-	if (rc)
-		return rc;
-	m.req.size = size;
-	m.req.key = key;
-	m.req.flags = flags;
-	m.req.kind = 1; /* gpu handle in the payload */
-	m.req.gpu_device = device;
-	m.req.payload_len = sizeof(m.h);
-	rc = mem_register(ctx, &m.req, -1, out);
-	if (!rc) {
-		out->addr = dev_ptr;
-		out->gpu = 1;
-	}
-	return rc;
-#else
-	return -ENODEV; /* this build has no gpu support */
-#endif
-}
-
-int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
-{
-	struct kvb_msg_mem_dereg req;
-	struct kvb_msg_hdr rep;
-	int rc;
-
-	if (!ctx || !r)
-		return -EINVAL;
-	kvb_msg_init(&req.h, KVB_MSG_MEM_DEREG, sizeof(req));
-	req.region = r->id;
-	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
-	/* our mapping goes whatever the broker said: it is ours */
-	if (r->addr && rc != -ENOENT && !r->gpu)
-		munmap(r->addr, r->size);
-	if (rc != -ENOENT)
-		r->addr = NULL;
-	return rc;
-}
-
-int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,
-		   uint32_t tp_rank, uint64_t key,
-		   struct kvb_remote_region *out)
-{
-	struct kvb_msg_mem_lookup req;
-	struct kvb_msg_mem_reply rep;
-	int rc;
-
-	if (!ctx || !out)
-		return -EINVAL;
-	kvb_msg_init(&req.h, KVB_MSG_MEM_LOOKUP, sizeof(req));
-	req.role = role;
-	req.dp_rank = dp_rank;
-	req.tp_rank = tp_rank;
-	req.key = key;
-	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
-	if (rc)
-		return rc;
-	out->id = rep.region;
-	out->flags = rep.flags;
-	out->size = rep.size;
 	return 0;
 }
 
@@ -555,7 +348,8 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
 	kvb_msg_init(&req.h, KVB_MSG_OPEN, sizeof(req));
 	req.id_len = (uint32_t) n;
 	memcpy(req.id, id, n);
-	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	rc = kvb_client_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep),
+			     sizeof(rep));
 	if (rc)
 		return rc;
 	*handle = rep.handle;
@@ -596,8 +390,8 @@ int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
 	kvb_msg_init(&req.m.h, KVB_MSG_OPEN_BATCH, sizeof(req.m));
 	req.m.h.len = (uint32_t) len;
 	req.m.n = n;
-	rc = ctl_call(ctx, &req.m.h, NULL, 0, &rep, sizeof(rep),
-		      sizeof(rep.r) + n * sizeof(rep.r.res[0]));
+	rc = kvb_client_call(ctx, &req.m.h, NULL, 0, &rep, sizeof(rep),
+			     sizeof(rep.r) + n * sizeof(rep.r.res[0]));
 	if (rc)
 		return rc;
 	if (rep.r.n != n ||
@@ -617,26 +411,6 @@ int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
 	return first;
 }
 
-int kvb_mem_set_kv(struct kvb_ctx *ctx, uint32_t region, uint32_t layer,
-		   const struct kvb_kv_geometry *g)
-{
-	struct kvb_msg_mem_kv req;
-	struct kvb_msg_hdr rep;
-
-	if (!ctx || !g)
-		return -EINVAL;
-	kvb_msg_init(&req.h, KVB_MSG_MEM_KV, sizeof(req));
-	req.region = region;
-	req.layer = layer;
-	req.layout = g->layout;
-	req.num_blocks = g->num_blocks;
-	req.block_size = g->block_size;
-	req.num_heads = g->num_heads;
-	req.head_dim = g->head_dim;
-	req.elem_size = g->elem_size;
-	return ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
-}
-
 int kvb_peer_connect(struct kvb_ctx *ctx, const char *host, uint16_t port,
 		     uint32_t *peer)
 {
@@ -653,7 +427,8 @@ int kvb_peer_connect(struct kvb_ctx *ctx, const char *host, uint16_t port,
 	kvb_msg_init(&req.h, KVB_MSG_PEER, sizeof(req));
 	memcpy(req.host, host, n);
 	req.port = port;
-	rc = ctl_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	rc = kvb_client_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep),
+			     sizeof(rep));
 	if (rc)
 		return rc;
 	*peer = rep.peer;
@@ -704,7 +479,8 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *id,
 	if (nr)
 		memcpy((uint32_t *) (req + 1) + nb, x->remote_blocks,
 		       nr * sizeof(uint32_t));
-	rc = ctl_call(ctx, &req->h, NULL, 0, &rep, sizeof(rep), sizeof(rep));
+	rc = kvb_client_call(ctx, &req->h, NULL, 0, &rep, sizeof(rep),
+			     sizeof(rep));
 	free(req);
 	if (rc)
 		return rc;

@@ -55,7 +55,7 @@ gcc $CF shm/ring.c shm/segment.c client/ctl.c bridge/local/local.c bridge/gpu/*.
 	broker/engine.c broker/stats.c broker/gpu.c broker/remote_none.c broker/main.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }
 # shellcheck disable=SC2086
-gcc $CF tests/gpu/gpu_broker_test.c client/kvbroker.c client/ctl.c shm/ring.c \
+gcc $CF tests/gpu/gpu_broker_test.c client/*.c shm/ring.c \
 	shm/segment.c bridge/gpu/*.c -ldl -lpthread -o "$B/gpu_broker_test" ||
 	{ echo "RESULT2: BUILD-FAILED (test)"; exit 1; }
 if [ "$BACKEND" != host ]; then
@@ -84,7 +84,7 @@ echo "=== part 3: kvbench (gcc build: local and gpu transports)"
 # every source of kvbench (all of bench/kvbench/*.c: a list here went stale
 # twice when files were added)
 gcc $CF bench/kvbench/*.c \
-	client/kvbroker.c client/ctl.c shm/ring.c shm/segment.c bridge/local/local.c \
+	client/*.c shm/ring.c shm/segment.c bridge/local/local.c \
 	bridge/gpu/*.c -ldl -lpthread -lm -o "$B/kvbench" ||
 	{ echo "RESULT3: BUILD-FAILED (kvbench)"; exit 1; }
 if [ "$QUICK" = 1 ]; then
