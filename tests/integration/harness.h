@@ -39,7 +39,8 @@ int broker_run_to_exit(struct broker *b, const struct broker_opts *o,
 		       int timeout_ms);
 
 /* SIGTERM, wait up to 10 s; returns the exit status (0..255), or -errno,
- * or 128 + signal when it died of a signal. Removes the directory. */
+ * or 128 + signal when it died of a signal. The log stays readable
+ * (broker_log_has) until broker_cleanup, which removes the directory. */
 int broker_stop(struct broker *b);
 
 /* SIGKILL and reap (no exit-status check); removes the directory. */

@@ -46,8 +46,12 @@ static void start(const char *const *args)
 
 static void stop(void)
 {
+	int rc;
+
 	running = 0;
-	assert_int_equal(broker_stop(&br), 0);
+	rc = broker_stop(&br);
+	broker_cleanup(&br);
+	assert_int_equal(rc, 0);
 }
 
 static int teardown(void **state)
@@ -56,6 +60,7 @@ static int teardown(void **state)
 	if (running) {
 		kill(br.pid, SIGCONT);
 		broker_kill(&br);
+		broker_cleanup(&br);
 		running = 0;
 	}
 	return 0;
@@ -327,6 +332,7 @@ static void test_dead_broker(void **state)
 	assert_int_equal(kvb_transfer_open(a, "d", &h), 0);
 	d = (struct kvb_desc){.transfer = h, .len = 64, .tag = 1};
 	broker_kill(&br);
+	broker_cleanup(&br);
 	running = 0;
 
 	rc = kvb_submit_write(a, &d, 1);

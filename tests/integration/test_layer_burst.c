@@ -175,10 +175,10 @@ static void test_layer_burst(void **state)
 	waitpid(pchild, NULL, 0);
 	pchild = 0;
 	rc = broker_stop(&bb);
-	bb.pid = 0;
+	broker_cleanup(&bb);
 	assert_int_equal(rc, 0);
 	rc = broker_stop(&ba);
-	ba.pid = 0;
+	broker_cleanup(&ba);
 	assert_int_equal(rc, 0);
 }
 

@@ -69,6 +69,7 @@ static void test_mem_set_kv(void **state)
 	assert_int_equal(kvb_mem_set_kv(ctx, r1.id, 0, &g), 0);
 	kvb_detach(ctx);
 	assert_int_equal(broker_stop(&b), 0);
+	broker_cleanup(&b);
 }
 
 static void test_no_host_ip(void **state)
@@ -116,6 +117,7 @@ static void test_no_host_ip(void **state)
 	assert_non_null(strstr(js, "\"refused\":1,"));
 	kvb_detach(ctx);
 	assert_int_equal(broker_stop(&b), 0);
+	broker_cleanup(&b);
 }
 
 static void test_unreachable_peer(void **state)
@@ -145,6 +147,7 @@ static void test_unreachable_peer(void **state)
 			 -ENOENT);
 	kvb_detach(ctx);
 	assert_int_equal(broker_stop(&b), 0);
+	broker_cleanup(&b);
 }
 
 int main(void)
