@@ -327,6 +327,15 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		if (rec * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN == f->meta_len) {
 			h.count = (uint16_t) rec;
 			kvb_tcp_hdr_encode(&h, f->meta);
+			{
+				/* where each payload ends in the send stream */
+				uint64_t end = ep->tx.queued + f->meta_len;
+
+				for (unsigned k = 0; k < f->nseg; k++) {
+					end += f->seg[k].len;
+					ep->slots[f->seg[k].ref].tx_end = end;
+				}
+			}
 			_kvb_tcp_txq_push(&ep->tx, f);
 			tt->st.frames_tx++;
 			f = NULL;
@@ -422,22 +431,6 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 	return (int) take;
 }
 
-/*
- * Is slot idx's WRITE payload still (partly) in the send queue? An honest
- * server acknowledges a write only after its bytes landed, so an ACK then
- * is a protocol error: completing the op would let the broker release the
- * source region while the frame still sends from it.
- */
-static int slot_unsent(const struct kvb_ep *ep, uint32_t idx)
-{
-	for (const struct tcp_frame *f = ep->tx.head; f; f = f->next)
-		/* seg i is part i + 1: unsent from part - 1 on */
-		for (unsigned i = f->part ? f->part - 1 : 0; i < f->nseg; i++)
-			if (f->seg[i].ref == idx)
-				return 1;
-	return 0;
-}
-
 static int ep_on_recs(struct kvb_ep *ep)
 {
 	struct tcp_rx *rx = &ep->rx;
@@ -460,8 +453,12 @@ static int ep_on_recs(struct kvb_ep *ep)
 		if (!s->used || s->seq != r->seq || s->answered ||
 		    s->opcode != code)
 			return -EPROTO;
-		if (code == KVB_XOP_WRITE ? r->len != 0 || slot_unsent(ep, idx)
-					  : r->len != (r->status ? 0 : s->len))
+		/* an honest server acknowledges a write once its bytes
+		 * landed: not while its frame is still being sent (from the
+		 * source region the broker would then release) */
+		if (code == KVB_XOP_WRITE
+			    ? r->len != 0 || ep->tx.sent < s->tx_end
+			    : r->len != (r->status ? 0 : s->len))
 			return -EPROTO;
 		s->answered = 1;
 		total += r->len;

@@ -69,6 +69,9 @@ struct tcp_frame {
 struct tcp_txq {
 	struct tcp_frame *head, *tail;
 	unsigned n;
+	/* bytes of every frame pushed / sent since the queue was last
+	 * cleared: a byte at offset x of that stream is sent once sent > x */
+	uint64_t queued, sent;
 };
 
 /* ---- receive state machine (rx.c) ---- */
@@ -111,6 +114,7 @@ struct tcp_slot {
 	int32_t err; /* forced status (local region deregistered) */
 	uint32_t next_free;
 	uint8_t used, answered;
+	uint64_t tx_end; /* WRITE: where its payload ends in ep->tx's bytes */
 };
 
 struct kvb_ep {

@@ -30,6 +30,9 @@ struct tcp_frame *_kvb_tcp_frame_new(unsigned nseg, uint32_t meta_len,
 
 void _kvb_tcp_txq_push(struct tcp_txq *q, struct tcp_frame *f)
 {
+	q->queued += (uint64_t) f->meta_len + f->trailer_len;
+	for (unsigned i = 0; i < f->nseg; i++)
+		q->queued += f->seg[i].len;
 	f->next = NULL;
 	if (q->tail)
 		q->tail->next = f;
@@ -54,6 +57,7 @@ void _kvb_tcp_txq_clear(struct tcp_txq *q)
 {
 	while (q->head)
 		txq_pop(q);
+	q->queued = q->sent = 0;
 }
 
 static uint64_t part_len(const struct tcp_frame *f, unsigned p)
@@ -145,6 +149,7 @@ int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd)
 		return errno == EPIPE ? -ECONNRESET : -errno;
 	}
 	tt->st.bytes_tx += (uint64_t) rc;
+	q->sent += (uint64_t) rc;
 	txq_advance(q, (uint64_t) rc);
 	return rc;
 }
