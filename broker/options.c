@@ -43,6 +43,7 @@ void kvb_options_default(struct kvb_options *o)
 	o->ib_port = 1;
 	o->gid_index = -1;
 	o->qp_per_transfer = 1;
+	o->tcp_conns = KVB_TCP_CONNS_DEF;
 	o->gpu_streams = 64;
 	o->copy_threads = -1;
 }
@@ -93,6 +94,11 @@ void kvb_options_usage(FILE *f)
 	      "notify ports\n"
 	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
 	      "  --qp-per-transfer N    QPs per peer (default 1, at most 16)\n"
+	      "  --tcp-conns N          tcp: connections per peer (default 4, "
+	      "at most 16);\n"
+	      "                         each chain goes to the one with the "
+	      "least unsent\n"
+	      "                         data\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
 	      "  --copy-threads N|auto  threads that copy large same-node "
 	      "chains with the\n"
@@ -161,6 +167,7 @@ enum {
 	O_IBPORT,
 	O_GID,
 	O_QPS,
+	O_TCP_CONNS,
 	O_GSTREAMS,
 	O_HELP,
 	O_VER,
@@ -191,6 +198,7 @@ static const struct option longopts[] = {
 	{"ib-port", required_argument, NULL, O_IBPORT},
 	{"gid-index", required_argument, NULL, O_GID},
 	{"qp-per-transfer", required_argument, NULL, O_QPS},
+	{"tcp-conns", required_argument, NULL, O_TCP_CONNS},
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
 	{"copy-threads", required_argument, NULL, O_COPYT},
 	{"copy-plain", no_argument, NULL, O_COPYPLAIN},
@@ -360,6 +368,14 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					    "(1..%u)",
 					    a, KVB_QP_PER_PEER_MAX);
 			o->qp_per_transfer = (int) v;
+			break;
+		case O_TCP_CONNS:
+			if (parse_int(a, 1, KVB_TCP_CONNS_MAX, &v))
+				return fail(
+					err, err_len,
+					"--tcp-conns: bad value '%s' (1..%u)",
+					a, KVB_TCP_CONNS_MAX);
+			o->tcp_conns = (int) v;
 			break;
 		case O_GSTREAMS:
 			if (parse_int(a, 1, 1024, &v))

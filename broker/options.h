@@ -6,6 +6,8 @@
 #define KVB_BURST_MAX 256u
 /* --qp-per-transfer: the rdma transport's limit (KVB_RDMA_MAX_QP) */
 #define KVB_QP_PER_PEER_MAX 16u
+#define KVB_TCP_CONNS_MAX   16u
+#define KVB_TCP_CONNS_DEF   4
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +44,7 @@ struct kvb_options {
 	int ib_port;
 	int gid_index;
 	int qp_per_transfer;
+	int tcp_conns; /* tcp: connections per peer */
 	int gpu_streams;
 	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
 	int copy_plain;	  /* --copy-plain: memcpy only, no streaming stores */

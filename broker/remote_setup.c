@@ -129,6 +129,7 @@ int kvb_remote_init(struct kvb_broker *b)
 			.host_ip = b->opt.host_ip,
 			.tcp_port = b->opt.data_port,
 			.timeout_ms = 10000,
+			.qp_per_peer = b->opt.tcp_conns,
 		};
 		char why[256] = "";
 

@@ -80,6 +80,7 @@ static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
 	s->dst = NULL;
 	s->next_free = ep->free_head;
 	ep->free_head = idx;
+	ep->inflight_bytes -= s->len;
 	ep->used--;
 	tt->inflight--;
 }
@@ -120,6 +121,37 @@ void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete)
 		ep->next->prev = ep->prev;
 	tt->st.eps_open--;
 	free(ep);
+}
+
+int _kvb_tcp_ep_group_new(struct tcp_transport *tt,
+			  const struct sockaddr_storage *sa, socklen_t salen,
+			  struct kvb_ep **out)
+{
+	struct kvb_ep *lead = NULL, **link = &lead;
+	unsigned i;
+
+	for (i = 0; i < tt->stripes; i++) {
+		int rc = _kvb_tcp_ep_new(tt, sa, salen, link);
+
+		if (rc) {
+			if (lead)
+				_kvb_tcp_ep_group_destroy(lead);
+			return rc;
+		}
+		link = &(*link)->stripe;
+	}
+	*out = lead;
+	return 0;
+}
+
+void _kvb_tcp_ep_group_destroy(struct kvb_ep *ep)
+{
+	while (ep) {
+		struct kvb_ep *next = ep->stripe;
+
+		_kvb_tcp_ep_destroy(ep, 1);
+		ep = next;
+	}
 }
 
 static int ep_update(struct kvb_ep *ep)
@@ -320,6 +352,7 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		}
 		if (!ep->used)
 			ep->last_progress = tcp_now();
+		ep->inflight_bytes += op->len;
 		ep->used++;
 		tt->inflight++;
 		(*good)++;
@@ -344,8 +377,9 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 	return 0;
 }
 
-int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
-		  const struct kvb_xop *ops, unsigned n)
+/* post() to one connection */
+static int ep_post(struct kvb_transport *t, struct kvb_ep *ep,
+		   const struct kvb_xop *ops, unsigned n)
 {
 	struct tcp_transport *tt = to_tcp(t);
 	unsigned take, limit, iovs = 0, run = 0, good = 0, i;
@@ -353,10 +387,6 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 	uint64_t bytes = 0;
 	int rc;
 
-	if (!ep || (!ops && n))
-		return -EINVAL;
-	if (!n)
-		return 0;
 	limit = ep->depth - ep->used;
 	if (!limit) {
 		t->stats.credit_stalls++;
@@ -429,6 +459,69 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 	if (tt->cq_len)
 		_kvb_tcp_timer_want(tt, 1);
 	return (int) take;
+}
+
+/*
+ * The stripe of the group `lead` that takes the next chain: one with
+ * credit whose connection is not in its failed-dial backoff, with the
+ * fewest bytes in flight (posted and not completed: a stream that drains
+ * slower gets less); ties go to the first. When every stripe with credit
+ * is in backoff: the first of those (its ops fail fast, as with one
+ * connection). NULL when no stripe has credit.
+ */
+static struct kvb_ep *stripe_pick(struct kvb_ep *lead, uint64_t now)
+{
+	struct kvb_ep *best = NULL, *failing = NULL, *s;
+
+	for (s = lead; s; s = s->stripe) {
+		if (s->used == s->depth)
+			continue;
+		if (s->state == EP_IDLE && now < s->backoff_until) {
+			if (!failing)
+				failing = s;
+			continue;
+		}
+		if (!best || s->inflight_bytes < best->inflight_bytes)
+			best = s;
+	}
+	return best ? best : failing;
+}
+
+/*
+ * Chains go whole to one stripe (one sendmsg carries them, like one QP's
+ * doorbell); what the stripe has no credit or iovecs for goes on to the
+ * next pick, so a chain is split only when one connection cannot take it.
+ */
+int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
+		  const struct kvb_xop *ops, unsigned n)
+{
+	unsigned done = 0;
+	uint64_t now;
+
+	if (!ep || (!ops && n))
+		return -EINVAL;
+	if (!n)
+		return 0;
+	if (!ep->stripe)
+		return ep_post(t, ep, ops, n);
+	now = tcp_now();
+	while (done < n) {
+		struct kvb_ep *s = stripe_pick(ep, now);
+		int rc;
+
+		if (!s) {
+			if (!done)
+				t->stats.credit_stalls++;
+			break;
+		}
+		rc = ep_post(t, s, ops + done, n - done);
+		if (rc < 0)
+			return done ? (int) done : rc;
+		if (!rc)
+			break;
+		done += (unsigned) rc;
+	}
+	return (int) done;
 }
 
 static int ep_on_recs(struct kvb_ep *ep)

@@ -292,6 +292,15 @@ static int tcp_open(const struct kvb_transport_params *p,
 	tt->depth = p->sq_depth ? p->sq_depth : TCP_DEPTH_DEFAULT;
 	if (tt->depth > (1u << 20))
 		tt->depth = 1u << 20;
+	if (p->qp_per_peer > (int) TCP_STRIPES_MAX) {
+		if (why && why_len)
+			snprintf(why, why_len,
+				 "tcp: %d connections per peer: at most %u",
+				 p->qp_per_peer, TCP_STRIPES_MAX);
+		free(tt);
+		return -EINVAL;
+	}
+	tt->stripes = p->qp_per_peer > 0 ? (unsigned) p->qp_per_peer : 1;
 	tt->timeout_ms =
 		p->timeout_ms > 0 ? p->timeout_ms : TCP_TIMEOUT_DEFAULT;
 	tt->timeout_ns = (uint64_t) tt->timeout_ms * 1000000ull;
@@ -446,7 +455,7 @@ static int tcp_connect(struct kvb_transport *t, const void *blob, size_t len,
 	if (kvb_tcp_blob_unspec(&b))
 		return -EDESTADDRREQ; /* see kvb_tcp_connect_host() */
 	blob_sockaddr(&b, &sa, &salen);
-	return _kvb_tcp_ep_new(to_tcp(t), &sa, salen, ep);
+	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, ep);
 }
 
 int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
@@ -460,7 +469,7 @@ int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
 		return -EPROTO;
 	if (!host || !*host || _kvb_tcp_sockaddr(host, b.port, &sa, &salen))
 		return -EINVAL;
-	return _kvb_tcp_ep_new(to_tcp(t), &sa, salen, ep);
+	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, ep);
 }
 
 static void tcp_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
@@ -469,7 +478,7 @@ static void tcp_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
 
 	if (!ep)
 		return;
-	_kvb_tcp_ep_destroy(ep, 1);
+	_kvb_tcp_ep_group_destroy(ep);
 	if (tt->cq_len)
 		_kvb_tcp_timer_want(tt, 1);
 }

@@ -33,6 +33,7 @@
 #define TCP_ACCEPT_BURST    32u
 #define TCP_EVENTS	    64
 #define TCP_BUF_WANT	    (4 << 20)
+#define TCP_STRIPES_MAX	    16u /* connections per peer (kvb_ep stripes) */
 #define TCP_EV_REG	    0x80000000u /* epoll_set: fd is in the set */
 
 _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
@@ -133,6 +134,14 @@ struct kvb_ep {
 	struct tcp_slot *slots;
 	struct tcp_txq tx;
 	struct tcp_rx rx;
+	/*
+	 * Stripes: connect() returns the first of params.qp_per_peer
+	 * endpoints to one peer, each its own connection, chained through
+	 * `stripe` (NULL after the last); post() on it hands each chain to
+	 * one of them (dial.c stripe_pick), disconnect() ends them all.
+	 */
+	struct kvb_ep *stripe;
+	uint64_t inflight_bytes; /* of the ops in `slots` */
 };
 
 /* ---- accepted connection (serve.c) ---- */
@@ -164,6 +173,7 @@ struct tcp_transport {
 	uint64_t timeout_ns;
 	int timeout_ms;
 	uint32_t depth;
+	unsigned stripes;    /* connections per connect() */
 	int sndbuf, rcvbuf;  /* 0: leave the kernel's autotuning alone */
 	struct kvb_mr **mrs; /* sorted by id */
 	unsigned nmr, mr_cap;
@@ -246,6 +256,12 @@ int _kvb_tcp_rx_pump(struct tcp_transport *tt, struct tcp_rx *rx, int fd,
 int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
 		    socklen_t salen, struct kvb_ep **out);
 void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete);
+/* connect(): tt->stripes endpoints to sa, chained; 0 or -ENOMEM */
+int _kvb_tcp_ep_group_new(struct tcp_transport *tt,
+			  const struct sockaddr_storage *sa, socklen_t salen,
+			  struct kvb_ep **out);
+/* disconnect(): every stripe of the group ep leads */
+void _kvb_tcp_ep_group_destroy(struct kvb_ep *ep);
 void _kvb_tcp_ep_event(struct kvb_ep *ep, uint32_t events);
 void _kvb_tcp_ep_tick(struct kvb_ep *ep, uint64_t now, uint64_t *next);
 void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr);

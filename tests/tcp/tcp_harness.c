@@ -55,6 +55,12 @@ void region_free(struct region *r)
 struct kvb_transport *topen(const char *ip, uint32_t port, uint32_t depth,
 			    int timeout_ms)
 {
+	return topen_stripes(ip, port, depth, timeout_ms, 0);
+}
+
+struct kvb_transport *topen_stripes(const char *ip, uint32_t port,
+				    uint32_t depth, int timeout_ms, int stripes)
+{
 	struct kvb_transport_params p;
 	struct kvb_transport *t = NULL;
 	char why[128] = "";
@@ -65,6 +71,7 @@ struct kvb_transport *topen(const char *ip, uint32_t port, uint32_t depth,
 	p.tcp_port = port;
 	p.sq_depth = depth;
 	p.timeout_ms = timeout_ms;
+	p.qp_per_peer = stripes;
 	rc = kvb_tcp_ops.open(&p, &t, why, sizeof(why));
 	if (rc)
 		fprintf(stderr, "open %s:%u: %d %s\n", ip ? ip : "-", port, rc,
@@ -93,11 +100,17 @@ void tr_free(struct tracker *tr)
 void pair_open(struct pair *p, uint32_t depth, int timeout_ms,
 	       uint64_t ncookies)
 {
+	pair_open_stripes(p, depth, timeout_ms, ncookies, 0);
+}
+
+void pair_open_stripes(struct pair *p, uint32_t depth, int timeout_ms,
+		       uint64_t ncookies, int stripes)
+{
 	uint8_t blob[64];
 	size_t len = sizeof(blob);
 
 	memset(p, 0, sizeof(*p));
-	p->a = topen("127.0.0.1", 0, depth, timeout_ms);
+	p->a = topen_stripes("127.0.0.1", 0, depth, timeout_ms, stripes);
 	p->b = topen("127.0.0.1", 0, depth, timeout_ms);
 	assert_int_equal(kvb_tcp_ops.local_info(p->b, blob, &len), 0);
 	assert_int_equal(len, KVB_TCP_BLOB_LEN);

@@ -61,10 +61,16 @@ int guards_ok(const struct region *r);
 void region_free(struct region *r);
 struct kvb_transport *topen(const char *ip, uint32_t port, uint32_t depth,
 			    int timeout_ms);
+/* stripes: params.qp_per_peer, connections per connect() (0 = 1) */
+struct kvb_transport *topen_stripes(const char *ip, uint32_t port,
+				    uint32_t depth, int timeout_ms,
+				    int stripes);
 void tr_init(struct tracker *tr, uint64_t n);
 void tr_free(struct tracker *tr);
 void pair_open(struct pair *p, uint32_t depth, int timeout_ms,
 	       uint64_t ncookies);
+void pair_open_stripes(struct pair *p, uint32_t depth, int timeout_ms,
+		       uint64_t ncookies, int stripes);
 void pair_close(struct pair *p);
 int reap(struct pair *p);
 void pump(struct pair *p);

@@ -98,6 +98,7 @@ static void test_defaults(void **state)
 	assert_int_equal(o.ib_port, 1);
 	assert_int_equal(o.gid_index, -1);
 	assert_int_equal(o.qp_per_transfer, 1);
+	assert_int_equal(o.tcp_conns, 4);
 	assert_int_equal(o.gpu_streams, 64);
 	assert_int_equal(o.copy_threads, -1);
 	assert_int_equal(o.copy_plain, 0);
@@ -154,8 +155,8 @@ static void test_every_option(void **state)
 		      "--notify-port", "1", "--handshake-port", "65535",
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
-		      "--qp-per-transfer", "16", "--gpu-streams", "1",
-		      "--copy-threads", "3", NULL),
+		      "--qp-per-transfer", "16", "--tcp-conns", "1",
+		      "--gpu-streams", "1", "--copy-threads", "3", NULL),
 		0);
 	assert_string_equal(err, "");
 	assert_string_equal(o.socket_path, "/tmp/x.sock");
@@ -178,6 +179,7 @@ static void test_every_option(void **state)
 	assert_int_equal(o.ib_port, 2);
 	assert_int_equal(o.gid_index, 3);
 	assert_int_equal(o.qp_per_transfer, 16);
+	assert_int_equal(o.tcp_conns, 1);
 	assert_int_equal(o.gpu_streams, 1);
 	assert_int_equal(o.copy_threads, 3);
 	assert_int_equal(
@@ -277,6 +279,8 @@ static void test_bad_numbers(void **state)
 	refused("--ib-port", "--ib-port", "256", NULL);
 	refused("--gid-index", "--gid-index", "-2", NULL);
 	refused("--qp-per-transfer", "--qp-per-transfer", "17", NULL);
+	refused("--tcp-conns", "--tcp-conns", "0", NULL);
+	refused("--tcp-conns", "--tcp-conns", "17", NULL);
 	refused("--gpu-streams", "--gpu-streams", "0", NULL);
 	refused("--copy-threads", "--copy-threads", "65", NULL);
 	refused("--copy-threads", "--copy-threads", "-1", NULL);
@@ -354,30 +358,16 @@ static void test_help_version(void **state)
 	assert_non_null(f);
 	kvb_options_usage(f);
 	fclose(f);
-	static const char *const names[] = {"--socket",
-					    "--transport",
-					    "--log-level",
-					    "--busy-poll-us",
-					    "--sq-entries",
-					    "--cq-entries",
-					    "--max-workers",
-					    "--burst",
-					    "--post-batch-size",
-					    "--transfer-timeout",
-					    "--defer-timeout",
-					    "--host-ip",
-					    "--notify-port",
-					    "--handshake-port",
-					    "--read-mode",
-					    "--trusted-hosts",
-					    "--rdma-dev",
-					    "--ib-port",
-					    "--gid-index",
-					    "--qp-per-transfer",
-					    "--gpu-streams",
-					    "--copy-threads",
-					    "--help",
-					    "--version"};
+	static const char *const names[] = {
+		"--socket",	      "--transport",	   "--log-level",
+		"--busy-poll-us",     "--sq-entries",	   "--cq-entries",
+		"--max-workers",      "--burst",	   "--post-batch-size",
+		"--transfer-timeout", "--defer-timeout",   "--host-ip",
+		"--notify-port",      "--handshake-port",  "--read-mode",
+		"--trusted-hosts",    "--rdma-dev",	   "--ib-port",
+		"--gid-index",	      "--qp-per-transfer", "--tcp-conns",
+		"--gpu-streams",      "--copy-threads",	   "--help",
+		"--version"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);
