@@ -163,6 +163,14 @@ struct kvb_transport_ops {
 	 * long rounds. Returns slices done (0: nothing waiting).
 	 */
 	int (*progress)(struct kvb_transport *t);
+	/*
+	 * Optional (NULL when wait_fd() turns readable by itself, or there is
+	 * no wait_fd()). Called by a caller about to sleep on wait_fd(): makes
+	 * it turn readable at the next completion (rdma: a CQ event).
+	 * Returns 1 when completions are already waiting for poll() (do not
+	 * sleep), 0 when armed, -errno when it cannot arm (sleep short).
+	 */
+	int (*arm)(struct kvb_transport *t);
 };
 
 struct kvb_transport {

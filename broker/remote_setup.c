@@ -183,6 +183,14 @@ int kvb_remote_init(struct kvb_broker *b)
 			/* time inside ibv_post_send (stats post_ns): two
 			 * clock reads per doorbell */
 			kvb_rdma_time_posts(b->trs[KVB_TS_RDMA], 1);
+		if (!rc) {
+			/* completion events wake a sleeping broker */
+			int fd = b->trs[KVB_TS_RDMA]->ops->wait_fd(
+				b->trs[KVB_TS_RDMA]);
+
+			if (fd >= 0)
+				ep_add(b, fd);
+		}
 		if (!rc)
 			log_info("transport rdma ready (%s%s): peers that "
 				 "offer rdma use it",

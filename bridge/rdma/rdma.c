@@ -9,12 +9,20 @@
  * Not thread-safe: the broker's loop owns a transport.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvbroker/kvbroker.h"
 #include "rdma/rdma_priv.h"
+
+static int fd_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
 
 /* "<what><dev>" into the caller's buffer, if any. */
 static void set_why(char *why, size_t len, const char *what, const char *dev)
@@ -135,17 +143,25 @@ static int rdma_open(const struct kvb_transport_params *p,
 	}
 	r->cq_size = r->dev.max_cqe < KVB_RDMA_CQ_MAX ? r->dev.max_cqe
 						      : KVB_RDMA_CQ_MAX;
-	r->cq = ibv_create_cq(r->ctx, r->cq_size, NULL, NULL, 0);
+	/* no channel (or no non-blocking fd): poll without wait_fd() */
+	r->chan = ibv_create_comp_channel(r->ctx);
+	if (r->chan && fd_nonblock(r->chan->fd)) {
+		ibv_destroy_comp_channel(r->chan);
+		r->chan = NULL;
+	}
+	r->cq = ibv_create_cq(r->ctx, r->cq_size, NULL, r->chan, 0);
 	if (!r->cq) {
 		err = errno ? -errno : -ENOMEM;
-		goto err_pd;
+		goto err_chan;
 	}
 	r->node = rand64();
 	ibv_free_device_list(list);
 	*out = &r->base;
 	return 0;
 
-err_pd:
+err_chan:
+	if (r->chan)
+		ibv_destroy_comp_channel(r->chan);
 	ibv_dealloc_pd(r->pd);
 err_ctx:
 	ibv_close_device(r->ctx);
@@ -164,7 +180,12 @@ static void rdma_close(struct kvb_transport *t)
 	while (r->eps)
 		_kvb_rdma_ep_destroy(r, r->eps);
 	free(r->orphan);
+	/* ibv_destroy_cq waits until every event read has been acked */
+	if (r->unacked)
+		ibv_ack_cq_events(r->cq, r->unacked);
 	ibv_destroy_cq(r->cq);
+	if (r->chan)
+		ibv_destroy_comp_channel(r->chan);
 	/* Fails (EBUSY) if the broker left regions registered; nothing to do.
 	 */
 	ibv_dealloc_pd(r->pd);
@@ -394,6 +415,22 @@ static unsigned reap_ready(struct kvb_rdma *r, struct kvb_xcqe *out,
 	return n;
 }
 
+/* Read the completion events that came; ack them in batches. */
+static void events_read(struct kvb_rdma *r)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+
+	while (ibv_get_cq_event(r->chan, &cq, &ctx) == 0) {
+		r->unacked++;
+		r->armed = 0;
+	}
+	if (r->unacked >= 64) {
+		ibv_ack_cq_events(r->cq, r->unacked);
+		r->unacked = 0;
+	}
+}
+
 static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 		     unsigned max)
 {
@@ -468,6 +505,40 @@ uint64_t kvb_rdma_post_ns(struct kvb_transport *t)
 	return t->stats.post_ns;
 }
 
+static int rdma_wait_fd(struct kvb_transport *t)
+{
+	struct kvb_rdma *r = to_rdma(t);
+
+	return r->chan ? r->chan->fd : -1;
+}
+
+/*
+ * The caller is about to sleep on wait_fd(): ask for an event at the next
+ * completion (unless one is asked for and has not come), then take what
+ * the CQ already holds: a completion that landed before the request has
+ * no event of its own. Returns 1 when completions wait for poll(), 0 when
+ * armed with none waiting, -errno when no event can be asked for.
+ */
+static int rdma_arm(struct kvb_transport *t)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	uint64_t cqes = r->base.stats.cqes;
+
+	if (!r->chan)
+		return -EOPNOTSUPP;
+	events_read(r);
+	if (!r->armed) {
+		int err = ibv_req_notify_cq(r->cq, 0);
+
+		if (err)
+			return -err;
+		r->armed = 1;
+	}
+	_kvb_rdma_cq_drain(r);
+	return r->base.stats.cqes != cqes || r->nready ||
+	       r->orphan_head < r->norphan;
+}
+
 const struct kvb_transport_ops kvb_rdma_ops = {
 	.name = "rdma",
 	.open = rdma_open,
@@ -479,4 +550,6 @@ const struct kvb_transport_ops kvb_rdma_ops = {
 	.disconnect = _kvb_rdma_disconnect,
 	.post = rdma_post,
 	.poll = rdma_poll,
+	.wait_fd = rdma_wait_fd,
+	.arm = rdma_arm,
 };

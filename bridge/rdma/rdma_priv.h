@@ -50,6 +50,16 @@ struct kvb_rdma {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
+	/*
+	 * Completion events behind wait_fd() (NULL: the device gave no
+	 * channel). Only arm() (a caller about to sleep) asks for one, so a
+	 * caller that is busy polling pays nothing for them; arm() also
+	 * reads the events that came (non-blocking fd) and acks them in
+	 * batches.
+	 */
+	struct ibv_comp_channel *chan;
+	int armed;	  /* an event is asked for and has not come */
+	unsigned unacked; /* events read, not yet acked */
 	int cq_size;
 	int cq_used; /* CQE budget taken by QPs (2 x depth each) */
 	struct ibv_device_attr dev;

@@ -20,6 +20,7 @@
  * Exit: 0 pass, 1 fail, 77 no verbs device. Env: KVB_RDMA_DEV (device).
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -494,6 +495,46 @@ static int case_read(struct ctx *c, struct kvb_xop *ops)
 	return 0;
 }
 
+/*
+ * Completion events: post one write, arm() (a broker about to sleep), and
+ * sleep on wait_fd(): the completion must wake it (well before the 5 s
+ * limit), and poll() then hands the op out. arm() returning 1 means the
+ * write had completed already: try again with the next block.
+ */
+static int case_events(struct ctx *c, struct kvb_xop *ops)
+{
+	int fd = kvb_rdma_ops.wait_fd(c->t), tries, woke = 0;
+
+	CHECK(fd >= 0, "no completion channel on this device");
+	fill(c->buf, 31, REGION);
+	block_ops(c, ops, KVB_XOP_WRITE);
+	for (tries = 0; tries < 20 && !woke; tries++) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		unsigned got = 0;
+		double t0;
+		int rc;
+
+		c->st[ops[tries].cookie] = PENDING;
+		CHECK(kvb_rdma_ops.post(c->t, c->ep, &ops[tries], 1) == 1,
+		      "post");
+		rc = kvb_rdma_ops.arm(c->t);
+		CHECK(rc == 0 || rc == 1, "arm: %d", rc);
+		if (rc == 0) {
+			t0 = now();
+			rc = poll(&pf, 1, 5000);
+			CHECK(rc == 1, "no completion event within 5 s (%d)",
+			      rc);
+			woke = 1;
+			printf("events: woken %.0f us after arming\n",
+			       (now() - t0) * 1e6);
+		}
+		if (reap(c, 1, &got) || all_ok(c, tries, 1))
+			return -1;
+	}
+	CHECK(woke, "every write had completed before arm()");
+	return 0;
+}
+
 static int case_burst(struct ctx *c, struct kvb_xop *ops)
 {
 	struct kvb_transport_stats s0 = c->t->stats;
@@ -754,6 +795,8 @@ static int initiator(int fd)
 		err = case_write(&c, ops);
 	if (!err)
 		err = case_read(&c, ops);
+	if (!err)
+		err = case_events(&c, ops);
 	if (!err)
 		err = case_burst(&c, ops);
 	if (!err)

@@ -10,7 +10,11 @@
  *    endpoint's success: the error resets its endpoint (which drains the CQ
  *    and quiesces a sibling QP), and still every op completes exactly once;
  *  - disconnect() with ops in flight and ops retired but not reaped: each
- *    completes once through poll(), the in-flight ones -ECONNABORTED.
+ *    completes once through poll(), the in-flight ones -ECONNABORTED;
+ *  - completion events (wait_fd, arm): only arm() asks for one, once per
+ *    event; completions that came before the request (or were retired
+ *    and not handed out) make arm() say "do not sleep"; events read are
+ *    acked.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -121,6 +125,43 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	return 0;
 }
 
+/* completion events: a channel whose reads the test feeds */
+static struct ibv_comp_channel mchan = {.fd = -1};
+static int events_pending, arms, acked, push_on_arm = -1;
+
+int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq,
+		     void **ctx)
+{
+	assert_ptr_equal(ch, &mchan);
+	if (!events_pending) {
+		errno = EAGAIN; /* the fd is non-blocking */
+		return -1;
+	}
+	events_pending--;
+	*cq = &mcq;
+	*ctx = NULL;
+	return 0;
+}
+
+void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
+{
+	assert_ptr_equal(cq, &mcq);
+	acked += (int) n;
+}
+
+static int mock_notify(struct ibv_cq *cq, int solicited)
+{
+	(void) cq;
+	(void) solicited;
+	arms++;
+	/* a completion that lands between the empty poll and the arming */
+	if (push_on_arm >= 0) {
+		cq_push(push_on_arm, IBV_WC_SUCCESS);
+		push_on_arm = -1;
+	}
+	return 0;
+}
+
 static struct kvb_rdma *r;
 static struct kvb_transport *t;
 static char lbuf[1 << 16];
@@ -137,6 +178,9 @@ static int setup(void **state)
 	t = &r->base;
 	mctx.ops.poll_cq = mock_poll;
 	mctx.ops.post_send = mock_post;
+	mctx.ops.req_notify_cq = mock_notify;
+	events_pending = arms = acked = 0;
+	push_on_arm = -1;
 	mcq.context = &mctx;
 	r->base.ops = &kvb_rdma_ops;
 	r->cq = &mcq;
@@ -261,6 +305,64 @@ static void test_disconnect_completes_accepted_ops(void **state)
 	assert_int_equal(st[0xb1], -ECONNABORTED);
 }
 
+static void test_completion_events(void **state)
+{
+	struct kvb_xcqe out[32];
+	struct kvb_ep *a;
+
+	(void) state;
+	/* no channel: nothing to arm, the caller sleeps short */
+	assert_int_equal(t->ops->wait_fd(t), -1);
+	assert_int_equal(t->ops->arm(t), -EOPNOTSUPP);
+	r->chan = &mchan;
+	mchan.fd = 42;
+	assert_int_equal(t->ops->wait_fd(t), 42);
+	/* busy polling never arms */
+	assert_int_equal(t->ops->poll(t, out, 32), 0);
+	assert_int_equal(arms, 0);
+	/* about to sleep: armed once, not again while no event came */
+	assert_int_equal(t->ops->arm(t), 0);
+	assert_int_equal(t->ops->arm(t), 0);
+	assert_int_equal(arms, 1);
+	/* the event came: the next arm() reads it and asks again */
+	a = ready_ep();
+	post_n(a, 1, 0xa0);
+	cq_push(0, IBV_WC_SUCCESS);
+	events_pending = 1;
+	assert_int_equal(t->ops->poll(t, out, 32), 1);
+	assert_int_equal(out[0].cookie, 0xa0);
+	assert_int_equal(t->ops->arm(t), 0);
+	assert_int_equal(events_pending, 0);
+	assert_int_equal(arms, 2);
+	/* a completion that landed before the request has no event of its
+	 * own: arm() says "do not sleep" and poll() hands it out */
+	post_n(a, 1, 0xa1); /* round robin: a.qp1, P[1] */
+	events_pending = 1;
+	push_on_arm = 1;
+	assert_int_equal(t->ops->arm(t), 1);
+	assert_int_equal(arms, 3);
+	assert_int_equal(t->ops->poll(t, out, 32), 1);
+	assert_int_equal(out[0].cookie, 0xa1);
+	/* a completion retired but not handed out: do not sleep either */
+	post_n(a, 1, 0xa2);
+	cq_push(0, IBV_WC_SUCCESS);
+	_kvb_rdma_cq_drain(r);
+	assert_int_equal(t->ops->arm(t), 1);
+	assert_int_equal(t->ops->poll(t, out, 32), 1);
+	assert_int_equal(out[0].cookie, 0xa2);
+	/* acks go in batches of 64; close() acks the rest (ibv_destroy_cq
+	 * would wait for them) */
+	assert_int_equal(acked, 0);
+	events_pending = 70;
+	assert_int_equal(t->ops->arm(t), 0);
+	assert_int_equal(acked, 72);
+	assert_int_equal(r->unacked, 0);
+	events_pending = 1;
+	assert_int_equal(t->ops->arm(t), 0);
+	assert_int_equal(r->unacked, 1);
+	r->chan = NULL; /* the mock channel is not the library's */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -269,6 +371,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(
 			test_disconnect_completes_accepted_ops, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_completion_events, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
