@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?= --output-on-failure -j2 --no-tests=error
 
-.PHONY: all deps build run test test-asan test-tsan bench format clean
+.PHONY: all deps build run test test-asan test-tsan fuzz bench format clean
 
 all: build
 
@@ -33,6 +33,26 @@ test-asan: deps
 # TSan on the rings: the tsan-labelled stress tests
 test-tsan: deps build
 	cd $(BUILD) && ctest $(CTEST_FLAGS) -L tsan
+
+# libFuzzer targets (clang, docs/fuzzing.md): each runs FUZZ_SECONDS on one
+# core from its checked-in seeds; new inputs go to build-fuzz/corpus/<t>/,
+# crashes to build-fuzz/crashes/<t>-*. FUZZ_TARGETS picks some.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= zmsg hs tcp_serve validate
+FUZZ_FLAGS ?= -jobs=1 -workers=1 -rss_limit_mb=2048
+fuzz: deps
+	CC=clang cmake -S . -B build-fuzz -DKVB_FUZZ=ON -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build build-fuzz -j$(JOBS)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t build-fuzz/crashes build-fuzz/log/$$t; \
+	  echo "== fuzz_$$t, $(FUZZ_SECONDS) s"; \
+	  (cd build-fuzz/log/$$t && ../../tests/fuzz/fuzz_$$t $(FUZZ_FLAGS) \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(CURDIR)/build-fuzz/crashes/$$t- \
+	    $(CURDIR)/build-fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t) \
+	    || { tail -40 build-fuzz/log/$$t/fuzz-0.log; exit 1; }; \
+	  tail -12 build-fuzz/log/$$t/fuzz-0.log; \
+	done
 
 bench: build
 	@if [ -x scripts/bench.sh ]; then scripts/bench.sh; else echo "no bench yet"; exit 1; fi

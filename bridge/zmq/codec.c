@@ -216,7 +216,12 @@ int kvb_zmsg_decode(struct kvb_zmsg *m, const void *buf, size_t len,
 		return bad(reason, "empty message");
 	if (len > KVB_ZMSG_BYTES_MAX)
 		return bad(reason, "message too large");
-	/* Map markers are never UTF-8 lead bytes: the two forms cannot mix. */
+	/*
+	 * A map marker decides: fixmap and 0xde/0xdf. fixmap bytes are UTF-8
+	 * continuation bytes, but 0xde/0xdf lead U+0780..U+07FF: a plain id
+	 * starting there is read (and refused) as a map, so the encoder never
+	 * writes one (validate()).
+	 */
 	if (!is_map_marker(p[0]))
 		return decode_plain(m, p, len, reason);
 
@@ -314,6 +319,25 @@ static int validate(const struct kvb_zmsg *m)
 	case KVB_ZMSG_WRITE_DONE:
 		return 0;
 	case KVB_ZMSG_PLAIN:
+		/* the decoder would take the bytes for a map and refuse them */
+		if (is_map_marker((uint8_t) m->transfer_id[0]))
+			return -EINVAL;
+		/*
+		 * An id ending in ":tp<digits>" sent bare would be read as the
+		 * READ variant of a shorter id (a release of another transfer):
+		 * it can only go with its own ":tp<rank>" suffix.
+		 */
+		if (!(m->flags & KVB_ZMSG_F_TP_RANK)) {
+			size_t idlen;
+			uint32_t rank;
+			bool has_rank;
+
+			plain_split((const uint8_t *) m->transfer_id,
+				    strlen(m->transfer_id), &idlen, &rank,
+				    &has_rank);
+			if (has_rank)
+				return -EINVAL;
+		}
 		if ((m->flags & KVB_ZMSG_F_TP_RANK) &&
 		    m->tp_rank > KVB_ZMSG_RANK_MAX)
 			return -EINVAL;

@@ -243,8 +243,10 @@ bool _kvb_mp_utf8_valid(const uint8_t *s, size_t len)
 
 static bool str_eq(const msgpack_object *o, const char *s, size_t len)
 {
+	/* msgpack-c gives an empty str a NULL ptr, and memcmp(NULL, s, 0) is
+	 * undefined (two "" keys reach here as ptr NULL, s NULL) */
 	return o->type == MSGPACK_OBJECT_STR && o->via.str.size == len &&
-	       memcmp(o->via.str.ptr, s, len) == 0;
+	       (len == 0 || memcmp(o->via.str.ptr, s, len) == 0);
 }
 
 bool _kvb_mp_str_eq(const msgpack_object *o, const char *s)

@@ -722,6 +722,95 @@ static void test_encode_refuses(void **state)
 	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
 }
 
+/*
+ * A plain id that starts with U+0780..U+07FF (first byte 0xde or 0xdf, the
+ * map16/map32 markers) is valid in a map but would be read back as a broken
+ * map: found by tests/fuzz (corpus/zmsg/repro-plain-map-marker).
+ */
+static void test_encode_plain_map_marker(void **state)
+{
+	struct kvb_zmsg m;
+	const char *why = NULL;
+	size_t len;
+	char *out;
+
+	/* U+07CB, U+0780 */
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, "\xdf\x8b"), 0);
+	assert_int_equal(kvb_zmsg_check(&m), -EINVAL);
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
+	assert_int_equal(kvb_zmsg_decode(&m, "\xdf\x8b", 2, &why), -EBADMSG);
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, "\xde\x80-1"), 0);
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
+
+	/* the same id is fine inside a map, and elsewhere in a plain id */
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_WRITE_DONE, "\xdf\x8b"), 0);
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), 0);
+	assert_int_equal(kvb_zmsg_decode(&m, out, len, &why), 0);
+	assert_string_equal(m.transfer_id, "\xdf\x8b");
+	free(out);
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, "x\xdf\x8b"), 0);
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), 0);
+	assert_int_equal(kvb_zmsg_decode(&m, out, len, &why), 0);
+	assert_int_equal(m.type, KVB_ZMSG_PLAIN);
+	assert_string_equal(m.transfer_id, "x\xdf\x8b");
+	free(out);
+}
+
+/*
+ * Two empty keys: a duplicate, compared with a NULL str pointer from
+ * msgpack-c (memcmp(NULL, .., 0) was undefined; UBSan, test-asan). Found by
+ * tests/fuzz (corpus/zmsg/repro-empty-keys-memcmp-null).
+ */
+static void test_empty_keys(void **state)
+{
+	static const uint8_t two[] = {0x82, 0xa0, 0x90, 0xa0, 0xc0};
+	static const uint8_t one[] = {0x82, 0xa0, 0xc0, 0xa6, 'r',  'e',
+				      'q',  '_',  'i',	'd',  0xa1, 'r'};
+	struct kvb_zmsg m;
+	const char *why = NULL;
+
+	assert_int_equal(kvb_zmsg_decode(&m, two, sizeof(two), &why), -EBADMSG);
+	assert_string_equal(why, "duplicate key in map");
+	/* one empty key is an unknown key like any other */
+	assert_int_equal(kvb_zmsg_decode(&m, one, sizeof(one), &why), -EBADMSG);
+	assert_string_equal(why, "missing transfer_id");
+}
+
+/*
+ * A bare plain id ending in ":tp<digits>" reads back as the READ variant of
+ * a shorter id: refused, sent only with its own suffix. Found by tests/fuzz
+ * (corpus/zmsg/repro-plain-tp-suffix).
+ */
+static void test_encode_plain_tp_suffix(void **state)
+{
+	struct kvb_zmsg m;
+	const char *why = NULL;
+	size_t len;
+	char *out;
+
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, "tx-1:tp3"), 0);
+	assert_int_equal(kvb_zmsg_check(&m), -EINVAL);
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
+	/* with its own suffix it goes, and reads back whole */
+	m.flags = KVB_ZMSG_F_TP_RANK;
+	m.tp_rank = 0;
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), 0);
+	assert_int_equal(len, strlen("tx-1:tp3:tp0"));
+	assert_int_equal(kvb_zmsg_decode(&m, out, len, &why), 0);
+	assert_string_equal(m.transfer_id, "tx-1:tp3");
+	assert_true(m.flags & KVB_ZMSG_F_TP_RANK);
+	assert_int_equal(m.tp_rank, 0);
+	free(out);
+	/* not a suffix the decoder splits: fine bare */
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, "tx-1:tp65536"), 0);
+	assert_int_equal(kvb_zmsg_check(&m), 0);
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_PLAIN, ":tp3"), 0);
+	assert_int_equal(kvb_zmsg_check(&m), 0);
+	/* in a map the id is a string of its own */
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, "tx-1:tp3"), 0);
+	assert_int_equal(kvb_zmsg_check(&m), 0);
+}
+
 /* xorshift64*: deterministic, so a failure reproduces. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -866,6 +955,9 @@ int main(void)
 		cmocka_unit_test(test_map_shape),
 		cmocka_unit_test(test_huge_lengths),
 		cmocka_unit_test(test_encode_refuses),
+		cmocka_unit_test(test_encode_plain_map_marker),
+		cmocka_unit_test(test_encode_plain_tp_suffix),
+		cmocka_unit_test(test_empty_keys),
 		cmocka_unit_test(test_fuzz),
 	};
 
