@@ -108,7 +108,8 @@ struct kvb_transport_params {
 	int ib_port;	      /* rdma: --ib-port */
 	int gid_index;	      /* rdma: --gid-index */
 	int post_batch_size;  /* max WRs per chain, -1 = all pending */
-	int qp_per_peer;      /* rdma: --qp-per-transfer */
+	int qp_per_peer;      /* rdma: QPs (--qp-per-transfer), tcp: connections
+			       * (--tcp-conns) per connect(); 0 = 1 */
 	int gpu_streams;      /* gpu: --gpu-streams */
 	int signal_every;     /* signal at least every N WRs (0 = default) */
 	uint32_t sq_depth;    /* send queue depth / credit per endpoint */
@@ -164,11 +165,10 @@ struct kvb_transport_ops {
 	 */
 	int (*progress)(struct kvb_transport *t);
 	/*
-	 * Optional (NULL when wait_fd() turns readable by itself, or there is
-	 * no wait_fd()). Called by a caller about to sleep on wait_fd(): makes
-	 * it turn readable at the next completion (rdma: a CQ event).
-	 * Returns 1 when completions are already waiting for poll() (do not
-	 * sleep), 0 when armed, -errno when it cannot arm (sleep short).
+	 * Optional (NULL when wait_fd() turns readable by itself). Called by
+	 * a caller about to sleep on wait_fd(): makes it turn readable at the
+	 * next completion where it can (rdma: a CQ event). Returns 1 when
+	 * completions are already waiting for poll() (do not sleep), else 0.
 	 */
 	int (*arm)(struct kvb_transport *t);
 };

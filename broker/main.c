@@ -257,21 +257,15 @@ static int rings_busy(struct kvb_broker *b)
 /*
  * Arm the transports whose wait_fd() needs it (rdma: a CQ event at the
  * next completion). Returns 1 when one has completions waiting already
- * (do not sleep); *short_sleep = 1 when one could not arm.
+ * (do not sleep).
  */
-static int arm_transports(struct kvb_broker *b, int *short_sleep)
+static int arm_transports(struct kvb_broker *b)
 {
 	for (unsigned i = 0; i < KVB_TS_MAX; i++) {
 		struct kvb_transport *t = b->trs[i];
-		int rc;
 
-		if (!t || !t->ops->arm)
-			continue;
-		rc = t->ops->arm(t);
-		if (rc > 0)
+		if (t && t->ops->arm && t->ops->arm(t) > 0)
 			return 1;
-		if (rc < 0)
-			*short_sleep = 1;
 	}
 	return 0;
 }
@@ -279,11 +273,11 @@ static int arm_transports(struct kvb_broker *b, int *short_sleep)
 /* Announce sleep to every worker, then re-check their rings (Dekker). */
 static int try_sleep(struct kvb_broker *b)
 {
-	int busy, short_sleep = 0;
+	int busy;
 
 	set_sleeping(b, 1);
 	atomic_thread_fence(memory_order_seq_cst);
-	busy = rings_busy(b) || arm_transports(b, &short_sleep);
+	busy = rings_busy(b) || arm_transports(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
 		int ms = b->xfers.nactive ? (int) (left / 1000000) + 1 : 1000;
@@ -291,10 +285,9 @@ static int try_sleep(struct kvb_broker *b)
 		if (ms < 1)
 			ms = 1;
 		/* async copies or transfers in flight, ops waiting for
-		 * credit, a transport that could not arm: keep polling (an
-		 * armed transport's completions end the sleep sooner) */
-		if (b->inf_nfree < KVB_INFLIGHT_MAX - 1 || b->ndirty ||
-		    short_sleep)
+		 * credit: keep polling (completions that signal a wait fd
+		 * end the sleep sooner) */
+		if (b->inf_nfree < KVB_INFLIGHT_MAX - 1 || b->ndirty)
 			ms = 1;
 		b->st.sleeps++;
 		/*

@@ -456,7 +456,9 @@ loopback (the tables' first line says which).
   regions registered (one receiver per D worker). A request is done when its
   last WR is acked (the bytes landed in D's memory).
 - **broker**: two kvbrokers (\`--transport tcp --host-ip\`: the P node's and
-  the D node's); workers declare one KV region per layer
+  the D node's; the default \`--tcp-conns 4\`: four connections to the
+  peer, each chain on the one with the least in flight, where direct has a
+  socket per worker); workers declare one KV region per layer
   (\`kvb_mem_set_kv\`), meet with \`kvb_peer_connect\`, and run MoRIIO's WRITE
   path: D opens each request with its block ids (\`remote_blocks\` to P) and
   seals expecting one \`write_done\`; P opens it, calls \`kvb_submit_layer\`

@@ -516,23 +516,19 @@ static int rdma_wait_fd(struct kvb_transport *t)
  * The caller is about to sleep on wait_fd(): ask for an event at the next
  * completion (unless one is asked for and has not come), then take what
  * the CQ already holds: a completion that landed before the request has
- * no event of its own. Returns 1 when completions wait for poll(), 0 when
- * armed with none waiting, -errno when no event can be asked for.
+ * no event of its own. Returns 1 when completions wait for poll(), else 0
+ * (also without a channel, or when the request fails: then only the
+ * caller's polls, every 1 ms while work is in flight, reap).
  */
 static int rdma_arm(struct kvb_transport *t)
 {
 	struct kvb_rdma *r = to_rdma(t);
 	uint64_t cqes = r->base.stats.cqes;
 
-	if (!r->chan)
-		return -EOPNOTSUPP;
-	events_read(r);
-	if (!r->armed) {
-		int err = ibv_req_notify_cq(r->cq, 0);
-
-		if (err)
-			return -err;
-		r->armed = 1;
+	if (r->chan) {
+		events_read(r);
+		if (!r->armed && !ibv_req_notify_cq(r->cq, 0))
+			r->armed = 1;
 	}
 	_kvb_rdma_cq_drain(r);
 	return r->base.stats.cqes != cqes || r->nready ||

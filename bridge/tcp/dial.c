@@ -463,28 +463,32 @@ static int ep_post(struct kvb_transport *t, struct kvb_ep *ep,
 
 /*
  * The stripe of the group `lead` that takes the next chain: one with
- * credit whose connection is not in its failed-dial backoff, with the
+ * credit whose connection is not in a failed dial's backoff, with the
  * fewest bytes in flight (posted and not completed: a stream that drains
- * slower gets less); ties go to the first. When every stripe with credit
- * is in backoff: the first of those (its ops fail fast, as with one
- * connection). NULL when no stripe has credit.
+ * slower gets less); ties go to the first. NULL (the caller stalls) when
+ * the stripes outside backoff have no credit: their acks free it, and the
+ * peer answered them. Only when every stripe is in backoff (the peer
+ * refused or did not answer each dial within the last 100 ms) does one of
+ * them take the chain, whose ops then fail fast, as with one connection.
  */
 static struct kvb_ep *stripe_pick(struct kvb_ep *lead, uint64_t now)
 {
 	struct kvb_ep *best = NULL, *failing = NULL, *s;
+	int live = 0;
 
 	for (s = lead; s; s = s->stripe) {
-		if (s->used == s->depth)
-			continue;
 		if (s->state == EP_IDLE && now < s->backoff_until) {
-			if (!failing)
+			if (!failing && s->used < s->depth)
 				failing = s;
 			continue;
 		}
+		live = 1;
+		if (s->used == s->depth)
+			continue;
 		if (!best || s->inflight_bytes < best->inflight_bytes)
 			best = s;
 	}
-	return best ? best : failing;
+	return best ? best : live ? NULL : failing;
 }
 
 /*

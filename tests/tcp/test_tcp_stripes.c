@@ -180,6 +180,52 @@ static void test_peer_gone(void **state)
 	region_free(&l);
 }
 
+/*
+ * One stripe's dial failed (backoff) and the peer came back: while the
+ * live stripe is out of credit the next chain waits (a stall), it is not
+ * failed on the stripe in backoff with that stripe's old error.
+ */
+static void test_backoff_stripe_not_used_while_peer_up(void **state)
+{
+	enum { BS = 4096 };
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop ops[8];
+	unsigned i;
+	int port;
+
+	(void) state;
+	pair_open_stripes(&p, 4, 5000, 8, 2);
+	port = kvb_tcp_port(p.b);
+	kvb_tcp_ops.close(p.b);
+	p.b = NULL;
+	region_init(&l, 1, 8 * BS, 0);
+	region_fill(&l, 9);
+	reg(p.a, &l);
+	for (i = 0; i < 8; i++)
+		ops[i] = xop(KVB_XOP_WRITE, &l, i * BS, 2, i * BS, BS, i);
+	/* peer down: the first stripe's dial fails, 100 ms of backoff */
+	post_all(&p, ops, 1);
+	wait_all(&p);
+	assert_true(p.tr.status[0] < 0);
+	/* the peer is back on its port; the second stripe takes 4 ops, all
+	 * its credit */
+	p.b = topen("127.0.0.1", (uint32_t) port, 4, 5000);
+	region_init(&r, 2, 8 * BS, KVB_MEM_REMOTE_WRITE);
+	reg(p.b, &r);
+	post_chain(&p, ops + 1, 4);
+	/* no live stripe has credit: wait for it, do not fail on stripe 0 */
+	assert_int_equal(kvb_tcp_ops.post(p.a, p.ep, ops + 5, 3), 0);
+	post_all(&p, ops + 5, 3);
+	wait_all(&p);
+	for (i = 1; i < 8; i++)
+		assert_int_equal(p.tr.status[i], 0);
+	assert_memory_equal(l.mem + BS, r.mem + BS, 7 * BS);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
 static void test_params(void **state)
 {
 	struct kvb_transport_params prm;
@@ -213,6 +259,7 @@ int main(void)
 		cmocka_unit_test(test_split_on_credit),
 		cmocka_unit_test(test_disconnect_inflight),
 		cmocka_unit_test(test_peer_gone),
+		cmocka_unit_test(test_backoff_stripe_not_used_while_peer_up),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
