@@ -6,12 +6,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "log.h"
 #include "options.h"
 #include "proto.h"
 #include "regions.h"
 #include "segment.h"
 #include "transport.h"
 #include "xfer.h"
+
+/* refusals of a worker's ops logged (the rest only counted) */
+#define KVB_REFUSALS_LOGGED 16u
 
 /* worker id = (generation << 12) | slot; slot < 4096 */
 #define KVB_WSLOT(id) ((id) &0xfffu)
@@ -37,8 +41,8 @@ struct kvb_worker {
 	struct kvb_cqe *ovf;
 	uint32_t ovf_len, ovf_cap;
 	uint8_t cq_dirty;
-	uint32_t refused_logged; /* refusals logged (first few only) */
-	uint32_t seal_logged;	 /* a bad seal count was logged */
+	struct kvb_ratelimit refuse_rl; /* refusals logged: the first few */
+	uint32_t seal_logged;		/* a bad seal count was logged */
 	struct kvb_worker_stats st;
 	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
 	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
@@ -106,6 +110,7 @@ struct kvb_broker {
 	uint32_t ndirty;
 	int64_t next_timer_ns;
 	struct kvb_xnode *rm; /* cross-node state, NULL without --host-ip */
+	struct kvb_ratelimit conn_rl; /* connections past --max-workers */
 	struct {
 		uint64_t descriptors_submitted, descriptors_completed;
 		uint64_t descriptors_refused, bytes;

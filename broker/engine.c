@@ -17,9 +17,8 @@
 #include "kvbroker/kvbroker.h"
 #include "log.h"
 
-#define POLL_BATCH	256u
-#define MERGE_MAX_LEN	(1ull << 30)
-#define REFUSALS_LOGGED 16u
+#define POLL_BATCH    256u
+#define MERGE_MAX_LEN (1ull << 30)
 
 int kvb_engine_init(struct kvb_broker *b)
 {
@@ -287,18 +286,17 @@ uint32_t kvb_inflight_alloc(struct kvb_broker *b)
 }
 
 /* Count a refused op of w; 1 if it may still be logged (the first
- * REFUSALS_LOGGED of each worker are), with *more set on the last one. */
+ * KVB_REFUSALS_LOGGED of each worker are), with *more set on the last one. */
 static int refusal_count(struct kvb_broker *b, struct kvb_worker *w,
 			 const char **more)
 {
 	b->st.descriptors_refused++;
 	w->st.refused++;
-	if (w->refused_logged >= REFUSALS_LOGGED)
+	if (!kvb_ratelimit_ok(&w->refuse_rl, 0)) /* one window: no clock */
 		return 0;
-	w->refused_logged++;
-	*more = w->refused_logged == REFUSALS_LOGGED
-			? " (further refusals counted, not logged)"
-			: "";
+	*more = kvb_ratelimit_left(&w->refuse_rl)
+			? ""
+			: " (further refusals counted, not logged)";
 	return 1;
 }
 

@@ -34,3 +34,46 @@ int kvb_log_parse(const char *s)
 			return i;
 	return -EINVAL;
 }
+
+void kvb_ratelimit_init(struct kvb_ratelimit *rl, uint32_t burst,
+			int64_t window_ns)
+{
+	memset(rl, 0, sizeof(*rl));
+	rl->burst = burst;
+	rl->window_ns = window_ns;
+}
+
+/* A window ends `window_ns` after its first line; an empty one never
+ * started, so the next line starts the next window whenever it comes. */
+static void ratelimit_roll(struct kvb_ratelimit *rl, int64_t now)
+{
+	if (!rl->window_ns || (!rl->lines && !rl->held) ||
+	    now - rl->start < rl->window_ns)
+		return;
+	rl->missed += rl->held;
+	rl->held = 0;
+	rl->lines = 0;
+}
+
+int kvb_ratelimit_ok(struct kvb_ratelimit *rl, int64_t now)
+{
+	ratelimit_roll(rl, now);
+	if (!rl->lines && !rl->held)
+		rl->start = now;
+	if (rl->lines < rl->burst) {
+		rl->lines++;
+		return 1;
+	}
+	rl->held++;
+	return 0;
+}
+
+uint64_t kvb_ratelimit_take(struct kvb_ratelimit *rl, int64_t now)
+{
+	uint64_t n;
+
+	ratelimit_roll(rl, now);
+	n = rl->missed;
+	rl->missed = 0;
+	return n;
+}

@@ -2,6 +2,8 @@
 #ifndef KVB_BROKER_LOG_H
 #define KVB_BROKER_LOG_H
 
+#include <stdint.h>
+
 enum kvb_log_level { KVB_LOG_ERROR, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
 
 extern int kvb_log_level;
@@ -10,6 +12,38 @@ void kvb_log(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Parse "error|warn|info|debug"; returns the level or -EINVAL. */
 int kvb_log_parse(const char *s);
+
+/*
+ * A log-line rate limiter: at most `burst` lines a window of `window_ns`,
+ * the rest counted. A window starts at the first line asked for after the
+ * last one ended; window_ns 0 is one window that never ends (`burst` lines
+ * in all). The caller passes the clock, so tests need no sleeps. Not
+ * thread-safe: one limiter per thread (the broker's loop).
+ */
+struct kvb_ratelimit {
+	int64_t window_ns; /* 0: never ends */
+	int64_t start;	   /* the current window's first line */
+	uint32_t burst;	   /* lines let through a window */
+	uint32_t lines;	   /* of them, let through in the current one */
+	uint64_t held;	   /* suppressed in the current window */
+	uint64_t missed;   /* suppressed in ended windows, not yet taken */
+};
+
+void kvb_ratelimit_init(struct kvb_ratelimit *rl, uint32_t burst,
+			int64_t window_ns);
+/* Whether a line may be logged at `now`: 1, or 0 with the line counted as
+ * suppressed. Ends the current window first if its time is up. */
+int kvb_ratelimit_ok(struct kvb_ratelimit *rl, int64_t now);
+/* The lines suppressed in windows that ended by `now` and not taken yet
+ * (0 if none); they are not returned again. For a summary line ("N ...
+ * lines suppressed") from a timer or before the next line logged. */
+uint64_t kvb_ratelimit_take(struct kvb_ratelimit *rl, int64_t now);
+
+/* Lines the current window still lets through (0 after its last one). */
+static inline uint32_t kvb_ratelimit_left(const struct kvb_ratelimit *rl)
+{
+	return rl->burst - rl->lines;
+}
 
 #define log_err(...)  kvb_log(KVB_LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) kvb_log(KVB_LOG_WARN, __VA_ARGS__)

@@ -146,6 +146,7 @@ static int setup(struct kvb_broker *b)
 	int rc;
 
 	b->uid = getuid();
+	kvb_ratelimit_init(&b->conn_rl, 1, 1000000000);
 	b->listen_fd = b->efd = b->sigfd = b->epfd = -1;
 	b->workers = calloc(b->opt.max_workers, sizeof(*b->workers));
 	b->live = calloc(b->opt.max_workers, sizeof(*b->live));

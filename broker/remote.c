@@ -62,24 +62,22 @@ void ep_del(struct kvb_broker *b, int fd)
 		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
-/* A new second: say how many lines the last one suppressed. */
+/* Say how many lines the windows that ended suppressed. */
 static void rlog_roll(struct kvb_xnode *rm, int64_t now)
 {
-	uint64_t sec = (uint64_t) (now / 1000000000);
+	uint64_t n = kvb_ratelimit_take(&rm->log_rl, now);
 
-	if (sec == rm->log_sec)
-		return;
-	if (rm->log_lines > RLOG_BURST)
-		log_warn("cross-node: %u bad-input log lines suppressed",
-			 rm->log_lines - RLOG_BURST);
-	rm->log_sec = sec;
-	rm->log_lines = 0;
+	if (n)
+		log_warn("cross-node: %llu bad-input log lines suppressed",
+			 (unsigned long long) n);
 }
 
 int rlog_ok(struct kvb_xnode *rm)
 {
-	rlog_roll(rm, kvb_now_ns());
-	if (++rm->log_lines <= RLOG_BURST)
+	int64_t now = kvb_now_ns();
+
+	rlog_roll(rm, now);
+	if (kvb_ratelimit_ok(&rm->log_rl, now))
 		return 1;
 	rm->st.logs_suppressed++;
 	return 0;

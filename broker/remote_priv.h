@@ -139,9 +139,8 @@ struct kvb_xnode {
 		uint32_t handle, worker;
 	} * ufifo;
 	uint32_t ufifo_head, ufifo_tail;
-	uint64_t tick;	  /* peer LRU clock */
-	uint64_t log_sec; /* rlog_ok() window */
-	uint32_t log_lines;
+	uint64_t tick;		     /* peer LRU clock */
+	struct kvb_ratelimit log_rl; /* rlog_ok() */
 };
 
 extern struct kvb_broker *g_b; /* one broker per process */

@@ -107,6 +107,7 @@ int kvb_remote_init(struct kvb_broker *b)
 		return -ENOMEM;
 	b->rm = rm;
 	rm->router_fd = -1;
+	kvb_ratelimit_init(&rm->log_rl, RLOG_BURST, 1000000000);
 	rm->npeers_max =
 		b->opt.max_workers < MAX_PEERS ? b->opt.max_workers : MAX_PEERS;
 	if (getrandom(&rm->instance, sizeof(rm->instance), 0) !=

@@ -64,21 +64,16 @@ int kvb_worker_accept(struct kvb_broker *b)
 		}
 	if (!w) {
 		/* a client that keeps reconnecting: one line a second */
-		static int64_t last_ns;
-		static unsigned quiet;
 		int64_t now = kvb_now_ns();
 
 		b->st.messages_rejected++;
-		if (now - last_ns >= 1000000000) {
+		if (kvb_ratelimit_ok(&b->conn_rl, now))
 			log_warn("refused connection from pid %d: %u workers "
-				 "attached (--max-workers; %u more refused "
+				 "attached (--max-workers; %llu more refused "
 				 "since the last line)",
-				 (int) cred.pid, b->opt.max_workers, quiet);
-			last_ns = now;
-			quiet = 0;
-		} else {
-			quiet++;
-		}
+				 (int) cred.pid, b->opt.max_workers,
+				 (unsigned long long) kvb_ratelimit_take(
+					 &b->conn_rl, now));
 		close(fd);
 		return 0;
 	}
@@ -88,6 +83,7 @@ int kvb_worker_accept(struct kvb_broker *b)
 		memset(w, 0, sizeof(*w));
 		w->gen = gen ? gen : 1;
 	}
+	kvb_ratelimit_init(&w->refuse_rl, KVB_REFUSALS_LOGGED, 0);
 	w->id = ((uint32_t) w->gen << 12) | i;
 	w->sock = fd;
 	w->efd = -1;

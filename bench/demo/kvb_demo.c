@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +26,12 @@
 
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
+#include "xfer.h" /* KVB_MAX_XFERS */
 
 struct cfg {
 	const char *socket;
 	unsigned p, d, layers, blocks, requests, inflight;
+	unsigned window; /* requests a D worker keeps open (d_window()) */
 	uint64_t block_bytes;
 	const char *json;
 	int quiet;
@@ -42,6 +45,30 @@ struct p_result {
 	int done; /* set last: the rest is valid */
 	double lat_us[4096];
 };
+
+/*
+ * One per D worker, shared: how many requests it has opened and sealed. A P
+ * worker starts request r only once its D worker's count is past r, so
+ * every write_done finds D's entry and the transfers open at once stay
+ * within the broker's table however many requests there are.
+ */
+struct d_progress {
+	_Atomic uint32_t opened;
+	char pad[60]; /* one cache line each */
+};
+
+/* Release: pairs with d_opened()'s acquire in the P workers (the
+ * transfers it counts are open in the broker before P writes for them). */
+static void d_publish(struct d_progress *d, uint32_t opened)
+{
+	atomic_store_explicit(&d->opened, opened, memory_order_release);
+}
+
+/* Acquire: pairs with d_publish()'s release in the D worker. */
+static uint32_t d_opened(struct d_progress *d)
+{
+	return atomic_load_explicit(&d->opened, memory_order_acquire);
+}
 
 /* No progress for this long (kvb_wait, a full ring) fails the worker. */
 #define STALL_MS 60000
@@ -81,10 +108,15 @@ static uint64_t dst_block(uint64_t idx, uint64_t nblocks)
 static int attach(const struct cfg *c, enum kvb_role role, unsigned rank,
 		  unsigned size, struct kvb_ctx **ctx)
 {
+	/* a completion ring larger than the broker's transfer table: a
+	 * worker that opens many transfers before it reaps (P between kvb_wait
+	 * calls, D opening its window) never backs it up, which would stop
+	 * the broker taking its submissions while it retries them */
 	struct kvb_attach_opts o = {.socket_path = c->socket,
 				    .role = role,
 				    .tp_rank = rank,
-				    .tp_size = size};
+				    .tp_size = size,
+				    .cq_entries = 2 * KVB_MAX_XFERS};
 	int rc = kvb_attach(&o, ctx);
 
 	if (rc)
@@ -93,18 +125,38 @@ static int attach(const struct cfg *c, enum kvb_role role, unsigned rank,
 	return rc;
 }
 
-static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
+/* D: open and seal request r, expecting one write_done per writer. */
+static int d_open(struct kvb_ctx *ctx, unsigned rank, unsigned r,
+		  unsigned writers)
+{
+	int64_t t = now_ns();
+	char id[64];
+	uint32_t h;
+	int rc;
+
+	snprintf(id, sizeof(id), "tx-%u", r);
+	rc = kvb_transfer_open(ctx, id, &h);
+	while (!rc && (rc = kvb_transfer_seal(ctx, h, writers, r)) == -EAGAIN &&
+	       now_ns() - t < (int64_t) STALL_MS * 1000000)
+		;
+	if (rc)
+		fprintf(stderr, "kvb-demo: D%u open/seal: %s\n", rank,
+			kvb_strerror(rc));
+	return rc;
+}
+
+static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
+		 int ready_fd, int go_fd)
 {
 	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes, bad = 0, checked = 0;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
-	uint32_t *h = calloc(c->requests, sizeof(*h));
-	unsigned writers = 0, l, r, done = 0;
+	unsigned writers = 0, l, opened = 0, done = 0;
 	struct kvb_ctx *ctx;
-	char id[64], byte = 1;
+	char byte = 1;
 	int rc;
 
-	if (!reg || !h || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
+	if (!reg || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
 		return 1;
 	for (l = 0; l < c->layers; l++) {
 		rc = kvb_mem_alloc(ctx, rsize, KVB_MEM_REMOTE_WRITE, l,
@@ -118,15 +170,11 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 	/* P ranks that write into this D rank (rank mapping p % d) */
 	for (unsigned p = 0; p < c->p; p++)
 		writers += p % c->d == rank;
-	for (r = 0; r < c->requests; r++) {
-		snprintf(id, sizeof(id), "tx-%u", r);
-		if ((rc = kvb_transfer_open(ctx, id, &h[r])) ||
-		    (rc = kvb_transfer_seal(ctx, h[r], writers, r))) {
-			fprintf(stderr, "kvb-demo: D%u open/seal: %s\n", rank,
-				kvb_strerror(rc));
+	/* the first window of requests; one more as each one ends */
+	for (; opened < c->requests && opened < c->window; opened++)
+		if (d_open(ctx, rank, opened, writers))
 			return 1;
-		}
-	}
+	d_publish(prog, opened);
 	/* close it: the parent sees EOF once every D is ready or gone */
 	rc = write(ready_fd, &byte, 1) != 1;
 	close(ready_fd);
@@ -180,6 +228,11 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 					}
 			}
 		}
+		for (; opened < c->requests && opened - done < c->window;
+		     opened++)
+			if (d_open(ctx, rank, opened, writers))
+				return 1;
+		d_publish(prog, opened);
 	}
 	if (!c->quiet)
 		printf("D%u: %u requests, %" PRIu64 " bytes verified, %" PRIu64
@@ -189,7 +242,6 @@ static int run_d(const struct cfg *c, unsigned rank, int ready_fd, int go_fd)
 		kvb_mem_free(ctx, &reg[l]);
 	kvb_detach(ctx);
 	free(reg);
-	free(h);
 	fflush(stdout);
 	return bad ? 3 : 0;
 }
@@ -213,8 +265,8 @@ static int stalled(int64_t since)
 	return now_ns() - since > (int64_t) STALL_MS * 1000000;
 }
 
-static int run_p(const struct cfg *c, unsigned rank, int go_fd,
-		 struct p_result *res)
+static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
+		 int go_fd, struct p_result *res)
 {
 	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes;
@@ -222,9 +274,12 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd,
 	struct kvb_remote_region *dst = calloc(c->layers, sizeof(*dst));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
 	unsigned drank = rank % c->d, l, next = 0, done = 0, open_now = 0;
+	/* no more than D's window: D opens more as the broker ends ours,
+	 * before we reap them, so this bounds what waits in our ring */
+	unsigned inflight = c->inflight < c->window ? c->inflight : c->window;
 	struct kvb_desc *descs = calloc(c->blocks, sizeof(*descs));
 	struct kvb_ctx *ctx;
-	int64_t start, t_full;
+	int64_t start, t_full, idle;
 	char byte;
 	int rc;
 
@@ -254,10 +309,11 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd,
 			return 1;
 		}
 	}
-	start = now_ns();
+	start = idle = now_ns();
 	while (done < c->requests) {
-		/* keep up to `inflight` requests going */
-		while (next < c->requests && open_now < c->inflight) {
+		/* keep up to `inflight` requests going, each one D has open */
+		while (next < c->requests && open_now < inflight &&
+		       next < d_opened(&prog[drank])) {
 			uint32_t h;
 			char id[64];
 			unsigned r = next++;
@@ -318,6 +374,20 @@ static int run_p(const struct cfg *c, unsigned rank, int go_fd,
 			}
 			open_now++;
 		}
+		if (!open_now) {
+			/* D's window is full of requests other P workers
+			 * still write: wait for it to open the next one */
+			if (now_ns() - idle > (int64_t) STALL_MS * 1000000) {
+				fprintf(stderr,
+					"kvb-demo: P%u: D%u opened no request "
+					"for 60 s\n",
+					rank, drank);
+				return 1;
+			}
+			usleep(50);
+			continue;
+		}
+		idle = now_ns();
 		{
 			struct kvb_completion comp[64];
 			int n = kvb_wait(ctx, comp, 64, STALL_MS);
@@ -390,6 +460,10 @@ static void usage(FILE *f)
 	      "blocks of\n"
 	      "--block-bytes each into D workers through the running broker; D "
 	      "checks every byte.\n"
+	      "Each P keeps up to --inflight requests going; each D keeps as "
+	      "many open as the\n"
+	      "broker's transfer table has room for, the rest wait their "
+	      "turn.\n"
 	      "Defaults: --p 2 --d 2 --layers 32 --blocks 16 --block-bytes "
 	      "4096 --requests 64 --inflight 8\n",
 	      f);
@@ -427,6 +501,26 @@ bad:
 		", not '%s'\n",
 		name, max, s);
 	return 2;
+}
+
+/*
+ * Requests each D worker keeps open: all it can while D x window plus what
+ * the P workers have open (P x min(inflight, window): a P worker only
+ * writes requests its D worker has open) fits in `room` transfers; at least
+ * room / (D + P), where --inflight alone would take it all.
+ */
+static unsigned d_window(const struct cfg *c, uint64_t room)
+{
+	uint64_t p_open =
+		(uint64_t) c->p *
+		(c->inflight < c->requests ? c->inflight : c->requests);
+	uint64_t w = room / (c->d + c->p);
+
+	if (room > p_open && (room - p_open) / c->d > w)
+		w = (room - p_open) / c->d;
+	if (w > c->requests)
+		w = c->requests;
+	return w ? (unsigned) w : 1;
 }
 
 /* A worker process and what it is, for messages. */
@@ -566,6 +660,7 @@ int main(int argc, char **argv)
 			.inflight = 8};
 	int ready[2], go[2], opt, idx, fails = 0;
 	struct p_result *pr;
+	struct d_progress *prog;
 	static double lat[1 << 16];
 	uint64_t writes = 0, bytes = 0, failed = 0, v = 0, total;
 	double elapsed = 0;
@@ -649,9 +744,15 @@ int main(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
+	/* the broker's transfer table (slot 0 unused), shared with any other
+	 * workers it serves: not asked for here, as a stats connection would
+	 * take a --max-workers slot the workers may need */
+	c.window = d_window(&c, KVB_MAX_XFERS - 1);
 	pr = mmap(NULL, c.p * sizeof(*pr), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (pr == MAP_FAILED || pipe(ready) || pipe(go)) {
+	prog = mmap(NULL, c.d * sizeof(*prog), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (pr == MAP_FAILED || prog == MAP_FAILED || pipe(ready) || pipe(go)) {
 		perror("kvb-demo: setup");
 		return 1;
 	}
@@ -663,7 +764,7 @@ int main(int argc, char **argv)
 		if (pid == 0) {
 			close(ready[0]);
 			close(go[1]);
-			_exit(run_d(&c, i, ready[1], go[0]));
+			_exit(run_d(&c, i, &prog[i], ready[1], go[0]));
 		}
 		if (pid < 0)
 			goto fail;
@@ -679,7 +780,7 @@ int main(int argc, char **argv)
 
 		if (pid == 0) {
 			close(go[1]);
-			_exit(run_p(&c, i, go[0], &pr[i]));
+			_exit(run_p(&c, i, prog, go[0], &pr[i]));
 		}
 		if (pid < 0)
 			goto fail;
@@ -720,9 +821,10 @@ int main(int argc, char **argv)
 		       elapsed > 0 ? (double) bytes / elapsed / 1e9 : 0, p50,
 		       p99);
 		printf("(%u P + %u D workers, %u layers x %u blocks x %" PRIu64
-		       " B, %u requests; flushes/wrs are the broker's totals "
-		       "since it started)\n",
-		       c.p, c.d, c.layers, c.blocks, c.block_bytes, c.requests);
+		       " B, %u requests, up to %u open per D; flushes/wrs are "
+		       "the broker's totals since it started)\n",
+		       c.p, c.d, c.layers, c.blocks, c.block_bytes, c.requests,
+		       c.window);
 		if (jf) {
 			fprintf(jf,
 				"{\"writes\":%" PRIu64 ",\"bytes\":%" PRIu64

@@ -538,7 +538,9 @@ static int ep_orphan_ops(struct kvb_rdma *r, struct kvb_ep *ep)
  * transport contract; the broker's in-flight entries and region references
  * wait for them). Should the memory for that not be there, the endpoint is
  * kept (its QPs in error, its chains broken) rather than its ops lost, and
- * close() ends it.
+ * close() ends it; it no longer answers to its or its peer's tokens, so
+ * connect() never hands it back (an answer to its offer is -ENOENT, a
+ * re-offer of its peer gets a new endpoint, as when it is freed).
  */
 void _kvb_rdma_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
 {
@@ -557,6 +559,8 @@ void _kvb_rdma_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
 				_kvb_rdma_ready_push(r, &ep->qp[i]);
 			}
 		ep->state = KVB_RDMA_EP_RESET;
+		ep->token = 0;
+		memset(&ep->peer, 0, sizeof(ep->peer));
 		return;
 	}
 	_kvb_rdma_ep_destroy(r, ep);

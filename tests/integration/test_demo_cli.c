@@ -3,9 +3,10 @@
  * kvb-demo and kvbctl from outside: a worker that cannot start or dies ends
  * the demo in bounded time (exit 1, no worker left behind), the demo killed
  * takes its workers with it, bad arguments are refused with a message
- * (exit 2), a --json file that cannot be written is an error (exit 1), and
- * kvbctl takes its options after `stats` and refuses a socket path that
- * does not fit instead of cutting it.
+ * (exit 2), a --json file that cannot be written is an error (exit 1),
+ * more requests than the broker's transfer table holds wait their turn
+ * instead of failing, and kvbctl takes its options after `stats` and
+ * refuses a socket path that does not fit instead of cutting it.
  *
  * The commands write stdout and stderr into one pipe that their workers
  * inherit: EOF on it means the demo and every worker have exited.
@@ -185,8 +186,7 @@ static void test_d_refused(void **state)
 	stop_broker();
 }
 
-/* A demo of a few seconds: 4 workers, 128 MiB per worker (kept under the
- * broker's transfer table: each D opens every request). */
+/* A demo of a few seconds: 4 workers, 128 MiB per worker. */
 static void start_long_demo(struct cmd *c)
 {
 	char *argv[] = {KVB_DEMO_BIN, "--socket",   br.sock, "--p",
@@ -239,6 +239,34 @@ static void test_demo_killed(void **state)
 	rc = cmd_finish(&c, 2000 + SLACK, &ms);
 	fprintf(stderr, "kvb-demo: %d in %.0f ms\n", rc, ms);
 	assert_int_equal(rc, 128 + SIGKILL); /* not -EBUSY: no worker left */
+	stop_broker();
+}
+
+/* More requests than the broker's transfer table holds (16383, and each D
+ * worker opens every request it expects): the D workers keep a window of
+ * them open and the rest wait their turn; the P workers' --inflight past
+ * that window is cut to it. Before, the D workers' opens failed with
+ * -ENOSPC. */
+static void test_many_requests(void **state)
+{
+	char *argv[] = {KVB_DEMO_BIN, "--socket",   br.sock, "--p",
+			"2",	      "--d",	    "2",     "--layers",
+			"1",	      "--blocks",   "1",     "--block-bytes",
+			"64",	      "--requests", "20000", "--inflight",
+			"65536",      "--quiet",    NULL};
+	int rc;
+
+	(void) state;
+	start_broker(NULL);
+	rc = run(argv, 60000);
+	if (rc) {
+		broker_log_dump(&br);
+		fail_msg("kvb-demo --requests 20000: exit %d\n%s", rc, out);
+	}
+	assert_non_null(strstr(out, "20000 requests, up to 4095 open per D"));
+	assert_non_null(strstr(out, "all bytes verified"));
+	assert_int_equal(broker_stat(&br, "transfers_done"), 4 * 20000);
+	assert_int_equal(broker_stat(&br, "transfers_failed"), 0);
 	stop_broker();
 }
 
@@ -389,6 +417,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_d_refused, teardown),
 		cmocka_unit_test_teardown(test_worker_killed, teardown),
 		cmocka_unit_test_teardown(test_demo_killed, teardown),
+		cmocka_unit_test_teardown(test_many_requests, teardown),
 		cmocka_unit_test(test_demo_args),
 		cmocka_unit_test_teardown(test_kvbctl_args, teardown),
 	};

@@ -15,6 +15,10 @@
  *    event; completions that came before the request (or were retired
  *    and not handed out) make arm() say "do not sleep"; events read are
  *    acked.
+ *  - the same when the orphan queue cannot grow (its realloc fails: linked
+ *    with --wrap=realloc, see fail_reallocs): the endpoint is kept until
+ *    close(), its ops still complete once each, and no answer or re-offer
+ *    of the peer finds it again.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -41,6 +45,23 @@ static struct posted {
 	int n, err;
 } P[MAXQ];
 static int np;
+
+/* realloc() of the code under test (-Wl,--wrap=realloc): the next
+ * fail_reallocs calls fail as when memory runs out. */
+static int fail_reallocs, failed_reallocs;
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+
+void *__wrap_realloc(void *p, size_t n)
+{
+	if (fail_reallocs > 0) {
+		fail_reallocs--;
+		failed_reallocs++;
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_realloc(p, n);
+}
 
 static struct posted *find(struct ibv_qp *qp)
 {
@@ -173,6 +194,7 @@ static int setup(void **state)
 	memset(P, 0, sizeof(P));
 	np = 0;
 	ncqe = 0;
+	fail_reallocs = failed_reallocs = 0;
 	r = calloc(1, sizeof(*r));
 	assert_non_null(r);
 	t = &r->base;
@@ -363,6 +385,81 @@ static void test_completion_events(void **state)
 	r->chan = NULL; /* the mock channel is not the library's */
 }
 
+/* A blob of 2 QPs from endpoint `ep` of peer `node`: an answer to our
+ * endpoint `to_ep`, or an offer when 0. */
+static size_t peer_blob(void *buf, uint64_t node, uint64_t ep, uint64_t to_ep)
+{
+	struct kvb_rdma_conn c = {.version = KVB_RDMA_CONN_VERSION,
+				  .nqp = 2,
+				  .node = node,
+				  .ep = ep,
+				  .to_ep = to_ep,
+				  .mtu = IBV_MTU_1024,
+				  .port = 1};
+	size_t len = KVB_RDMA_CONN_MAX;
+
+	c.qp[0].qpn = 900;
+	c.qp[1].qpn = 901;
+	assert_int_equal(kvb_rdma_conn_encode(&c, buf, &len), 0);
+	return len;
+}
+
+static void test_disconnect_without_memory(void **state)
+{
+	uint8_t blob[KVB_RDMA_CONN_MAX];
+	struct kvb_ep *a, *b, *e;
+	int32_t st[256];
+	unsigned seen[256] = {0};
+	uint64_t b_token;
+	size_t len;
+
+	(void) state;
+	a = ready_ep();
+	b = ready_ep();
+	b->peer.node = 0x5eed; /* as the peer's blob would have set */
+	b->peer.ep = 0xb0b;
+	b_token = b->token;
+	post_n(a, 3, 0xa0);
+	post_n(b, 2, 0xb0);
+	cq_push(2, IBV_WC_SUCCESS); /* b's first write retired, not reaped */
+	_kvb_rdma_cq_drain(r);
+	/* b's orphans find no memory: b stays, its QPs in error (which
+	 * flushes what the mock holds: stale now) */
+	fail_reallocs = 1;
+	t->ops->disconnect(t, b);
+	assert_int_equal(failed_reallocs, 1);
+	assert_ptr_equal(r->eps, b);
+	assert_int_equal(P[2].err, 1);
+	assert_int_equal(P[3].err, 1);
+	assert_int_equal(ncqe, 1); /* b1's flush */
+	/* a's go through the orphan queue as usual */
+	t->ops->disconnect(t, a);
+	assert_int_equal(failed_reallocs, 1);
+	assert_int_equal(drain(st, seen), 5);
+	assert_int_equal(ncqe, 0);
+	for (unsigned c = 0xa0; c <= 0xa2; c++) {
+		assert_int_equal(seen[c], 1);
+		assert_int_equal(st[c], -ECONNABORTED);
+	}
+	assert_int_equal(seen[0xb0], 1);
+	assert_int_equal(st[0xb0], 0);
+	assert_int_equal(seen[0xb1], 1);
+	assert_int_equal(st[0xb1], -ECONNABORTED);
+	assert_int_equal(b->qp[0].ch.st.stale_cqes, 1);
+	/* nothing more, from the chains or the flushes */
+	assert_int_equal(drain(st, seen), 0);
+
+	/* the broker forgot b: a late answer to its offer is unknown, as for
+	 * an endpoint freed, and a re-offer of its peer gets a new one */
+	len = peer_blob(blob, 0x5eed, 0xb0b, b_token);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e), -ENOENT);
+	len = peer_blob(blob, 0x5eed, 0xb0b, 0);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e), 0);
+	assert_ptr_not_equal(e, b);
+	assert_int_equal(e->state, KVB_RDMA_EP_READY);
+	/* close() frees b with the rest (teardown, under ASan's leak check) */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -373,6 +470,8 @@ int main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_completion_events, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_disconnect_without_memory,
+						setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
