@@ -158,18 +158,19 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 
 	if (!reg || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
 		return 1;
+	/* P ranks that write into this D rank (rank mapping p % d), each
+	 * into its own part of the layer's region: P rank p into part p / d */
+	for (unsigned p = 0; p < c->p; p++)
+		writers += p % c->d == rank;
 	for (l = 0; l < c->layers; l++) {
-		rc = kvb_mem_alloc(ctx, rsize, KVB_MEM_REMOTE_WRITE, l,
-				   &reg[l]);
+		rc = kvb_mem_alloc(ctx, rsize * (writers ? writers : 1),
+				   KVB_MEM_REMOTE_WRITE, l, &reg[l]);
 		if (rc) {
 			fprintf(stderr, "kvb-demo: D%u alloc: %s\n", rank,
 				kvb_strerror(rc));
 			return 1;
 		}
 	}
-	/* P ranks that write into this D rank (rank mapping p % d) */
-	for (unsigned p = 0; p < c->p; p++)
-		writers += p % c->d == rank;
 	/* the first window of requests; one more as each one ends */
 	for (; opened < c->requests && opened < c->window; opened++)
 		if (d_open(ctx, rank, opened, writers))
@@ -215,8 +216,9 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 						const uint8_t *dst =
 							(const uint8_t *) reg[l]
 								.addr +
-							dst_block(src,
-								  nblocks) *
+							((p / c->d) * nblocks +
+							 dst_block(src,
+								   nblocks)) *
 								c->block_bytes;
 
 						for (uint64_t o = 0;
@@ -339,8 +341,13 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 						.region = reg[l].id,
 						.peer_region = dst[l].id,
 						.offset = b * c->block_bytes,
+						/* its own part of D's
+						 * region: P ranks > D ranks
+						 * share a D rank */
 						.peer_offset =
-							dst_block(b, nblocks) *
+							(rank / c->d * nblocks +
+							 dst_block(b,
+								   nblocks)) *
 							c->block_bytes,
 						.len = c->block_bytes,
 						.tag = r};

@@ -270,6 +270,32 @@ static void test_many_requests(void **state)
 	stop_broker();
 }
 
+/* More P ranks than D ranks: P0 and P2 share D0, each in its own part of
+ * D0's regions (they wrote the same blocks, and D0 found bad bytes) */
+static void test_more_p_than_d(void **state)
+{
+	char *argv[] = {KVB_DEMO_BIN, "--socket",   br.sock, "--p",
+			"3",	      "--d",	    "2",     "--layers",
+			"2",	      "--blocks",   "8",     "--block-bytes",
+			"4096",	      "--requests", "10",    NULL};
+	int rc;
+
+	(void) state;
+	start_broker(NULL);
+	rc = run(argv, 60000);
+	if (rc) {
+		broker_log_dump(&br);
+		fail_msg("kvb-demo --p 3 --d 2: exit %d\n%s", rc, out);
+	}
+	/* D0 checks P0's and P2's bytes, D1 P1's */
+	assert_non_null(strstr(out, "D0: 10 requests, 1310720 bytes verified, "
+				    "0 bad"));
+	assert_non_null(strstr(out, "D1: 10 requests, 655360 bytes verified, "
+				    "0 bad"));
+	assert_non_null(strstr(out, "all bytes verified"));
+	stop_broker();
+}
+
 static void expect(char *const argv[], int want, const char *msg)
 {
 	int rc = run(argv, 10000);
@@ -418,6 +444,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_worker_killed, teardown),
 		cmocka_unit_test_teardown(test_demo_killed, teardown),
 		cmocka_unit_test_teardown(test_many_requests, teardown),
+		cmocka_unit_test_teardown(test_more_p_than_d, teardown),
 		cmocka_unit_test(test_demo_args),
 		cmocka_unit_test_teardown(test_kvbctl_args, teardown),
 	};
