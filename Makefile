@@ -38,7 +38,7 @@ test-tsan: deps build
 # core from its checked-in seeds; new inputs go to build-fuzz/corpus/<t>/,
 # crashes to build-fuzz/crashes/<t>-*. FUZZ_TARGETS picks some.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= zmsg hs tcp_serve validate
+FUZZ_TARGETS ?= zmsg hs tcp_serve tcp_dial validate
 FUZZ_FLAGS ?= -jobs=1 -workers=1 -rss_limit_mb=2048
 fuzz: deps
 	CC=clang cmake -S . -B build-fuzz -DKVB_FUZZ=ON -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo

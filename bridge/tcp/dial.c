@@ -331,6 +331,10 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		s->err = 0;
 		s->used = 1;
 		s->answered = 0;
+		/* set below for a WRITE with payload; a zero-length one has
+		 * nothing to wait for, whatever the slot's last op left here
+		 * (a stream since cleared by a reconnect starts from 0) */
+		s->tx_end = 0;
 		s->dst = op->opcode == KVB_XOP_READ
 				 ? (char *) op->local->addr + op->local_off
 				 : NULL;
@@ -598,13 +602,18 @@ static int ep_on(void *owner, enum tcp_rx_ev ev, unsigned idx)
 	case EV_FRAME:
 		if (rx->h.type != KVB_TCP_F_READ_RESP)
 			return 0;
+		/* a trailer status is 0 or -errno, as a record's: anything
+		 * else is a malformed frame, not one failed op */
+		for (i = 0; i < rx->n; i++)
+			if (!rx->items[i].rec.status &&
+			    kvb_tcp_status_get(rx->tbuf + 4 * i) > 0)
+				return -EPROTO;
 		for (i = 0; i < rx->n; i++) {
 			int st = rx->items[i].rec.status;
 
 			if (!st)
 				st = kvb_tcp_status_get(rx->tbuf + 4 * i);
-			ep_complete(ep, rx->items[i].slot,
-				    st > 0 ? -EPROTO : st);
+			ep_complete(ep, rx->items[i].slot, st);
 		}
 		return 0;
 	default:

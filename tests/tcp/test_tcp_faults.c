@@ -523,6 +523,161 @@ static void test_early_ack(void **state)
 	region_free(&l);
 }
 
+/* Listen on 127.0.0.1 and point p->ep at it: the test plays the server. */
+static int fake_server(struct pair *p)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	uint8_t blob[64];
+	size_t len = sizeof(blob);
+	struct kvb_tcp_blob bl;
+	int lfd;
+
+	lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	assert_true(lfd >= 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(lfd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 1), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *) &sa, &sl), 0);
+	assert_int_equal(kvb_tcp_ops.local_info(p->b, blob, &len), 0);
+	assert_int_equal(kvb_tcp_blob_decode(&bl, blob, len), 0);
+	bl.port = ntohs(sa.sin_port);
+	kvb_tcp_blob_encode(&bl, blob);
+	kvb_tcp_ops.disconnect(p->a, p->ep);
+	assert_int_equal(kvb_tcp_ops.connect(p->a, blob, len, &p->ep), 0);
+	return lfd;
+}
+
+/* Accept (if *fd < 0) and read exactly n bytes of requests, pumping A. */
+static void fake_recv(struct pair *p, int lfd, int *fd, uint8_t *buf, size_t n)
+{
+	double end = now_s() + DEADLINE;
+	size_t got = 0;
+
+	while (got < n && now_s() < end) {
+		ssize_t r;
+
+		pump(p);
+		if (*fd < 0) {
+			*fd = accept(lfd, NULL, NULL);
+			continue;
+		}
+		r = recv(*fd, buf + got, n - got, MSG_DONTWAIT);
+		if (r > 0)
+			got += (size_t) r;
+	}
+	assert_int_equal(got, n);
+}
+
+/* An ACK of one record for seq, status 0. */
+static void fake_ack(int fd, uint64_t seq)
+{
+	uint8_t ack[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN];
+	struct kvb_tcp_hdr h = {.type = KVB_TCP_F_ACK, .count = 1};
+	struct kvb_tcp_rec rec = {.seq = seq};
+
+	kvb_tcp_hdr_encode(&h, ack);
+	kvb_tcp_rec_encode(&rec, ack + KVB_TCP_HDR_LEN);
+	assert_int_equal(send(fd, ack, sizeof(ack), 0), (ssize_t) sizeof(ack));
+}
+
+/*
+ * A READ_RESP whose trailer holds a positive status (fuzz_tcp_dial,
+ * corpus/tcp_dial/repro-trailer-positive-status): a status is 0 or -errno,
+ * so the frame is malformed: the connection fails with -EPROTO and counts
+ * `rejected`, as a positive status in a record does.
+ */
+static void test_trailer_positive_status(void **state)
+{
+	uint8_t in[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN];
+	uint8_t out[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN + 16 + 8];
+	struct kvb_tcp_hdr h = {
+		.type = KVB_TCP_F_READ_RESP, .count = 1, .payload = 16};
+	struct kvb_tcp_rec rec;
+	struct kvb_xop op;
+	struct region l;
+	struct pair p;
+	double end;
+	int lfd, fd = -1;
+
+	(void) state;
+	pair_open(&p, 0, 10000, 1);
+	lfd = fake_server(&p);
+	region_init(&l, 1, 4 * KiB, 0);
+	reg(p.a, &l);
+	op = xop(KVB_XOP_READ, &l, 0, 1, 0, 16, 0);
+	post_all(&p, &op, 1);
+	fake_recv(&p, lfd, &fd, in, sizeof(in));
+	kvb_tcp_rec_decode(&rec, in + KVB_TCP_HDR_LEN);
+	kvb_tcp_hdr_encode(&h, out);
+	rec = (struct kvb_tcp_rec){.seq = rec.seq, .len = 16};
+	kvb_tcp_rec_encode(&rec, out + KVB_TCP_HDR_LEN);
+	memset(out + KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN, 0x33, 16);
+	memset(out + sizeof(out) - 8, 0, 8);
+	kvb_tcp_status_put(out + sizeof(out) - 8, 5);
+	assert_int_equal(send(fd, out, sizeof(out), 0), (ssize_t) sizeof(out));
+	end = now_s() + DEADLINE;
+	while (p.tr.done < 1 && now_s() < end)
+		pump(&p);
+	assert_int_equal(p.tr.done, 1);
+	assert_int_equal(p.tr.status[0], -EPROTO);
+	assert_int_equal(stats(p.a).rejected, 1);
+	assert_int_equal(stats(p.a).conn_failed, 1);
+	assert_true(guards_ok(&l));
+	close(fd);
+	close(lfd);
+	pair_close(&p);
+	region_free(&l);
+}
+
+/*
+ * A zero-length WRITE has no payload to wait for: its ACK is due once its
+ * record is sent, even in a slot whose previous WRITE ended further into
+ * the send stream of a connection that has since been replaced.
+ */
+static void test_empty_write_after_reconnect(void **state)
+{
+	uint8_t in[KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN + 4096];
+	struct kvb_tcp_rec rec;
+	struct kvb_xop op;
+	struct region l;
+	struct pair p;
+	double end;
+	int lfd, fd = -1;
+
+	(void) state;
+	pair_open(&p, 0, 10000, 2);
+	lfd = fake_server(&p);
+	region_init(&l, 1, 4 * KiB, 0);
+	reg(p.a, &l);
+	op = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 4096, 0);
+	post_all(&p, &op, 1);
+	fake_recv(&p, lfd, &fd, in, sizeof(in));
+	kvb_tcp_rec_decode(&rec, in + KVB_TCP_HDR_LEN);
+	fake_ack(fd, rec.seq);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], 0);
+	/* the server goes away; the next post dials again */
+	close(fd);
+	fd = -1;
+	end = now_s() + DEADLINE;
+	while (!stats(p.a).conn_failed && now_s() < end)
+		pump(&p);
+	assert_int_equal(stats(p.a).conn_failed, 1);
+	op = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 0, 1);
+	post_all(&p, &op, 1);
+	fake_recv(&p, lfd, &fd, in, KVB_TCP_HDR_LEN + KVB_TCP_REC_LEN);
+	kvb_tcp_rec_decode(&rec, in + KVB_TCP_HDR_LEN);
+	fake_ack(fd, rec.seq);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[1], 0);
+	assert_int_equal(stats(p.a).rejected, 0);
+	close(fd);
+	close(lfd);
+	pair_close(&p);
+	region_free(&l);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -534,6 +689,8 @@ int main(void)
 		cmocka_unit_test(test_dereg_during_write),
 		cmocka_unit_test(test_dereg_during_read),
 		cmocka_unit_test(test_early_ack),
+		cmocka_unit_test(test_trailer_positive_status),
+		cmocka_unit_test(test_empty_write_after_reconnect),
 	};
 
 	srand(1);
