@@ -145,8 +145,9 @@ struct kvb_transport_ops {
 		    unsigned max);
 	/*
 	 * Optional (NULL = none). An fd that turns readable when poll() has
-	 * work to do (incoming bytes, a connection, an ack); the broker adds it
-	 * to its epoll set before sleeping. Returns the fd or -1.
+	 * work to do (incoming bytes, a connection, an ack; rdma: once
+	 * arm()ed, below); the broker adds it to its epoll set before
+	 * sleeping. Returns the fd or -1.
 	 */
 	int (*wait_fd)(struct kvb_transport *t);
 	/*
@@ -165,10 +166,11 @@ struct kvb_transport_ops {
 	 */
 	int (*progress)(struct kvb_transport *t);
 	/*
-	 * Optional (NULL when wait_fd() turns readable by itself). Called by
-	 * a caller about to sleep on wait_fd(): makes it turn readable at the
-	 * next completion where it can (rdma: a CQ event). Returns 1 when
-	 * completions are already waiting for poll() (do not sleep), else 0.
+	 * Optional (NULL when wait_fd() turns readable by itself). Where it
+	 * is set, wait_fd() turns readable only after it: a caller about to
+	 * sleep on wait_fd() calls it first, to have the fd turn readable at
+	 * the next completion (rdma: a CQ event). Returns 1 when completions
+	 * are already waiting for poll() (do not sleep), else 0.
 	 */
 	int (*arm)(struct kvb_transport *t);
 };
