@@ -81,7 +81,12 @@ static int64_t now_ns(void)
 	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The byte P rank `p` writes at `off` of (layer, block index). */
+/*
+ * The byte P rank `p` writes at `off` of (layer, block index), through
+ * splitmix64's finalizer: with `x ^= x >> 31` alone P ranks 0 and 2 wrote
+ * the same bytes everywhere (their terms differ by 0x...082a, which the
+ * shift cancels in the low byte), so D could not tell them apart.
+ */
 static inline uint8_t pattern(unsigned p, unsigned layer, uint64_t blk,
 			      uint64_t off)
 {
@@ -89,6 +94,8 @@ static inline uint8_t pattern(unsigned p, unsigned layer, uint64_t blk,
 		     (layer + 1) * 0xbf58476d1ce4e5b9ull ^
 		     (blk + 1) * 0x94d049bb133111ebull ^ (off >> 3);
 
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
 	x ^= x >> 31;
 	return (uint8_t) (x ^ off);
 }
