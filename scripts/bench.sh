@@ -633,7 +633,9 @@ NIC's.
   the two processes). One `ibv_post_send` per (request, layer) chain:
   WR/db = B. `post_cpu` = wall time inside `ibv_post_send`
   (`kvb_rdma_time_posts`) per WR: on soft-RoCE the post is a syscall into
-  the rxe driver, on a NIC it is a doorbell write.
+  the rxe driver, on a NIC it is a doorbell write. A worker with nothing
+  to reap spins 20 us, then arms the CQ (`ops->arm`) and sleeps on its
+  completion channel, as the broker does.
 - **broker**: two kvbrokers `--transport rdma --host-ip 192.0.2.1` on the
   one device, each with its own handshake and notify ports (as
   `tests/rdma/broker-pair.sh`), the workers on MoRIIO's WRITE path as on
