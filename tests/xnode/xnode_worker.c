@@ -11,6 +11,9 @@
  * layer, block, K/V, byte); D checks every byte of every block it received
  * against the P rank that feeds it, and that blocks outside the list stayed
  * zero. Exit 0 = all transfers ended as expected and the bytes are right.
+ * D block lists of distant transfers overlap (they wrap); D opens a
+ * transfer only once every D rank of its DP group has ended (and checked)
+ * each older one it overlaps, the way a scheduler frees blocks.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -448,6 +451,66 @@ static int parse(int argc, char **argv)
 /* globals: still reachable (not leaks) on the early exits */
 static struct kvb_region *reg;
 static uint32_t *handles;
+static uint8_t *live;	   /* transfer i started and not ended */
+static uint8_t *blk_taken; /* scratch: D blocks of the live transfers */
+
+/* D: this rank is done with transfer i (ended, bytes checked) */
+static void d_mark_ended(unsigned i)
+{
+	char path[512];
+	FILE *f;
+
+	if (!o.barrier || o.role == KVB_ROLE_P)
+		return;
+	snprintf(path, sizeof(path), "%s/end-%s-%d-%d-%u", o.barrier, o.prefix,
+		 o.dp, o.tp, i);
+	f = fopen(path, "w");
+	if (f)
+		fclose(f);
+}
+
+/* D: has every TP rank of this DP group marked transfer j ended? */
+static int d_all_ended(unsigned j)
+{
+	char path[512];
+
+	if (!o.barrier)
+		return 1;
+	for (int t = 0; t < o.tp_size; t++) {
+		snprintf(path, sizeof(path), "%s/end-%s-%d-%d-%u", o.barrier,
+			 o.prefix, o.dp, t, j);
+		if (access(path, F_OK) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * D: may transfer i start? Not while an older transfer that shares one of
+ * its D blocks is still running on any TP rank of this DP group: the block
+ * lists wrap around the regions, transfers end in any order, and (as with
+ * vLLM's scheduler, whose block ids hold for all TP ranks) one D rank's
+ * open of transfer i sends remote_blocks to every P rank, which then write
+ * those blocks on each D rank, possibly before a slower rank has checked
+ * the older transfer's bytes there.
+ */
+static int d_blocks_free(unsigned i, uint32_t *tmp)
+{
+	memset(blk_taken, 0, o.nblocks);
+	blocks_of(i, 1, tmp);
+	for (unsigned k = 0; k < o.per_xfer; k++)
+		blk_taken[tmp[k]] = 1;
+	for (unsigned j = 0; j < i; j++) {
+		int overlap = 0;
+
+		blocks_of(j, 1, tmp);
+		for (unsigned k = 0; k < o.per_xfer && !overlap; k++)
+			overlap = blk_taken[tmp[k]];
+		if (overlap && (live[j] || !d_all_ended(j)))
+			return 0;
+	}
+	return 1;
+}
 
 int main(int argc, char **argv)
 {
@@ -480,6 +543,12 @@ int main(int argc, char **argv)
 				     o.heads,	      HEAD_DIM,	 ELEM};
 	reg = calloc(o.layers, sizeof(*reg));
 	handles = calloc(o.xfers, sizeof(*handles));
+	live = calloc(o.xfers, 1);
+	blk_taken = calloc(o.nblocks, 1);
+	if (!reg || !handles || !live || !blk_taken) {
+		fprintf(stderr, "xnode_worker: out of memory\n");
+		return 1;
+	}
 	for (unsigned l = 0; l < o.layers; l++) {
 		uint64_t size = 2 * (uint64_t) o.nblocks * block_len();
 
@@ -610,6 +679,8 @@ int main(int argc, char **argv)
 			uint32_t expect;
 			int64_t retry_end = now_ms() + 10000;
 
+			if (!is_p && !d_blocks_free(i, db))
+				break; /* after an older one ends */
 			blocks_of(i, 0, pb);
 			blocks_of(i, 1, db);
 			snprintf(id, sizeof(id), "%s-%u", o.prefix, i);
@@ -667,6 +738,7 @@ int main(int argc, char **argv)
 					kvb_strerror(rc));
 				return 1;
 			}
+			live[i] = 1;
 			started++;
 			if (is_p && started == o.xfers && read_sync(1))
 				return 1;
@@ -696,6 +768,15 @@ int main(int argc, char **argv)
 			if (c[k].kind != KVB_COMP_TRANSFER)
 				continue;
 			i = (unsigned) (c[k].tag - 1000000);
+			if (i >= o.xfers || !live[i]) {
+				fprintf(stderr,
+					"xnode_worker: completion for "
+					"transfer tag %llu, not running\n",
+					(unsigned long long) c[k].tag);
+				bad++;
+				continue;
+			}
+			live[i] = 0;
 			ended++;
 			if (o.expect_cancel && in_list(o.expect_cancel, i)) {
 				if (c[k].status == -ECANCELED) {
@@ -713,6 +794,7 @@ int main(int argc, char **argv)
 							: "success",
 						kvb_strerror(-ECANCELED));
 				}
+				d_mark_ended(i);
 				continue;
 			}
 			if (c[k].status) {
@@ -723,6 +805,7 @@ int main(int argc, char **argv)
 						"transfer %u: %s\n",
 						is_p ? 'P' : 'D', o.tp, i,
 						kvb_strerror(c[k].status));
+				d_mark_ended(i);
 				continue;
 			}
 			if (!is_p && !o.no_verify) {
@@ -733,11 +816,14 @@ int main(int argc, char **argv)
 				for (unsigned l = 0; l < o.layers && good; l++)
 					good = !check_layer(&reg[l], l, i, db,
 							    pb);
+				d_mark_ended(i);
 				if (!good) {
 					bad++;
 					continue;
 				}
 			}
+			if (o.no_verify)
+				d_mark_ended(i);
 			ok++;
 			if (i + 1 > o.last_ok)
 				o.last_ok = i + 1;
@@ -766,6 +852,8 @@ int main(int argc, char **argv)
 	kvb_detach(ctx);
 	free(reg);
 	free(handles);
+	free(live);
+	free(blk_taken);
 	if (ended < o.xfers)
 		return 1;
 	if (o.expect_fail)
