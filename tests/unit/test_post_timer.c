@@ -78,6 +78,7 @@ static void clock_cost_taken_off(void **state)
 	struct wl_post_timer pt;
 	struct wl_pres res;
 	unsigned timed = 0;
+	uint64_t best = UINT64_MAX, hi = 0;
 	double per;
 
 	(void) state;
@@ -103,23 +104,32 @@ static void clock_cost_taken_off(void **state)
 	}
 	assert_true(per < 0.5 * (double) pt.ovh_ns);
 
-	memset(&res, 0, sizeof(res));
-	wl_post_timer_init(&pt, 12);
-	timed = 0;
-	for (unsigned i = 0; i < 800; i++) {
-		wl_post_begin(&pt);
-		if (pt.t0) {
-			timed++;
-			burn(20000);
+	/* the same here: one preempted 20 us call lifts a series' mean by
+	 * its delay / ~50, so the best of 5 series is checked */
+	for (unsigned attempt = 0; attempt < 5; attempt++) {
+		memset(&res, 0, sizeof(res));
+		wl_post_timer_init(&pt, 12 + 100 * attempt);
+		timed = 0;
+		for (unsigned i = 0; i < 800; i++) {
+			wl_post_begin(&pt);
+			if (pt.t0) {
+				timed++;
+				burn(20000);
+			}
+			wl_post_end(&pt, &res, 1);
 		}
-		wl_post_end(&pt, &res, 1);
+		assert_true(timed > 0);
+		per = (double) res.post_cpu_ns / timed;
+		print_message("20 us calls: %.0f ns\n", per);
+		/* burn() itself reads the clock: its first read and up to two
+		 * at the end come on top of the 20 us */
+		hi = 20000 + 5 * pt.ovh_ns + 5000;
+		if ((uint64_t) per < best)
+			best = (uint64_t) per;
+		if (best >= 19000 && best <= hi)
+			break;
 	}
-	assert_true(timed > 0);
-	per = (double) res.post_cpu_ns / timed;
-	print_message("20 us calls: %.0f ns\n", per);
-	/* burn() itself reads the clock: its first read and up to two at
-	 * the end come on top of the 20 us */
-	assert_in_range((uint64_t) per, 19000, 20000 + 5 * pt.ovh_ns + 5000);
+	assert_in_range(best, 19000, hi);
 }
 
 /* The figure: n/a (NAN) when no call was timed, never a 0 */
