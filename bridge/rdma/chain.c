@@ -158,7 +158,14 @@ static int op_merges(const struct kvb_chain *c, const struct ibv_send_wr *w,
 
 int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n)
 {
+	return kvb_chain_build_max(c, ops, n, UINT64_MAX);
+}
+
+int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
+			unsigned n, uint64_t max_bytes)
+{
 	uint32_t lim, wr_room, ck_room, nwr = 0, i, ck = c->ck_head;
+	uint64_t bytes = 0;
 	struct kvb_chain_wr *info = NULL;
 	struct ibv_send_wr *w = NULL;
 	unsigned k;
@@ -189,7 +196,8 @@ int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n)
 	for (k = 0; k < n; k++) {
 		const struct kvb_xop *op = &ops[k];
 
-		if (k && op_check(c, op))
+		if (k && (op_check(c, op) || bytes >= max_bytes ||
+			  op->len > max_bytes - bytes))
 			break;
 		if (k == ck_room)
 			goto stalled;
@@ -222,6 +230,7 @@ int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n)
 			info->bytes = op->len;
 			nwr++;
 		}
+		bytes += op->len;
 		c->ck[ck++ & c->ck_mask] = op->cookie;
 	}
 	goto built;
@@ -264,6 +273,7 @@ unsigned kvb_chain_commit(struct kvb_chain *c, unsigned nwr)
 		struct kvb_chain_wr *wi = &c->wri[(c->head + i) & c->wr_mask];
 
 		ops += wi->ck_count;
+		c->inflight_bytes += wi->bytes;
 		c->st.bytes += wi->bytes;
 		c->st.signaled += wi->signaled;
 	}
@@ -290,6 +300,7 @@ static unsigned retire(struct kvb_chain *c, uint32_t end, int32_t status)
 
 		wi->status = status;
 		ops += wi->ck_count;
+		c->inflight_bytes -= wi->bytes;
 		c->done++;
 		if (!c->broken) {
 			c->credits++;

@@ -73,6 +73,7 @@ struct kvb_chain {
 	uint16_t gen;
 
 	uint32_t head, done, tail; /* WR sequence numbers, see above */
+	uint64_t inflight_bytes;   /* bytes of the live WRs [done, head) */
 	uint32_t wr_mask;
 	struct kvb_chain_wr *wri;
 
@@ -109,6 +110,14 @@ void kvb_chain_fini(struct kvb_chain *c);
  * malformed op later in the array just ends the chain before it.
  */
 int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n);
+
+/*
+ * The same, and the chain also ends before the op that would take its
+ * bytes past max_bytes (ops[0] is always taken): how the transport spreads
+ * one large chain over the QPs of a peer.
+ */
+int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
+			unsigned n, uint64_t max_bytes);
 
 /*
  * Commit the first nwr staged WRs (those the hardware took: all of them, or

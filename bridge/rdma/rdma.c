@@ -317,41 +317,50 @@ void _kvb_rdma_cq_drain(struct kvb_rdma *r)
 	}
 }
 
-/* A QP of ep with credit, round robin; NULL when none. */
-static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep)
+/*
+ * The QP of ep that takes the next chain: one with credit (not broken)
+ * with the fewest bytes in flight, ties going round robin from ep->rr;
+ * NULL when none has credit. *sum and *usable: the bytes in flight on
+ * the QPs with credit and their number.
+ */
+static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep, uint64_t *sum,
+				   unsigned *usable)
 {
-	unsigned i;
+	struct kvb_rdma_qp *best = NULL;
+	unsigned i, at = 0;
 
+	*sum = 0;
+	*usable = 0;
 	for (i = 0; i < ep->nqp; i++) {
-		struct kvb_rdma_qp *q = &ep->qp[(ep->rr + i) % ep->nqp];
+		unsigned k = (ep->rr + i) % ep->nqp;
+		struct kvb_rdma_qp *q = &ep->qp[k];
 
-		if (q->ch.credits && !q->ch.broken) {
-			ep->rr = (ep->rr + i + 1) % ep->nqp;
-			return q;
+		if (!q->ch.credits || q->ch.broken)
+			continue;
+		*sum += q->ch.inflight_bytes;
+		(*usable)++;
+		if (!best || q->ch.inflight_bytes < best->ch.inflight_bytes) {
+			best = q;
+			at = k;
 		}
 	}
-	return NULL;
+	if (best)
+		ep->rr = (at + 1) % ep->nqp;
+	return best;
 }
 
-static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
-		     const struct kvb_xop *ops, unsigned n)
+/* One chain of ops[0..n) on q, at most max_bytes (ops[0] always): the
+ * ops it took (>= 1), 0 on no credit, or -errno as post() */
+static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
+		   const struct kvb_xop *ops, unsigned n, uint64_t max_bytes)
 {
-	struct kvb_rdma *r = to_rdma(t);
 	struct ibv_send_wr *bad = NULL;
-	struct kvb_rdma_qp *q;
 	uint64_t stalls;
 	unsigned nwr, acc;
 	int got, err;
 
-	if (!ep || !_kvb_rdma_ep_usable(r, ep))
-		return -ENOTCONN;
-	if (!n)
-		return 0;
-	q = ep_pick(ep);
-	if (!q)
-		q = &ep->qp[ep->rr]; /* no credit anywhere: build counts it */
 	stalls = q->ch.st.credit_stalls;
-	got = kvb_chain_build(&q->ch, ops, n);
+	got = kvb_chain_build_max(&q->ch, ops, n, max_bytes);
 	r->base.stats.credit_stalls += q->ch.st.credit_stalls - stalls;
 	if (got <= 0)
 		return got;
@@ -393,6 +402,60 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 		ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
 	}
 	return (int) acc;
+}
+
+/*
+ * With several QPs per peer, a chain is spread so that their bytes in
+ * flight stay level: the QP with the fewest takes ops up to the level
+ * (its in-flight bytes and the chain's shared out evenly), never less than
+ * KVB_RDMA_STRIPE_MIN, and the rest goes on to the next pick. Soft-RoCE
+ * serves each QP on one kernel thread, a NIC spreads QPs over its engines:
+ * one 5 MiB chain on one QP left the others idle. Chains below the minimum
+ * (small blocks) stay whole, one doorbell.
+ */
+static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
+		     const struct kvb_xop *ops, unsigned n)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	uint64_t left = 0;
+	unsigned done = 0, i;
+
+	if (!ep || !_kvb_rdma_ep_usable(r, ep))
+		return -ENOTCONN;
+	if (!n)
+		return 0;
+	if (ep->nqp > 1)
+		for (i = 0; i < n; i++)
+			left += ops[i].len;
+	while (done < n) {
+		uint64_t sum, level, cap = UINT64_MAX;
+		unsigned usable;
+		struct kvb_rdma_qp *q = ep_pick(ep, &sum, &usable);
+		int got;
+
+		if (!q) {
+			if (done)
+				break;
+			/* no credit anywhere: build counts the stall */
+			q = &ep->qp[ep->rr % ep->nqp];
+		} else if (ep->nqp > 1) {
+			level = (sum + left) / usable;
+			cap = level > q->ch.inflight_bytes
+				      ? level - q->ch.inflight_bytes
+				      : 0;
+			if (cap < KVB_RDMA_STRIPE_MIN)
+				cap = KVB_RDMA_STRIPE_MIN;
+		}
+		got = qp_post(r, q, ops + done, n - done, cap);
+		if (got < 0)
+			return done ? (int) done : got;
+		if (!got)
+			break;
+		for (i = done; i < done + (unsigned) got; i++)
+			left -= ep->nqp > 1 ? ops[i].len : 0;
+		done += (unsigned) got;
+	}
+	return (int) done;
 }
 
 /* Hand out cookies retired in the chains. */

@@ -22,6 +22,8 @@
 #define KVB_RDMA_POLL_BATCH    32
 #define KVB_RDMA_RD_ATOM       16
 #define KVB_RDMA_FLUSH_WAIT_NS (200 * 1000000ull)
+/* a chain spread over a peer's QPs gives each at least this many bytes */
+#define KVB_RDMA_STRIPE_MIN (256u << 10)
 
 struct kvb_rdma_qp {
 	struct ibv_qp *qp;

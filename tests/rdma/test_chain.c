@@ -237,6 +237,44 @@ static void test_batch_limits(void **state)
 	free(ops);
 }
 
+/* build_max: the chain ends before the op that would pass max_bytes (a
+ * merged run counts op by op); the first op always goes; inflight_bytes
+ * follows commits and retirements, errors included. */
+static void test_byte_cap_and_inflight(void **state)
+{
+	struct kvb_chain c;
+	struct kvb_xop *ops = mkops(10, 1000, 0);
+	struct kvb_xop *run = mkops(10, 1000, 1);
+	struct kvb_xcqe cq[16];
+
+	(void) state;
+	init(&c, 64, -1, 0);
+	assert_int_equal(kvb_chain_build_max(&c, ops, 10, 3500), 3);
+	assert_int_equal(kvb_chain_staged_bytes(&c, c.staged), 3000);
+	assert_int_equal(kvb_chain_build_max(&c, ops, 10, 3000), 3);
+	assert_int_equal(kvb_chain_build_max(&c, ops, 10, 10), 1);
+	assert_int_equal(kvb_chain_build_max(&c, ops, 10, 0), 1);
+	assert_int_equal(kvb_chain_build_max(&c, run, 10, 4999), 4);
+	assert_int_equal(c.staged, 1); /* one merged WR of 4 ops */
+	assert_int_equal(kvb_chain_build(&c, ops, 10), 10);
+	assert_int_equal(c.inflight_bytes, 0);
+	post_all(&c); /* 10 WRs; completions for WRs 4 and 7 below */
+	assert_int_equal(c.inflight_bytes, 10000);
+	assert_int_equal(kvb_chain_complete(&c, wr_id_of(&c, 4), 0), 5);
+	assert_int_equal(c.inflight_bytes, 5000);
+	assert_int_equal(kvb_chain_complete(&c, wr_id_of(&c, 7),
+					    kvb_chain_wc_errno(
+						    IBV_WC_REM_ACCESS_ERR)),
+			 5);
+	assert_int_equal(c.inflight_bytes, 0);
+	assert_int_equal(kvb_chain_reap(&c, cq, 16), 10);
+	assert_int_equal(kvb_chain_reset(&c), 0);
+	assert_int_equal(c.inflight_bytes, 0);
+	kvb_chain_fini(&c);
+	free(ops);
+	free(run);
+}
+
 static void test_signaling(void **state)
 {
 	struct kvb_chain c;
@@ -559,6 +597,7 @@ int main(void)
 		cmocka_unit_test(test_merge_contiguous),
 		cmocka_unit_test(test_merge_limits),
 		cmocka_unit_test(test_batch_limits),
+		cmocka_unit_test(test_byte_cap_and_inflight),
 		cmocka_unit_test(test_signaling),
 		cmocka_unit_test(test_credits),
 		cmocka_unit_test(test_stall_counting),

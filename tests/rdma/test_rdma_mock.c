@@ -18,7 +18,9 @@
  *  - the same when the orphan queue cannot grow (its realloc fails: linked
  *    with --wrap=realloc, see fail_reallocs): the endpoint is kept until
  *    close(), its ops still complete once each, and no answer or re-offer
- *    of the peer finds it again.
+ *    of the peer finds it again;
+ *  - several QPs per peer: a large chain spread over them by bytes in
+ *    flight, a small one whole on one QP.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -460,6 +462,76 @@ static void test_disconnect_without_memory(void **state)
 	/* close() frees b with the rest (teardown, under ASan's leak check) */
 }
 
+/* n writes of len bytes, never contiguous, from a region the mock never
+ * reads; returns what post() took */
+static int post_len(struct kvb_ep *ep, unsigned n, uint32_t len, uint64_t c0)
+{
+	static struct kvb_mr big = {.id = 2, .addr = lbuf, .len = 1ull << 34};
+	struct kvb_xop op[16];
+
+	assert_true(n <= 16);
+	memset(op, 0, sizeof(op));
+	big.lkey = 8;
+	for (unsigned i = 0; i < n; i++) {
+		op[i].opcode = KVB_XOP_WRITE;
+		op[i].local = &big;
+		op[i].local_off = 2ull * i * len;
+		op[i].len = len;
+		op[i].remote.addr = 0x100000;
+		op[i].remote.rkey = 9;
+		op[i].remote_off = 2ull * i * len;
+		op[i].cookie = c0 + i;
+	}
+	return t->ops->post(t, ep, op, n);
+}
+
+/* Several QPs per peer: a large chain is spread so that their bytes in
+ * flight stay level; a small one stays whole on one QP; the next chain
+ * goes to the QP with the fewest bytes in flight. */
+static void test_chain_spread_over_qps(void **state)
+{
+	const uint32_t K256 = 256u << 10;
+	struct kvb_ep *a;
+	uint64_t db;
+
+	(void) state;
+	r->p.qp_per_peer = 4;
+	a = ready_ep(); /* P[0..3] */
+	/* 8 x 256 KiB = 2 MiB: 512 KiB, two WRs, on each QP */
+	db = t->stats.doorbells;
+	assert_int_equal(post_len(a, 8, K256, 0x10), 8);
+	for (int q = 0; q < 4; q++) {
+		assert_int_equal(P[q].n, 2);
+		assert_int_equal(a->qp[q].ch.inflight_bytes, 2ull * K256);
+	}
+	assert_int_equal(t->stats.doorbells - db, 4);
+	/* QP 2's writes land: the next chain goes there (fewest bytes),
+	 * and as the others are at 512 KiB it takes up to the new level
+	 * (1.5 MiB + 1 MiB) / 4 = 640 KiB: two writes, the third spills */
+	cq_push(2, IBV_WC_SUCCESS);
+	cq_push(2, IBV_WC_SUCCESS);
+	_kvb_rdma_cq_drain(r);
+	assert_int_equal(a->qp[2].ch.inflight_bytes, 0);
+	assert_int_equal(post_len(a, 4, K256, 0x20), 4);
+	assert_int_equal(P[2].n, 2);
+	assert_int_equal(P[0].n + P[1].n + P[3].n, 8);
+	/* small writes (below the 256 KiB share) stay one chain, one QP */
+	db = t->stats.doorbells;
+	assert_int_equal(post_len(a, 5, 4096, 0x30), 5);
+	assert_int_equal(t->stats.doorbells - db, 1);
+	/* one QP alone: nothing is cut */
+	{
+		struct kvb_ep *b;
+
+		r->p.qp_per_peer = 1;
+		b = ready_ep(); /* P[4] */
+		db = t->stats.doorbells;
+		assert_int_equal(post_len(b, 8, K256, 0x40), 8);
+		assert_int_equal(P[4].n, 8);
+		assert_int_equal(t->stats.doorbells - db, 1);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -471,6 +543,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_completion_events, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_disconnect_without_memory,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chain_spread_over_qps,
 						setup, teardown),
 	};
 
