@@ -652,12 +652,12 @@ NIC's.
 - Message rate and latency are bound by the rxe kernel threads, which
   share the guest's two vCPUs with every worker, receiver and broker;
   broker-mode latency also carries the control path (`remote_blocks`,
-  `write_done`). The large-block case has 2 requests in flight per
-  worker: in broker mode each waits on those round trips between two
-  brokers in the emulated guest, and at 8 workers the guest's CPUs (its
-  NIC) then sat idle 22 % of a run against 11 % direct (perf in the
-  guest, 2026-12-01); that run with 8 requests in flight had the broker
-  at 1.01x direct's bandwidth, 0.81x with 2 in the same boot.
+  `write_done`). With several QPs the broker spreads a chain of more
+  than 256 KiB over them by bytes in flight, so large-block chains take
+  several doorbells (WR/db falls toward direct's there); before that, one
+  whole chain (up to 5 MiB) sat on one QP, one rxe kernel thread, and the
+  broker's large-block bandwidth was 0.75-0.83x direct's at 2-8 workers
+  (2026-12-01).
 
 EOF
 	fi
