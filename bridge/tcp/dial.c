@@ -496,15 +496,56 @@ static struct kvb_ep *stripe_pick(struct kvb_ep *lead, uint64_t now)
 }
 
 /*
- * Chains go whole to one stripe (one sendmsg carries them, like one QP's
- * doorbell); what the stripe has no credit or iovecs for goes on to the
- * next pick, so a chain is split only when one connection cannot take it.
+ * How many of ops[0..n) a stripe takes so that the live stripes' bytes in
+ * flight stay level: up to the level (theirs and the chain's `left`,
+ * shared out evenly), never less than KVB_TCP_STRIPE_MIN, at least one op.
+ */
+static unsigned stripe_share(const struct kvb_ep *lead,
+			     const struct kvb_ep *s, uint64_t now,
+			     const struct kvb_xop *ops, unsigned n,
+			     uint64_t left)
+{
+	uint64_t sum = 0, level, cap, bytes = 0;
+	unsigned live = 0, k;
+	const struct kvb_ep *e;
+
+	for (e = lead; e; e = e->stripe) {
+		if ((e->state == EP_IDLE && now < e->backoff_until) ||
+		    e->used == e->depth)
+			continue;
+		sum += e->inflight_bytes;
+		live++;
+	}
+	if (!live)
+		return n;
+	level = (sum + left) / live;
+	cap = level > s->inflight_bytes ? level - s->inflight_bytes : 0;
+	if (cap < KVB_TCP_STRIPE_MIN)
+		cap = KVB_TCP_STRIPE_MIN;
+	for (k = 0; k < n; k++) {
+		if (k && ops[k].len > cap - bytes)
+			break;
+		bytes += ops[k].len;
+		if (bytes >= cap) {
+			k++;
+			break;
+		}
+	}
+	return k;
+}
+
+/*
+ * A chain goes to the stripe with the fewest bytes in flight; a large one
+ * is spread: that stripe takes its share (stripe_share) in one sendmsg,
+ * like one QP's doorbell, the rest goes on to the next pick. What a
+ * stripe has no credit or iovecs for goes on as well. Chains below
+ * KVB_TCP_STRIPE_MIN stay whole.
  */
 int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 		  const struct kvb_xop *ops, unsigned n)
 {
-	unsigned done = 0;
-	uint64_t now;
+	unsigned done = 0, i;
+	uint64_t now, left = 0;
 
 	if (!ep || (!ops && n))
 		return -EINVAL;
@@ -513,8 +554,11 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 	if (!ep->stripe)
 		return ep_post(t, ep, ops, n);
 	now = tcp_now();
+	for (i = 0; i < n; i++)
+		left += ops[i].len;
 	while (done < n) {
 		struct kvb_ep *s = stripe_pick(ep, now);
+		unsigned take;
 		int rc;
 
 		if (!s) {
@@ -522,11 +566,14 @@ int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 				t->stats.credit_stalls++;
 			break;
 		}
-		rc = ep_post(t, s, ops + done, n - done);
+		take = stripe_share(ep, s, now, ops + done, n - done, left);
+		rc = ep_post(t, s, ops + done, take);
 		if (rc < 0)
 			return done ? (int) done : rc;
 		if (!rc)
 			break;
+		for (i = done; i < done + (unsigned) rc; i++)
+			left -= ops[i].len;
 		done += (unsigned) rc;
 	}
 	return (int) done;

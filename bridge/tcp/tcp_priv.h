@@ -28,6 +28,8 @@
 #define TCP_TX_BUDGET	    (16u << 20) /* bytes sent per connection per poll */
 #define TCP_ZBUF	    (64u << 10) /* discard and zero buffers */
 #define TCP_IOV_MAX	    1024u /* iovecs per readv/sendmsg (<= IOV_MAX) */
+/* a chain spread over a peer's stripes gives each at least this many bytes */
+#define KVB_TCP_STRIPE_MIN (256u << 10)
 #define TCP_TX_FRAMES_MAX   256u  /* served conn: stop reading beyond */
 #define TCP_MAX_CONNS	    4096u
 #define TCP_ACCEPT_BURST    32u

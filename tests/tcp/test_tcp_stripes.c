@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tcp transport with several connections per peer (params.qp_per_peer,
- * the broker's --tcp-conns): chains spread over the stripes, a chain
- * larger than one stripe's credit goes on to the next, every op completes
+ * the broker's --tcp-conns): chains spread over the stripes, a large
+ * chain cut by bytes in flight, a chain larger than one stripe's credit
+ * goes on to the next, every op completes
  * exactly once when the group is disconnected or the peer is gone, and
  * the bound on the count is enforced.
  */
@@ -66,6 +67,49 @@ static void test_spread(void **state)
 	assert_int_equal(stats(p.b).rejected, 0);
 	assert_int_equal(p.a->stats.errors, 0);
 	assert_int_equal(p.a->stats.wrs, CH * OPS);
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+}
+
+/* A large chain is spread by bytes in flight: 8 x 256 KiB over 4 stripes
+ * is 4 sends of 2 ops (256 KiB at least each); a small chain stays one. */
+static void test_large_chain_spread(void **state)
+{
+	enum { N = 8, BS = 256 * KiB, SMALL = 4 * KiB };
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop ops[2 * N];
+	unsigned i;
+
+	(void) state;
+	pair_open_stripes(&p, 64, 5000, 2 * N, 4);
+	region_init(&l, 1, 2 * N * BS, 0);
+	region_init(&r, 2, 2 * N * BS, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 5);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	for (i = 0; i < N; i++) /* every other block: nothing contiguous */
+		ops[i] = xop(KVB_XOP_WRITE, &l, 2 * i * BS, 2, 2 * i * BS, BS,
+			     i);
+	post_chain(&p, ops, N);
+	assert_int_equal(p.a->stats.wr_hist[kvb_wr_hist_bucket(2)], 4);
+	assert_int_equal(p.a->stats.wr_hist[kvb_wr_hist_bucket(8)], 0);
+	wait_all(&p);
+	for (i = 0; i < N; i++) {
+		assert_int_equal(p.tr.status[i], 0);
+		assert_memory_equal(l.mem + 2 * i * BS, r.mem + 2 * i * BS,
+				    BS);
+	}
+	for (i = 0; i < N; i++)
+		ops[N + i] = xop(KVB_XOP_WRITE, &l, BS + 2 * i * SMALL, 2,
+				 BS + 2 * i * SMALL, SMALL, N + i);
+	post_chain(&p, ops + N, N);
+	assert_int_equal(p.a->stats.wr_hist[kvb_wr_hist_bucket(8)], 1);
+	wait_all(&p);
+	for (i = N; i < 2 * N; i++)
+		assert_int_equal(p.tr.status[i], 0);
+	assert_true(guards_ok(&r));
 	pair_close(&p);
 	region_free(&l);
 	region_free(&r);
@@ -256,6 +300,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_params),
 		cmocka_unit_test(test_spread),
+		cmocka_unit_test(test_large_chain_spread),
 		cmocka_unit_test(test_split_on_credit),
 		cmocka_unit_test(test_disconnect_inflight),
 		cmocka_unit_test(test_peer_gone),
