@@ -500,10 +500,9 @@ static struct kvb_ep *stripe_pick(struct kvb_ep *lead, uint64_t now)
  * flight stay level: up to the level (theirs and the chain's `left`,
  * shared out evenly), never less than KVB_TCP_STRIPE_MIN, at least one op.
  */
-static unsigned stripe_share(const struct kvb_ep *lead,
-			     const struct kvb_ep *s, uint64_t now,
-			     const struct kvb_xop *ops, unsigned n,
-			     uint64_t left)
+static unsigned stripe_share(const struct kvb_ep *lead, const struct kvb_ep *s,
+			     uint64_t now, const struct kvb_xop *ops,
+			     unsigned n, uint64_t left)
 {
 	uint64_t sum = 0, level, cap, bytes = 0;
 	unsigned live = 0, k;

@@ -262,10 +262,10 @@ static void test_byte_cap_and_inflight(void **state)
 	assert_int_equal(c.inflight_bytes, 10000);
 	assert_int_equal(kvb_chain_complete(&c, wr_id_of(&c, 4), 0), 5);
 	assert_int_equal(c.inflight_bytes, 5000);
-	assert_int_equal(kvb_chain_complete(&c, wr_id_of(&c, 7),
-					    kvb_chain_wc_errno(
-						    IBV_WC_REM_ACCESS_ERR)),
-			 5);
+	assert_int_equal(
+		kvb_chain_complete(&c, wr_id_of(&c, 7),
+				   kvb_chain_wc_errno(IBV_WC_REM_ACCESS_ERR)),
+		5);
 	assert_int_equal(c.inflight_bytes, 0);
 	assert_int_equal(kvb_chain_reap(&c, cq, 16), 10);
 	assert_int_equal(kvb_chain_reset(&c), 0);

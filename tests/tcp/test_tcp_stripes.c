@@ -98,8 +98,7 @@ static void test_large_chain_spread(void **state)
 	wait_all(&p);
 	for (i = 0; i < N; i++) {
 		assert_int_equal(p.tr.status[i], 0);
-		assert_memory_equal(l.mem + 2 * i * BS, r.mem + 2 * i * BS,
-				    BS);
+		assert_memory_equal(l.mem + 2 * i * BS, r.mem + 2 * i * BS, BS);
 	}
 	for (i = 0; i < N; i++)
 		ops[N + i] = xop(KVB_XOP_WRITE, &l, BS + 2 * i * SMALL, 2,
