@@ -30,13 +30,13 @@
 #define TCP_IOV_MAX	    1024u /* iovecs per readv/sendmsg (<= IOV_MAX) */
 /* a chain spread over a peer's stripes gives each at least this many bytes */
 #define KVB_TCP_STRIPE_MIN (256u << 10)
-#define TCP_TX_FRAMES_MAX   256u  /* served conn: stop reading beyond */
-#define TCP_MAX_CONNS	    4096u
-#define TCP_ACCEPT_BURST    32u
-#define TCP_EVENTS	    64
-#define TCP_BUF_WANT	    (4 << 20)
-#define TCP_STRIPES_MAX	    16u /* connections per peer (kvb_ep stripes) */
-#define TCP_EV_REG	    0x80000000u /* epoll_set: fd is in the set */
+#define TCP_TX_FRAMES_MAX  256u /* served conn: stop reading beyond */
+#define TCP_MAX_CONNS	   4096u
+#define TCP_ACCEPT_BURST   32u
+#define TCP_EVENTS	   64
+#define TCP_BUF_WANT	   (4 << 20)
+#define TCP_STRIPES_MAX	   16u /* connections per peer (kvb_ep stripes) */
+#define TCP_EV_REG	   0x80000000u /* epoll_set: fd is in the set */
 
 _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 

@@ -27,7 +27,7 @@
 #include "harness.h"
 #include "ctl_fuzz.h"
 
-	struct broker br;
+struct broker br;
 uint16_t hs_port, notify_port, dead_port[2];
 uint64_t seed, rng;
 uint64_t msgs, max_msgs = 50000;
