@@ -170,16 +170,9 @@ static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 	return err ? -err : 0;
 }
 
-static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
-		     struct kvb_rdma_qp *q)
+/* A new RC QP on the transport's CQ (RESET state); NULL with errno set. */
+static struct ibv_qp *qp_new(struct kvb_rdma *r)
 {
-	struct kvb_chain_params cp = {
-		.depth = r->p.sq_depth,
-		.post_batch = r->p.post_batch_size,
-		.signal_every = r->p.signal_every > 0
-					? (uint32_t) r->p.signal_every
-					: 0,
-	};
 	struct ibv_qp_init_attr ia = {
 		.send_cq = r->cq,
 		.recv_cq = r->cq,
@@ -192,6 +185,20 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 			},
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
+	};
+
+	return ibv_create_qp(r->pd, &ia);
+}
+
+static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
+		     struct kvb_rdma_qp *q)
+{
+	struct kvb_chain_params cp = {
+		.depth = r->p.sq_depth,
+		.post_batch = r->p.post_batch_size,
+		.signal_every = r->p.signal_every > 0
+					? (uint32_t) r->p.signal_every
+					: 0,
 	};
 	unsigned slot;
 	int err;
@@ -209,7 +216,7 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 		return err;
 	/* Never reuse a (slot, generation) pair: old CQEs must not match. */
 	q->ch.gen = ++r->slot_gen[slot];
-	q->qp = ibv_create_qp(r->pd, &ia);
+	q->qp = qp_new(r);
 	if (!q->qp) {
 		err = errno ? -errno : -ENOMEM;
 		goto err_chain;
@@ -295,9 +302,39 @@ static void ep_quiesce(struct kvb_rdma *r, struct kvb_ep *ep)
 }
 
 /*
- * Take every QP of ep back to INIT with new PSNs (RESET in between), after
- * ep_quiesce() settled what was in flight. The endpoint then needs the
- * peer's blob again. Returns 0 or -errno (the endpoint is unusable then).
+ * A fresh QP in INIT in place of q's (its chain, slot and cookies stay),
+ * the old one destroyed. soft-RoCE (6.12, emulated guest under load) was
+ * seen to move a QP taken through RESET back to INIT on to ERR afterwards,
+ * from the error just handled (its INIT -> RTR then failed with EINVAL;
+ * after the same RESET -> INIT once more, a QP of the next incarnation
+ * broke on its own): a new QP carries nothing over. Returns 0 or -errno
+ * (q keeps its old QP then).
+ */
+static int qp_renew(struct kvb_rdma *r, struct kvb_rdma_qp *q)
+{
+	struct ibv_qp *old = q->qp;
+	int err;
+
+	q->qp = qp_new(r);
+	if (!q->qp) {
+		q->qp = old;
+		return errno ? -errno : -ENOMEM;
+	}
+	err = qp_to_init(r, q);
+	if (err) {
+		ibv_destroy_qp(q->qp);
+		q->qp = old;
+		return err;
+	}
+	ibv_destroy_qp(old);
+	return 0;
+}
+
+/*
+ * Give every QP of ep a fresh incarnation in INIT with a new PSN, after
+ * ep_quiesce() settled what was in flight: a new QP (qp_renew), or where
+ * that fails the old one through RESET. The endpoint then needs the peer's
+ * blob again. Returns 0 or -errno (the endpoint is unusable then).
  */
 static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 {
@@ -311,9 +348,12 @@ static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 
 		kvb_chain_fail_all(&q->ch, -ECANCELED);
 		_kvb_rdma_ready_push(r, q);
-		err = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
-		if (!err)
-			err = -qp_to_init(r, q);
+		err = 0; /* positive errno here, as ibv_modify_qp's */
+		if (qp_renew(r, q)) {
+			err = ibv_modify_qp(q->qp, &a, IBV_QP_STATE);
+			if (!err)
+				err = -qp_to_init(r, q);
+		}
 		if (!err)
 			err = -kvb_chain_reset(&q->ch);
 		/* kvb_chain_reset cannot fail after fail_all */

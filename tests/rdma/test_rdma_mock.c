@@ -283,8 +283,12 @@ static void test_error_and_success_in_one_batch(void **state)
 	unsigned seen[256] = {0};
 
 	(void) state;
+	uint32_t qpn0, qpn1;
+
 	a = ready_ep();			   /* P[0], P[1] */
 	b = ready_ep();			   /* P[2], P[3] */
+	qpn0 = a->qp[0].qp->qp_num;
+	qpn1 = a->qp[1].qp->qp_num;
 	post_n(a, 1, 0xa0);		   /* a.qp0 */
 	post_n(a, 2, 0xa1);		   /* a.qp1, round robin */
 	post_n(b, 1, 0xb0);		   /* b.qp0 */
@@ -298,6 +302,15 @@ static void test_error_and_success_in_one_batch(void **state)
 	assert_int_equal(st[0xb0], 0); /* not lost to a's reset */
 	assert_int_equal(b->qp[0].ch.head - b->qp[0].ch.done, 0);
 	assert_int_equal(b->qp[0].ch.credits, 8);
+	/* a's reset gave it new QPs (nothing of the failed ones carries
+	 * over), the old ones destroyed; b kept its own */
+	assert_int_equal(t->ops->post(t, a, NULL, 0), -ENOTCONN);
+	assert_int_equal(a->state, KVB_RDMA_EP_RESET);
+	assert_int_not_equal(a->qp[0].qp->qp_num, qpn0);
+	assert_int_not_equal(a->qp[1].qp->qp_num, qpn1);
+	assert_null(P[0].qp);
+	assert_null(P[1].qp);
+	assert_non_null(P[2].qp);
 }
 
 /* After disconnecting a (a0..a2 in flight) and b (b0 retired, b1 in
