@@ -285,8 +285,8 @@ static void test_error_and_success_in_one_batch(void **state)
 	(void) state;
 	uint32_t qpn0, qpn1;
 
-	a = ready_ep();			   /* P[0], P[1] */
-	b = ready_ep();			   /* P[2], P[3] */
+	a = ready_ep(); /* P[0], P[1] */
+	b = ready_ep(); /* P[2], P[3] */
 	qpn0 = a->qp[0].qp->qp_num;
 	qpn1 = a->qp[1].qp->qp_num;
 	post_n(a, 1, 0xa0);		   /* a.qp0 */
