@@ -281,10 +281,9 @@ static void test_error_and_success_in_one_batch(void **state)
 	struct kvb_ep *a, *b;
 	int32_t st[256];
 	unsigned seen[256] = {0};
-
-	(void) state;
 	uint32_t qpn0, qpn1;
 
+	(void) state;
 	a = ready_ep(); /* P[0], P[1] */
 	b = ready_ep(); /* P[2], P[3] */
 	qpn0 = a->qp[0].qp->qp_num;
