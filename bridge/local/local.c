@@ -180,6 +180,14 @@ static int nt_available(void)
 static void copy_bytes(const struct local_transport *lt, char *dst,
 		       const char *src, size_t n)
 {
+	/* a worker may name overlapping ranges of one region (its own):
+	 * memcpy on them is undefined behaviour in the broker, memmove is
+	 * not (the bytes are as memmove leaves them when the op is copied
+	 * in one piece; pieces copied apart leave them unspecified) */
+	if (dst < src + n && src < dst + n) {
+		memmove(dst, src, n);
+		return;
+	}
 #ifdef LOCAL_HAVE_NT
 	if (lt->nt && n >= LOCAL_NT_MIN) {
 		copy_nt(dst, src, n);
