@@ -184,7 +184,8 @@ static void copy_bytes(const struct local_transport *lt, char *dst,
 	 * memcpy on them is undefined behaviour in the broker, memmove is
 	 * not (the bytes are as memmove leaves them when the op is copied
 	 * in one piece; pieces copied apart leave them unspecified) */
-	if (dst < src + n && src < dst + n) {
+	if ((uintptr_t) dst < (uintptr_t) src + n &&
+	    (uintptr_t) src < (uintptr_t) dst + n) {
 		memmove(dst, src, n);
 		return;
 	}
