@@ -126,6 +126,12 @@ int kvb_validate_desc(struct kvb_regions *t, uint32_t worker,
 		*why = "peer offset + length outside the region";
 		return -EFAULT;
 	}
+	/* both in bounds: the sums below do not overflow */
+	if (l == r && e->offset < e->peer_offset + e->len &&
+	    e->peer_offset < e->offset + e->len) {
+		*why = "source and destination overlap in one region";
+		return -EINVAL;
+	}
 	*loc = l;
 	*rem = r;
 	return 0;

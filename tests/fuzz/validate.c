@@ -95,6 +95,9 @@ static void one(uint32_t w, const struct kvb_sqe *e)
 		want = -EINVAL;
 	else if (!inside(e->peer_offset, e->len, rx->mr.len))
 		want = -EFAULT;
+	else if (lx == rx && e->offset < e->peer_offset + e->len &&
+		 e->peer_offset < e->offset + e->len)
+		want = -EINVAL; /* overlapping ranges of one region */
 	else
 		want = 0;
 	FUZZ_CHECK(rc == want);

@@ -29,9 +29,10 @@
  * counts and that the bytes of every region that no valid copy targeted
  * keep their pattern (valid copies are mostly short, so most bytes are
  * checked), then refills the regions. At the end the broker must exit 0 on
- * SIGTERM with no sanitizer report in its log. Valid copies may overlap
- * within one region: under ASan that found the local transport's memcpy on
- * overlapping ranges (now memmove; test_local test_overlap).
+ * SIGTERM with no sanitizer report in its log. Copies between overlapping
+ * ranges of one region are generated too: under ASan they found the local
+ * transport's memcpy on overlapping ranges (now memmove; test_local
+ * test_overlap), and validation now refuses them (-EINVAL).
  *
  * Safety: regions are small memfds of this process; transfers are never
  * sealed with a count larger than what they got (no 30 s timeouts); no
@@ -514,6 +515,9 @@ static int32_t predict_copy(const struct kvb_sqe *e)
 		return -EINVAL;
 	if (e->peer_offset > r->size || e->len > r->size - e->peer_offset)
 		return -EFAULT;
+	if (l == r && e->offset < e->peer_offset + e->len &&
+	    e->peer_offset < e->offset + e->len)
+		return -EINVAL; /* overlapping ranges of one region */
 	if (e->transfer && e->transfer != cur.h) /* ended, another's, random */
 		return -EINVAL;
 	return 0;

@@ -238,6 +238,32 @@ static void test_bounds(void **state)
 	assert_int_equal(check(f, W1, &e), -EFAULT);
 }
 
+/* Source and destination in one region: refused when the ranges
+ * overlap, by one byte or wholly, either way round; touching is fine. */
+static void test_overlap(void **state)
+{
+	struct fix *f = *state;
+	struct kvb_sqe e;
+
+	e = desc(KVB_OP_WRITE, f->p_src, 0, f->p_src, 0, 64);
+	assert_int_equal(check(f, W1, &e), -EINVAL);
+	e = desc(KVB_OP_WRITE, f->p_src, 0, f->p_src, 63, 64);
+	assert_int_equal(check(f, W1, &e), -EINVAL);
+	e = desc(KVB_OP_READ, f->p_src, 63, f->p_src, 0, 64);
+	assert_int_equal(check(f, W1, &e), -EINVAL);
+	e = desc(KVB_OP_WRITE, f->p_src, 100, f->p_src, 0, SZ - 100);
+	assert_int_equal(check(f, W1, &e), -EINVAL);
+	e = desc(KVB_OP_WRITE, f->p_src, 0, f->p_src, 64, 64);
+	assert_int_equal(check(f, W1, &e), 0);
+	e = desc(KVB_OP_READ, f->p_src, 64, f->p_src, 0, 64);
+	assert_int_equal(check(f, W1, &e), 0);
+	e = desc(KVB_OP_WRITE, f->p_src, 0, f->p_src, SZ - 1, 1);
+	assert_int_equal(check(f, W1, &e), 0);
+	/* the same offsets in two regions are not an overlap */
+	e = desc(KVB_OP_WRITE, f->p_src, 0, f->p_priv, 0, 64);
+	assert_int_equal(check(f, W1, &e), 0);
+}
+
 static void test_length(void **state)
 {
 	struct fix *f = *state;
@@ -366,6 +392,7 @@ int main(void)
 		T(test_other_workers_region),
 		T(test_unknown_and_stale),
 		T(test_bounds),
+		T(test_overlap),
 		T(test_length),
 		T(test_grants),
 		T(test_dead_remote),
