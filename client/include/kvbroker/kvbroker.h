@@ -195,6 +195,9 @@ struct kvb_desc {
  * Submit up to n WRITE descriptors (local region -> peer region). Never
  * blocks: returns how many were queued (0..n, a burst), -EAGAIN when none fit
  * (ring full: poll completions and retry), -EPIPE. Single submitting thread.
+ * The broker refuses a descriptor (its completion: -EINVAL, -EFAULT when out
+ * of bounds) whose regions are unknown, not the caller's / not granted, or
+ * whose source and destination overlap in one region.
  */
 int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
 
