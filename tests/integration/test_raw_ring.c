@@ -21,57 +21,23 @@
 
 #include "ctl.h"
 #include "harness.h"
+#include "raw_worker.h"
 #include "segment.h"
 
-static int sock = -1, efd_broker = -1, efd_worker = -1;
-static struct kvb_seg seg;
-static void *mem;
-static size_t mem_len;
+static struct raw_worker rw = {.sock = -1, .efd_broker = -1, .efd_worker = -1};
 
 /* HELLO by hand: the segment, mapped and attached, and its eventfds */
 static void raw_attach(void)
 {
-	struct kvb_msg_hello m;
-	struct kvb_msg_hello_reply rep;
-	int fds[KVB_CTL_MAX_FDS];
-	unsigned nfds = KVB_CTL_MAX_FDS;
-	int n;
-
-	sock = kvb_ctl_connect(fx.br.sock, 3000);
-	assert_true(sock >= 0);
-	kvb_msg_init(&m.h, KVB_MSG_HELLO, sizeof(m));
-	m.role = KVB_ROLE_P;
-	m.tp_size = 1;
-	m.pid = (uint32_t) getpid();
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), fds, &nfds);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
-	assert_int_equal(nfds, 3);
-	mem_len = rep.seg_size;
-	mem = mmap(NULL, mem_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0],
-		   0);
-	assert_true(mem != MAP_FAILED);
-	close(fds[0]);
-	efd_broker = fds[1];
-	efd_worker = fds[2];
-	assert_int_equal(kvb_seg_attach(&seg, mem, mem_len), 0);
+	assert_int_equal(raw_worker_attach(&rw, fx.br.sock), 0);
 }
 
 static uint32_t raw_open(const char *id)
 {
-	struct kvb_msg_open m;
-	struct kvb_msg_open_reply rep;
-	int n;
+	uint32_t h = 0;
 
-	kvb_msg_init(&m.h, KVB_MSG_OPEN, sizeof(m));
-	m.id_len = (uint32_t) strlen(id);
-	memcpy(m.id, id, m.id_len);
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), NULL, NULL);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_OPEN, sizeof(rep)), 0);
-	return rep.handle;
+	assert_int_equal(raw_worker_open(&rw, id, &h), 0);
+	return h;
 }
 
 /* Put one entry in the ring and wake the broker (it may be asleep). */
@@ -79,8 +45,8 @@ static void submit(const struct kvb_sqe *e)
 {
 	uint64_t one = 1;
 
-	assert_int_equal(kvb_ring_enqueue_burst(&seg.sq, e, 1), 1);
-	assert_int_equal(write(efd_broker, &one, sizeof(one)), sizeof(one));
+	assert_int_equal(kvb_ring_enqueue_burst(&rw.seg.sq, e, 1), 1);
+	assert_int_equal(write(rw.efd_broker, &one, sizeof(one)), sizeof(one));
 }
 
 /* The next completion, within 5 s. */
@@ -89,7 +55,7 @@ static struct kvb_cqe next_cqe(void)
 	struct kvb_cqe c;
 	int64_t t0 = now_ns();
 
-	while (kvb_ring_dequeue_burst(&seg.cq, &c, 1) != 1) {
+	while (kvb_ring_dequeue_burst(&rw.seg.cq, &c, 1) != 1) {
 		if (ms_since(t0) > 5000 + SLACK)
 			fail_msg("no completion from the broker");
 		usleep(1000);
@@ -171,11 +137,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	if (mem)
-		munmap(mem, mem_len);
-	close(efd_broker);
-	close(efd_worker);
-	close(sock);
+	raw_worker_close(&rw);
 	return fixture_teardown(state);
 }
 

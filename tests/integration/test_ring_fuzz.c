@@ -59,6 +59,7 @@
 
 #include "ctl.h"
 #include "harness.h"
+#include "raw_worker.h"
 #include "segment.h"
 
 #define KiB	     1024ull
@@ -100,10 +101,7 @@ struct cur {
 };
 
 static struct broker br;
-static int sock = -1, efd_broker = -1, efd_worker = -1;
-static struct kvb_seg seg;
-static void *mem;
-static size_t mem_len;
+static struct raw_worker rw = {.sock = -1, .efd_broker = -1, .efd_worker = -1};
 static struct kvb_ctx *dctx;
 static struct reg regs[NREG];
 static struct expect *ex;
@@ -151,47 +149,15 @@ static uint64_t env_u64(const char *name, uint64_t def)
 
 static void raw_attach(void)
 {
-	struct kvb_msg_hello m;
-	struct kvb_msg_hello_reply rep;
-	int fds[KVB_CTL_MAX_FDS];
-	unsigned nfds = KVB_CTL_MAX_FDS;
-	int n;
-
-	sock = kvb_ctl_connect(br.sock, 3000);
-	assert_true(sock >= 0);
-	kvb_msg_init(&m.h, KVB_MSG_HELLO, sizeof(m));
-	m.role = KVB_ROLE_P;
-	m.tp_size = 1;
-	m.pid = (uint32_t) getpid();
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), fds, &nfds);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_HELLO, sizeof(rep)), 0);
-	assert_int_equal(nfds, 3);
-	mem_len = rep.seg_size;
-	mem = mmap(NULL, mem_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0],
-		   0);
-	assert_true(mem != MAP_FAILED);
-	close(fds[0]);
-	efd_broker = fds[1];
-	efd_worker = fds[2];
-	assert_int_equal(kvb_seg_attach(&seg, mem, mem_len), 0);
+	assert_int_equal(raw_worker_attach(&rw, br.sock), 0);
 }
 
 static uint32_t raw_open(const char *id)
 {
-	struct kvb_msg_open m;
-	struct kvb_msg_open_reply rep;
-	int n;
+	uint32_t h = 0;
 
-	kvb_msg_init(&m.h, KVB_MSG_OPEN, sizeof(m));
-	m.id_len = (uint32_t) strlen(id);
-	memcpy(m.id, id, m.id_len);
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), NULL, NULL);
-	assert_int_equal(
-		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_OPEN, sizeof(rep)), 0);
-	return rep.handle;
+	assert_int_equal(raw_worker_open(&rw, id, &h), 0);
+	return h;
 }
 
 /* A memfd region of the raw worker, mapped here too. */
@@ -213,9 +179,9 @@ static void raw_reg(struct reg *r, uint64_t size, uint32_t flags, uint64_t key)
 	m.size = size;
 	m.key = key;
 	m.flags = flags;
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), &fd, 1), 0);
+	assert_int_equal(kvb_ctl_send(rw.sock, &m, sizeof(m), &fd, 1), 0);
 	close(fd);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), NULL, NULL);
+	n = kvb_ctl_recv(rw.sock, &rep, sizeof(rep), NULL, NULL);
 	assert_int_equal(
 		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_MEM_REG, sizeof(rep)),
 		0);
@@ -235,8 +201,8 @@ static void raw_dereg(struct reg *r)
 	memset(&m, 0, sizeof(m));
 	kvb_msg_init(&m.h, KVB_MSG_MEM_DEREG, sizeof(m));
 	m.region = r->id;
-	assert_int_equal(kvb_ctl_send(sock, &m, sizeof(m), NULL, 0), 0);
-	n = kvb_ctl_recv(sock, &rep, sizeof(rep), NULL, NULL);
+	assert_int_equal(kvb_ctl_send(rw.sock, &m, sizeof(m), NULL, 0), 0);
+	n = kvb_ctl_recv(rw.sock, &rep, sizeof(rep), NULL, NULL);
 	assert_int_equal(
 		kvb_ctl_check_reply(&rep, n, KVB_MSG_MEM_DEREG, sizeof(rep)),
 		0);
@@ -264,7 +230,7 @@ static void wake_broker(void)
 {
 	uint64_t one = 1;
 
-	assert_int_equal(write(efd_broker, &one, sizeof(one)), sizeof(one));
+	assert_int_equal(write(rw.efd_broker, &one, sizeof(one)), sizeof(one));
 }
 
 static void stale_add(uint32_t h)
@@ -326,7 +292,7 @@ static unsigned drain(void)
 	struct kvb_cqe c[64];
 	unsigned n, total = 0;
 
-	while ((n = kvb_ring_dequeue_burst(&seg.cq, c, 64)) > 0) {
+	while ((n = kvb_ring_dequeue_burst(&rw.seg.cq, c, 64)) > 0) {
 		for (unsigned i = 0; i < n; i++)
 			check_cqe(&c[i]);
 		total += n;
@@ -359,14 +325,14 @@ static void submit(const struct kvb_sqe *e)
 	hist[e->tag % HIST] = *e;
 	if (trace)
 		print_sqe("sqe", e);
-	while (kvb_ring_enqueue_burst(&seg.sq, e, 1) != 1) {
+	while (kvb_ring_enqueue_burst(&rw.seg.sq, e, 1) != 1) {
 		wake_broker();
 		if (!drain())
 			usleep(100);
 		if (ms_since(t0) > 5000 + SLACK)
 			FAIL("submission ring stays full");
 	}
-	if (atomic_load(&seg.hdr->broker_sleeping))
+	if (atomic_load(&rw.seg.hdr->broker_sleeping))
 		wake_broker();
 }
 
@@ -569,8 +535,8 @@ static void new_xfer(void)
 	char id[64];
 
 	wake_broker();
-	while (atomic_load(&seg.sq.shm->cons) !=
-	       atomic_load(&seg.sq.shm->prod)) {
+	while (atomic_load(&rw.seg.sq.shm->cons) !=
+	       atomic_load(&rw.seg.sq.shm->prod)) {
 		if (!drain())
 			usleep(50);
 		if (ms_since(t0) > 5000 + SLACK)
@@ -918,11 +884,7 @@ static int teardown(void **state)
 			munmap(regs[k].addr, regs[k].size);
 		free(regs[k].wrote);
 	}
-	if (mem)
-		munmap(mem, mem_len);
-	close(efd_broker);
-	close(efd_worker);
-	close(sock);
+	raw_worker_close(&rw);
 	free(ex);
 	rc = broker_stop(&br);
 	if (rc)
