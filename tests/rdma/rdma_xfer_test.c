@@ -286,24 +286,34 @@ static double now(void)
 	return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Poll until `want` completions arrived; each cookie exactly once. */
-static int reap(struct ctx *c, unsigned want, unsigned *got)
+/* One poll() pass into c->st, each cookie exactly once (no waiting). */
+static int reap_now(struct ctx *c, unsigned *got)
 {
 	struct kvb_xcqe cq[64];
+	int n = kvb_rdma_ops.poll(c->t, cq, 64), i;
+
+	CHECK(n >= 0, "poll: %d", n);
+	for (i = 0; i < n; i++) {
+		CHECK(c->st[cq[i].cookie] == PENDING,
+		      "cookie %lu completed twice",
+		      (unsigned long) cq[i].cookie);
+		c->st[cq[i].cookie] = cq[i].status;
+	}
+	*got += (unsigned) n;
+	return 0;
+}
+
+/* reap_now() until `want` completions arrived (120 s at most) */
+static int reap(struct ctx *c, unsigned want, unsigned *got)
+{
 	double deadline = now() + 120;
-	int n, i;
 
 	while (*got < want) {
-		n = kvb_rdma_ops.poll(c->t, cq, 64);
-		CHECK(n >= 0, "poll: %d", n);
-		for (i = 0; i < n; i++) {
-			CHECK(c->st[cq[i].cookie] == PENDING,
-			      "cookie %lu completed twice",
-			      (unsigned long) cq[i].cookie);
-			c->st[cq[i].cookie] = cq[i].status;
-		}
-		*got += (unsigned) n;
-		if (!n)
+		unsigned before = *got;
+
+		if (reap_now(c, got))
+			return -1;
+		if (*got == before)
 			CHECK(now() < deadline, "timeout: %u of %u", *got,
 			      want);
 	}
@@ -492,24 +502,6 @@ static int case_read(struct ctx *c, struct kvb_xop *ops)
 	bad = verify(c->buf, 23, 0, 1, REGION, 0);
 	CHECK(bad < 0, "read data differs at %ld", (long) bad);
 	printf("read: %u ops verified\n", n);
-	return 0;
-}
-
-/* One poll() pass into c->st (reap() waits; this does not). */
-static int reap_now(struct ctx *c, unsigned *got)
-{
-	unsigned want = *got;
-	struct kvb_xcqe cq[64];
-	int n = kvb_rdma_ops.poll(c->t, cq, 64), i;
-
-	CHECK(n >= 0, "poll: %d", n);
-	for (i = 0; i < n; i++) {
-		CHECK(c->st[cq[i].cookie] == PENDING,
-		      "cookie %lu completed twice",
-		      (unsigned long) cq[i].cookie);
-		c->st[cq[i].cookie] = cq[i].status;
-	}
-	*got = want + (unsigned) n;
 	return 0;
 }
 
