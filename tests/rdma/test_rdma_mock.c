@@ -109,14 +109,24 @@ static int mock_post(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	return 0;
 }
 
+static int fail_creates; /* the next n ibv_create_qp() calls fail */
+
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
-	struct ibv_qp *qp = calloc(1, sizeof(*qp));
+	struct ibv_qp *qp;
 
 	(void) pd;
 	(void) a;
-	if (!qp || np == MAXQ)
+	if (fail_creates > 0) {
+		fail_creates--;
+		errno = ENOMEM;
 		return NULL;
+	}
+	qp = calloc(1, sizeof(*qp));
+	if (!qp || np == MAXQ) {
+		free(qp);
+		return NULL;
+	}
 	qp->context = &mctx;
 	qp->qp_num = next_qpn++;
 	P[np++] = (struct posted){.qp = qp};
@@ -197,6 +207,7 @@ static int setup(void **state)
 	np = 0;
 	ncqe = 0;
 	fail_reallocs = failed_reallocs = 0;
+	fail_creates = 0;
 	r = calloc(1, sizeof(*r));
 	assert_non_null(r);
 	t = &r->base;
@@ -310,6 +321,31 @@ static void test_error_and_success_in_one_batch(void **state)
 	assert_null(P[0].qp);
 	assert_null(P[1].qp);
 	assert_non_null(P[2].qp);
+}
+
+/* No memory for new QPs at a reset: the old ones go RESET -> INIT (the
+ * mock's error state cleared), same QP numbers, and the ops complete once. */
+static void test_reset_without_new_qps(void **state)
+{
+	struct kvb_ep *a;
+	int32_t st[256];
+	unsigned seen[256] = {0};
+	uint32_t qpn0;
+
+	(void) state;
+	a = ready_ep(); /* P[0], P[1] */
+	qpn0 = a->qp[0].qp->qp_num;
+	post_n(a, 2, 0xa0);
+	cq_push(0, IBV_WC_REM_ACCESS_ERR);
+	fail_creates = 2;
+	assert_int_equal(drain(st, seen), 2);
+	assert_int_equal(t->ops->post(t, a, NULL, 0), -ENOTCONN);
+	assert_int_equal(fail_creates, 0);
+	assert_int_equal(a->state, KVB_RDMA_EP_RESET);
+	assert_int_equal(a->qp[0].qp->qp_num, qpn0);
+	assert_int_equal(P[0].err, 0);
+	assert_int_equal(seen[0xa0] + seen[0xa1], 2);
+	assert_int_equal(st[0xa0], -EACCES);
 }
 
 /* After disconnecting a (a0..a2 in flight) and b (b0 retired, b1 in
@@ -557,6 +593,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_disconnect_without_memory,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_spread_over_qps,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reset_without_new_qps,
 						setup, teardown),
 	};
 
