@@ -659,6 +659,21 @@ int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 /* ------------------------------------------------------------------ */
 /* control requests, service, timers */
 
+/* Drop the waiters that are gone (a worker that disconnected during the
+ * handshake), so that they do not hold the slots until it ends. */
+static void waiters_compact(struct kvb_broker *b, struct kvb_peer *p)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < p->nwaiters; i++) {
+		struct kvb_worker *w = kvb_worker_by_id(b, p->waiters[i]);
+
+		if (w && w->attached)
+			p->waiters[n++] = p->waiters[i];
+	}
+	p->nwaiters = n;
+}
+
 int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 			const struct kvb_msg_peer *m)
 {
@@ -679,6 +694,8 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 	p = peer_find(rm, m->host, (uint16_t) m->port, 1);
 	if (!p)
 		return -ENOSPC;
+	if (p->nwaiters == PEER_WAITERS)
+		waiters_compact(b, p);
 	if (p->nwaiters == PEER_WAITERS)
 		return -EBUSY;
 	p->waiters[p->nwaiters++] = w->id;

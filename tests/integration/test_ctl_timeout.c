@@ -2,7 +2,8 @@
 /*
  * Control calls that give up (timeout_ms) while the broker still answers
  * later: the late reply is never taken for a later call's (a PEER to a
- * silent peer, answered when the handshake times out, 3 s later), kvb_wait
+ * silent peer, answered when the handshake times out, 3 s later; workers
+ * that disconnect meanwhile do not hold its waiter slots), kvb_wait
  * does not spin on it, a region registered that late is freed again.
  * Every control call ends within its timeout: with a periodic signal
  * (SIGALRM every 100 ms) against a stopped broker, and for each of several
@@ -168,6 +169,60 @@ static void test_late_peer_reply(void **state)
 	sleep(3);
 	opens_agree(ctx, "p2");
 	kvb_detach(ctx);
+	stop();
+}
+
+/* One worker asking a silent peer, from its own thread: -ETIMEDOUT after
+ * 500 ms (the broker answers 3 s later); then it disconnects. */
+static void *silent_peer_asker(void *arg)
+{
+	struct kvb_ctx *ctx = arg;
+	uint32_t peer = 0;
+
+	return (void *) (intptr_t) kvb_peer_connect(ctx, "127.0.0.1",
+						    SILENT_PORT, &peer);
+}
+
+/* Workers that ask for a peer and disconnect during its handshake do not
+ * hold its 32 waiter slots: a 33rd worker's request is taken (it times
+ * out as the others did), not refused with -EBUSY. */
+static void test_peer_waiters_gone(void **state)
+{
+	static const char *const args[] = {
+		"--host-ip",	   "127.0.0.1",	    "--handshake-port",
+		"16321",	   "--notify-port", "16325",
+		"--trusted-hosts", "127.0.0.1",	    NULL};
+	enum { N = 32 }; /* the broker's waiter slots per peer */
+	struct kvb_ctx *ctx[N], *last;
+	pthread_t th[N];
+	uint32_t peer = 0;
+	int64_t t0;
+
+	(void) state;
+	start(args);
+	for (int i = 0; i < N; i++)
+		ctx[i] = attach_ms(&br, 500);
+	last = attach_ms(&br, 500);
+	t0 = now_ns();
+	for (int i = 0; i < N; i++)
+		assert_int_equal(
+			pthread_create(&th[i], NULL, silent_peer_asker, ctx[i]),
+			0);
+	for (int i = 0; i < N; i++) {
+		void *rc;
+
+		assert_int_equal(pthread_join(th[i], &rc), 0);
+		assert_int_equal((int) (intptr_t) rc, -ETIMEDOUT);
+		kvb_detach(ctx[i]);
+	}
+	assert_int_equal(broker_wait_stat(&br, "workers", 1, 1000), 0);
+	assert_true(ms_since(t0) < 2000); /* the handshake (3 s) is on */
+	assert_false(broker_log_has(&br, "no handshake answer"));
+	assert_int_equal(
+		kvb_peer_connect(last, "127.0.0.1", SILENT_PORT, &peer),
+		-ETIMEDOUT);
+	assert_int_equal(log_wait(&br, "no handshake answer", 10000), 0);
+	kvb_detach(last);
 	stop();
 }
 
@@ -385,6 +440,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_late_peer_reply, teardown),
+		cmocka_unit_test_teardown(test_peer_waiters_gone, teardown),
 		cmocka_unit_test_teardown(test_late_mem_reg, teardown),
 		cmocka_unit_test_teardown(test_eintr, teardown),
 		cmocka_unit_test_teardown(test_lock_deadline, teardown),
