@@ -168,6 +168,11 @@ int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len);
 int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
 			  size_t len);
 void kvb_broker_gpu_unimport(struct kvb_region_ent *r);
+/* A dmabuf fd covering GPU region r (the caller closes it) and r's offset
+ * in it, for ibv_reg_dmabuf_mr; -errno and a reason where the runtime,
+ * driver or kernel cannot export one (-ENOTSUP on the host backend). */
+int kvb_broker_gpu_dmabuf(const struct kvb_region_ent *r, int *fd,
+			  uint64_t *offset, char *why, size_t why_len);
 
 /* worker.c: reply to a control request (deferred replies, remote.c) */
 void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,

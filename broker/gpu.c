@@ -2,8 +2,9 @@
 /*
  * The broker's side of GPU regions: open the gpu transport next to local,
  * import a worker's exported handle (IPC) into a device pointer of ours,
- * drop it when the region goes. Built without bridge/gpu, every call says
- * so (-ENODEV) and GPU registrations are refused.
+ * drop it when the region goes; a dmabuf fd of it for the NIC. Built
+ * without bridge/gpu, every call says so (-ENODEV) and GPU registrations
+ * are refused.
  */
 #include "broker.h"
 
@@ -57,6 +58,16 @@ void kvb_broker_gpu_unimport(struct kvb_region_ent *r)
 	if (r->mr.addr)
 		kvb_gpu_unimport(r->mr.addr);
 }
+
+int kvb_broker_gpu_dmabuf(const struct kvb_region_ent *r, int *fd,
+			  uint64_t *offset, char *why, size_t why_len)
+{
+	int rc = kvb_gpu_dmabuf_fd(r->mr.addr, r->mr.len, fd, offset);
+
+	if (rc)
+		snprintf(why, why_len, "%s", kvb_gpu_export_strerror());
+	return rc;
+}
 #else
 int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len)
 {
@@ -72,5 +83,12 @@ int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
 
 void kvb_broker_gpu_unimport(struct kvb_region_ent *r)
 {
+}
+
+int kvb_broker_gpu_dmabuf(const struct kvb_region_ent *r, int *fd,
+			  uint64_t *offset, char *why, size_t why_len)
+{
+	snprintf(why, why_len, "built without bridge/gpu");
+	return -ENODEV;
 }
 #endif

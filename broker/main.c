@@ -74,7 +74,9 @@ static int open_transport(struct kvb_broker *b)
 			why[0] ? why : strerror(-rc));
 		return rc;
 	}
-	if (k == KVB_TR_GPU || k == KVB_TR_AUTO) {
+	/* rdma too: GPU regions are imported by the gpu runtime, then
+	 * registered with the NIC for cross-node transfers */
+	if (k == KVB_TR_GPU || k == KVB_TR_AUTO || k == KVB_TR_RDMA) {
 		why[0] = '\0';
 		rc = kvb_broker_gpu_open(b, why, sizeof(why));
 		if (rc && k == KVB_TR_GPU) {
@@ -83,8 +85,9 @@ static int open_transport(struct kvb_broker *b)
 			return rc;
 		}
 		if (rc)
-			log_info("transport auto: gpu unavailable (%s); GPU "
+			log_info("transport %s: gpu unavailable (%s); GPU "
 				 "regions will be refused",
+				 kvb_transport_name(k),
 				 why[0] ? why : strerror(-rc));
 		else
 			log_info("transport gpu ready: GPU-to-GPU regions use "

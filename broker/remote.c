@@ -563,20 +563,34 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	rx->ndef = 0;
 	if (!rm || !w || !p || !x->opened)
 		return;
-	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE && !status) {
-		/* every layer landed: write_done to each D rank written */
+	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {
+		/* every layer landed: write_done to each D rank written. Else
+		 * kvb_write_failed, so that D fails now, not at its timeout:
+		 * only to the peer broker's own ports (not to an override,
+		 * which may be a MoRIIO engine) and not to a D that aborted */
+		if (status && (rx->notify_host[0] || rx->notify_port ||
+			       rx->peer_released))
+			return;
 		if (!rx->ntargets && compute_targets(w, p, rx))
 			return;
-		if (kvb_zmsg_init(&m, KVB_ZMSG_WRITE_DONE, x->id))
+		if (kvb_zmsg_init(&m,
+				  status ? KVB_ZMSG_WRITE_FAILED
+					 : KVB_ZMSG_WRITE_DONE,
+				  x->id))
 			return;
+		m.status = status < 0 && status >= -4095 ? status : -EIO;
 		for (uint32_t t = 0; t < rx->ntargets; t++) {
 			int port = kvb_port_of(peer_notify_base(p, rx),
 					       rx->remote_dp, rx->targets[t],
 					       rx->target_tp,
 					       KVB_PORT_DP_TIMES_TP);
 
-			if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
+			if (port <= 0 || send_msg(b, w, peer_notify_host(p, rx),
 						  (uint32_t) port, &m))
+				continue;
+			if (status)
+				rm->st.write_failed_sent++;
+			else
 				rm->st.write_done_sent++;
 		}
 	} else if (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ) {

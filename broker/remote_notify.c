@@ -280,6 +280,7 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 			      "the id names a same-node transfer");
 	if (rx->mode == KVB_XFER_WRITE) {
 		log_info("transfer '%s' released (aborted) by the peer", x->id);
+		rx->peer_released = 1; /* no kvb_write_failed back to it */
 		kvb_xfer_finish(b, x, -ECANCELED);
 		return 0;
 	}
@@ -299,13 +300,19 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
+/* write_done (or plain), and kvb_write_failed: one P writer is done, or
+ * failed with m->status (then the transfer fails with the first one). */
 static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 			const struct kvb_zmsg *m)
 {
+	int failed = m->type == KVB_ZMSG_WRITE_FAILED;
 	struct kvb_xfer *x;
 	int rc;
 
-	b->rm->st.write_done_rx++;
+	if (failed)
+		b->rm->st.write_failed_rx++;
+	else
+		b->rm->st.write_done_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -326,7 +333,17 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->rx->mode != KVB_XFER_WRITE)
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
-	x->completed++;
+	if (failed) {
+		if (rlog_ok(b->rm))
+			log_warn("transfer '%s': the P side's writes failed "
+				 "(%s)",
+				 x->id, strerror(-m->status));
+		x->failed++;
+		if (!x->first_err)
+			x->first_err = m->status;
+	} else {
+		x->completed++;
+	}
 	kvb_xfer_maybe_finish(b, x);
 	return 0;
 }
@@ -352,6 +369,7 @@ static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 	}
 	switch (m->type) {
 	case KVB_ZMSG_WRITE_DONE:
+	case KVB_ZMSG_WRITE_FAILED:
 	case KVB_ZMSG_PLAIN:
 		return d_write_done(b, w, m);
 	default:

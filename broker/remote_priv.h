@@ -88,10 +88,11 @@ struct kvb_rxfer {
 	uint32_t peer;
 	uint8_t role, mode, flags;
 	uint8_t have_rblocks, announced, refreshed;
-	uint8_t unopened;   /* created by a message, counted in rm->nunopened */
-	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
-	uint32_t *lb, nlb;  /* this worker's block ids */
-	uint32_t *rb, nrb;  /* the other side's */
+	uint8_t unopened; /* created by a message, counted in rm->nunopened */
+	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
+	uint32_t remote_dp;    /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;     /* this worker's block ids */
+	uint32_t *rb, nrb;     /* the other side's */
 	uint32_t acks_needed, acks_got;
 	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
 	struct deferred *def;
@@ -122,6 +123,7 @@ struct kvb_xnode {
 		uint64_t layer_ops, layers_deferred, defer_expired;
 		uint64_t remote_blocks_sent, write_done_sent, releases_sent;
 		uint64_t write_done_rx, releases_rx, remote_blocks_rx;
+		uint64_t write_failed_sent, write_failed_rx;
 		uint64_t send_errors;	     /* sends with no notify endpoint */
 		uint64_t send_errors_closed; /* of closed notify endpoints */
 		uint64_t rejected; /* by the state machine (also in notify's) */

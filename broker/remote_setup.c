@@ -2,8 +2,9 @@
 /*
  * Setting the cross-node bridge up and down: its transports (tcp data port,
  * rdma device), the ZMQ context and handshake port, --trusted-hosts, and
- * the registration of every host region with those transports. The state
- * machines that use them are in remote.c.
+ * the registration of regions with those transports (host regions with
+ * both, GPU regions with rdma only). The state machines that use them are
+ * in remote.c.
  */
 #include "remote_priv.h"
 
@@ -41,19 +42,47 @@ void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 		r->tcp_reg = 1;
 }
 
+/* GPU memory for the NIC: as a dmabuf where the runtime exports one, else
+ * by its address (a peer-memory module: nvidia-peermem, amdgpu; the host
+ * backend's "device memory" is host memory). Returns 0 or -errno. */
+static int rdma_reg_gpu(struct kvb_transport *t, struct kvb_region_ent *r)
+{
+#ifdef KVB_HAVE_RDMA
+	char why[160] = "";
+	uint64_t off = 0;
+	int fd = -1, rc;
+
+	if (kvb_broker_gpu_dmabuf(r, &fd, &off, why, sizeof(why)))
+		fd = -1;
+	rc = kvb_rdma_reg_dmabuf(t, &r->mr, fd, off);
+	if (fd >= 0)
+		close(fd);
+	if (rc >= 0)
+		log_info(
+			"region %#x: GPU memory registered with the NIC %s%s%s",
+			r->mr.id,
+			rc == 0 ? "as a dmabuf" : "by address (peer memory)",
+			fd < 0 ? ": no dmabuf: " : "", fd < 0 ? why : "");
+	return rc < 0 ? rc : 0;
+#else
+	return -ENOTSUP; /* no rdma transport in this build */
+#endif
+}
+
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	int rc;
 
-	/* every host region: a source of our writes (or the sink of our
-	 * READs) needs a local key too. The transport grants remote write /
-	 * remote read only as the region's KVB_MEM_REMOTE_* flags say, and
-	 * only regions with one of them go into the descriptor with their
-	 * rkey: a local-only region cannot be reached from outside. */
-	if (!t || r->mr.kind != KVB_MEM_HOST)
+	/* every region: a source of our writes (or the sink of our READs)
+	 * needs a local key too. The transport grants remote write / remote
+	 * read only as the region's KVB_MEM_REMOTE_* flags say, and only
+	 * regions with one of them go into the descriptor with their rkey: a
+	 * local-only region cannot be reached from outside. */
+	if (!t)
 		return;
-	rc = t->ops->reg_mr(t, &r->mr);
+	rc = r->mr.kind == KVB_MEM_GPU ? rdma_reg_gpu(t, r)
+				       : t->ops->reg_mr(t, &r->mr);
 	if (rc)
 		log_warn("region %#x: rdma registration failed: %s", r->mr.id,
 			 strerror(-rc));

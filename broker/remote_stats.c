@@ -149,6 +149,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
 		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
 		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
+		    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
 		    "\"handshake_replies_rejected\":%llu,"
 		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
 		    "\"peers_reclaimed\":%llu,\"peers\":[",
@@ -167,6 +168,8 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.remote_blocks_rx,
 		    (unsigned long long) rm->st.write_done_rx,
 		    (unsigned long long) rm->st.releases_rx,
+		    (unsigned long long) rm->st.write_failed_sent,
+		    (unsigned long long) rm->st.write_failed_rx,
 		    (unsigned long long) rm->st.hs_bad_replies,
 		    (unsigned long long) rm->st.logs_suppressed,
 		    (unsigned long long) rm->st.unopened_evicted,
@@ -188,10 +191,11 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.layers_deferred,
 		    (unsigned long long) rm->st.defer_expired);
 		PUT("sent                   %llu remote_blocks, %llu "
-		    "write_done, %llu release\n",
+		    "write_done, %llu release, %llu kvb_write_failed\n",
 		    (unsigned long long) rm->st.remote_blocks_sent,
 		    (unsigned long long) rm->st.write_done_sent,
-		    (unsigned long long) rm->st.releases_sent);
+		    (unsigned long long) rm->st.releases_sent,
+		    (unsigned long long) rm->st.write_failed_sent);
 	}
 	for (uint32_t i = 1, k = 0; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];

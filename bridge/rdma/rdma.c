@@ -239,6 +239,7 @@ int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 {
 	struct kvb_rdma *r = to_rdma(t);
 	struct ibv_mr *imr;
+	int rc;
 
 	if (mr->tpriv[KVB_RDMA_TPRIV])
 		return -EBUSY;
@@ -256,7 +257,8 @@ int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 		    errno != EPROTONOSUPPORT)
 			return errno ? -errno : -ENOMEM;
 	}
-	return rdma_reg_mr(t, mr);
+	rc = rdma_reg_mr(t, mr);
+	return rc ? rc : 1;
 }
 
 static void rdma_dereg_mr(struct kvb_transport *t, struct kvb_mr *mr)

@@ -88,7 +88,9 @@ uint64_t kvb_rdma_post_ns(struct kvb_transport *t);
  * Access as for ops->reg_mr: local write, plus remote write / remote read
  * where mr->flags has KVB_MEM_REMOTE_WRITE / KVB_MEM_REMOTE_READ (set
  * flags before registering; they are not looked at again).
- * Returns 0 or -errno. fd < 0 skips straight to ibv_reg_mr.
+ * Returns 0 (registered as a dmabuf), 1 (by address, ibv_reg_mr) or
+ * -errno. fd < 0 skips straight to ibv_reg_mr. The caller keeps fd (the
+ * MR holds its own reference to the dmabuf: close it when done).
  */
 int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 			uint64_t offset);

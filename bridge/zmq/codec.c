@@ -126,7 +126,7 @@ static int get_blocks(struct kvb_zmsg *m, const msgpack_object *o,
 static int decode_fields(struct kvb_zmsg *m, const msgpack_object *map,
 			 const char **reason)
 {
-	const msgpack_object *type, *tid, *req, *list, *rank, *ctp;
+	const msgpack_object *type, *tid, *req, *list, *rank, *ctp, *st;
 	int64_t v;
 	int ret;
 
@@ -146,6 +146,8 @@ static int decode_fields(struct kvb_zmsg *m, const msgpack_object *map,
 			m->type = KVB_ZMSG_WRITE_DONE;
 		} else if (_kvb_mp_str_eq(type, "release")) {
 			m->type = KVB_ZMSG_RELEASE;
+		} else if (_kvb_mp_str_eq(type, "kvb_write_failed")) {
+			m->type = KVB_ZMSG_WRITE_FAILED;
 		} else {
 			if (reason)
 				*reason = "unknown message type";
@@ -198,6 +200,18 @@ static int decode_fields(struct kvb_zmsg *m, const msgpack_object *map,
 			return bad(reason, "consumer_tp_size out of range");
 		m->flags |= KVB_ZMSG_F_CONSUMER_TP;
 		m->consumer_tp_size = (uint32_t) v;
+		return 0;
+	case KVB_ZMSG_WRITE_FAILED:
+		st = _kvb_mp_map_get(map, "status");
+		if (!st)
+			return bad(reason, "kvb_write_failed without status");
+		ret = _kvb_mp_get_int(st, -4095, -1, &v);
+		if (ret == -EBADMSG)
+			return bad(reason, "status is not an integer");
+		if (ret)
+			return bad(reason,
+				   "status is not a -errno (-4095..-1)");
+		m->status = (int32_t) v;
 		return 0;
 	default:
 		return 0;
@@ -283,6 +297,8 @@ const char *kvb_zmsg_type_name(enum kvb_zmsg_type type)
 		return "release";
 	case KVB_ZMSG_PLAIN:
 		return "plain";
+	case KVB_ZMSG_WRITE_FAILED:
+		return "kvb_write_failed";
 	}
 	return "?";
 }
@@ -318,6 +334,8 @@ static int validate(const struct kvb_zmsg *m)
 		return 0;
 	case KVB_ZMSG_WRITE_DONE:
 		return 0;
+	case KVB_ZMSG_WRITE_FAILED:
+		return m->status >= -4095 && m->status <= -1 ? 0 : -EINVAL;
 	case KVB_ZMSG_PLAIN:
 		/* the decoder would take the bytes for a map and refuse them */
 		if (is_map_marker((uint8_t) m->transfer_id[0]))
@@ -378,8 +396,9 @@ static int pack_map(msgpack_packer *pk, const struct kvb_zmsg *m)
 
 	if (m->type == KVB_ZMSG_REMOTE_BLOCKS)
 		nfields += 3;
-	else if (m->type == KVB_ZMSG_RELEASE &&
-		 (m->flags & KVB_ZMSG_F_CONSUMER_TP))
+	else if ((m->type == KVB_ZMSG_RELEASE &&
+		  (m->flags & KVB_ZMSG_F_CONSUMER_TP)) ||
+		 m->type == KVB_ZMSG_WRITE_FAILED)
 		nfields += 1;
 
 	r |= msgpack_pack_map(pk, nfields);
@@ -402,6 +421,9 @@ static int pack_map(msgpack_packer *pk, const struct kvb_zmsg *m)
 		   (m->flags & KVB_ZMSG_F_CONSUMER_TP)) {
 		r |= _kvb_mp_pack_cstr(pk, "consumer_tp_size");
 		r |= msgpack_pack_uint32(pk, m->consumer_tp_size);
+	} else if (m->type == KVB_ZMSG_WRITE_FAILED) {
+		r |= _kvb_mp_pack_cstr(pk, "status");
+		r |= msgpack_pack_int32(pk, m->status);
 	}
 	return r ? -ENOMEM : 0;
 }

@@ -31,6 +31,12 @@ enum kvb_zmsg_type {
 	KVB_ZMSG_RELEASE = 3,
 	/* Raw UTF-8 transfer_id: on P a release ACK, on D a write_done. */
 	KVB_ZMSG_PLAIN = 4,
+	/*
+	 * kvbroker's own (not MoRIIO's): P's writes of a transfer failed,
+	 * `status` says why; D's transfer fails at once instead of at its
+	 * timeout. Sent only to a peer broker's own notify ports.
+	 */
+	KVB_ZMSG_WRITE_FAILED = 5,
 };
 
 enum kvb_zmsg_flags {
@@ -52,6 +58,7 @@ struct kvb_zmsg {
 	uint32_t decode_rank;	   /* remote_blocks: D's DP rank */
 	uint32_t consumer_tp_size; /* release, if KVB_ZMSG_F_CONSUMER_TP */
 	uint32_t tp_rank;	   /* plain, if KVB_ZMSG_F_TP_RANK */
+	int32_t status;		   /* kvb_write_failed: -errno, -4095..-1 */
 };
 
 /*
@@ -101,7 +108,8 @@ int kvb_zmsg_set_blocks(struct kvb_zmsg *m, const uint32_t *ids, uint32_t n);
 /* Free what *m owns and zero it. Safe on a zeroed or failed-decode message. */
 void kvb_zmsg_fini(struct kvb_zmsg *m);
 
-/* "remote_blocks", "write_done", "release", "plain" or "?". */
+/* "remote_blocks", "write_done", "release", "plain", "kvb_write_failed"
+ * or "?". */
 const char *kvb_zmsg_type_name(enum kvb_zmsg_type type);
 
 #endif

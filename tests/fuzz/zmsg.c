@@ -35,6 +35,8 @@ static int same(const struct kvb_zmsg *a, const struct kvb_zmsg *b)
 	case KVB_ZMSG_PLAIN:
 		return !(a->flags & KVB_ZMSG_F_TP_RANK) ||
 		       a->tp_rank == b->tp_rank;
+	case KVB_ZMSG_WRITE_FAILED:
+		return a->status == b->status;
 	default:
 		return 1;
 	}
@@ -109,7 +111,7 @@ static void encode_side(const uint8_t *data, size_t size)
 
 	memset(&m, 0, sizeof(m));
 	sel = (unsigned) fuzz_take(&in, 1);
-	m.type = (enum kvb_zmsg_type)(1 + sel % 4);
+	m.type = (enum kvb_zmsg_type)(1 + sel % 5);
 	take_id(&in, m.transfer_id, KVB_ZMSG_ID_MAX);
 	switch (m.type) {
 	case KVB_ZMSG_REMOTE_BLOCKS:
@@ -134,6 +136,9 @@ static void encode_side(const uint8_t *data, size_t size)
 			m.flags |= KVB_ZMSG_F_TP_RANK;
 			m.tp_rank = (uint32_t) fuzz_take(&in, 3);
 		}
+		break;
+	case KVB_ZMSG_WRITE_FAILED: /* -4999..0: some out of range */
+		m.status = -(int32_t) (fuzz_take(&in, 2) % 5000);
 		break;
 	default:
 		break;

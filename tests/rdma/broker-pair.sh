@@ -5,12 +5,15 @@
 # rxe-runner.sh), real RC queue pairs between them, P workers on broker A and
 # D workers on broker B (tests/xnode/xnode_worker: every byte checked at D).
 #
-#   broker-pair.sh BUILD_DIR CASE     CASE: write | read | wcerr
+#   broker-pair.sh BUILD_DIR CASE     CASE: write | read | wcerr | gpu_write
 #
 # wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
 # old region fail with a remote access error, exactly the transfers that hit
 # it fail, the queue pairs reset and reconnect, a fresh handshake brings the
 # new region, and the last transfers succeed.
+# gpu_write: the KV regions on both sides are GPU memory of the host gpu
+# backend (kvb_mem_register_gpu; memfd "device memory"): the brokers import
+# them and register them with the NIC (no dmabuf there: by address).
 # Exits 77 without an RDMA device or without root.
 set -u
 BUILD=${1:?build dir}
@@ -83,6 +86,8 @@ run() {
 	return $rc
 }
 
+# GPU regions: the brokers open the host gpu backend too
+[ "$CASE" = gpu_write ] && export KVB_GPU_BACKEND=host
 start_broker a 6301 61005
 start_broker b 6401 62005
 
@@ -96,6 +101,13 @@ wcerr)
 	DARGS="--swap-layer 3 --swap-after-xfers 3" run write 1 1 --layers 8 \
 		--xfers 8 --conc 1 --layer-delay-ms 50 --expect-some-fail ||
 		fail "a work-completion error did not fail just the transfers that hit it"
+	;;
+gpu_write)
+	run write 2 2 --layers 8 --xfers 6 --conc 3 --gpu host ||
+		fail "WRITE of GPU regions over rdma"
+	n=$(grep -c "GPU memory registered with the NIC" "$T/broker-a.log" "$T/broker-b.log" |
+		awk -F: '{s += $2} END {print s}')
+	[ "$n" -ge 32 ] || fail "$n GPU regions registered with the NIC, expected 32"
 	;;
 bench)
 	# not a test: 8 P workers x 32 layers through one broker pair

@@ -10,7 +10,8 @@
 #
 # CASE: write | write_hetero | late_rank | read | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood | bench (not a test: measurements, by hand; docs/tcp.md)
+#       flood | gpu_tcp | bench (not a test: measurements, by hand;
+#       docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
 set -u
@@ -130,8 +131,16 @@ if [ "$CASE" = flood ]; then
 	A_ARGS=(--defer-timeout 120)
 	export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
 fi
+B_ARGS=()
+# gpu_tcp: GPU regions (host gpu backend) on brokers that reach each other
+# over tcp
+if [ "$CASE" = gpu_tcp ]; then
+	export KVB_GPU_BACKEND=host
+	A_ARGS=(--transport auto)
+	B_ARGS=(--transport auto)
+fi
 start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
-start_broker b "$NB" 192.0.2.2
+start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
 
 case "$CASE" in
 write) run_pair write 2 2 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP2" ;;
@@ -223,6 +232,23 @@ bad_input)
 	[ "$(json_get "$s" remote.defer_expired)" -ge 1 ] || fail "no defer expiry counted"
 	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after || fail "good transfer after bad input"
 	cat "$T/bad_input.log"
+	;;
+gpu_tcp)
+	# GPU memory crosses nodes over rdma only: P's layer ops fail at
+	# once with a reason (EOPNOTSUPP = 95), and D's transfers with P's
+	# status (kvb_write_failed), not at their timeout; host regions of
+	# the same brokers still go
+	run_pair write 1 1 --gpu host --layers 4 --xfers 2 --conc 2 \
+		--prefix gpu --expect-fail --fail-errno 95 ||
+		fail "GPU regions over tcp: not refused, or D did not hear why"
+	grep -q "a GPU region crosses nodes over rdma only" "$T/broker-a.log" ||
+		fail "A did not log why"
+	[ "$(json_get "$(stats a)" remote.write_failed_sent)" -ge 2 ] ||
+		fail "A counted no kvb_write_failed sent"
+	[ "$(json_get "$(stats b)" remote.write_failed_received)" -ge 2 ] ||
+		fail "B counted no kvb_write_failed received"
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after ||
+		fail "host regions after"
 	;;
 flood)
 	PY=${KVB_PYTHON:-/usr/bin/python3}

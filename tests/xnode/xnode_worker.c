@@ -14,6 +14,10 @@
  * D block lists of distant transfers overlap (they wrap); D opens a
  * transfer only once every D rank of its DP group has ended (and checked)
  * each older one it overlaps, the way a scheduler frees blocks.
+ * With --gpu BACKEND the KV regions are device memory of that gpu backend
+ * (host: memfd "device memory", everywhere), registered with
+ * kvb_mem_register_gpu(); P fills them and D reads them back for the check
+ * through the backend's copies.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -23,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/gpu_api.h"
 #include "kvbroker/kvbroker.h"
 
 #define BLOCK_SIZE 16u
@@ -30,7 +35,7 @@
 #define ELEM	   2u
 
 static struct {
-	const char *socket, *peer_host, *barrier, *prefix;
+	const char *socket, *peer_host, *barrier, *prefix, *gpu;
 	int role, mode, dp, tp, tp_size, peer_tp_size, peer_dp;
 	unsigned layers, nblocks, per_xfer, xfers, conc, heads;
 	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
@@ -42,7 +47,9 @@ static struct {
 	int notify_port, expect_peer_error;
 	int swap_layer, swap_after, expect_some_fail, swapped;
 	int start_delay_ms;
-	unsigned last_ok; /* highest transfer index that succeeded, + 1 */
+	int fail_errno;	    /* --expect-fail: every failure is -this */
+	unsigned wrong_err; /* failures with another status */
+	unsigned last_ok;   /* highest transfer index that succeeded, + 1 */
 } o = {.role = KVB_ROLE_P,
        .tp_size = 1,
        .peer_tp_size = 1,
@@ -215,12 +222,68 @@ static unsigned source_of(unsigned d)
 	return R > L ? d * (R / L) : d / (L / R);
 }
 
+/* --gpu: the backend, each layer's device memory, a host staging buffer
+ * of one region (globals: still reachable on the early exits) */
+static const struct kvb_gpu_api *gapi;
+static void **dev;
+static uint8_t *stage;
+
+static uint64_t region_len(void)
+{
+	return 2 * (uint64_t) o.nblocks * block_len();
+}
+
+/* Layer l's KV region: host memory shared with the broker, or with --gpu
+ * device memory (zeroed) registered with it. */
+static int alloc_layer(struct kvb_ctx *ctx, unsigned l, struct kvb_region *r)
+{
+	const uint32_t flags = KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ;
+	int rc;
+
+	if (!o.gpu)
+		return kvb_mem_alloc(ctx, region_len(), flags, l, r);
+	memset(stage, 0, region_len());
+	rc = gapi->alloc(gapi, 0, region_len(), &dev[l]);
+	if (!rc)
+		rc = gapi->memcpy(gapi, dev[l], stage, region_len(),
+				  KVB_GPU_H2D);
+	if (rc) {
+		fprintf(stderr, "xnode_worker: gpu memory: %s\n",
+			gapi->errstr(gapi));
+		return rc;
+	}
+	return kvb_mem_register_gpu(ctx, dev[l], region_len(), 0, flags, l, r);
+}
+
+/* P: every block of layer l carries its pattern. */
+static int fill_layer(struct kvb_region *r, unsigned l)
+{
+	uint8_t *p = o.gpu ? stage : r->addr;
+
+	for (uint32_t blk = 0; blk < o.nblocks; blk++)
+		for (unsigned kv = 0; kv < 2; kv++)
+			for (uint64_t b = 0; b < block_len(); b++)
+				p[(kv * (uint64_t) o.nblocks + blk) *
+					  block_len() +
+				  b] = pattern((unsigned) o.tp, l, blk, kv, b);
+	return o.gpu ? gapi->memcpy(gapi, dev[l], stage, region_len(),
+				    KVB_GPU_H2D)
+		     : 0;
+}
+
 static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 		       const uint32_t *db, const uint32_t *pb)
 {
 	uint64_t bl = block_len();
-	const uint8_t *base = r->addr;
+	const uint8_t *base = o.gpu ? stage : r->addr;
 	unsigned src = source_of((unsigned) o.tp);
+
+	if (o.gpu &&
+	    gapi->memcpy(gapi, stage, dev[layer], region_len(), KVB_GPU_D2H)) {
+		fprintf(stderr, "xnode_worker: gpu copy back: %s\n",
+			gapi->errstr(gapi));
+		return -1;
+	}
 
 	for (unsigned j = 0; j < o.per_xfer; j++)
 		for (unsigned kv = 0; kv < 2; kv++) {
@@ -257,7 +320,7 @@ static void usage(void)
 		"[--start-delay-ms N] [--swap-layer L --swap-after-xfers N] "
 		"[--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
-		"[--hold-s S]\n"
+		"[--hold-s S] [--gpu host|cuda|hip|auto]\n"
 		"  [--notify-override HOST:PORT]  write_done/release go there\n"
 		"  [--expect-cancel LIST]  these transfer indexes must end "
 		"with\n"
@@ -271,6 +334,8 @@ static void usage(void)
 		"                         ports open) until FILE exists, at "
 		"most --timeout\n"
 		"  [--plain-release]  D, READ: release with the plain string\n"
+		"  [--fail-errno N]  with --expect-fail: each transfer fails "
+		"with -N\n"
 		"  [--check LIST]  D, after holding: check the bytes of these\n"
 		"                  transfers (opened by nobody here)\n");
 }
@@ -311,6 +376,8 @@ static int parse(int argc, char **argv)
 					   {"linger-until", 1, 0, 'G'},
 					   {"check", 1, 0, 'K'},
 					   {"plain-release", 0, 0, 'Q'},
+					   {"gpu", 1, 0, 'g'},
+					   {"fail-errno", 1, 0, 'f'},
 					   {0, 0, 0, 0}};
 	int c;
 
@@ -437,13 +504,19 @@ static int parse(int argc, char **argv)
 		case 'K':
 			o.check = optarg;
 			break;
+		case 'g':
+			o.gpu = optarg;
+			break;
+		case 'f':
+			o.fail_errno = atoi(optarg);
+			break;
 		default:
 			return -1;
 		}
 	}
 	if (!o.socket || !o.peer_host || o.layers == 0 || o.conc == 0 ||
 	    o.per_xfer == 0 || o.per_xfer * 3 > o.nblocks ||
-	    o.per_xfer > 4096 || o.heads == 0)
+	    o.per_xfer > 4096 || o.heads == 0 || (o.gpu && o.swap_after))
 		return -1;
 	return 0;
 }
@@ -528,6 +601,24 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	is_p = o.role == KVB_ROLE_P;
+	if (o.gpu) { /* before kvb_mem_register_gpu() picks a backend */
+		char why[256] = "";
+		int n = 0;
+
+		if (kvb_gpu_backend_init(o.gpu, why, sizeof(why)) == 0)
+			gapi = kvb_gpu_backend();
+		if (!gapi || gapi->device_count(gapi, &n) || n < 1) {
+			fprintf(stderr, "xnode_worker: gpu backend %s: %s\n",
+				o.gpu, why[0] ? why : "no device");
+			return 77;
+		}
+		dev = calloc(o.layers, sizeof(*dev));
+		stage = malloc(region_len());
+		if (!dev || !stage) {
+			fprintf(stderr, "xnode_worker: out of memory\n");
+			return 1;
+		}
+	}
 	ao.socket_path = o.socket;
 	ao.role = (enum kvb_role) o.role;
 	ao.dp_rank = (uint32_t) o.dp;
@@ -550,29 +641,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	for (unsigned l = 0; l < o.layers; l++) {
-		uint64_t size = 2 * (uint64_t) o.nblocks * block_len();
-
-		rc = kvb_mem_alloc(ctx, size,
-				   KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ,
-				   l, &reg[l]);
+		rc = alloc_layer(ctx, l, &reg[l]);
 		if (!rc)
 			rc = kvb_mem_set_kv(ctx, reg[l].id, l, &g);
+		if (!rc && is_p)
+			rc = fill_layer(&reg[l], l);
 		if (rc) {
 			fprintf(stderr, "xnode_worker: region %u: %s\n", l,
 				kvb_strerror(rc));
 			return 1;
-		}
-		if (is_p) { /* every block carries its pattern */
-			uint8_t *p = reg[l].addr;
-
-			for (uint32_t blk = 0; blk < o.nblocks; blk++)
-				for (unsigned kv = 0; kv < 2; kv++)
-					for (uint64_t b = 0; b < block_len();
-					     b++)
-						p[(kv * (uint64_t) o.nblocks +
-						   blk) * block_len() +
-						  b] = pattern((unsigned) o.tp,
-							       l, blk, kv, b);
 		}
 	}
 	if (barrier())
@@ -642,12 +719,7 @@ int main(int argc, char **argv)
 			o.swapped = 1;
 			rc = kvb_mem_free(ctx, &reg[l]);
 			if (!rc)
-				rc = kvb_mem_alloc(ctx,
-						   2 * (uint64_t) o.nblocks *
-							   block_len(),
-						   KVB_MEM_REMOTE_WRITE |
-							   KVB_MEM_REMOTE_READ,
-						   l, &nr);
+				rc = alloc_layer(ctx, l, &nr);
 			if (!rc)
 				rc = kvb_mem_set_kv(ctx, nr.id, l, &g);
 			if (rc) {
@@ -799,7 +871,17 @@ int main(int argc, char **argv)
 			}
 			if (c[k].status) {
 				bad++;
-				if (!o.expect_fail)
+				if (o.fail_errno &&
+				    c[k].status != -o.fail_errno) {
+					o.wrong_err++;
+					fprintf(stderr,
+						"xnode_worker %c tp %d: "
+						"transfer %u: %s, expected "
+						"%s\n",
+						is_p ? 'P' : 'D', o.tp, i,
+						kvb_strerror(c[k].status),
+						kvb_strerror(-o.fail_errno));
+				} else if (!o.expect_fail)
 					fprintf(stderr,
 						"xnode_worker %c tp %d: "
 						"transfer %u: %s\n",
@@ -850,6 +932,11 @@ int main(int argc, char **argv)
 	if (o.linger_until) /* messages still to come to our ports */
 		stay(o.timeout_s, o.linger_until);
 	kvb_detach(ctx);
+	for (unsigned l = 0; dev && l < o.layers; l++)
+		if (dev[l])
+			gapi->free(gapi, dev[l]);
+	free(dev);
+	free(stage);
 	free(reg);
 	free(handles);
 	free(live);
@@ -857,7 +944,7 @@ int main(int argc, char **argv)
 	if (ended < o.xfers)
 		return 1;
 	if (o.expect_fail)
-		return bad == o.xfers ? 0 : 1;
+		return bad == o.xfers && !o.wrong_err ? 0 : 1;
 	if (o.expect_some_fail) /* some failed, and the last one succeeded */
 		return bad && o.last_ok == o.xfers ? 0 : 1;
 	return bad ? 1 : 0;

@@ -165,6 +165,68 @@ static void test_write_done_bytes(void **state)
 	kvb_zmsg_fini(&m);
 }
 
+/* kvbroker's kvb_write_failed: round trip, and a status that is missing,
+ * not an integer, zero, positive or below -4095 is refused both ways. */
+static void test_write_failed(void **state)
+{
+	static const int64_t bad_status[] = {0, 1, 5, -4096, INT32_MIN};
+	struct kvb_zmsg m;
+	const char *why;
+	struct mb b;
+	size_t len;
+	char *out;
+
+	(void) state;
+	assert_int_equal(kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, "tx-9"), 0);
+	m.status = -EOPNOTSUPP;
+	assert_int_equal(kvb_zmsg_encode(&m, &out, &len), 0);
+	assert_int_equal(dec(out, len, &m, &why), 0);
+	free(out);
+	assert_int_equal(m.type, KVB_ZMSG_WRITE_FAILED);
+	assert_string_equal(m.transfer_id, "tx-9");
+	assert_int_equal(m.status, -EOPNOTSUPP);
+	assert_string_equal(kvb_zmsg_type_name(m.type), "kvb_write_failed");
+	kvb_zmsg_fini(&m);
+
+	/* what a peer broker sends, built by hand */
+	mb_init(&b);
+	msgpack_pack_map(&b.pk, 3);
+	mb_kv_str(&b, "type", "kvb_write_failed");
+	mb_kv_str(&b, "transfer_id", "tx-9");
+	mb_str(&b, "status");
+	msgpack_pack_int64(&b.pk, -4095);
+	expect(&b, 0);
+
+	mb_init(&b); /* no status */
+	msgpack_pack_map(&b.pk, 2);
+	mb_kv_str(&b, "type", "kvb_write_failed");
+	mb_kv_str(&b, "transfer_id", "tx-9");
+	expect(&b, -EBADMSG);
+
+	mb_init(&b); /* status of the wrong type */
+	msgpack_pack_map(&b.pk, 3);
+	mb_kv_str(&b, "type", "kvb_write_failed");
+	mb_kv_str(&b, "transfer_id", "tx-9");
+	mb_kv_str(&b, "status", "-5");
+	expect(&b, -EBADMSG);
+
+	for (size_t i = 0; i < sizeof(bad_status) / sizeof(bad_status[0]);
+	     i++) {
+		mb_init(&b);
+		msgpack_pack_map(&b.pk, 3);
+		mb_kv_str(&b, "type", "kvb_write_failed");
+		mb_kv_str(&b, "transfer_id", "tx-9");
+		mb_str(&b, "status");
+		msgpack_pack_int64(&b.pk, bad_status[i]);
+		expect(&b, -EBADMSG);
+
+		assert_int_equal(
+			kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, "tx-9"), 0);
+		m.status = (int32_t) bad_status[i];
+		assert_int_equal(kvb_zmsg_encode(&m, &out, &len), -EINVAL);
+	}
+}
+
 /* Encode, decode, compare: every type and flag. */
 static void roundtrip(const struct kvb_zmsg *in)
 {
@@ -942,6 +1004,7 @@ int main(void)
 		cmocka_unit_test(test_remote_blocks_typed),
 		cmocka_unit_test(test_remote_blocks_untyped),
 		cmocka_unit_test(test_write_done_bytes),
+		cmocka_unit_test(test_write_failed),
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_release_bad_ctp),
