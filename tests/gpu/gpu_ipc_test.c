@@ -393,10 +393,29 @@ static int bandwidth(const struct kvb_gpu_api *g, struct kvb_transport *t,
 	return 0;
 }
 
+/* Can the runtime export `what` memory at ptr as a dmabuf (what the
+ * broker's rdma path registers with ibv_reg_dmabuf_mr)? Prints the answer. */
+static void dmabuf_probe(void *ptr, const char *what)
+{
+	uint64_t off;
+	int fd;
+
+	if (kvb_gpu_dmabuf_fd(ptr, 2 * MIB, &fd, &off) == 0) {
+		printf("dmabuf export of %s: supported (offset %llu): the rdma "
+		       "transport would use ibv_reg_dmabuf_mr\n",
+		       what, (unsigned long long) off);
+		close(fd);
+	} else {
+		printf("dmabuf export of %s: not available (%s): the rdma "
+		       "transport would use ibv_reg_mr on the device "
+		       "pointer\n",
+		       what, kvb_gpu_export_strerror());
+	}
+}
+
 static void report_platform(const struct kvb_gpu_api *g, void *ptr)
 {
-	int n = 0, a, b, ok, fd;
-	uint64_t off;
+	int n = 0, a, b, ok;
 	char id[32];
 
 	g->device_count(g, &n);
@@ -410,16 +429,7 @@ static void report_platform(const struct kvb_gpu_api *g, void *ptr)
 				printf(" %d%s", b, ok ? "" : "(no)");
 		printf("\n");
 	}
-	if (kvb_gpu_dmabuf_fd(ptr, 2 * MIB, &fd, &off) == 0) {
-		printf("dmabuf export: supported (offset %llu): the rdma "
-		       "transport would use ibv_reg_dmabuf_mr\n",
-		       (unsigned long long) off);
-		close(fd);
-	} else {
-		printf("dmabuf export: not available (%s): the rdma transport "
-		       "would use ibv_reg_mr on the device pointer\n",
-		       kvb_gpu_export_strerror());
-	}
+	dmabuf_probe(ptr, "own memory");
 }
 
 static int mr_setup(struct kvb_transport *t, struct kvb_mr *mr, uint32_t id,
@@ -530,6 +540,8 @@ static int parent_main(int sk, pid_t child)
 	       "allocation (device %d, bus %s)\n",
 	       (unsigned long long) m.h.size, (unsigned long long) m.h.offset,
 	       dev, m.h.bus_id);
+	/* the broker holds worker memory this way (GPU regions across nodes) */
+	dmabuf_probe(imported, "IPC-imported memory");
 	if (mr_setup(t, &src, 1, dev, imported))
 		goto out_import;
 	rc = verify_copy(g, t, &src, &dst);
