@@ -88,6 +88,8 @@ struct kvb_xnode; /* remote.c */
 
 /* epoll tag of every cross-node fd (ZMQ sockets, tcp transport) */
 #define KVB_EP_REMOTE 4ull
+/* the rdma device's async event fd: kvb_remote_rdma_events() */
+#define KVB_EP_RDMA_EVENTS 6ull
 
 struct kvb_broker {
 	struct kvb_options opt;
@@ -195,6 +197,9 @@ int kvb_remote_init(struct kvb_broker *b);
 void kvb_remote_fini(struct kvb_broker *b);
 /* Drain notify, handshake and peer sockets; bounded. */
 void kvb_remote_service(struct kvb_broker *b);
+/* Read the rdma device's events (port down / up, QP errors): logged,
+ * counted; while the port is down rdma chains fail with -ENETDOWN. */
+void kvb_remote_rdma_events(struct kvb_broker *b);
 void kvb_remote_timers(struct kvb_broker *b, int64_t now);
 int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
 void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w);

@@ -227,6 +227,8 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 					 si.ssi_signo);
 				b->stop = 1;
 			}
+		} else if (tag == KVB_EP_RDMA_EVENTS) {
+			kvb_remote_rdma_events(b);
 		} else if (tag == KVB_EP_REMOTE || tag == EP_XPORT) {
 			/* drained below, or by the next round's reap */
 		} else if (tag & EP_WORKER_TAG) {

@@ -49,11 +49,16 @@ struct kvb_broker *g_b;
 /* ------------------------------------------------------------------ */
 /* small helpers */
 
-int ep_add(struct kvb_broker *b, int fd)
+int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = KVB_EP_REMOTE};
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
 
 	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+int ep_add(struct kvb_broker *b, int fd)
+{
+	return ep_add_tag(b, fd, KVB_EP_REMOTE);
 }
 
 void ep_del(struct kvb_broker *b, int fd)

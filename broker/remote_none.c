@@ -32,6 +32,10 @@ void kvb_remote_service(struct kvb_broker *b)
 {
 }
 
+void kvb_remote_rdma_events(struct kvb_broker *b)
+{
+}
+
 void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 {
 }

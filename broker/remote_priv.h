@@ -149,6 +149,7 @@ extern struct kvb_broker *g_b; /* one broker per process */
 
 /* remote.c */
 int ep_add(struct kvb_broker *b, int fd);
+int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
 /* remote.c */
 void ep_del(struct kvb_broker *b, int fd);
 #define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */

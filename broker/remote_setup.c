@@ -90,6 +90,28 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 		r->rdma_reg = 1;
 }
 
+#ifdef KVB_HAVE_RDMA
+static void rdma_event_log(void *arg, int level, const char *line)
+{
+	(void) arg;
+	if (level == KVB_RDMA_LOG_ERR)
+		log_err("%s", line);
+	else if (level == KVB_RDMA_LOG_WARN)
+		log_warn("%s", line);
+	else
+		log_info("%s", line);
+}
+#endif
+
+void kvb_remote_rdma_events(struct kvb_broker *b)
+{
+#ifdef KVB_HAVE_RDMA
+	if (b->trs[KVB_TS_RDMA])
+		kvb_rdma_async_service(b->trs[KVB_TS_RDMA], rdma_event_log,
+				       NULL);
+#endif
+}
+
 void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
@@ -220,6 +242,12 @@ int kvb_remote_init(struct kvb_broker *b)
 
 			if (fd >= 0)
 				ep_add(b, fd);
+			/* device events: port down / up, QP errors */
+			fd = kvb_rdma_async_fd(b->trs[KVB_TS_RDMA]);
+			if (fd < 0 || ep_add_tag(b, fd, KVB_EP_RDMA_EVENTS))
+				log_warn("transport rdma: device events "
+					 "(port down, QP errors) will not be "
+					 "read");
 		}
 		if (!rc)
 			log_info("transport rdma ready (%s%s): peers that "

@@ -114,6 +114,48 @@ static void qp_stats(struct kvb_broker *b, const struct kvb_peer *p, int json,
 #endif
 }
 
+/* The rdma device's state and events ("rdma_device" object / a line). */
+static void rdma_events(struct kvb_broker *b, int json, char *buf, size_t cap,
+			size_t *lenp)
+{
+#ifdef KVB_HAVE_RDMA
+	struct kvb_rdma_async_stats s;
+	const char *state;
+	size_t len = *lenp;
+
+	if (!b->trs[KVB_TS_RDMA])
+		return;
+	kvb_rdma_async_get_stats(b->trs[KVB_TS_RDMA], &s);
+	state = s.device_dead ? "dead" : s.port_down ? "down" : "active";
+	if (json)
+		PUT("\"rdma_device\":{\"port\":\"%s\",\"events\":%llu,"
+		    "\"port_errors\":%llu,\"port_active\":%llu,"
+		    "\"qp_errors\":%llu,\"cq_errors\":%llu,"
+		    "\"device_fatal\":%llu},",
+		    state, (unsigned long long) s.events,
+		    (unsigned long long) s.port_errors,
+		    (unsigned long long) s.port_active,
+		    (unsigned long long) s.qp_errors,
+		    (unsigned long long) s.cq_errors,
+		    (unsigned long long) s.device_fatal);
+	else
+		PUT("rdma port              %s (%llu device events: %llu port "
+		    "down, %llu up, %llu QP errors, %llu CQ errors)\n",
+		    state, (unsigned long long) s.events,
+		    (unsigned long long) s.port_errors,
+		    (unsigned long long) s.port_active,
+		    (unsigned long long) s.qp_errors,
+		    (unsigned long long) s.cq_errors);
+	*lenp = len;
+#else
+	(void) b;
+	(void) json;
+	(void) buf;
+	(void) cap;
+	(void) lenp;
+#endif
+}
+
 size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
 	struct kvb_xnode *rm = b->rm;
@@ -152,7 +194,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
 		    "\"handshake_replies_rejected\":%llu,"
 		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
-		    "\"peers_reclaimed\":%llu,\"peers\":[",
+		    "\"peers_reclaimed\":%llu,",
 		    (unsigned long long) rx, (unsigned long long) rej,
 		    (unsigned long long) sent, (unsigned long long) serr,
 		    (unsigned long long) rm->st.hs_served,
@@ -174,6 +216,8 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.logs_suppressed,
 		    (unsigned long long) rm->st.unopened_evicted,
 		    (unsigned long long) rm->st.peers_reclaimed);
+		rdma_events(b, json, buf, cap, &len);
+		PUT("\"peers\":[");
 	} else {
 		PUT("notify messages        %llu received, %llu rejected, %llu "
 		    "sent, %llu send errors\n",
@@ -196,6 +240,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.write_done_sent,
 		    (unsigned long long) rm->st.releases_sent,
 		    (unsigned long long) rm->st.write_failed_sent);
+		rdma_events(b, json, buf, cap, &len);
 	}
 	for (uint32_t i = 1, k = 0; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];

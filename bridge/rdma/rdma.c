@@ -154,6 +154,8 @@ static int rdma_open(const struct kvb_transport_params *p,
 		err = errno ? -errno : -ENOMEM;
 		goto err_chan;
 	}
+	/* device events (port down, QP errors) for kvb_rdma_async_service */
+	r->async_nb = fd_nonblock(r->ctx->async_fd) == 0;
 	r->node = rand64();
 	ibv_free_device_list(list);
 	*out = &r->base;
@@ -426,6 +428,8 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 		return -ENOTCONN;
 	if (!n)
 		return 0;
+	if (r->dev_dead || r->port_down) /* device events (async.c) */
+		return r->dev_dead ? -ENODEV : -ENETDOWN;
 	if (ep->nqp > 1)
 		for (i = 0; i < n; i++)
 			left += ops[i].len;

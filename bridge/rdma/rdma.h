@@ -95,4 +95,34 @@ uint64_t kvb_rdma_post_ns(struct kvb_transport *t);
 int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 			uint64_t offset);
 
+/*
+ * The device's asynchronous events (async.c). kvb_rdma_async_fd() is the
+ * context's async fd, non-blocking, readable when events are pending (-1:
+ * it could not be made non-blocking; then events are not read).
+ * kvb_rdma_async_service() reads and acks up to 64 pending events and
+ * returns how many: our port going down makes post() refuse chains with
+ * -ENETDOWN until PORT_ACTIVE, DEVICE_FATAL with -ENODEV for good; QP and
+ * CQ errors are counted. Each event worth a line goes to `log` (may be
+ * NULL) with a KVB_RDMA_LOG_* level. Same thread as post()/poll().
+ */
+enum { KVB_RDMA_LOG_INFO, KVB_RDMA_LOG_WARN, KVB_RDMA_LOG_ERR };
+typedef void (*kvb_rdma_log_fn)(void *arg, int level, const char *line);
+
+struct kvb_rdma_async_stats {
+	uint64_t events;      /* every event read */
+	uint64_t port_errors; /* PORT_ERR of our port */
+	uint64_t port_active; /* PORT_ACTIVE of our port */
+	uint64_t qp_errors;   /* QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, ... */
+	uint64_t cq_errors;   /* CQ_ERR (overrun) */
+	uint64_t device_fatal;
+	int port_down;	 /* now: a PORT_ERR not followed by PORT_ACTIVE */
+	int device_dead; /* DEVICE_FATAL came */
+};
+
+int kvb_rdma_async_fd(struct kvb_transport *t);
+int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
+			   void *arg);
+void kvb_rdma_async_get_stats(struct kvb_transport *t,
+			      struct kvb_rdma_async_stats *out);
+
 #endif /* KVB_BRIDGE_RDMA_RDMA_H */

@@ -5,7 +5,8 @@
 # rxe-runner.sh), real RC queue pairs between them, P workers on broker A and
 # D workers on broker B (tests/xnode/xnode_worker: every byte checked at D).
 #
-#   broker-pair.sh BUILD_DIR CASE     CASE: write | read | wcerr | gpu_write
+#   broker-pair.sh BUILD_DIR CASE
+#   CASE: write | read | wcerr | gpu_write | port_events
 #
 # wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
 # old region fail with a remote access error, exactly the transfers that hit
@@ -14,6 +15,9 @@
 # gpu_write: the KV regions on both sides are GPU memory of the host gpu
 # backend (kvb_mem_register_gpu; memfd "device memory"): the brokers import
 # them and register them with the NIC (no dmabuf there: by address).
+# port_events: the interface under rxe0 goes down and up between two good
+# runs: both brokers read the device's PORT_ERR and PORT_ACTIVE events,
+# log them and show the port's state in `kvbctl stats`.
 # Exits 77 without an RDMA device or without root.
 set -u
 BUILD=${1:?build dir}
@@ -109,6 +113,28 @@ gpu_write)
 		awk -F: '{s += $2} END {print s}')
 	[ "$n" -ge 32 ] || fail "$n GPU regions registered with the NIC, expected 32"
 	;;
+port_events)
+	run write 1 1 --layers 4 --xfers 2 --conc 2 --prefix before ||
+		fail "WRITE before the port went down"
+	dev=$(ip -o -4 addr show | awk -v ip="$IP" 'index($4, ip "/") == 1 {print $2; exit}')
+	[ -n "$dev" ] || fail "no interface holds $IP"
+	port_state() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["remote"]["rdma_device"]["port"])' "$(stats "$1")"; }
+	wait_log() { # what: until both brokers logged it (20 s)
+		for _ in $(seq 200); do
+			grep -q "$1" "$T/broker-a.log" && grep -q "$1" "$T/broker-b.log" && return 0
+			sleep 0.1
+		done
+		fail "the brokers did not both log '$1'"
+	}
+	ip link set "$dev" down || fail "ip link set $dev down"
+	wait_log "rdma: port 1 down"
+	[ "$(port_state a)" = down ] || fail "A's stats: port $(port_state a), not down"
+	ip link set "$dev" up || fail "ip link set $dev up"
+	wait_log "rdma: port 1 active again"
+	[ "$(port_state a)" = active ] || fail "A's stats: port $(port_state a), not active"
+	run write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after ||
+		fail "WRITE after the port came back"
+	;;
 bench)
 	# not a test: 8 P workers x 32 layers through one broker pair
 	run write 8 8 --layers 32 --xfers ${PAIR_XFERS:-4} --conc 2 \
@@ -134,8 +160,8 @@ d = json.loads(sys.argv[1])
 t = [t for t in d["per_transport"] if t["name"] == "rdma"]
 sys.exit(0 if t and (t[0]["doorbells"] == 0 or t[0]["post_ns"] > 0) else 1)
 PY
-KVB_SOCKET="$T/a.sock" "$KVBCTL" stats | grep -E "^peer|^  qp|^wr_per_doorbell|^doorbells|^wrs"
-grep -h "rdma queue pairs ready\|refused" "$T"/broker-*.log | head -n 12
+KVB_SOCKET="$T/a.sock" "$KVBCTL" stats | grep -E "^peer|^  qp|^wr_per_doorbell|^doorbells|^wrs|^rdma port"
+grep -h "rdma queue pairs ready\|refused\|rdma: port" "$T"/broker-*.log | grep -v "GPU regions will be refused" | head -n 12
 kill -TERM "$BPID_a" "$BPID_b"
 wait "$BPID_a" || fail "broker a exit status"
 echo "PASS: rdma $CASE"

@@ -20,13 +20,19 @@
  *    close(), its ops still complete once each, and no answer or re-offer
  *    of the peer finds it again;
  *  - several QPs per peer: a large chain spread over them by bytes in
- *    flight, a small one whole on one QP.
+ *    flight, a small one whole on one QP;
+ *  - device events (ibv_get_async_event, fed by the test): our port down
+ *    makes post() refuse with -ENETDOWN until it is active again, while
+ *    ops in flight still complete; another port's event changes nothing;
+ *    a QP error is counted and names the QP; DEVICE_FATAL is -ENODEV for
+ *    good; every event read is acked, at most 64 per call.
  */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,6 +201,48 @@ static int mock_notify(struct ibv_cq *cq, int solicited)
 	return 0;
 }
 
+/* device events: a queue the test feeds, read by ibv_get_async_event */
+static struct ibv_async_event aev[128];
+static int naev, aev_head, aev_acked, aev_reads;
+static char last_log[3][256]; /* by level */
+
+int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+	assert_ptr_equal(ctx, &mctx);
+	aev_reads++;
+	if (aev_head == naev) {
+		errno = EAGAIN; /* the fd is non-blocking */
+		return -1;
+	}
+	*ev = aev[aev_head++];
+	return 0;
+}
+
+void ibv_ack_async_event(struct ibv_async_event *ev)
+{
+	(void) ev;
+	aev_acked++;
+}
+
+static void queue_event(enum ibv_event_type type, int port, struct ibv_qp *qp)
+{
+	assert_true(naev < 128);
+	memset(&aev[naev], 0, sizeof(aev[naev]));
+	aev[naev].event_type = type;
+	if (qp)
+		aev[naev].element.qp = qp;
+	else
+		aev[naev].element.port_num = port;
+	naev++;
+}
+
+static void log_line(void *arg, int level, const char *line)
+{
+	(void) arg;
+	assert_true(level >= KVB_RDMA_LOG_INFO && level <= KVB_RDMA_LOG_ERR);
+	snprintf(last_log[level], sizeof(last_log[level]), "%s", line);
+}
+
 static struct kvb_rdma *r;
 static struct kvb_transport *t;
 static char lbuf[1 << 16];
@@ -224,6 +272,10 @@ static int setup(void **state)
 	r->p.qp_per_peer = 2;
 	r->p.ib_port = 1;
 	r->dev.max_qp_rd_atom = 16;
+	r->ctx = &mctx;
+	r->async_nb = 1;
+	naev = aev_head = aev_acked = aev_reads = 0;
+	memset(last_log, 0, sizeof(last_log));
 	mr.lkey = 7;
 	return 0;
 }
@@ -285,6 +337,83 @@ static unsigned drain(int32_t *st, unsigned *seen)
 		total += (unsigned) n;
 	}
 	return total;
+}
+
+static void test_device_events(void **state)
+{
+	struct kvb_rdma_async_stats s;
+	struct kvb_ep *ep;
+	struct kvb_xop op = {.opcode = KVB_XOP_WRITE,
+			     .local = &mr,
+			     .len = 64,
+			     .remote = {.addr = 0x100000, .rkey = 9},
+			     .cookie = 0x20};
+	int32_t st[256];
+	unsigned seen[256] = {0};
+	char want[64];
+
+	(void) state;
+	ep = ready_ep();
+	post_n(ep, 1, 0x10); /* in flight when the port goes down */
+	queue_event(IBV_EVENT_PORT_ERR, 2, NULL); /* not our port */
+	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_int_equal(t->ops->post(t, ep, &op, 1), 1);
+
+	queue_event(IBV_EVENT_PORT_ERR, 1, NULL);
+	queue_event(IBV_EVENT_QP_FATAL, 0, ep->qp[1].qp);
+	queue_event(IBV_EVENT_COMM_EST, 0, ep->qp[0].qp);
+	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 3);
+	assert_int_equal(aev_acked, 4);
+	assert_non_null(strstr(last_log[KVB_RDMA_LOG_WARN], "QP "));
+	snprintf(want, sizeof(want), "QP %u:", ep->qp[1].qp->qp_num);
+	assert_non_null(strstr(last_log[KVB_RDMA_LOG_WARN], want));
+	op.cookie = 0x21;
+	assert_int_equal(t->ops->post(t, ep, &op, 1), -ENETDOWN);
+	/* what was in flight still completes, once */
+	cq_push(0, IBV_WC_SUCCESS);
+	cq_push(1, IBV_WC_SUCCESS);
+	assert_int_equal(drain(st, seen), 2);
+	assert_int_equal(seen[0x10], 1);
+	assert_int_equal(st[0x10], 0);
+	assert_int_equal(seen[0x20], 1);
+	kvb_rdma_async_get_stats(t, &s);
+	assert_int_equal(s.events, 4);
+	assert_int_equal(s.port_errors, 1);
+	assert_int_equal(s.qp_errors, 1);
+	assert_true(s.port_down);
+	assert_false(s.device_dead);
+
+	queue_event(IBV_EVENT_PORT_ACTIVE, 1, NULL);
+	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_non_null(strstr(last_log[KVB_RDMA_LOG_INFO], "active again"));
+	assert_int_equal(t->ops->post(t, ep, &op, 1), 1);
+	kvb_rdma_async_get_stats(t, &s);
+	assert_false(s.port_down);
+	assert_int_equal(s.port_active, 1);
+
+	queue_event(IBV_EVENT_DEVICE_FATAL, 0, NULL);
+	queue_event(IBV_EVENT_PORT_ACTIVE, 1, NULL);
+	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 2);
+	op.cookie = 0x22;
+	assert_int_equal(t->ops->post(t, ep, &op, 1), -ENODEV);
+	kvb_rdma_async_get_stats(t, &s);
+	assert_true(s.device_dead);
+
+	/* at most 64 a call; every one read is acked */
+	for (int i = 0; i < 100; i++)
+		queue_event(IBV_EVENT_SQ_DRAINED, 0, ep->qp[0].qp);
+	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 64);
+	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 36);
+	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 0);
+	assert_int_equal(aev_acked, naev);
+
+	/* a blocking fd is never read from the loop */
+	r->async_nb = 0;
+	aev_reads = 0;
+	queue_event(IBV_EVENT_PORT_ERR, 1, NULL);
+	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 0);
+	assert_int_equal(aev_reads, 0);
+	assert_int_equal(kvb_rdma_async_fd(t), -1);
 }
 
 static void test_error_and_success_in_one_batch(void **state)
@@ -594,6 +723,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_spread_over_qps,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_device_events, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_reset_without_new_qps,
 						setup, teardown),
 	};

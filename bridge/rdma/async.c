@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The device's asynchronous events (ibv_get_async_event): port down and up,
+ * a QP or the CQ in error, the device lost. The context's async fd is made
+ * non-blocking at open(); the caller polls it (kvb_rdma_async_fd) and calls
+ * kvb_rdma_async_service() when it turns readable.
+ *
+ * What they change: while our port is down (PORT_ERR until PORT_ACTIVE),
+ * and for good after DEVICE_FATAL, post() refuses chains with -ENETDOWN /
+ * -ENODEV at once instead of leaving them to the retry timer. Ops already
+ * posted end by their own work completions, as before. QP and CQ errors
+ * are logged and counted; a QP's error reaches its ops as work completions
+ * (flushes), which reset its endpoint (ep.c).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "rdma/rdma_priv.h"
+
+static void say(kvb_rdma_log_fn log, void *arg, int level, const char *fmt, ...)
+{
+	char line[256];
+	va_list ap;
+
+	if (!log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	log(arg, level, line);
+}
+
+/* Our QP number of an event's QP, or 0 when it is not one of ours. */
+static uint32_t our_qpn(const struct kvb_rdma *r, const struct ibv_qp *qp)
+{
+	for (unsigned i = 0; qp && i < KVB_RDMA_MAX_SLOTS; i++)
+		if (r->slots[i] && r->slots[i]->qp == qp)
+			return qp->qp_num;
+	return 0;
+}
+
+static void handle(struct kvb_rdma *r, const struct ibv_async_event *ev,
+		   kvb_rdma_log_fn log, void *arg)
+{
+	struct kvb_rdma_async_stats *s = &r->async;
+	const char *name = ibv_event_type_str(ev->event_type);
+	uint32_t qpn;
+
+	s->events++;
+	switch (ev->event_type) {
+	case IBV_EVENT_PORT_ERR:
+		if (ev->element.port_num != r->p.ib_port)
+			break;
+		s->port_errors++;
+		if (!r->port_down)
+			say(log, arg, KVB_RDMA_LOG_WARN,
+			    "rdma: port %d down (%s): new chains fail with "
+			    "-ENETDOWN until it is active again",
+			    r->p.ib_port, name);
+		r->port_down = 1;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+		if (ev->element.port_num != r->p.ib_port)
+			break;
+		s->port_active++;
+		if (r->port_down)
+			say(log, arg, KVB_RDMA_LOG_INFO,
+			    "rdma: port %d active again", r->p.ib_port);
+		r->port_down = 0;
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_PATH_MIG_ERR:
+		s->qp_errors++;
+		qpn = our_qpn(r, ev->element.qp);
+		say(log, arg, KVB_RDMA_LOG_WARN,
+		    "rdma: QP %u: %s (its ops complete with errors; the "
+		    "endpoint resets)",
+		    qpn, name);
+		break;
+	case IBV_EVENT_CQ_ERR:
+		s->cq_errors++;
+		say(log, arg, KVB_RDMA_LOG_ERR,
+		    "rdma: %s: completions may be lost; their transfers "
+		    "end at their timeouts",
+		    name);
+		break;
+	case IBV_EVENT_DEVICE_FATAL:
+		s->device_fatal++;
+		r->dev_dead = 1;
+		say(log, arg, KVB_RDMA_LOG_ERR,
+		    "rdma: %s: new chains fail with -ENODEV; restart the "
+		    "broker once the device is back",
+		    name);
+		break;
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+	case IBV_EVENT_PATH_MIG:
+		break; /* about a QP's normal life: counted only */
+	default:
+		say(log, arg, KVB_RDMA_LOG_INFO, "rdma: device event: %s",
+		    name);
+		break;
+	}
+}
+
+int kvb_rdma_async_fd(struct kvb_transport *t)
+{
+	struct kvb_rdma *r = to_rdma(t);
+
+	return r->async_nb ? r->ctx->async_fd : -1;
+}
+
+int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
+			   void *arg)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	struct ibv_async_event ev;
+	int n = 0;
+
+	if (!r->async_nb)
+		return 0; /* a blocking fd: never read it from the loop */
+	/* bounded: a device flooding events does not hold the loop */
+	while (n < 64 && ibv_get_async_event(r->ctx, &ev) == 0) {
+		handle(r, &ev, log, arg);
+		ibv_ack_async_event(&ev);
+		n++;
+	}
+	return n;
+}
+
+void kvb_rdma_async_get_stats(struct kvb_transport *t,
+			      struct kvb_rdma_async_stats *out)
+{
+	struct kvb_rdma *r = to_rdma(t);
+
+	*out = r->async;
+	out->port_down = r->port_down;
+	out->device_dead = r->dev_dead;
+}
