@@ -144,6 +144,14 @@ int kvb_engine_init(struct kvb_broker *b);
 void kvb_engine_fini(struct kvb_broker *b);
 /* One drain + flush + poll round; returns work done (0 = idle). */
 unsigned kvb_engine_round(struct kvb_broker *b);
+/*
+ * Process what worker w's submission ring holds now (not what it adds
+ * meanwhile), before one of its control requests that changes what those
+ * descriptors name (MEM_DEREG): they were submitted first. Stops early
+ * when the in-flight table stays full or w's completions back up; returns
+ * how many of them are left in the ring (0: all taken).
+ */
+uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w);
 /* Deadlines; called every few ms. */
 void kvb_engine_timers(struct kvb_broker *b, int64_t now);
 /* Queue a completion to a worker (ring or overflow). */

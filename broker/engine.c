@@ -639,6 +639,35 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	return work;
 }
 
+uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
+{
+	struct kvb_sqe sqe[KVB_BURST_MAX];
+	uint32_t left = kvb_ring_count(&w->seg.sq);
+
+	while (left) {
+		uint32_t n = left < KVB_BURST_MAX ? left : KVB_BURST_MAX;
+
+		if (w->ovf_len)
+			flush_overflow(w);
+		if (w->ovf_len)
+			break;		/* its completions back up: not now */
+		if (b->inf_nfree < n) { /* make room: post, take completions */
+			if (b->ndirty)
+				flush(b);
+			reap(b);
+			if (b->inf_nfree < n)
+				break;
+		}
+		n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, n);
+		if (!n)
+			break;
+		for (uint32_t i = 0; i < n; i++)
+			process_sqe(b, w, &sqe[i]);
+		left -= n;
+	}
+	return left;
+}
+
 void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 {
 	kvb_remote_timers(b, now);

@@ -521,6 +521,17 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		r = kvb_region_get(&b->regions, m.dereg.region);
 		rc = -ENOENT;
 		if (r && !r->dead && r->owner == w->id) {
+			/* descriptors the worker published before asking
+			 * still complete: take them while the region lives */
+			uint32_t left = kvb_engine_drain_worker(b, w);
+
+			if (left)
+				log_warn(
+					"worker %u: region %#x freed with %u "
+					"descriptor(s) still in its ring (the "
+					"broker is saturated): those naming it "
+					"are refused",
+					w->id, r->mr.id, left);
 			kvb_region_kill(b, r);
 			rc = 0;
 		}

@@ -132,7 +132,12 @@ int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
 
 /*
  * Free a region (allocated or registered). Descriptors already submitted
- * against it still complete. Returns 0, -ENOENT, -EPIPE. Thread-safe.
+ * against it still complete: those this context submitted before the call
+ * (the broker takes its ring's entries before freeing; only when it is
+ * saturated, its in-flight table full or this context's completions not
+ * reaped, are some left, and then those naming the region fail with
+ * -EINVAL, logged) and those of other workers the broker already took.
+ * Returns 0, -ENOENT, -EPIPE. Thread-safe.
  */
 int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r);
 
