@@ -205,6 +205,9 @@ int kvb_remote_init(struct kvb_broker *b);
 void kvb_remote_fini(struct kvb_broker *b);
 /* Drain notify, handshake and peer sockets; bounded. */
 void kvb_remote_service(struct kvb_broker *b);
+/* Issue the layer ops that waited for in-flight room, if there is room
+ * now (cheap when none waits). */
+void kvb_remote_retry_starved(struct kvb_broker *b);
 /* Read the rdma device's events (port down / up, QP errors): logged,
  * counted; while the port is down rdma chains fail with -ENETDOWN. */
 void kvb_remote_rdma_events(struct kvb_broker *b);

@@ -635,6 +635,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	if (b->ndirty)
 		work += flush(b);
 	work += reap(b);
+	kvb_remote_retry_starved(b);
 	kvb_wake_workers(b);
 	return work;
 }

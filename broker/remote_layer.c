@@ -199,6 +199,89 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 		       uint16_t layer, uint64_t tag, uint8_t flags);
 
+/*
+ * Which part of the P rank's heads this (worker, remote rank) pair moves
+ * when the two hold different heads per worker (heterogeneous TP with the
+ * KV heads split across ranks): only where D has m = D_TP / P_TP times the
+ * ranks and a P rank holds m times a D rank's heads; D rank d then holds
+ * slice d % m of P rank d / m. Equal heads: slice 0. Returns 0 or -EINVAL.
+ */
+static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
+		      uint32_t target, const struct kvb_kv_geom *mine,
+		      const struct kvb_kv_geom *theirs, uint32_t *slice)
+{
+	int is_p = rx->role == KVB_ROLE_P;
+	uint32_t p_tp = is_p ? w->tp_size : rx->target_tp;
+	uint32_t d_tp = is_p ? rx->target_tp : w->tp_size;
+	uint32_t d_rank = is_p ? target : w->tp_rank;
+	uint32_t p_heads = is_p ? mine->num_heads : theirs->num_heads;
+	uint32_t d_heads = is_p ? theirs->num_heads : mine->num_heads;
+	uint32_t m;
+
+	*slice = 0;
+	if (mine->num_heads == theirs->num_heads)
+		return 0;
+	if (!p_tp || d_tp <= p_tp || d_tp % p_tp)
+		return -EINVAL;
+	m = d_tp / p_tp;
+	if ((uint64_t) d_heads * m != p_heads)
+		return -EINVAL;
+	*slice = d_rank % m;
+	return 0;
+}
+
+/* The most in-flight entries a layer op can make: K and V of each block
+ * for each target rank, and one per token of those where the heads are
+ * split (merged runs make fewer). */
+static uint64_t layer_entries_max(const struct kvb_peer *p,
+				  const struct kvb_rxfer *rx,
+				  const struct kvb_region_ent *r,
+				  uint16_t layer)
+{
+	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
+	uint64_t need = 0;
+
+	for (uint32_t t = 0; t < rx->ntargets; t++) {
+		const struct kvb_hs_worker *hw = desc_worker(
+			&p->desc, role, rx->remote_dp, rx->targets[t]);
+		const struct kvb_hs_region *hr =
+			hw ? desc_layer(hw, layer) : NULL;
+		uint64_t rows = hr && hr->geom.num_heads != r->geom.num_heads
+					? r->geom.block_size
+					: 1;
+
+		need += 2 * (uint64_t) rx->nlb * rows;
+	}
+	return need;
+}
+
+void kvb_remote_retry_starved(struct kvb_broker *b)
+{
+	struct kvb_xnode *rm = b->rm;
+	uint32_t seen = 0;
+
+	if (!rm || !rm->nstarved || b->inf_nfree < rm->starved_need)
+		return;
+	rm->starved_need = 0; /* set again by what still does not fit */
+	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
+		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+
+		if (x->rx && x->rx->starved) {
+			seen++;
+			x->rx->starved = 0;
+			if (rm->nstarved)
+				rm->nstarved--;
+			issue_deferred(b, x);
+		}
+		if (i > b->xfers.nactive)
+			i = b->xfers.nactive;
+	}
+	if (!seen) /* they all ended */
+		rm->nstarved = 0;
+	if (!rm->nstarved)
+		rm->starved_need = 0;
+}
+
 static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			uint16_t layer, uint64_t tag, uint8_t flags)
 {
@@ -208,7 +291,9 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	struct kvb_peer *p = peer_get(rm, rx->peer);
 	struct kvb_region_ent *r = NULL;
 	struct kvb_kv_xfer *ents = NULL;
-	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi;
+	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi, slice;
+	uint64_t need;
+	size_t ncap;
 	unsigned ts;
 	struct kvb_group *g;
 	int rc;
@@ -270,6 +355,30 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		}
 		break;
 	}
+	/* room for every entry it can make, or wait for it (a layer op
+	 * never goes out in part: it would fail for want of room) */
+	need = layer_entries_max(p, rx, r, layer);
+	if (need >= KVB_INFLIGHT_MAX) {
+		fail_layer(b, x, tag, -ENOBUFS,
+			   "more entries than the broker's in-flight table "
+			   "holds (65,536): fewer blocks per layer op",
+			   layer);
+		return;
+	}
+	if (need > b->inf_nfree) {
+		if (defer_layer(b, rx, layer, tag, flags) < 0) {
+			fail_layer(b, x, tag, -ENOMEM, "out of memory", layer);
+			return;
+		}
+		rm->st.layers_starved++;
+		if (!rx->starved) {
+			rx->starved = 1;
+			rm->nstarved++;
+		}
+		if (!rm->starved_need || need < rm->starved_need)
+			rm->starved_need = need;
+		return;
+	}
 	gi = group_alloc(rm);
 	if (!gi) {
 		fail_layer(b, x, tag, -ENOBUFS, "too many layer ops in flight",
@@ -284,8 +393,9 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	g->peer = rx->peer;
 	g->tag = tag;
 	g->flags = flags;
-	g->remaining = 1; /* held while building */
-	ents = malloc(2 * (size_t) rx->nlb * sizeof(*ents));
+	g->remaining = 1;	     /* held while building */
+	ncap = 2 * (size_t) rx->nlb; /* K and V of each block, at most */
+	ents = malloc(ncap * sizeof(*ents));
 	if (!ents) {
 		g->err = -ENOMEM;
 		goto out;
@@ -309,8 +419,38 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 				g->err = -ENOENT;
 			continue;
 		}
-		n = kvb_kv_build_xfers(&r->geom, &hr->geom, rx->lb, rx->rb,
-				       rx->nlb, ents, 2 * rx->nlb);
+		if (head_slice(w, rx, rx->targets[t], &r->geom, &hr->geom,
+			       &slice)) {
+			log_warn("transfer '%s' layer %u: %u heads here, %u "
+				 "at the peer's rank %u: a head split needs "
+				 "more D ranks than P ranks, each holding "
+				 "its share of a P rank's heads",
+				 x->id, layer, r->geom.num_heads,
+				 hr->geom.num_heads, rx->targets[t]);
+			if (!g->err)
+				g->err = -EINVAL;
+			continue;
+		}
+		if (r->geom.num_heads != hr->geom.num_heads &&
+		    ncap < 2 * (size_t) rx->nlb * r->geom.block_size) {
+			/* a head split: one entry per token of each block */
+			size_t want = 2 * (size_t) rx->nlb * r->geom.block_size;
+			struct kvb_kv_xfer *bigger =
+				want <= UINT32_MAX
+					? realloc(ents, want * sizeof(*ents))
+					: NULL;
+
+			if (!bigger) {
+				if (!g->err)
+					g->err = -ENOMEM;
+				break;
+			}
+			ents = bigger;
+			ncap = want;
+		}
+		n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb,
+					     rx->rb, rx->nlb, ents,
+					     (uint32_t) ncap);
 		if (n < 0) {
 			log_warn("transfer '%s' layer %u: block list refused: "
 				 "%s",

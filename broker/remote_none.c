@@ -36,6 +36,10 @@ void kvb_remote_rdma_events(struct kvb_broker *b)
 {
 }
 
+void kvb_remote_retry_starved(struct kvb_broker *b)
+{
+}
+
 void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 {
 }

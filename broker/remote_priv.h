@@ -90,9 +90,10 @@ struct kvb_rxfer {
 	uint8_t have_rblocks, announced, refreshed;
 	uint8_t unopened; /* created by a message, counted in rm->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
-	uint32_t remote_dp;    /* P/WRITE: decode_rank; D: the P DP rank */
-	uint32_t *lb, nlb;     /* this worker's block ids */
-	uint32_t *rb, nrb;     /* the other side's */
+	uint8_t starved; /* layers deferred for in-flight room (see nstarved) */
+	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;  /* this worker's block ids */
+	uint32_t *rb, nrb;  /* the other side's */
 	uint32_t acks_needed, acks_got;
 	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
 	struct deferred *def;
@@ -124,7 +125,8 @@ struct kvb_xnode {
 		uint64_t remote_blocks_sent, write_done_sent, releases_sent;
 		uint64_t write_done_rx, releases_rx, remote_blocks_rx;
 		uint64_t write_failed_sent, write_failed_rx;
-		uint64_t send_errors;	     /* sends with no notify endpoint */
+		uint64_t layers_starved; /* deferred: in-flight table short */
+		uint64_t send_errors;	 /* sends with no notify endpoint */
 		uint64_t send_errors_closed; /* of closed notify endpoints */
 		uint64_t rejected; /* by the state machine (also in notify's) */
 		uint64_t hs_bad_replies; /* malformed replies on our DEALERs */
@@ -132,7 +134,11 @@ struct kvb_xnode {
 		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
 		uint64_t unopened_evicted; /* oldest unopened, for new ones */
 	} st;
-	uint32_t nunopened;    /* kvb_rxfer.unopened ones */
+	uint32_t nunopened; /* kvb_rxfer.unopened ones */
+	/* transfers whose deferred layers wait for in-flight room, and the
+	 * least room one of them needs (retried once that much is free) */
+	uint32_t nstarved;
+	uint64_t starved_need;
 	uint64_t unopened_ids; /* block ids they hold */
 	/* unopened transfers in creation order (handle, worker); entries
 	 * opened or ended since are skipped: the oldest goes first when the

@@ -192,6 +192,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
 		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
 		    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
+		    "\"layers_starved\":%llu,"
 		    "\"handshake_replies_rejected\":%llu,"
 		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
 		    "\"peers_reclaimed\":%llu,",
@@ -212,6 +213,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.releases_rx,
 		    (unsigned long long) rm->st.write_failed_sent,
 		    (unsigned long long) rm->st.write_failed_rx,
+		    (unsigned long long) rm->st.layers_starved,
 		    (unsigned long long) rm->st.hs_bad_replies,
 		    (unsigned long long) rm->st.logs_suppressed,
 		    (unsigned long long) rm->st.unopened_evicted,

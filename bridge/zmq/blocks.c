@@ -83,10 +83,19 @@ static int xfer_add(struct kvb_kv_xfer *out, uint32_t *cnt, uint32_t max_out,
 	return 0;
 }
 
+/* How one block moves: whole (equal heads), or one piece per token: the
+ * smaller side's heads, at slice * piece in the larger side's rows. */
+struct xfer_shape {
+	uint32_t rows;		 /* 1 (whole block) or block_size */
+	uint64_t len;		 /* bytes per entry */
+	uint64_t lrow, rrow;	 /* row strides (per token) */
+	uint64_t lextra, rextra; /* the slice's offset in a row */
+};
+
 static int xfer_one(const struct kvb_kv_geom *local,
 		    const struct kvb_kv_geom *remote, uint32_t lb, uint32_t rb,
-		    int v, uint64_t len, struct kvb_kv_xfer *out, uint32_t *cnt,
-		    uint32_t max_out)
+		    int v, const struct xfer_shape *s, struct kvb_kv_xfer *out,
+		    uint32_t *cnt, uint32_t max_out)
 {
 	uint64_t loff, roff;
 	int ret;
@@ -97,7 +106,47 @@ static int xfer_one(const struct kvb_kv_geom *local,
 	ret = kvb_kv_block_off(remote, rb, v, &roff);
 	if (ret)
 		return ret;
-	return xfer_add(out, cnt, max_out, loff, roff, len);
+	for (uint32_t t = 0; t < s->rows; t++) {
+		ret = xfer_add(out, cnt, max_out,
+			       loff + t * s->lrow + s->lextra,
+			       roff + t * s->rrow + s->rextra, s->len);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* The shape of a (local, remote, slice) pair, or -EINVAL. */
+static int xfer_shape(const struct kvb_kv_geom *local,
+		      const struct kvb_kv_geom *remote, uint32_t slice,
+		      struct xfer_shape *s)
+{
+	uint32_t hl = local->num_heads, hr = remote->num_heads;
+	uint32_t h = hl < hr ? hl : hr, big = hl < hr ? hr : hl;
+	uint64_t unit = (uint64_t) local->head_dim * local->elem_size;
+
+	if (hl == hr) {
+		if (slice ||
+		    kvb_kv_block_len(local) != kvb_kv_block_len(remote))
+			return -EINVAL;
+		*s = (struct xfer_shape){.rows = 1,
+					 .len = kvb_kv_block_len(local)};
+		return 0;
+	}
+	if (local->block_size != remote->block_size ||
+	    local->head_dim != remote->head_dim ||
+	    local->elem_size != remote->elem_size || big % h ||
+	    slice >= big / h)
+		return -EINVAL;
+	*s = (struct xfer_shape){
+		.rows = local->block_size,
+		.len = h * unit,
+		.lrow = hl * unit,
+		.rrow = hr * unit,
+		.lextra = hl > hr ? slice * h * unit : 0,
+		.rextra = hr > hl ? slice * h * unit : 0,
+	};
+	return 0;
 }
 
 int kvb_kv_build_xfers(const struct kvb_kv_geom *local,
@@ -105,21 +154,30 @@ int kvb_kv_build_xfers(const struct kvb_kv_geom *local,
 		       const uint32_t *rb, uint32_t n, struct kvb_kv_xfer *out,
 		       uint32_t max_out)
 {
+	if (local->num_heads != remote->num_heads)
+		return -EINVAL; /* a head split: kvb_kv_build_xfers_split() */
+	return kvb_kv_build_xfers_split(local, remote, 0, lb, rb, n, out,
+					max_out);
+}
+
+int kvb_kv_build_xfers_split(const struct kvb_kv_geom *local,
+			     const struct kvb_kv_geom *remote, uint32_t slice,
+			     const uint32_t *lb, const uint32_t *rb, uint32_t n,
+			     struct kvb_kv_xfer *out, uint32_t max_out)
+{
+	struct xfer_shape s;
 	uint32_t cnt = 0, i;
-	uint64_t len;
 	int ret, v;
 
-	if (kvb_kv_geom_check(local) || kvb_kv_geom_check(remote) || n == 0)
-		return -EINVAL;
-	len = kvb_kv_block_len(local);
-	if (len != kvb_kv_block_len(remote))
+	if (kvb_kv_geom_check(local) || kvb_kv_geom_check(remote) || n == 0 ||
+	    xfer_shape(local, remote, slice, &s))
 		return -EINVAL;
 
 	if (local->layout == KVB_KV_LAYOUT_KV_FIRST) {
 		for (v = 0; v < 2; v++) {
 			for (i = 0; i < n; i++) {
 				ret = xfer_one(local, remote, lb[i], rb[i], v,
-					       len, out, &cnt, max_out);
+					       &s, out, &cnt, max_out);
 				if (ret)
 					return ret;
 			}
@@ -128,7 +186,7 @@ int kvb_kv_build_xfers(const struct kvb_kv_geom *local,
 		for (i = 0; i < n; i++) {
 			for (v = 0; v < 2; v++) {
 				ret = xfer_one(local, remote, lb[i], rb[i], v,
-					       len, out, &cnt, max_out);
+					       &s, out, &cnt, max_out);
 				if (ret)
 					return ret;
 			}

@@ -67,9 +67,9 @@ int kvb_kv_block_off(const struct kvb_kv_geom *g, uint32_t b, int v,
  * byte-contiguous) is merged into it. Sorting the ids first gives the longest
  * runs; this function does not reorder.
  *
- * Both sides must have the same block_len (same heads per worker: a
- * heterogeneous-TP head split is not a contiguous copy). out holds max_out
- * entries; 2 * n always suffices.
+ * Both sides must have the same block_len (same heads per worker; a
+ * heterogeneous-TP head split: kvb_kv_build_xfers_split()). out holds
+ * max_out entries; 2 * n always suffices.
  *
  * Returns the number of entries, -EINVAL (bad geometry, block_len mismatch,
  * n == 0), -ERANGE (a block id outside its side's num_blocks) or -ENOSPC
@@ -79,6 +79,23 @@ int kvb_kv_build_xfers(const struct kvb_kv_geom *local,
 		       const struct kvb_kv_geom *remote, const uint32_t *lb,
 		       const uint32_t *rb, uint32_t n, struct kvb_kv_xfer *out,
 		       uint32_t max_out);
+
+/*
+ * The same where the two sides hold different heads per worker (a
+ * heterogeneous-TP head split): the side with more heads holds a multiple
+ * m of the other's h, and this pair moves its heads [slice*h, (slice+1)*h)
+ * (slice < m) to or from all of the other side's. Block size, head dim
+ * and element size must match. Each token of each block is one entry of
+ * h * head_dim * elem_size bytes (the layouts put a token's heads side by
+ * side), K and V, in the order above; out needs 2 * n * block_size.
+ * Equal heads: slice must be 0, and this is kvb_kv_build_xfers().
+ * Returns as kvb_kv_build_xfers(); -EINVAL also for a slice out of range
+ * or heads that are not multiples.
+ */
+int kvb_kv_build_xfers_split(const struct kvb_kv_geom *local,
+			     const struct kvb_kv_geom *remote, uint32_t slice,
+			     const uint32_t *lb, const uint32_t *rb, uint32_t n,
+			     struct kvb_kv_xfer *out, uint32_t max_out);
 
 /* The two port-offset formulas found in released vLLM. */
 enum kvb_port_formula {

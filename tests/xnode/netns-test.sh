@@ -8,7 +8,7 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | late_rank | read | read_hetero | read_narrow |
+# CASE: write | write_hetero | write_split | read_split | late_rank | read | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
 #       flood | gpu_tcp | bench (not a test: measurements, by hand;
 #       docs/tcp.md)
@@ -105,14 +105,14 @@ run_pair() {
 	for ((r = 0; r < ptp; r++)); do
 		ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
 			--peer 192.0.2.2:6301 --mode "$mode" --tp $r --tp-size "$ptp" \
-			--peer-tp-size "$dtp" --barrier "$T/bar" "$@" \
+			--peer-tp-size "$dtp" --barrier "$T/bar" "$@" ${P_ARGS:-} \
 			>>"$T/worker-P$r.log" 2>&1 &
 		wp+=($!)
 	done
 	for ((r = 0; r < dtp; r++)); do
 		ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
 			--peer 192.0.2.1:6301 --mode "$mode" --tp $r --tp-size "$dtp" \
-			--peer-tp-size "$ptp" --barrier "$T/bar" "$@" \
+			--peer-tp-size "$ptp" --barrier "$T/bar" "$@" ${D_ARGS:-} \
 			$([ "$r" = 1 ] && [ -n "${D1_ARGS:-}" ] && echo "$D1_ARGS") \
 			>>"$T/worker-D$r.log" 2>&1 &
 		wp+=($!)
@@ -145,6 +145,29 @@ start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
 case "$CASE" in
 write) run_pair write 2 2 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP2" ;;
 write_hetero) run_pair write 2 4 --layers 32 --xfers 8 --conc 4 || fail "WRITE TP2->TP4" ;;
+write_split)
+	# GQA heads split across ranks: a P rank holds 4 heads, a D rank 2
+	# (D TP 4 = 2 x P TP 2): D rank d gets heads 2(d%2)..2(d%2)+1 of each
+	# token of P rank d/2, one WR per token per block, K and V
+	P_ARGS="--heads 4" D_ARGS="--heads 2 --peer-heads 4" \
+		run_pair write 2 4 --layers 8 --xfers 6 --conc 3 ||
+		fail "WRITE TP2->TP4, heads split"
+	# (16 entries a block: layer ops may have waited for in-flight room)
+	echo "A: layer ops that waited for in-flight room: $(json_get "$(stats a)" remote.layers_starved)"
+	# different heads without more D ranks to split them over: P's layer
+	# ops are refused with a reason (EINVAL = 22), and D hears it
+	P_ARGS="--heads 3" D_ARGS="--heads 2" \
+		run_pair write 1 1 --layers 2 --xfers 1 --conc 1 --prefix uneven \
+		--expect-fail --fail-errno 22 ||
+		fail "an uneven head split was not refused"
+	grep -q "a head split needs more D ranks than P ranks" "$T/broker-a.log" ||
+		fail "A did not log why"
+	;;
+read_split)
+	P_ARGS="--heads 4" D_ARGS="--heads 2 --peer-heads 4" \
+		run_pair read 2 4 --layers 8 --xfers 6 --conc 3 ||
+		fail "READ TP4<-TP2, heads split"
+	;;
 late_rank)
 	# D rank 0 announces, P writes both D ranks and sends write_done to
 	# rank 1 before rank 1 has opened the transfers: kept until it does

@@ -38,6 +38,7 @@ static struct {
 	const char *socket, *peer_host, *barrier, *prefix, *gpu;
 	int role, mode, dp, tp, tp_size, peer_tp_size, peer_dp;
 	unsigned layers, nblocks, per_xfer, xfers, conc, heads;
+	unsigned peer_heads; /* D: heads of a P rank (0 = as ours) */
 	int peer_port, expect_fail, timeout_s, layer_delay_ms, hold_s;
 	int plain_release;
 	int contig, no_verify;
@@ -271,6 +272,24 @@ static int fill_layer(struct kvb_region *r, unsigned l)
 		     : 0;
 }
 
+/*
+ * D: where byte b of a received block sits in its P rank's block. With a
+ * head split (--peer-heads: a P rank holds m times our heads, m = D TP / P
+ * TP) this rank holds slice tp % m of each token's heads.
+ */
+static uint64_t p_offset(uint64_t b)
+{
+	uint64_t row = (uint64_t) o.heads * HEAD_DIM * ELEM, prow;
+	unsigned m;
+
+	if (!o.peer_heads || o.peer_heads == o.heads)
+		return b;
+	prow = (uint64_t) o.peer_heads * HEAD_DIM * ELEM;
+	m = (unsigned) (o.tp_size / o.peer_tp_size);
+	return b / row * prow + (uint64_t) ((unsigned) o.tp % m) * row +
+	       b % row;
+}
+
 static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 		       const uint32_t *db, const uint32_t *pb)
 {
@@ -291,7 +310,8 @@ static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 				base + (kv * (uint64_t) o.nblocks + db[j]) * bl;
 
 			for (uint64_t b = 0; b < bl; b++)
-				if (p[b] != pattern(src, layer, pb[j], kv, b)) {
+				if (p[b] != pattern(src, layer, pb[j], kv,
+						    p_offset(b))) {
 					fprintf(stderr,
 						"xnode_worker D tp %d: "
 						"transfer "
@@ -302,7 +322,7 @@ static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 						kv ? 'V' : 'K',
 						(unsigned long long) b, p[b],
 						pattern(src, layer, pb[j], kv,
-							b));
+							p_offset(b)));
 					return -1;
 				}
 		}
@@ -321,6 +341,8 @@ static void usage(void)
 		"[--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S] [--gpu host|cuda|hip|auto]\n"
+		"  [--peer-heads N]  D: heads a P rank holds (a head split: N "
+		"= heads x D TP / P TP)\n"
 		"  [--notify-override HOST:PORT]  write_done/release go there\n"
 		"  [--expect-cancel LIST]  these transfer indexes must end "
 		"with\n"
@@ -378,6 +400,7 @@ static int parse(int argc, char **argv)
 					   {"plain-release", 0, 0, 'Q'},
 					   {"gpu", 1, 0, 'g'},
 					   {"fail-errno", 1, 0, 'f'},
+					   {"peer-heads", 1, 0, 'k'},
 					   {0, 0, 0, 0}};
 	int c;
 
@@ -510,6 +533,9 @@ static int parse(int argc, char **argv)
 		case 'f':
 			o.fail_errno = atoi(optarg);
 			break;
+		case 'k':
+			o.peer_heads = (unsigned) atoi(optarg);
+			break;
 		default:
 			return -1;
 		}
@@ -518,6 +544,9 @@ static int parse(int argc, char **argv)
 	    o.per_xfer == 0 || o.per_xfer * 3 > o.nblocks ||
 	    o.per_xfer > 4096 || o.heads == 0 || (o.gpu && o.swap_after))
 		return -1;
+	if (o.peer_heads && o.peer_heads != o.heads &&
+	    (o.tp_size <= o.peer_tp_size || o.tp_size % o.peer_tp_size))
+		return -1; /* a head split only with more D ranks than P */
 	return 0;
 }
 

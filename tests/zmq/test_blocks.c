@@ -176,6 +176,78 @@ static void test_xfers_errors(void **state)
 			 -EINVAL);
 }
 
+/* A head split: the local side holds 4 heads, the remote 1 (or the other
+ * way round); slice k moves head k; one entry per token, K and V. */
+static void test_xfers_head_split(void **state)
+{
+	struct kvb_kv_geom big = g_kv, small = g_kv;
+	const uint32_t lb[] = {3, 4};
+	const uint32_t rb[] = {7, 9};
+	const uint64_t unit = 128 * 2; /* head_dim * elem_size */
+	struct kvb_kv_xfer x[2 * 2 * 16];
+	uint64_t off;
+
+	(void) state;
+	big.num_heads = 4;
+	small.num_heads = 1;
+	small.num_blocks = 20;
+	/* big -> small, slice 2: token t of block 3's K at row t, head 2 */
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 2, lb, rb, 2, x, 64),
+		64);
+	for (int v = 0; v < 2; v++)
+		for (int i = 0; i < 2; i++)
+			for (uint64_t t = 0; t < 16; t++) {
+				const struct kvb_kv_xfer *e =
+					&x[(v * 2 + i) * 16 + t];
+				uint64_t lo, ro;
+
+				assert_int_equal(
+					kvb_kv_block_off(&big, lb[i], v, &lo),
+					0);
+				assert_int_equal(
+					kvb_kv_block_off(&small, rb[i], v, &ro),
+					0);
+				assert_int_equal(e->local_off,
+						 lo + t * 4 * unit + 2 * unit);
+				assert_int_equal(e->remote_off, ro + t * unit);
+				assert_int_equal(e->len, unit);
+			}
+	/* small -> big (a READ of the other side's slice 1) */
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&small, &big, 1, rb, lb, 2, x, 64),
+		64);
+	assert_int_equal(kvb_kv_block_off(&big, 3, 0, &off), 0);
+	assert_int_equal(x[1].remote_off, off + 4 * unit + unit);
+	assert_int_equal(x[1].len, unit);
+	/* slice out of range, heads not a multiple, other dims differ,
+	 * out too small; the plain builder refuses different heads */
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 4, lb, rb, 2, x, 64),
+		-EINVAL);
+	small.num_heads = 3;
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 0, lb, rb, 2, x, 64),
+		-EINVAL);
+	small.num_heads = 1;
+	small.block_size = 8;
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 0, lb, rb, 2, x, 64),
+		-EINVAL);
+	small.block_size = 16;
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 0, lb, rb, 2, x, 63),
+		-ENOSPC);
+	assert_int_equal(kvb_kv_build_xfers(&big, &small, lb, rb, 2, x, 64),
+			 -EINVAL);
+	/* equal heads: the plain builder's merged runs, slice 0 only */
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&g_kv, &g_kv, 0, lb, lb, 2, x, 4), 2);
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&g_kv, &g_kv, 1, lb, lb, 2, x, 4),
+		-EINVAL);
+}
+
 static void test_ports(void **state)
 {
 	/* dp * tp_size + tp */
@@ -246,6 +318,7 @@ int main(void)
 		cmocka_unit_test(test_xfers_partial_runs),
 		cmocka_unit_test(test_xfers_block_first),
 		cmocka_unit_test(test_xfers_errors),
+		cmocka_unit_test(test_xfers_head_split),
 		cmocka_unit_test(test_ports),
 		cmocka_unit_test(test_rank_mapping),
 		cmocka_unit_test(test_ack_fanin),
