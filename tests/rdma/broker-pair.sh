@@ -6,7 +6,7 @@
 # D workers on broker B (tests/xnode/xnode_worker: every byte checked at D).
 #
 #   broker-pair.sh BUILD_DIR CASE
-#   CASE: write | read | wcerr | gpu_write | port_events
+#   CASE: write | read | wcerr | gpu_write | port_events | write_split
 #
 # wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
 # old region fail with a remote access error, exactly the transfers that hit
@@ -15,6 +15,8 @@
 # gpu_write: the KV regions on both sides are GPU memory of the host gpu
 # backend (kvb_mem_register_gpu; memfd "device memory"): the brokers import
 # them and register them with the NIC (no dmabuf there: by address).
+# write_split: WRITE TP 2 -> TP 4 with the KV heads split (a P rank holds 4
+# heads, a D rank 2): one RDMA WRITE per token of each block, bytes checked.
 # port_events: the interface under rxe0 goes down and up between two good
 # runs: both brokers read the device's PORT_ERR and PORT_ACTIVE events,
 # log them and show the port's state in `kvbctl stats`.
@@ -74,7 +76,7 @@ run() {
 	for ((r = 0; r < ptp; r++)); do
 		"$WORKER" --role P --socket "$T/a.sock" --peer "$IP:6401" \
 			--mode "$mode" --tp $r --tp-size "$ptp" --peer-tp-size "$dtp" \
-			--barrier "$T/bar" --timeout $((TTO * 4)) "$@" \
+			--barrier "$T/bar" --timeout $((TTO * 4)) "$@" ${PARGS:-} \
 			>>"$T/worker-P$r.log" 2>&1 &
 		wp+=($!)
 	done
@@ -112,6 +114,11 @@ gpu_write)
 	n=$(grep -c "GPU memory registered with the NIC" "$T/broker-a.log" "$T/broker-b.log" |
 		awk -F: '{s += $2} END {print s}')
 	[ "$n" -ge 32 ] || fail "$n GPU regions registered with the NIC, expected 32"
+	;;
+write_split)
+	PARGS="--heads 4" DARGS="--heads 2 --peer-heads 4" \
+		run write 2 4 --layers 4 --xfers 4 --conc 2 ||
+		fail "WRITE over rdma, heads split"
 	;;
 port_events)
 	run write 1 1 --layers 4 --xfers 2 --conc 2 --prefix before ||
