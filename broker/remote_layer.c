@@ -130,6 +130,27 @@ static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
 }
 
 /* Remote ranks a layer op of this transfer touches (sets rx->targets). */
+/* Do w's KV regions and the peer worker's (role, dp, tp) hold different
+ * heads (a head split)? Compares the first layer both declared. */
+static int heads_differ(const struct kvb_worker *w, const struct kvb_peer *p,
+			uint32_t role, uint32_t dp, uint32_t tp)
+{
+	const struct kvb_hs_worker *hw = desc_worker(&p->desc, role, dp, tp);
+
+	for (uint32_t l = 0; hw && l < w->nkv; l++) {
+		const struct kvb_region_ent *r =
+			w->kv_layer[l]
+				? kvb_region_get(&g_b->regions, w->kv_layer[l])
+				: NULL;
+		const struct kvb_hs_region *hr =
+			r && !r->dead ? desc_layer(hw, l) : NULL;
+
+		if (hr)
+			return hr->geom.num_heads != r->geom.num_heads;
+	}
+	return 0;
+}
+
 int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 		    struct kvb_rxfer *rx)
 {
@@ -146,7 +167,11 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 			     rx->ntargets < MAX_TARGETS;
 			     d++)
 				rx->targets[rx->ntargets++] = d;
-		} else if (r % (L / R) == 0) {
+		} else if (r % (L / R) == 0 ||
+			   heads_differ(w, p, KVB_HS_ROLE_D, rx->remote_dp,
+					r / (L / R))) {
+			/* replicated heads: one P rank of each group writes;
+			 * split: each writes its heads into D's rows */
 			rx->targets[rx->ntargets++] = r / (L / R);
 		}
 	} else { /* D, READ: the one P rank read from */
@@ -200,11 +225,14 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 		       uint16_t layer, uint64_t tag, uint8_t flags);
 
 /*
- * Which part of the P rank's heads this (worker, remote rank) pair moves
- * when the two hold different heads per worker (heterogeneous TP with the
- * KV heads split across ranks): only where D has m = D_TP / P_TP times the
- * ranks and a P rank holds m times a D rank's heads; D rank d then holds
- * slice d % m of P rank d / m. Equal heads: slice 0. Returns 0 or -EINVAL.
+ * Which part of the larger side's heads this (worker, remote rank) pair
+ * moves when the two hold different heads per worker (heterogeneous TP
+ * with the KV heads split across ranks). Where D has m = D_TP / P_TP times
+ * the ranks and a P rank m times a D rank's heads, D rank d holds slice
+ * d % m of P rank d / m's heads (WRITE and READ). Where P has m times D's
+ * ranks and a D rank m times a P rank's heads, P rank p writes its heads
+ * into slice p % m of D rank p / m's (WRITE only: a READ would gather from
+ * m P ranks). Equal heads: slice 0. Returns 0 or -EINVAL.
  */
 static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
 		      uint32_t target, const struct kvb_kv_geom *mine,
@@ -221,13 +249,23 @@ static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
 	*slice = 0;
 	if (mine->num_heads == theirs->num_heads)
 		return 0;
-	if (!p_tp || d_tp <= p_tp || d_tp % p_tp)
+	if (!p_tp || !d_tp)
 		return -EINVAL;
-	m = d_tp / p_tp;
-	if ((uint64_t) d_heads * m != p_heads)
-		return -EINVAL;
-	*slice = d_rank % m;
-	return 0;
+	if (d_tp > p_tp && d_tp % p_tp == 0) {
+		m = d_tp / p_tp;
+		if ((uint64_t) d_heads * m != p_heads)
+			return -EINVAL;
+		*slice = d_rank % m;
+		return 0;
+	}
+	if (is_p && p_tp > d_tp && p_tp % d_tp == 0) {
+		m = p_tp / d_tp;
+		if ((uint64_t) p_heads * m != d_heads)
+			return -EINVAL;
+		*slice = w->tp_rank % m;
+		return 0;
+	}
+	return -EINVAL;
 }
 
 /* The most in-flight entries a layer op can make: K and V of each block
@@ -422,9 +460,10 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		if (head_slice(w, rx, rx->targets[t], &r->geom, &hr->geom,
 			       &slice)) {
 			log_warn("transfer '%s' layer %u: %u heads here, %u "
-				 "at the peer's rank %u: a head split needs "
-				 "more D ranks than P ranks, each holding "
-				 "its share of a P rank's heads",
+				 "at the peer's rank %u: not a head split "
+				 "(one side's TP m times the other's, its "
+				 "ranks holding 1/m of the heads; READ only "
+				 "with more D ranks)",
 				 x->id, layer, r->geom.num_heads,
 				 hr->geom.num_heads, rx->targets[t]);
 			if (!g->err)

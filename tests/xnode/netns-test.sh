@@ -160,13 +160,26 @@ write_split)
 		run_pair write 1 1 --layers 2 --xfers 1 --conc 1 --prefix uneven \
 		--expect-fail --fail-errno 22 ||
 		fail "an uneven head split was not refused"
-	grep -q "a head split needs more D ranks than P ranks" "$T/broker-a.log" ||
+	grep -q "not a head split" "$T/broker-a.log" ||
 		fail "A did not log why"
+	# the other way: P TP 4 with 1 head each into D TP 2 with 2: every P
+	# rank writes its head into its slice of D's rows, D waits for 2
+	P_ARGS="--heads 1" D_ARGS="--heads 2 --peer-heads 1" \
+		run_pair write 4 2 --layers 8 --xfers 6 --conc 3 --prefix narrow ||
+		fail "WRITE TP4->TP2, heads split"
 	;;
 read_split)
 	P_ARGS="--heads 4" D_ARGS="--heads 2 --peer-heads 4" \
 		run_pair read 2 4 --layers 8 --xfers 6 --conc 3 ||
 		fail "READ TP4<-TP2, heads split"
+	# a D rank cannot gather its heads from several P ranks by READ:
+	# refused with a reason (EINVAL = 22); D's release still frees P's
+	# blocks (a release carries no status), so P's transfers succeed
+	P_ARGS="--heads 1" D_ARGS="--heads 2 --expect-fail --fail-errno 22" \
+		run_pair read 2 1 --layers 2 --xfers 1 --conc 1 --prefix gather ||
+		fail "a READ gathering heads from 2 P ranks was not refused"
+	grep -q "not a head split" "$T/broker-b.log" ||
+		fail "B did not log why"
 	;;
 late_rank)
 	# D rank 0 announces, P writes both D ranks and sends write_done to

@@ -272,22 +272,39 @@ static int fill_layer(struct kvb_region *r, unsigned l)
 		     : 0;
 }
 
-/*
- * D: where byte b of a received block sits in its P rank's block. With a
- * head split (--peer-heads: a P rank holds m times our heads, m = D TP / P
- * TP) this rank holds slice tp % m of each token's heads.
- */
-static uint64_t p_offset(uint64_t b)
+/* D: do our heads differ from a P rank's (--peer-heads)? */
+static int heads_split(void)
 {
-	uint64_t row = (uint64_t) o.heads * HEAD_DIM * ELEM, prow;
+	return o.peer_heads && o.peer_heads != o.heads;
+}
+
+/*
+ * D: which P rank wrote byte b of a received block, and where it sits in
+ * that rank's block (*poff). Without a split: source_of(), the same
+ * offset. With one where a P rank holds m times our heads (m = D TP / P
+ * TP), this rank holds slice tp % m of each token's heads of P rank tp / m;
+ * where we hold m times a P rank's heads (m = P TP / D TP), head h of a
+ * token came from P rank tp * m + h / peer_heads.
+ */
+static unsigned p_source(uint64_t b, uint64_t *poff)
+{
+	uint64_t unit = (uint64_t) HEAD_DIM * ELEM, row = o.heads * unit;
+	uint64_t prow = o.peer_heads * unit, tok = b / row, rem = b % row;
 	unsigned m;
 
-	if (!o.peer_heads || o.peer_heads == o.heads)
-		return b;
-	prow = (uint64_t) o.peer_heads * HEAD_DIM * ELEM;
-	m = (unsigned) (o.tp_size / o.peer_tp_size);
-	return b / row * prow + (uint64_t) ((unsigned) o.tp % m) * row +
-	       b % row;
+	if (!heads_split()) {
+		*poff = b;
+		return source_of((unsigned) o.tp);
+	}
+	if (o.tp_size > o.peer_tp_size) {
+		m = (unsigned) (o.tp_size / o.peer_tp_size);
+		*poff = tok * prow + (uint64_t) ((unsigned) o.tp % m) * row +
+			rem;
+		return (unsigned) o.tp / m;
+	}
+	m = (unsigned) (o.peer_tp_size / o.tp_size);
+	*poff = tok * prow + (rem / unit) % o.peer_heads * unit + rem % unit;
+	return (unsigned) o.tp * m + (unsigned) (rem / unit / o.peer_heads);
 }
 
 static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
@@ -295,7 +312,6 @@ static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 {
 	uint64_t bl = block_len();
 	const uint8_t *base = o.gpu ? stage : r->addr;
-	unsigned src = source_of((unsigned) o.tp);
 
 	if (o.gpu &&
 	    gapi->memcpy(gapi, stage, dev[layer], region_len(), KVB_GPU_D2H)) {
@@ -309,22 +325,22 @@ static int check_layer(struct kvb_region *r, unsigned layer, unsigned i,
 			const uint8_t *p =
 				base + (kv * (uint64_t) o.nblocks + db[j]) * bl;
 
-			for (uint64_t b = 0; b < bl; b++)
-				if (p[b] != pattern(src, layer, pb[j], kv,
-						    p_offset(b))) {
-					fprintf(stderr,
-						"xnode_worker D tp %d: "
-						"transfer "
-						"%u layer %u block %u (P %u) "
-						"%c byte %llu: %#x, expected "
-						"%#x\n",
-						o.tp, i, layer, db[j], pb[j],
-						kv ? 'V' : 'K',
-						(unsigned long long) b, p[b],
-						pattern(src, layer, pb[j], kv,
-							p_offset(b)));
-					return -1;
-				}
+			for (uint64_t b = 0; b < bl; b++) {
+				uint64_t po;
+				unsigned src = p_source(b, &po);
+
+				if (p[b] == pattern(src, layer, pb[j], kv, po))
+					continue;
+				fprintf(stderr,
+					"xnode_worker D tp %d: transfer %u "
+					"layer %u block %u (P %u rank %u) %c "
+					"byte %llu: %#x, expected %#x\n",
+					o.tp, i, layer, db[j], pb[j], src,
+					kv ? 'V' : 'K', (unsigned long long) b,
+					p[b],
+					pattern(src, layer, pb[j], kv, po));
+				return -1;
+			}
 		}
 	return 0;
 }
@@ -341,8 +357,9 @@ static void usage(void)
 		"[--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S] [--gpu host|cuda|hip|auto]\n"
-		"  [--peer-heads N]  D: heads a P rank holds (a head split: N "
-		"= heads x D TP / P TP)\n"
+		"  [--peer-heads N]  D: heads a P rank holds (a head split: "
+		"N = heads x D TP / P TP,\n"
+		"                    or heads / (P TP / D TP))\n"
 		"  [--notify-override HOST:PORT]  write_done/release go there\n"
 		"  [--expect-cancel LIST]  these transfer indexes must end "
 		"with\n"
@@ -545,8 +562,10 @@ static int parse(int argc, char **argv)
 	    o.per_xfer > 4096 || o.heads == 0 || (o.gpu && o.swap_after))
 		return -1;
 	if (o.peer_heads && o.peer_heads != o.heads &&
-	    (o.tp_size <= o.peer_tp_size || o.tp_size % o.peer_tp_size))
-		return -1; /* a head split only with more D ranks than P */
+	    (o.tp_size == o.peer_tp_size ||
+	     (o.tp_size > o.peer_tp_size ? o.tp_size % o.peer_tp_size
+					 : o.peer_tp_size % o.tp_size)))
+		return -1; /* a head split needs TP sizes that divide */
 	return 0;
 }
 
@@ -830,7 +849,13 @@ int main(int argc, char **argv)
 			} else if (is_p) {
 				expect = 0; /* READ: D's release ends it */
 			} else {
-				expect = 1; /* one write_done */
+				/* one write_done; with the heads split over
+				 * more P ranks, one from each */
+				expect = heads_split() && o.peer_tp_size >
+								  o.tp_size
+						 ? (uint32_t) (o.peer_tp_size /
+							       o.tp_size)
+						 : 1;
 			}
 			rc = kvb_transfer_seal(ctx, handles[i], expect,
 					       1000000 + i);
