@@ -44,6 +44,8 @@ int kvb_chain_init(struct kvb_chain *c, const struct kvb_chain_params *p)
 	c->p = *p;
 	if (!c->p.merge_max)
 		c->p.merge_max = KVB_CHAIN_MERGE_MAX_DEFAULT;
+	if (!c->p.max_sge)
+		c->p.max_sge = 1;
 	if (!c->p.wr_max_bytes)
 		c->p.wr_max_bytes = KVB_CHAIN_WR_BYTES_DEFAULT;
 	if (!c->p.signal_every)
@@ -71,11 +73,11 @@ int kvb_chain_init(struct kvb_chain *c, const struct kvb_chain_params *p)
 	c->wr = calloc(c->max_wrs, sizeof(*c->wr));
 	if (!c->wr)
 		goto err_wr;
-	c->sge = calloc(c->max_wrs, sizeof(*c->sge));
+	c->sge = calloc((size_t) c->max_wrs * c->p.max_sge, sizeof(*c->sge));
 	if (!c->sge)
 		goto err_sge;
 	for (i = 0; i < c->max_wrs; i++) {
-		c->wr[i].sg_list = &c->sge[i];
+		c->wr[i].sg_list = &c->sge[(size_t) i * c->p.max_sge];
 		c->wr[i].next = i + 1 < c->max_wrs ? &c->wr[i + 1] : NULL;
 	}
 	return 0;
@@ -142,18 +144,28 @@ static inline enum ibv_wr_opcode op_verb(const struct kvb_xop *op)
 					  : IBV_WR_RDMA_WRITE;
 }
 
-/* Can op extend WR w (already holding `merged` ops) without a new WR? */
+/*
+ * Can op extend WR w (covering info->bytes from its remote address) without
+ * a new WR? 1: it continues the last SGE on both sides; 2: it continues
+ * the WR at the remote side only and takes an SGE of its own; 0: no.
+ */
 static int op_merges(const struct kvb_chain *c, const struct ibv_send_wr *w,
-		     uint32_t merged, const struct kvb_xop *op)
+		     const struct kvb_chain_wr *info, const struct kvb_xop *op)
 {
-	const struct ibv_sge *s = w->sg_list;
+	const struct ibv_sge *s = &w->sg_list[w->num_sge - 1];
 
-	return merged < c->p.merge_max && w->opcode == op_verb(op) &&
-	       s->lkey == op->local->lkey &&
-	       w->wr.rdma.rkey == op->remote.rkey &&
-	       s->addr + s->length == op_laddr(op) &&
-	       w->wr.rdma.remote_addr + s->length == op_raddr(op) &&
-	       (uint64_t) s->length + op->len <= c->p.wr_max_bytes;
+	if (info->ck_count >= c->p.merge_max || w->opcode != op_verb(op) ||
+	    w->wr.rdma.rkey != op->remote.rkey ||
+	    w->wr.rdma.remote_addr + info->bytes != op_raddr(op) ||
+	    info->bytes + op->len > c->p.wr_max_bytes)
+		return 0;
+	if ((s->lkey == op->local->lkey &&
+	     s->addr + s->length == op_laddr(op)) ||
+	    !op->len)
+		return 1;
+	/* an empty last SGE is taken over (no zero-length SGE before data:
+	 * some NICs read a byte count of 0 as 2 GiB) */
+	return !s->length || (uint32_t) w->num_sge < c->p.max_sge ? 2 : 0;
 }
 
 int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n)
@@ -169,7 +181,7 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 	struct kvb_chain_wr *info = NULL;
 	struct ibv_send_wr *w = NULL;
 	unsigned k;
-	int err;
+	int err, how;
 
 	c->staged = 0;
 	c->staged_ops = 0;
@@ -201,8 +213,20 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 			break;
 		if (k == ck_room)
 			goto stalled;
-		if (w && op_merges(c, w, info->ck_count, op)) {
-			w->sg_list->length += (uint32_t) op->len;
+		how = w ? op_merges(c, w, info, op) : 0;
+		if (how) {
+			struct ibv_sge *s = &w->sg_list[w->num_sge - 1];
+
+			if (how == 2) { /* gather: a local piece of its own */
+				if (s->length) {
+					s++;
+					w->num_sge++;
+				}
+				s->addr = op_laddr(op);
+				s->length = 0;
+				s->lkey = op->local->lkey;
+			}
+			s->length += (uint32_t) op->len;
 			info->ck_count++;
 			info->bytes += op->len;
 		} else {
@@ -243,7 +267,8 @@ built:
 		int sig = i + 1 == nwr || (i + 1) % c->p.signal_every == 0;
 
 		/* A zero-length WR carries no SGE. */
-		c->wr[i].num_sge = c->wr[i].sg_list->length ? 1 : 0;
+		if (!wi->bytes)
+			c->wr[i].num_sge = 0;
 		c->wr[i].send_flags = sig ? IBV_SEND_SIGNALED : 0;
 		c->wr[i].next = i + 1 < nwr ? &c->wr[i + 1] : NULL;
 		wi->signaled = (uint32_t) sig;

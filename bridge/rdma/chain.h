@@ -37,6 +37,7 @@ struct kvb_chain_params {
 	uint32_t signal_every; /* >= 1 signaled per N WRs; 0 = depth / 2 */
 	uint32_t merge_max;    /* max ops merged into one WR; 0 = 64 */
 	uint64_t wr_max_bytes; /* max bytes in one WR; 0 = 1 GiB */
+	uint32_t max_sge;      /* SGEs per WR (the QP's max_send_sge); 0 = 1 */
 	uint16_t qp_index;     /* stored in wr_id bits 48..63 */
 };
 
@@ -81,7 +82,8 @@ struct kvb_chain {
 	uint32_t ck_mask;
 	uint64_t *ck;
 
-	/* The prebuilt chain: wr[i].sg_list == &sge[i]; staged WRs valid. */
+	/* The prebuilt chain: wr[i].sg_list == &sge[i * max_sge]; staged WRs
+	 * valid. */
 	struct ibv_send_wr *wr;
 	struct ibv_sge *sge;
 	uint32_t staged;     /* WRs in the built, not yet committed chain */
@@ -100,8 +102,12 @@ void kvb_chain_fini(struct kvb_chain *c);
 /*
  * Build one chain from ops[0..n) into c->wr[0..c->staged): merges runs
  * contiguous on both sides (same opcode, lkey and rkey, adjacent addresses)
- * into one WR, stops at max_wrs WRs, the credit left, or ring space; signals
- * the last WR and at least one in every signal_every. Nothing is committed.
+ * into one WR, and with max_sge > 1 also runs contiguous at the remote side
+ * only (a gather list: WRITE from scattered local pieces to one remote
+ * range, READ from one remote range into scattered pieces), one SGE per
+ * local piece; stops at max_wrs WRs, the credit left, or ring space;
+ * signals the last WR and at least one in every signal_every. Nothing is
+ * committed.
  *
  * Returns the ops the chain covers (>= 1), 0 when there is no credit at all
  * (a stall, counted), -ENOTCONN when the chain is broken (awaits reset), or

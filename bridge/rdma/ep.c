@@ -170,6 +170,17 @@ static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 	return err ? -err : 0;
 }
 
+/* SGEs per WR: gather lists of up to KVB_RDMA_SGE_MAX local pieces, as far
+ * as the device allows (1 where it says nothing, as the mock does). */
+static uint32_t rdma_sge(const struct kvb_rdma *r)
+{
+	if (r->dev.max_sge <= 1)
+		return 1;
+	return (uint32_t) r->dev.max_sge < KVB_RDMA_SGE_MAX
+		       ? (uint32_t) r->dev.max_sge
+		       : KVB_RDMA_SGE_MAX;
+}
+
 /* A new RC QP on the transport's CQ (RESET state); NULL with errno set. */
 static struct ibv_qp *qp_new(struct kvb_rdma *r)
 {
@@ -180,7 +191,7 @@ static struct ibv_qp *qp_new(struct kvb_rdma *r)
 			{
 				.max_send_wr = r->p.sq_depth,
 				.max_recv_wr = 1,
-				.max_send_sge = 1,
+				.max_send_sge = rdma_sge(r),
 				.max_recv_sge = 1,
 			},
 		.qp_type = IBV_QPT_RC,
@@ -196,6 +207,7 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 	struct kvb_chain_params cp = {
 		.depth = r->p.sq_depth,
 		.post_batch = r->p.post_batch_size,
+		.max_sge = rdma_sge(r),
 		.signal_every = r->p.signal_every > 0
 					? (uint32_t) r->p.signal_every
 					: 0,

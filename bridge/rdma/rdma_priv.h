@@ -24,6 +24,9 @@
 #define KVB_RDMA_FLUSH_WAIT_NS (200 * 1000000ull)
 /* a chain spread over a peer's QPs gives each at least this many bytes */
 #define KVB_RDMA_STRIPE_MIN (256u << 10)
+/* SGEs per WR at most: a gather of local pieces to one remote range (a
+ * head split's tokens, scattered P blocks into contiguous D blocks) */
+#define KVB_RDMA_SGE_MAX 16u
 
 struct kvb_rdma_qp {
 	struct ibv_qp *qp;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * Unit tests of bridge/rdma/chain.c: chain building, merging, batch limits,
+ * Unit tests of bridge/rdma/chain.c: chain building, merging (gather lists
+ * too), batch limits,
  * the signaling policy, credits, retirement and error coverage. No device.
  */
 #include <errno.h>
@@ -161,6 +162,84 @@ static void test_merge_contiguous(void **state)
 	assert_int_equal(kvb_chain_reap(&c, cq, 8), 6);
 	for (i = 0; i < 6; i++)
 		assert_int_equal(cq[i].cookie, i);
+	kvb_chain_fini(&c);
+}
+
+/* max_sge > 1: ops contiguous at the remote side only become one WR with
+ * an SGE per local piece (a gather), up to max_sge; both-sides runs still
+ * extend the last SGE; an empty first piece is not left as an SGE; a READ
+ * scatters the same way; a WR's error covers all its ops. */
+static void test_gather(void **state)
+{
+	struct kvb_chain_params p = {
+		.depth = 16, .post_batch = -1, .max_sge = 4, .qp_index = 3};
+	struct kvb_xcqe cq[16];
+	struct kvb_xop ops[12];
+	struct kvb_chain c;
+	unsigned i;
+
+	(void) state;
+	assert_int_equal(kvb_chain_init(&c, &p), 0);
+	/* 6 pieces of 256 B, local stride 1024, remote contiguous: 4 + 2;
+	 * then piece 6 continues piece 5 locally too (the same SGE grows) */
+	for (i = 0; i < 6; i++)
+		ops[i] = xop(KVB_XOP_WRITE, i * 1024, i * 256, 256, i);
+	ops[6] = xop(KVB_XOP_WRITE, 5 * 1024 + 256, 6 * 256, 256, 6);
+	/* 7: a second MR (another lkey), remote contiguous: an SGE of its
+	 * own in the same WR */
+	ops[7] = xop(KVB_XOP_WRITE, 9000, 7 * 256, 100, 7);
+	ops[7].local = &lmr2;
+	/* 8: remote gap: a new WR */
+	ops[8] = xop(KVB_XOP_WRITE, 20000, 4096, 100, 8);
+	assert_int_equal(kvb_chain_build(&c, ops, 9), 9);
+	assert_int_equal(c.staged, 3);
+	assert_int_equal(c.wr[0].num_sge, 4);
+	for (i = 0; i < 4; i++) {
+		assert_int_equal(c.wr[0].sg_list[i].addr,
+				 (uint64_t) (uintptr_t) lbuf + i * 1024);
+		assert_int_equal(c.wr[0].sg_list[i].length, 256);
+		assert_int_equal(c.wr[0].sg_list[i].lkey, 0x11);
+	}
+	assert_int_equal(c.wr[0].wr.rdma.remote_addr, RADDR);
+	assert_int_equal(c.wr[1].num_sge, 3);
+	assert_int_equal(c.wr[1].wr.rdma.remote_addr, RADDR + 4 * 256);
+	assert_int_equal(c.wr[1].sg_list[1].length, 512); /* 5 and 6 */
+	assert_int_equal(c.wr[1].sg_list[2].lkey, 0x33);
+	assert_int_equal(c.wr[2].num_sge, 1);
+	assert_int_equal(kvb_chain_staged_bytes(&c, 3), 7 * 256 + 200);
+	assert_int_equal(post_all(&c), 9);
+	assert_int_equal(c.st.wrs, 3);
+	/* the first WR fails: its 4 ops fail, the rest are cancelled */
+	assert_int_equal(
+		kvb_chain_complete(&c, wr_id_of(&c, 0),
+				   kvb_chain_wc_errno(IBV_WC_REM_ACCESS_ERR)),
+		9);
+	assert_int_equal(kvb_chain_reap(&c, cq, 16), 9);
+	for (i = 0; i < 9; i++)
+		assert_int_equal(cq[i].status, i < 4 ? -EACCES : -ECANCELED);
+	assert_int_equal(kvb_chain_reset(&c), 0);
+
+	/* an empty first op is taken over by the next piece; a READ into
+	 * scattered local pieces from one remote range */
+	ops[0] = xop(KVB_XOP_READ, 500, 0, 0, 20);
+	ops[1] = xop(KVB_XOP_READ, 4096, 0, 64, 21);
+	ops[2] = xop(KVB_XOP_READ, 8192, 64, 64, 22);
+	assert_int_equal(kvb_chain_build(&c, ops, 3), 3);
+	assert_int_equal(c.staged, 1);
+	assert_int_equal(c.wr[0].opcode, IBV_WR_RDMA_READ);
+	assert_int_equal(c.wr[0].num_sge, 2);
+	assert_int_equal(c.wr[0].sg_list[0].addr,
+			 (uint64_t) (uintptr_t) lbuf + 4096);
+	assert_int_equal(c.wr[0].sg_list[0].length, 64);
+	kvb_chain_fini(&c);
+
+	/* max_sge 1 (the default): the same strided pieces, one WR each */
+	init(&c, 16, -1, 0);
+	for (i = 0; i < 6; i++)
+		ops[i] = xop(KVB_XOP_WRITE, i * 1024, i * 256, 256, i);
+	assert_int_equal(kvb_chain_build(&c, ops, 6), 6);
+	assert_int_equal(c.staged, 6);
+	assert_int_equal(c.wr[0].num_sge, 1);
 	kvb_chain_fini(&c);
 }
 
@@ -595,6 +674,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_single_and_fields),
 		cmocka_unit_test(test_merge_contiguous),
+		cmocka_unit_test(test_gather),
 		cmocka_unit_test(test_merge_limits),
 		cmocka_unit_test(test_batch_limits),
 		cmocka_unit_test(test_byte_cap_and_inflight),
