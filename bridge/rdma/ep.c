@@ -172,17 +172,23 @@ static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 
 /* SGEs per WR: gather lists of up to KVB_RDMA_SGE_MAX local pieces, as far
  * as the device allows (1 where it says nothing, as the mock does). */
-static uint32_t rdma_sge(const struct kvb_rdma *r)
+static uint32_t rdma_sge(struct kvb_rdma *r)
 {
-	if (r->dev.max_sge <= 1)
-		return 1;
-	return (uint32_t) r->dev.max_sge < KVB_RDMA_SGE_MAX
-		       ? (uint32_t) r->dev.max_sge
-		       : KVB_RDMA_SGE_MAX;
+	if (!r->sge)
+		r->sge = r->dev.max_sge <= 1 ? 1
+			 : (uint32_t) r->dev.max_sge < KVB_RDMA_SGE_MAX
+				 ? (uint32_t) r->dev.max_sge
+				 : KVB_RDMA_SGE_MAX;
+	return r->sge;
 }
 
-/* A new RC QP on the transport's CQ (RESET state); NULL with errno set. */
-static struct ibv_qp *qp_new(struct kvb_rdma *r)
+/*
+ * A new RC QP on the transport's CQ (RESET state) for chain ch; NULL with
+ * errno set. A device that refuses the gather's SGEs gets QPs of one SGE
+ * from then on, and the chain builds WRs of one SGE (its arrays have room
+ * for more: only the limit drops).
+ */
+static struct ibv_qp *qp_new(struct kvb_rdma *r, struct kvb_chain *ch)
 {
 	struct ibv_qp_init_attr ia = {
 		.send_cq = r->cq,
@@ -197,8 +203,16 @@ static struct ibv_qp *qp_new(struct kvb_rdma *r)
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
 	};
+	struct ibv_qp *qp = ibv_create_qp(r->pd, &ia);
 
-	return ibv_create_qp(r->pd, &ia);
+	if (!qp && r->sge > 1) {
+		r->sge = 1;
+		ia.cap.max_send_sge = 1;
+		qp = ibv_create_qp(r->pd, &ia);
+	}
+	if (qp && ch->p.max_sge > r->sge)
+		ch->p.max_sge = r->sge;
+	return qp;
 }
 
 static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
@@ -228,7 +242,7 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 		return err;
 	/* Never reuse a (slot, generation) pair: old CQEs must not match. */
 	q->ch.gen = ++r->slot_gen[slot];
-	q->qp = qp_new(r);
+	q->qp = qp_new(r, &q->ch);
 	if (!q->qp) {
 		err = errno ? -errno : -ENOMEM;
 		goto err_chain;
@@ -327,7 +341,7 @@ static int qp_renew(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 	struct ibv_qp *old = q->qp;
 	int err;
 
-	q->qp = qp_new(r);
+	q->qp = qp_new(r, &q->ch);
 	if (!q->qp) {
 		q->qp = old;
 		return errno ? -errno : -ENOMEM;

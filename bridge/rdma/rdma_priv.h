@@ -66,7 +66,8 @@ struct kvb_rdma {
 	int armed;	  /* an event is asked for and has not come */
 	unsigned unacked; /* events read, not yet acked */
 	int cq_size;
-	int cq_used; /* CQE budget taken by QPs (2 x depth each) */
+	int cq_used;  /* CQE budget taken by QPs (2 x depth each) */
+	uint32_t sge; /* SGEs per WR new QPs get (0: not chosen yet) */
 	struct ibv_device_attr dev;
 	struct ibv_port_attr port;
 	union ibv_gid gid;

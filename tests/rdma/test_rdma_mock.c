@@ -25,7 +25,9 @@
  *    makes post() refuse with -ENETDOWN until it is active again, while
  *    ops in flight still complete; another port's event changes nothing;
  *    a QP error is counted and names the QP; DEVICE_FATAL is -ENODEV for
- *    good; every event read is acked, at most 64 per call.
+ *    good; every event read is acked, at most 64 per call;
+ *  - gather lists: QPs and chains get min(device max_sge, 16) SGEs, and
+ *    one SGE from then on when the device refuses more at create time.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -117,12 +119,18 @@ static int mock_post(struct ibv_qp *qp, struct ibv_send_wr *wr,
 
 static int fail_creates; /* the next n ibv_create_qp() calls fail */
 
+/* SGEs per WR the mock device takes (ibv_create_qp refuses more) */
+static uint32_t sge_cap = 1;
+
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
 	struct ibv_qp *qp;
 
 	(void) pd;
-	(void) a;
+	if (a->cap.max_send_sge > sge_cap) {
+		errno = EINVAL;
+		return NULL;
+	}
 	if (fail_creates > 0) {
 		fail_creates--;
 		errno = ENOMEM;
@@ -256,6 +264,7 @@ static int setup(void **state)
 	ncqe = 0;
 	fail_reallocs = failed_reallocs = 0;
 	fail_creates = 0;
+	sge_cap = 1;
 	r = calloc(1, sizeof(*r));
 	assert_non_null(r);
 	t = &r->base;
@@ -414,6 +423,31 @@ static void test_device_events(void **state)
 	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 0);
 	assert_int_equal(aev_reads, 0);
 	assert_int_equal(kvb_rdma_async_fd(t), -1);
+}
+
+/* Gather lists: QPs get min(device max_sge, 16) SGEs and the chain builds
+ * WRs of that many; a device that refuses them at create time gets QPs of
+ * one SGE from then on, and chains that build WRs of one. */
+static void test_sge_choice(void **state)
+{
+	struct kvb_ep *ep;
+
+	(void) state;
+	r->dev.max_sge = 32;
+	sge_cap = 16;
+	ep = ready_ep();
+	assert_int_equal(r->sge, 16);
+	assert_int_equal(ep->qp[0].ch.p.max_sge, 16);
+	_kvb_rdma_ep_destroy(r, ep);
+
+	r->sge = 0; /* a device that says 8 but takes only 1 */
+	r->dev.max_sge = 8;
+	sge_cap = 1;
+	ep = ready_ep();
+	assert_int_equal(r->sge, 1);
+	assert_int_equal(ep->qp[0].ch.p.max_sge, 1);
+	assert_int_equal(ep->qp[1].ch.p.max_sge, 1);
+	post_n(ep, 1, 0x30); /* and it posts */
 }
 
 static void test_error_and_success_in_one_batch(void **state)
@@ -724,6 +758,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chain_spread_over_qps,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_device_events, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_sge_choice, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_reset_without_new_qps,
 						setup, teardown),
