@@ -240,6 +240,26 @@ static void test_xfers_head_split(void **state)
 		-ENOSPC);
 	assert_int_equal(kvb_kv_build_xfers(&big, &small, lb, rb, 2, x, 64),
 			 -EINVAL);
+	/* a BLOCK_FIRST side (K and V of a block side by side): the same
+	 * rows, in its order (K then V of each block) */
+	big.layout = KVB_KV_LAYOUT_BLOCK_FIRST;
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 3, lb, rb, 2, x, 64),
+		64);
+	for (int i = 0; i < 2; i++)
+		for (int v = 0; v < 2; v++) {
+			const struct kvb_kv_xfer *e = &x[(i * 2 + v) * 16 + 5];
+			uint64_t lo, ro;
+
+			assert_int_equal(kvb_kv_block_off(&big, lb[i], v, &lo),
+					 0);
+			assert_int_equal(
+				kvb_kv_block_off(&small, rb[i], v, &ro), 0);
+			assert_int_equal(e->local_off,
+					 lo + 5 * 4 * unit + 3 * unit);
+			assert_int_equal(e->remote_off, ro + 5 * unit);
+		}
+	big.layout = KVB_KV_LAYOUT_KV_FIRST;
 	/* equal heads: the plain builder's merged runs, slice 0 only */
 	assert_int_equal(
 		kvb_kv_build_xfers_split(&g_kv, &g_kv, 0, lb, lb, 2, x, 4), 2);
