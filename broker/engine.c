@@ -606,9 +606,20 @@ static unsigned reap(struct kvb_broker *b)
 	return total;
 }
 
-unsigned kvb_engine_round(struct kvb_broker *b)
+/* Take up to max (<= KVB_BURST_MAX) descriptors from w's ring. */
+static uint32_t drain_burst(struct kvb_broker *b, struct kvb_worker *w,
+			    uint32_t max)
 {
 	struct kvb_sqe sqe[KVB_BURST_MAX];
+	uint32_t n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, max);
+
+	for (uint32_t i = 0; i < n; i++)
+		process_sqe(b, w, &sqe[i]);
+	return n;
+}
+
+unsigned kvb_engine_round(struct kvb_broker *b)
+{
 	uint32_t nw = b->nlive, burst = b->opt.burst;
 	unsigned work = 0;
 
@@ -616,7 +627,6 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 		burst = KVB_BURST_MAX;
 	for (uint32_t k = 0; k < nw; k++) {
 		struct kvb_worker *w = &b->workers[b->live[(b->rr + k) % nw]];
-		uint32_t n;
 
 		if (w->ovf_len) {
 			flush_overflow(w);
@@ -626,10 +636,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 		}
 		if (b->inf_nfree < burst)
 			break;
-		n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, burst);
-		for (uint32_t i = 0; i < n; i++)
-			process_sqe(b, w, &sqe[i]);
-		work += n;
+		work += drain_burst(b, w, burst);
 	}
 	b->rr++;
 	if (b->ndirty)
@@ -642,7 +649,6 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 
 uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
 {
-	struct kvb_sqe sqe[KVB_BURST_MAX];
 	uint32_t left = kvb_ring_count(&w->seg.sq);
 
 	while (left) {
@@ -659,11 +665,9 @@ uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
 			if (b->inf_nfree < n)
 				break;
 		}
-		n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, n);
+		n = drain_burst(b, w, n);
 		if (!n)
 			break;
-		for (uint32_t i = 0; i < n; i++)
-			process_sqe(b, w, &sqe[i]);
 		left -= n;
 	}
 	return left;

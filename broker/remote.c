@@ -566,11 +566,6 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			 x->id, rx->ndef);
 	}
 	rx->ndef = 0;
-	if (rx->starved && rm) {
-		rx->starved = 0;
-		if (rm->nstarved)
-			rm->nstarved--;
-	}
 	if (!rm || !w || !p || !x->opened)
 		return;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {

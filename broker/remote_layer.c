@@ -270,15 +270,16 @@ static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
 
 /* The most in-flight entries a layer op can make: K and V of each block
  * for each target rank, and one per token of those where the heads are
- * split (merged runs make fewer). */
+ * split (merged runs make fewer); *per_target: the most for one rank. */
 static uint64_t layer_entries_max(const struct kvb_peer *p,
 				  const struct kvb_rxfer *rx,
 				  const struct kvb_region_ent *r,
-				  uint16_t layer)
+				  uint16_t layer, uint64_t *per_target)
 {
 	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 	uint64_t need = 0;
 
+	*per_target = 0;
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
 		const struct kvb_hs_worker *hw = desc_worker(
 			&p->desc, role, rx->remote_dp, rx->targets[t]);
@@ -289,6 +290,8 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 					: 1;
 
 		need += 2 * (uint64_t) rx->nlb * rows;
+		if (2 * (uint64_t) rx->nlb * rows > *per_target)
+			*per_target = 2 * (uint64_t) rx->nlb * rows;
 	}
 	return need;
 }
@@ -296,28 +299,20 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 void kvb_remote_retry_starved(struct kvb_broker *b)
 {
 	struct kvb_xnode *rm = b->rm;
-	uint32_t seen = 0;
 
-	if (!rm || !rm->nstarved || b->inf_nfree < rm->starved_need)
+	if (!rm || !rm->starved_need || b->inf_nfree < rm->starved_need)
 		return;
 	rm->starved_need = 0; /* set again by what still does not fit */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->rx && x->rx->starved) {
-			seen++;
 			x->rx->starved = 0;
-			if (rm->nstarved)
-				rm->nstarved--;
 			issue_deferred(b, x);
 		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
-	if (!seen) /* they all ended */
-		rm->nstarved = 0;
-	if (!rm->nstarved)
-		rm->starved_need = 0;
 }
 
 static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
@@ -331,7 +326,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	struct kvb_kv_xfer *ents = NULL;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi, slice;
 	uint64_t need;
-	size_t ncap;
+	uint64_t ncap;
 	unsigned ts;
 	struct kvb_group *g;
 	int rc;
@@ -395,7 +390,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	}
 	/* room for every entry it can make, or wait for it (a layer op
 	 * never goes out in part: it would fail for want of room) */
-	need = layer_entries_max(p, rx, r, layer);
+	need = layer_entries_max(p, rx, r, layer, &ncap);
 	if (need >= KVB_INFLIGHT_MAX) {
 		fail_layer(b, x, tag, -ENOBUFS,
 			   "more entries than the broker's in-flight table "
@@ -409,10 +404,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			return;
 		}
 		rm->st.layers_starved++;
-		if (!rx->starved) {
-			rx->starved = 1;
-			rm->nstarved++;
-		}
+		rx->starved = 1;
 		if (!rm->starved_need || need < rm->starved_need)
 			rm->starved_need = need;
 		return;
@@ -431,9 +423,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	g->peer = rx->peer;
 	g->tag = tag;
 	g->flags = flags;
-	g->remaining = 1;	     /* held while building */
-	ncap = 2 * (size_t) rx->nlb; /* K and V of each block, at most */
-	ents = malloc(ncap * sizeof(*ents));
+	g->remaining = 1; /* held while building */
+	ents = malloc((ncap ? ncap : 1) * sizeof(*ents)); /* 0: no target */
 	if (!ents) {
 		g->err = -ENOMEM;
 		goto out;
@@ -469,23 +460,6 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			if (!g->err)
 				g->err = -EINVAL;
 			continue;
-		}
-		if (r->geom.num_heads != hr->geom.num_heads &&
-		    ncap < 2 * (size_t) rx->nlb * r->geom.block_size) {
-			/* a head split: one entry per token of each block */
-			size_t want = 2 * (size_t) rx->nlb * r->geom.block_size;
-			struct kvb_kv_xfer *bigger =
-				want <= UINT32_MAX
-					? realloc(ents, want * sizeof(*ents))
-					: NULL;
-
-			if (!bigger) {
-				if (!g->err)
-					g->err = -ENOMEM;
-				break;
-			}
-			ents = bigger;
-			ncap = want;
 		}
 		n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb,
 					     rx->rb, rx->nlb, ents,

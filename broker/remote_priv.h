@@ -90,7 +90,7 @@ struct kvb_rxfer {
 	uint8_t have_rblocks, announced, refreshed;
 	uint8_t unopened; /* created by a message, counted in rm->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
-	uint8_t starved; /* layers deferred for in-flight room (see nstarved) */
+	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;  /* this worker's block ids */
 	uint32_t *rb, nrb;  /* the other side's */
@@ -135,9 +135,8 @@ struct kvb_xnode {
 		uint64_t unopened_evicted; /* oldest unopened, for new ones */
 	} st;
 	uint32_t nunopened; /* kvb_rxfer.unopened ones */
-	/* transfers whose deferred layers wait for in-flight room, and the
-	 * least room one of them needs (retried once that much is free) */
-	uint32_t nstarved;
+	/* the least in-flight room a transfer whose layers wait for it needs
+	 * (0: none waits); they are retried once that much is free */
 	uint64_t starved_need;
 	uint64_t unopened_ids; /* block ids they hold */
 	/* unopened transfers in creation order (handle, worker); entries
