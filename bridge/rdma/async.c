@@ -53,21 +53,21 @@ static void handle(struct kvb_rdma *r, const struct ibv_async_event *ev,
 		if (ev->element.port_num != r->p.ib_port)
 			break;
 		s->port_errors++;
-		if (!r->port_down)
+		if (!s->port_down)
 			say(log, arg, KVB_RDMA_LOG_WARN,
 			    "rdma: port %d down (%s): new chains fail with "
 			    "-ENETDOWN until it is active again",
 			    r->p.ib_port, name);
-		r->port_down = 1;
+		s->port_down = 1;
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
 		if (ev->element.port_num != r->p.ib_port)
 			break;
 		s->port_active++;
-		if (r->port_down)
+		if (s->port_down)
 			say(log, arg, KVB_RDMA_LOG_INFO,
 			    "rdma: port %d active again", r->p.ib_port);
-		r->port_down = 0;
+		s->port_down = 0;
 		break;
 	case IBV_EVENT_QP_FATAL:
 	case IBV_EVENT_QP_REQ_ERR:
@@ -89,7 +89,7 @@ static void handle(struct kvb_rdma *r, const struct ibv_async_event *ev,
 		break;
 	case IBV_EVENT_DEVICE_FATAL:
 		s->device_fatal++;
-		r->dev_dead = 1;
+		s->device_dead = 1;
 		say(log, arg, KVB_RDMA_LOG_ERR,
 		    "rdma: %s: new chains fail with -ENODEV; restart the "
 		    "broker once the device is back",
@@ -138,6 +138,4 @@ void kvb_rdma_async_get_stats(struct kvb_transport *t,
 	struct kvb_rdma *r = to_rdma(t);
 
 	*out = r->async;
-	out->port_down = r->port_down;
-	out->device_dead = r->dev_dead;
 }

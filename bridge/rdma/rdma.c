@@ -428,8 +428,8 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 		return -ENOTCONN;
 	if (!n)
 		return 0;
-	if (r->dev_dead || r->port_down) /* device events (async.c) */
-		return r->dev_dead ? -ENODEV : -ENETDOWN;
+	if (r->async.device_dead || r->async.port_down) /* async.c */
+		return r->async.device_dead ? -ENODEV : -ENETDOWN;
 	if (ep->nqp > 1)
 		for (i = 0; i < n; i++)
 			left += ops[i].len;

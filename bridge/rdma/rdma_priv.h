@@ -83,10 +83,8 @@ struct kvb_rdma {
 	struct kvb_xcqe *orphan;
 	unsigned norphan, orphan_head, orphan_cap;
 	/* asynchronous events (async.c) */
-	int async_nb;  /* ctx->async_fd is non-blocking: read it */
-	int port_down; /* PORT_ERR of our port, no PORT_ACTIVE since */
-	int dev_dead;  /* DEVICE_FATAL */
-	struct kvb_rdma_async_stats async;
+	int async_nb; /* ctx->async_fd is non-blocking: read it */
+	struct kvb_rdma_async_stats async; /* counters and port state */
 };
 
 #define to_rdma(t) container_of(t, struct kvb_rdma, base)
