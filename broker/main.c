@@ -74,9 +74,11 @@ static int open_transport(struct kvb_broker *b)
 			why[0] ? why : strerror(-rc));
 		return rc;
 	}
-	/* rdma too: GPU regions are imported by the gpu runtime, then
-	 * registered with the NIC for cross-node transfers */
-	if (k == KVB_TR_GPU || k == KVB_TR_AUTO || k == KVB_TR_RDMA) {
+	/* rdma and tcp too: GPU regions are imported by the gpu runtime,
+	 * then registered with the NIC (rdma) or copied through host staging
+	 * buffers (tcp) for cross-node transfers */
+	if (k == KVB_TR_GPU || k == KVB_TR_AUTO || k == KVB_TR_RDMA ||
+	    k == KVB_TR_TCP) {
 		why[0] = '\0';
 		rc = kvb_broker_gpu_open(b, why, sizeof(why));
 		if (rc && k == KVB_TR_GPU) {

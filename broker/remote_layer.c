@@ -352,12 +352,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	}
 	if (!(ts == KVB_TS_RDMA ? r->rdma_reg : r->tcp_reg)) {
 		fail_layer(b, x, tag, -EOPNOTSUPP,
-			   r->mr.kind == KVB_MEM_GPU
-				   ? "a GPU region crosses nodes over rdma "
-				     "only, and this peer is reached over tcp "
-				     "(or its rdma registration failed)"
-				   : "region not registered with the peer's "
-				     "transport (see the broker log)",
+			   "region not registered with the peer's transport "
+			   "(see the broker log)",
 			   layer);
 		return;
 	}

@@ -33,12 +33,22 @@ void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
+	int rc;
+
 	rdma_reg(b, r);
-	/* every host region: the tcp receiver checks the KVB_MEM_REMOTE_*
-	 * flags itself before landing or sending a byte */
-	if (!t || r->mr.kind != KVB_MEM_HOST)
+	/* every region: the tcp receiver checks the KVB_MEM_REMOTE_* flags
+	 * itself before landing or sending a byte; GPU memory goes through
+	 * its host staging buffers, copied by the gpu runtime */
+	if (!t)
 		return;
-	if (t->ops->reg_mr(t, &r->mr) == 0)
+	rc = t->ops->reg_mr(t, &r->mr);
+	if (rc)
+		log_warn("region %#x: tcp registration failed: %s%s", r->mr.id,
+			 strerror(-rc),
+			 rc == -EOPNOTSUPP && r->mr.kind == KVB_MEM_GPU
+				 ? " (GPU memory, and no gpu runtime open)"
+				 : "");
+	else
 		r->tcp_reg = 1;
 }
 

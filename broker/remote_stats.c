@@ -156,6 +156,57 @@ static void rdma_events(struct kvb_broker *b, int json, char *buf, size_t cap,
 #endif
 }
 
+/* The tcp transport's counters ("tcp" object / a line). */
+static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
+			 size_t *lenp)
+{
+#ifdef KVB_HAVE_TCP
+	struct kvb_tcp_stats s;
+	size_t len = *lenp;
+
+	if (!b->trs[KVB_TS_TCP])
+		return;
+	kvb_tcp_get_stats(b->trs[KVB_TS_TCP], &s);
+	if (json)
+		PUT("\"tcp\":{\"bytes_tx\":%llu,\"bytes_rx\":%llu,"
+		    "\"frames_tx\":%llu,\"frames_rx\":%llu,\"rejected\":%llu,"
+		    "\"refused_ops\":%llu,\"conn_failed\":%llu,"
+		    "\"conns_open\":%llu,\"eps_open\":%llu,"
+		    "\"gpu_tx_bytes\":%llu,\"gpu_rx_bytes\":%llu,"
+		    "\"gpu_copy_errors\":%llu},",
+		    (unsigned long long) s.bytes_tx,
+		    (unsigned long long) s.bytes_rx,
+		    (unsigned long long) s.frames_tx,
+		    (unsigned long long) s.frames_rx,
+		    (unsigned long long) s.rejected,
+		    (unsigned long long) s.refused_ops,
+		    (unsigned long long) s.conn_failed,
+		    (unsigned long long) s.conns_open,
+		    (unsigned long long) s.eps_open,
+		    (unsigned long long) s.gpu_tx_bytes,
+		    (unsigned long long) s.gpu_rx_bytes,
+		    (unsigned long long) s.gpu_copy_errors);
+	else
+		PUT("tcp                    %llu bytes sent, %llu received, "
+		    "%llu refused ops, %llu malformed frames; GPU staged %llu "
+		    "out, %llu in, %llu copy errors\n",
+		    (unsigned long long) s.bytes_tx,
+		    (unsigned long long) s.bytes_rx,
+		    (unsigned long long) s.refused_ops,
+		    (unsigned long long) s.rejected,
+		    (unsigned long long) s.gpu_tx_bytes,
+		    (unsigned long long) s.gpu_rx_bytes,
+		    (unsigned long long) s.gpu_copy_errors);
+	*lenp = len;
+#else
+	(void) b;
+	(void) json;
+	(void) buf;
+	(void) cap;
+	(void) lenp;
+#endif
+}
+
 size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
 	struct kvb_xnode *rm = b->rm;
@@ -219,6 +270,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.unopened_evicted,
 		    (unsigned long long) rm->st.peers_reclaimed);
 		rdma_events(b, json, buf, cap, &len);
+		tcp_counters(b, json, buf, cap, &len);
 		PUT("\"peers\":[");
 	} else {
 		PUT("notify messages        %llu received, %llu rejected, %llu "
@@ -243,6 +295,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) rm->st.releases_sent,
 		    (unsigned long long) rm->st.write_failed_sent);
 		rdma_events(b, json, buf, cap, &len);
+		tcp_counters(b, json, buf, cap, &len);
 	}
 	for (uint32_t i = 1, k = 0; i < rm->npeers_max; i++) {
 		struct kvb_peer *p = &rm->peers[i];

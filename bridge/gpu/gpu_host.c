@@ -12,6 +12,12 @@
  * - an event completes when the worker reaches its record; it reports -EIO
  *   if a copy before it on the same stream failed (the stream's error is
  *   consumed by that event, as a batch's failure is reported by its event).
+ * - with $KVB_GPU_HOST_OPAQUE=1 (read when the backend loads), the device
+ *   pointers it hands out are not host addresses: the mapping's address
+ *   with bit 62 flipped (non-canonical on x86-64 and arm64), turned back
+ *   only inside the backend's own calls. Code that touches "device memory"
+ *   without the runtime then faults (a syscall given one fails -EFAULT),
+ *   as it would with a real GPU's memory.
  */
 #include "gpu_api.h"
 #include "gpu_host.h"
@@ -26,8 +32,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define HOST_THREADS   3
-#define HOST_IPC_MAGIC 0x4b564850u /* "KVHP" */
+#define HOST_THREADS	3
+#define HOST_IPC_MAGIC	0x4b564850u /* "KVHP" */
+#define HOST_OPAQUE_BIT (1ull << 62)
 
 enum { EV_IDLE, EV_PENDING, EV_OK, EV_ERR };
 enum { IT_COPY, IT_EVENT };
@@ -88,6 +95,8 @@ static struct {
 	unsigned delay_us;
 	unsigned fail_countdown; /* 0 = none armed */
 	int fail_sync;
+	unsigned memcpy_fail_countdown; /* 0 = none armed */
+	int opaque; /* device pointers are tagged (set at load) */
 	int ndev;
 	struct host_alloc *allocs;
 	struct kvb_gpu_host_counts cnt;
@@ -104,6 +113,18 @@ static int host_fail(int rc, const char *what)
 {
 	snprintf(host_err, sizeof(host_err), "%s: %s", what, strerror(-rc));
 	return rc;
+}
+
+/* Device pointer handed out for a mapping's host address, and back. */
+static void *dev_tag(void *p)
+{
+	return H.opaque ? (void *) ((uintptr_t) p ^ HOST_OPAQUE_BIT) : p;
+}
+
+static void *dev_host(const void *p)
+{
+	return (void *) (H.opaque ? (uintptr_t) p ^ HOST_OPAQUE_BIT
+				  : (uintptr_t) p);
 }
 
 static void ready_push(struct host_stream *st)
@@ -236,6 +257,23 @@ void kvb_gpu_host_fail_copy(unsigned after, int sync)
 	pthread_mutex_unlock(&H.lock);
 }
 
+void kvb_gpu_host_fail_memcpy(unsigned after)
+{
+	pthread_mutex_lock(&H.lock);
+	H.memcpy_fail_countdown = after + 1;
+	pthread_mutex_unlock(&H.lock);
+}
+
+int kvb_gpu_host_opaque(void)
+{
+	int o;
+
+	pthread_mutex_lock(&H.lock);
+	o = H.opaque;
+	pthread_mutex_unlock(&H.lock);
+	return o;
+}
+
 void kvb_gpu_host_counts(struct kvb_gpu_host_counts *c)
 {
 	pthread_mutex_lock(&H.lock);
@@ -348,7 +386,7 @@ static int host_alloc(const struct kvb_gpu_api *g, int dev, uint64_t size,
 	H.allocs = a;
 	H.cnt.allocs++;
 	pthread_mutex_unlock(&H.lock);
-	*ptr = a->base;
+	*ptr = dev_tag(a->base);
 	return 0;
 
 err_close:
@@ -376,6 +414,7 @@ static int host_free(const struct kvb_gpu_api *g, void *ptr)
 {
 	struct host_alloc *a;
 
+	ptr = dev_host(ptr);
 	pthread_mutex_lock(&H.lock);
 	a = unlink_alloc(ptr, 0);
 	if (a)
@@ -392,6 +431,22 @@ static int host_free(const struct kvb_gpu_api *g, void *ptr)
 static int host_memcpy(const struct kvb_gpu_api *g, void *dst, const void *src,
 		       uint64_t n, enum kvb_gpu_dir dir)
 {
+	int fail;
+
+	if (dir != KVB_GPU_H2D && dir != KVB_GPU_D2H && dir != KVB_GPU_D2D)
+		return host_fail(-EINVAL, "memcpy: direction");
+	pthread_mutex_lock(&H.lock);
+	fail = H.memcpy_fail_countdown && --H.memcpy_fail_countdown == 0;
+	H.cnt.memcpys++;
+	if (!fail)
+		H.cnt.memcpy_bytes += n;
+	pthread_mutex_unlock(&H.lock);
+	if (fail)
+		return host_fail(-EIO, "memcpy (injected)");
+	if (dir != KVB_GPU_D2H)
+		dst = dev_host(dst);
+	if (dir != KVB_GPU_H2D)
+		src = dev_host(src);
 	memmove(dst, src, n);
 	return 0;
 }
@@ -403,6 +458,7 @@ static int host_ipc_get(const struct kvb_gpu_api *g, void *ptr,
 	struct host_ipc hi = {0};
 	struct host_alloc *a;
 
+	ptr = dev_host(ptr);
 	pthread_mutex_lock(&H.lock);
 	a = find_alloc(ptr);
 	if (a && !a->imported) {
@@ -446,7 +502,7 @@ static int host_ipc_open(const struct kvb_gpu_api *g, int dev,
 		if (!a)
 			return host_fail(-ENOENT,
 					 "ipc_open: no such allocation");
-		*base = a->base;
+		*base = dev_tag(a->base);
 		return 0;
 	}
 	snprintf(path, sizeof(path), "/proc/%u/fd/%d", hi.pid, hi.fd);
@@ -478,7 +534,7 @@ static int host_ipc_open(const struct kvb_gpu_api *g, int dev,
 	H.allocs = a;
 	H.cnt.mappings++;
 	pthread_mutex_unlock(&H.lock);
-	*base = a->base;
+	*base = dev_tag(a->base);
 	return 0;
 
 err_free:
@@ -493,6 +549,7 @@ static int host_ipc_close(const struct kvb_gpu_api *g, void *base)
 	struct host_alloc *a;
 	int own;
 
+	base = dev_host(base);
 	pthread_mutex_lock(&H.lock);
 	a = unlink_alloc(base, 1);
 	if (a)
@@ -577,8 +634,8 @@ static int host_copy_async(const struct kvb_gpu_api *g, void *dst, int dst_dev,
 	if (!it)
 		return host_fail(-ENOMEM, "copy_async");
 	it->type = IT_COPY;
-	it->dst = dst;
-	it->src = src;
+	it->dst = dev_host(dst);
+	it->src = dev_host(src);
 	it->n = n;
 	pthread_mutex_lock(&H.lock);
 	if (H.fail_countdown && --H.fail_countdown == 0)
@@ -721,6 +778,12 @@ static const struct kvb_gpu_api host_api = {
 int _kvb_gpu_host_load(const struct kvb_gpu_api **out, char *why,
 		       size_t why_len)
 {
+	const char *e = getenv("KVB_GPU_HOST_OPAQUE");
+
+	pthread_mutex_lock(&H.lock);
+	if (!H.allocs)
+		H.opaque = e && *e && strcmp(e, "0") != 0;
+	pthread_mutex_unlock(&H.lock);
 	*out = &host_api;
 	return 0;
 }

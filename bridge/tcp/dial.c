@@ -13,6 +13,9 @@
 
 #include "tcp/tcp_priv.h"
 
+static void ep_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref,
+			int status);
+
 int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
 		    socklen_t salen, struct kvb_ep **out)
 {
@@ -29,6 +32,7 @@ int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
 		goto err_slots;
 	ep->tag.kind = TCP_K_EP;
 	ep->tt = tt;
+	_kvb_tcp_txq_init(&ep->tx, ep_drop_seg, ep);
 	ep->sa = *sa;
 	ep->salen = salen;
 	ep->fd = -1;
@@ -731,14 +735,15 @@ void _kvb_tcp_ep_tick(struct kvb_ep *ep, uint64_t now, uint64_t *next)
 		*next = dl;
 }
 
-static void ep_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref)
+static void ep_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref,
+			int status)
 {
 	struct kvb_ep *ep = owner;
 	struct tcp_slot *s = &ep->slots[ref];
 
 	(void) f;
-	if (s->used && s->opcode == KVB_XOP_WRITE)
-		s->err = -ENOENT;
+	if (s->used && s->opcode == KVB_XOP_WRITE && !s->err)
+		s->err = status;
 }
 
 void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr)
@@ -746,7 +751,7 @@ void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr)
 	uint32_t i;
 
 	_kvb_tcp_rx_drop_mr(&ep->rx, mr);
-	_kvb_tcp_txq_drop_mr(&ep->tx, mr, ep_drop_seg, ep);
+	_kvb_tcp_txq_drop_mr(&ep->tx, mr);
 	for (i = 0; i < ep->depth; i++) {
 		struct tcp_slot *s = &ep->slots[i];
 

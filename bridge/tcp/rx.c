@@ -10,12 +10,19 @@
  * prefix of what the stream holds next: the rest of the payloads straight
  * into their destinations, then the trailer and the next header, so a
  * stream of frames costs about one syscall per frame.
+ *
+ * An item that lands in GPU memory is read into the connection's staging
+ * buffer instead, up to TCP_STAGE bytes at a time (a readv ends there),
+ * and copied to the device by the gpu runtime when the buffer is full or
+ * the item complete. A copy that fails discards the rest of the item and
+ * gives it -EIO.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu/gpu_api.h"
 #include "tcp/tcp_priv.h"
 
 int _kvb_tcp_rx_init(struct tcp_rx *rx)
@@ -36,9 +43,11 @@ void _kvb_tcp_rx_free(struct tcp_rx *rx)
 	free(rx->rbuf);
 	free(rx->items);
 	free(rx->tbuf);
+	free(rx->stage);
 	rx->rbuf = NULL;
 	rx->items = NULL;
 	rx->tbuf = NULL;
+	rx->stage = NULL;
 }
 
 void _kvb_tcp_rx_reset(struct tcp_rx *rx)
@@ -47,6 +56,43 @@ void _kvb_tcp_rx_reset(struct tcp_rx *rx)
 	rx->hgot = 0;
 	rx->n = 0;
 	rx->cur = 0;
+	rx->staged = 0;
+}
+
+static int item_gpu(const struct tcp_item *it)
+{
+	return it->dst && it->mr && it->mr->kind == KVB_MEM_GPU;
+}
+
+/* The item will not land: the rest of its payload is discarded. */
+static void item_discard(struct tcp_rx *rx, struct tcp_item *it, int status)
+{
+	if (it == &rx->items[rx->cur])
+		rx->staged = 0;
+	it->dst = NULL;
+	it->mr = NULL;
+	if (!it->rec.status)
+		it->rec.status = status;
+}
+
+/* Copy the staged bytes of the current item to the device. */
+static void stage_flush(struct tcp_transport *tt, struct tcp_rx *rx,
+			struct tcp_item *it)
+{
+	const struct kvb_gpu_api *g = kvb_gpu_backend();
+	uint64_t n = rx->staged;
+	int rc;
+
+	rc = g ? g->memcpy(g, it->dst + (it->got - n), rx->stage, n,
+			   KVB_GPU_H2D)
+	       : -ENODEV;
+	rx->staged = 0;
+	if (!rc) {
+		tt->st.gpu_rx_bytes += n;
+		return;
+	}
+	tt->st.gpu_copy_errors++;
+	item_discard(rx, it, -EIO);
 }
 
 void _kvb_tcp_rx_begin_recs(struct tcp_rx *rx)
@@ -77,10 +123,7 @@ void _kvb_tcp_rx_drop_mr(struct tcp_rx *rx, struct kvb_mr *mr)
 
 		if (it->mr != mr)
 			continue;
-		it->dst = NULL;
-		it->mr = NULL;
-		if (!it->rec.status)
-			it->rec.status = -ENOENT;
+		item_discard(rx, it, -ENOENT);
 	}
 }
 
@@ -105,6 +148,11 @@ static unsigned rx_iov(struct tcp_transport *tt, struct tcp_rx *rx,
 			struct tcp_item *it = &rx->items[i];
 			uint64_t off = it->got;
 
+			if (off < it->rec.len && item_gpu(it) && !rx->stage) {
+				rx->stage = malloc(TCP_STAGE);
+				if (!rx->stage)
+					item_discard(rx, it, -ENOMEM);
+			}
 			while (off < it->rec.len) {
 				uint64_t c = it->rec.len - off;
 
@@ -112,6 +160,17 @@ static unsigned rx_iov(struct tcp_transport *tt, struct tcp_rx *rx,
 					return n;
 				if (c > budget)
 					c = budget;
+				if (item_gpu(it)) {
+					/* the stage holds this item only
+					 * (rx->staged is 0 unless it is the
+					 * current one): the readv ends here */
+					if (c > TCP_STAGE - rx->staged)
+						c = TCP_STAGE - rx->staged;
+					iov[n].iov_base =
+						rx->stage + rx->staged;
+					iov[n++].iov_len = c;
+					return n;
+				}
 				if (it->dst) {
 					iov[n].iov_base = it->dst + off;
 				} else {
@@ -148,8 +207,8 @@ static size_t min_sz(size_t a, uint64_t b)
  * Account up to n bytes that landed where rx_iov() said; stop after the
  * first event. Returns the bytes accounted (may be 0 with an event).
  */
-static size_t rx_eat(struct tcp_rx *rx, size_t n, enum tcp_rx_ev *ev,
-		     unsigned *idx)
+static size_t rx_eat(struct tcp_transport *tt, struct tcp_rx *rx, size_t n,
+		     enum tcp_rx_ev *ev, unsigned *idx)
 {
 	struct tcp_item *it;
 	size_t k;
@@ -173,6 +232,12 @@ static size_t rx_eat(struct tcp_rx *rx, size_t n, enum tcp_rx_ev *ev,
 			it = &rx->items[rx->cur];
 			k = min_sz(n, it->rec.len - it->got);
 			it->got += k;
+			if (item_gpu(it)) {
+				rx->staged += k;
+				if (rx->staged == TCP_STAGE ||
+				    it->got == it->rec.len)
+					stage_flush(tt, rx, it);
+			}
 			if (it->got == it->rec.len) {
 				*ev = EV_ITEM;
 				*idx = rx->cur++;
@@ -233,7 +298,7 @@ int _kvb_tcp_rx_pump(struct tcp_transport *tt, struct tcp_rx *rx, int fd,
 			*progress = tcp_now();
 		left = (size_t) r;
 		for (;;) {
-			left -= rx_eat(rx, left, &ev, &idx);
+			left -= rx_eat(tt, rx, left, &ev, &idx);
 			if (ev == EV_NONE) {
 				if (!left)
 					break;

@@ -50,6 +50,9 @@ void _kvb_tcp_conn_destroy(struct tcp_conn *c)
 	free(c);
 }
 
+static void conn_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref,
+			  int status);
+
 void _kvb_tcp_accept(struct tcp_transport *tt)
 {
 	unsigned i;
@@ -73,6 +76,7 @@ void _kvb_tcp_accept(struct tcp_transport *tt)
 			goto err_free;
 		c->tag.kind = TCP_K_CONN;
 		c->tt = tt;
+		_kvb_tcp_txq_init(&c->tx, conn_drop_seg, c);
 		c->fd = fd;
 		_kvb_tcp_sock_tune(tt, fd);
 		if (_kvb_tcp_epoll_set(tt, fd, &c->tag, &c->events, EPOLLIN))
@@ -347,14 +351,17 @@ void _kvb_tcp_conn_flush_all(struct tcp_transport *tt)
 	}
 }
 
-static void conn_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref)
+static void conn_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref,
+			  int status)
 {
+	(void) owner;
 	/* the READ_RESP trailer, sent after every payload, fails the op */
-	kvb_tcp_status_put(f->trailer + 4 * ref, -ENOENT);
+	if (!kvb_tcp_status_get(f->trailer + 4 * ref))
+		kvb_tcp_status_put(f->trailer + 4 * ref, status);
 }
 
 void _kvb_tcp_conn_drop_mr(struct tcp_conn *c, struct kvb_mr *mr)
 {
 	_kvb_tcp_rx_drop_mr(&c->rx, mr);
-	_kvb_tcp_txq_drop_mr(&c->tx, mr, conn_drop_seg, c);
+	_kvb_tcp_txq_drop_mr(&c->tx, mr);
 }

@@ -20,6 +20,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "gpu/gpu_api.h"
 #include "tcp/tcp_priv.h"
 
 #define CQ_INIT 1024u
@@ -370,7 +371,10 @@ static int tcp_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
 
 	if (!mr || (!mr->addr && mr->len))
 		return -EINVAL;
-	if (mr->kind != KVB_MEM_HOST)
+	/* GPU memory goes through host staging buffers, copied by the gpu
+	 * runtime: there must be one */
+	if (mr->kind != KVB_MEM_HOST &&
+	    (mr->kind != KVB_MEM_GPU || !kvb_gpu_backend()))
 		return -EOPNOTSUPP;
 	if (_kvb_tcp_mr_find(tt, mr->id))
 		return -EEXIST;

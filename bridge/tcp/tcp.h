@@ -12,6 +12,12 @@
  * registered here and their KVB_MEM_REMOTE_WRITE / KVB_MEM_REMOTE_READ
  * flags before landing a byte. Frame format, rules and counters: docs/tcp.md.
  *
+ * Regions: host memory, and GPU memory (KVB_MEM_GPU) once a gpu backend is
+ * chosen (kvb_gpu_backend_init): its payload is copied through a host
+ * staging buffer per connection and direction (TCP_STAGE bytes) by the
+ * runtime's synchronous memcpy, in the same thread; a copy that fails
+ * fails its op with -EIO (zeros go on the wire in its place).
+ *
  * Single-threaded and non-blocking: every call does bounded work and never
  * sleeps. The broker sleeps on ops->wait_fd() (an epoll fd) and calls poll()
  * when it turns readable; not thread-safe, one thread owns a transport.
@@ -33,18 +39,21 @@ extern const struct kvb_transport_ops kvb_tcp_ops;
 #define KVB_TCP_MAX_OP (1ull << 30)
 
 struct kvb_tcp_stats {
-	uint64_t writev_calls;	/* sendmsg calls, both roles */
-	uint64_t frames_tx;	/* frames queued for sending */
-	uint64_t frames_rx;	/* frames received whole */
-	uint64_t bytes_tx;	/* socket bytes sent */
-	uint64_t bytes_rx;	/* socket bytes received */
-	uint64_t rejected;	/* malformed frames: connection closed */
-	uint64_t refused_ops;	/* remote ops answered with an error status */
-	uint64_t conn_accepted; /* connections accepted */
-	uint64_t conn_failed;	/* endpoint connections lost or not made */
-	uint64_t reconnects;	/* dials of an endpoint after its first */
-	uint64_t conns_open;	/* accepted connections open now */
-	uint64_t eps_open;	/* endpoints now */
+	uint64_t writev_calls;	  /* sendmsg calls, both roles */
+	uint64_t frames_tx;	  /* frames queued for sending */
+	uint64_t frames_rx;	  /* frames received whole */
+	uint64_t bytes_tx;	  /* socket bytes sent */
+	uint64_t bytes_rx;	  /* socket bytes received */
+	uint64_t rejected;	  /* malformed frames: connection closed */
+	uint64_t refused_ops;	  /* remote ops answered with an error status */
+	uint64_t conn_accepted;	  /* connections accepted */
+	uint64_t conn_failed;	  /* endpoint connections lost or not made */
+	uint64_t reconnects;	  /* dials of an endpoint after its first */
+	uint64_t conns_open;	  /* accepted connections open now */
+	uint64_t eps_open;	  /* endpoints now */
+	uint64_t gpu_tx_bytes;	  /* GPU payload copied out to be sent */
+	uint64_t gpu_rx_bytes;	  /* received payload copied into GPU memory */
+	uint64_t gpu_copy_errors; /* such copies that failed (op: -EIO) */
 };
 
 /* The port the transport listens on (useful with tcp_port 0), or -EINVAL. */

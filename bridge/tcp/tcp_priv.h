@@ -37,6 +37,9 @@
 #define TCP_BUF_WANT	   (4 << 20)
 #define TCP_STRIPES_MAX	   16u /* connections per peer (kvb_ep stripes) */
 #define TCP_EV_REG	   0x80000000u /* epoll_set: fd is in the set */
+/* GPU payload goes through host memory in pieces of up to this many bytes,
+ * one staging buffer per direction of a connection (allocated on first use) */
+#define TCP_STAGE (1u << 20)
 
 _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 
@@ -69,12 +72,23 @@ struct tcp_frame {
 	struct tcp_seg seg[];
 };
 
+/* Called for a seg whose payload will not be sent (zeros go instead):
+ * the op it carries must complete with `status`. */
+typedef void (*tcp_drop_fn)(void *owner, struct tcp_frame *f, uint32_t ref,
+			    int status);
+
 struct tcp_txq {
 	struct tcp_frame *head, *tail;
 	unsigned n;
 	/* bytes of every frame pushed / sent since the queue was last
 	 * cleared: a byte at offset x of that stream is sent once sent > x */
 	uint64_t queued, sent;
+	/* GPU payload copied to host memory: stream bytes [stage_lo,
+	 * stage_hi) are at stage[0 ..), kept until sent */
+	char *stage;
+	uint64_t stage_lo, stage_hi;
+	tcp_drop_fn drop; /* for a seg whose GPU copy failed */
+	void *owner;
 };
 
 /* ---- receive state machine (rx.c) ---- */
@@ -101,6 +115,10 @@ struct tcp_rx {
 	unsigned n, cur;
 	uint8_t *tbuf; /* trailer */
 	uint32_t tgot, tlen;
+	/* the current item's GPU payload lands here first: staged bytes
+	 * not yet copied to the device (allocated on first use) */
+	char *stage;
+	uint64_t staged;
 };
 
 /* ---- endpoint (dial.c) ---- */
@@ -227,15 +245,18 @@ int _kvb_tcp_sockaddr(const char *ip, uint16_t port,
 /* tx.c */
 struct tcp_frame *_kvb_tcp_frame_new(unsigned nseg, uint32_t meta_len,
 				     uint32_t trailer_len);
+void _kvb_tcp_txq_init(struct tcp_txq *q, tcp_drop_fn drop, void *owner);
 void _kvb_tcp_txq_push(struct tcp_txq *q, struct tcp_frame *f);
+/* Drop every frame (and the staging buffer); the stream restarts at 0. */
 void _kvb_tcp_txq_clear(struct tcp_txq *q);
-/* One sendmsg of the queue head: bytes sent, -EAGAIN, or -errno. */
+/*
+ * One sendmsg of the queue head: bytes sent, -EAGAIN, or -errno. GPU
+ * payload is copied to the staging buffer first (a piece at a time); a
+ * copy that fails sends zeros for that seg and drops it with -EIO.
+ */
 int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd);
-/* Replace unsent payload of `mr` by zeros; drop(owner, ref) per seg. */
-void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr,
-			  void (*drop)(void *owner, struct tcp_frame *f,
-				       uint32_t ref),
-			  void *owner);
+/* Replace unsent payload of `mr` by zeros; q->drop(-ENOENT) per seg. */
+void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr);
 
 /* rx.c */
 int _kvb_tcp_rx_init(struct tcp_rx *rx);

@@ -4,12 +4,27 @@
  * registered memory. _kvb_tcp_txq_send() gathers as much of the queue as
  * fits TCP_IOV_MAX iovecs into one sendmsg and advances by what the socket
  * took; the rest stays queued for the next call (from poll()).
+ *
+ * GPU memory cannot be handed to the socket: its payload is copied by the
+ * gpu runtime into the queue's staging buffer (TCP_STAGE bytes) just before
+ * it is sent, and the iovecs point there. The buffer holds one run of
+ * stream bytes, kept until the socket took them (a partial send resends
+ * from it without copying again); a sendmsg stops at GPU bytes that do not
+ * fit, so the copies stay bounded whatever is queued.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/gpu_api.h"
 #include "tcp/tcp_priv.h"
+
+void _kvb_tcp_txq_init(struct tcp_txq *q, tcp_drop_fn drop, void *owner)
+{
+	memset(q, 0, sizeof(*q));
+	q->drop = drop;
+	q->owner = owner;
+}
 
 struct tcp_frame *_kvb_tcp_frame_new(unsigned nseg, uint32_t meta_len,
 				     uint32_t trailer_len)
@@ -58,6 +73,9 @@ void _kvb_tcp_txq_clear(struct tcp_txq *q)
 	while (q->head)
 		txq_pop(q);
 	q->queued = q->sent = 0;
+	free(q->stage);
+	q->stage = NULL;
+	q->stage_lo = q->stage_hi = 0;
 }
 
 static uint64_t part_len(const struct tcp_frame *f, unsigned p)
@@ -99,9 +117,67 @@ static void txq_advance(struct tcp_txq *q, uint64_t n)
 	}
 }
 
+/* The GPU region part p's payload is in, or NULL. */
+static const struct kvb_mr *part_gpu(const struct tcp_frame *f, unsigned p)
+{
+	const struct tcp_seg *s;
+
+	if (p == 0 || p > f->nseg)
+		return NULL;
+	s = &f->seg[p - 1];
+	return s->base && s->mr && s->mr->kind == KVB_MEM_GPU ? s->mr : NULL;
+}
+
+/*
+ * The iovec for GPU payload at stream position `pos` (offset `off` of part
+ * p): bytes the stage holds already, else copied into it now. Returns the
+ * bytes it covers, 0 when the stage holds unsent bytes of another run (send
+ * those first), or -errno when the copy failed.
+ */
+static int64_t stage_piece(struct tcp_transport *tt, struct tcp_txq *q,
+			   const struct tcp_frame *f, unsigned p, uint64_t off,
+			   uint64_t pos, struct iovec *iov)
+{
+	const struct kvb_gpu_api *g = kvb_gpu_backend();
+	uint64_t c = part_len(f, p) - off;
+	int rc;
+
+	if (pos >= q->stage_lo && pos < q->stage_hi) {
+		if (c > q->stage_hi - pos)
+			c = q->stage_hi - pos;
+		iov->iov_base = q->stage + (pos - q->stage_lo);
+		iov->iov_len = c;
+		return (int64_t) c;
+	}
+	/* nothing staged is unsent, or nothing before pos is in this
+	 * sendmsg (pos == sent): the stage starts afresh at pos */
+	if (q->sent >= q->stage_hi || pos == q->sent)
+		q->stage_lo = q->stage_hi = pos;
+	else if (pos != q->stage_hi || q->stage_hi - q->stage_lo == TCP_STAGE)
+		return 0;
+	if (c > TCP_STAGE - (q->stage_hi - q->stage_lo))
+		c = TCP_STAGE - (q->stage_hi - q->stage_lo);
+	if (!q->stage) {
+		q->stage = malloc(TCP_STAGE);
+		if (!q->stage)
+			return -ENOMEM;
+	}
+	rc = g ? g->memcpy(g, q->stage + (q->stage_hi - q->stage_lo),
+			   part_base(f, p) + off, c, KVB_GPU_D2H)
+	       : -ENODEV;
+	if (rc)
+		return rc < 0 ? rc : -EIO;
+	iov->iov_base = q->stage + (q->stage_hi - q->stage_lo);
+	iov->iov_len = c;
+	q->stage_hi += c;
+	tt->st.gpu_tx_bytes += c;
+	return (int64_t) c;
+}
+
 int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd)
 {
 	struct iovec *iov = tt->iov;
+	uint64_t pos = q->sent;
 	struct msghdr msg;
 	struct tcp_frame *f;
 	unsigned n = 0;
@@ -118,9 +194,32 @@ int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd)
 
 			if (len <= off)
 				continue;
+			if (base && part_gpu(f, p)) {
+				struct tcp_seg *s = &f->seg[p - 1];
+				int64_t c = stage_piece(tt, q, f, p, off, pos,
+							&iov[n]);
+
+				if (c > 0) {
+					n++;
+					pos += (uint64_t) c;
+					if ((uint64_t) c < len - off)
+						goto send; /* rest: the stage */
+					continue;
+				}
+				if (!c)
+					goto send;
+				/* not copied: zeros go instead, the op fails */
+				tt->st.gpu_copy_errors++;
+				s->base = NULL;
+				s->mr = NULL;
+				base = NULL;
+				if (q->drop)
+					q->drop(q->owner, f, s->ref, -EIO);
+			}
 			if (base) {
 				iov[n].iov_base = (void *) (base + off);
 				iov[n++].iov_len = len - off;
+				pos += len - off;
 				continue;
 			}
 			while (off < len && n < TCP_IOV_MAX) {
@@ -131,9 +230,11 @@ int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd)
 				iov[n].iov_base = tt->zeros;
 				iov[n++].iov_len = c;
 				off += c;
+				pos += c;
 			}
 		}
 	}
+send:
 	if (!n)
 		return 0;
 	memset(&msg, 0, sizeof(msg));
@@ -154,10 +255,7 @@ int64_t _kvb_tcp_txq_send(struct tcp_transport *tt, struct tcp_txq *q, int fd)
 	return rc;
 }
 
-void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr,
-			  void (*drop)(void *owner, struct tcp_frame *f,
-				       uint32_t ref),
-			  void *owner)
+void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr)
 {
 	struct tcp_frame *f;
 	unsigned i;
@@ -171,6 +269,7 @@ void _kvb_tcp_txq_drop_mr(struct tcp_txq *q, struct kvb_mr *mr,
 				continue;
 			s->base = NULL;
 			s->mr = NULL;
-			drop(owner, f, s->ref);
+			if (q->drop)
+				q->drop(q->owner, f, s->ref, -ENOENT);
 		}
 }
