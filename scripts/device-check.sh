@@ -11,6 +11,9 @@
 #     there), a P and a D worker process registering device memory with
 #     kvb_mem_register_gpu(), P writing scattered blocks into D through the
 #     broker, D checking every byte (tests/gpu/gpu_broker_test.c);
+#  2b. GPU memory over the tcp transport (two transports over 127.0.0.1,
+#     device regions on both sides, WRITE and READ through the host staging
+#     buffers, every byte checked, GB/s; tests/gpu/tcp_gpu_check.c);
 #  3. kvbench built with gcc (local and gpu transports): `workload
 #     --transport gpu --verify` (direct and broker, every byte checked at
 #     D), the small- and large-block gpu cases of `make bench` (fewer
@@ -79,6 +82,23 @@ else
 	rc2=1
 fi
 
+echo "=== part 2b: GPU memory over the tcp transport (host staging buffers)"
+# shellcheck disable=SC2086
+if gcc $CF tests/gpu/tcp_gpu_check.c bridge/tcp/*.c bridge/gpu/*.c \
+	-ldl -lpthread -o "$B/tcp_gpu_check"; then
+	if [ "$QUICK" = 1 ]; then TG=(--mib 16 --block-kib 64); else TG=(--mib 1024 --block-kib 256); fi
+	if [ "$BACKEND" = host ]; then
+		KVB_GPU_HOST_OPAQUE=1 timeout 120 "$B/tcp_gpu_check" --backend host "${TG[@]}"
+	else
+		timeout 120 "$B/tcp_gpu_check" --backend "$BACKEND" "${TG[@]}"
+	fi
+	rc2b=$?
+else
+	echo "RESULT2B: BUILD-FAILED (tcp_gpu_check)"
+	rc2b=1
+fi
+echo "part 2b exit $rc2b"
+
 echo "=== part 3: kvbench (gcc build: local and gpu transports)"
 # shellcheck disable=SC2086
 # every source of kvbench (all of bench/kvbench/*.c: a list here went stale
@@ -123,5 +143,5 @@ if [ $vg -eq 0 ]; then
 fi
 kb workload-local-large-ct8 workload "${LARGE[@]}" --iters-total "$LLT" \
 	--repeat "$REP" --sweep-workers "$SWC" --broker-opts "--copy-threads 8"
-echo "RESULT1 (transport): exit $rc1; RESULT2 (broker): exit $rc2; RESULT3 (kvbench): exit $rc3"
-[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]
+echo "RESULT1 (transport): exit $rc1; RESULT2 (broker): exit $rc2; RESULT2B (tcp staging): exit $rc2b; RESULT3 (kvbench): exit $rc3"
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc2b -eq 0 ] && [ $rc3 -eq 0 ]
