@@ -36,9 +36,10 @@ test-tsan: deps build
 
 # libFuzzer targets (clang, docs/fuzzing.md): each runs FUZZ_SECONDS on one
 # core from its checked-in seeds; new inputs go to build-fuzz/corpus/<t>/,
-# crashes to build-fuzz/crashes/<t>-*. FUZZ_TARGETS picks some.
+# crashes to build-fuzz/crashes/<t>-*. FUZZ_TARGETS picks some. A target
+# named <x>_gpu starts from <x>'s seeds (the same source, GPU regions).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= zmsg hs tcp_serve tcp_dial validate
+FUZZ_TARGETS ?= zmsg hs tcp_serve tcp_serve_gpu tcp_dial tcp_dial_gpu validate
 FUZZ_FLAGS ?= -jobs=1 -workers=1 -rss_limit_mb=2048
 fuzz: deps
 	CC=clang cmake -S . -B build-fuzz -DKVB_FUZZ=ON -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -49,7 +50,7 @@ fuzz: deps
 	  (cd build-fuzz/log/$$t && ../../tests/fuzz/fuzz_$$t $(FUZZ_FLAGS) \
 	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	    -artifact_prefix=$(CURDIR)/build-fuzz/crashes/$$t- \
-	    $(CURDIR)/build-fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t) \
+	    $(CURDIR)/build-fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$${t%_gpu}) \
 	    || { tail -40 build-fuzz/log/$$t/fuzz-0.log; exit 1; }; \
 	  tail -12 build-fuzz/log/$$t/fuzz-0.log; \
 	done

@@ -234,8 +234,9 @@ static size_t rx_eat(struct tcp_transport *tt, struct tcp_rx *rx, size_t n,
 			it->got += k;
 			if (item_gpu(it)) {
 				rx->staged += k;
-				if (rx->staged == TCP_STAGE ||
-				    it->got == it->rec.len)
+				/* (a zero-length item has nothing to copy) */
+				if (rx->staged && (rx->staged == TCP_STAGE ||
+						   it->got == it->rec.len))
 					stage_flush(tt, rx, it);
 			}
 			if (it->got == it->rec.len) {

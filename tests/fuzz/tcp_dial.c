@@ -18,6 +18,11 @@
  * the connection first. Each op completes exactly once with that status; a
  * READ that succeeded holds the bytes answered for it; no other byte of the
  * local region or its guards changes (READs that failed may hold anything).
+ *
+ * Built with KVB_FUZZ_TCP_GPU (target tcp_dial_gpu, same corpus): the local
+ * region is "device memory" of the host gpu backend with opaque pointers
+ * (KVB_MEM_GPU), so WRITE payloads leave and READ answers land through the
+ * transport's staging buffers; the predictions are the same.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -27,6 +32,9 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#ifdef KVB_FUZZ_TCP_GPU
+#include "gpu/gpu_api.h"
+#endif
 #include "kvbroker/kvbroker.h"
 #include "tcp/tcp_priv.h"
 
@@ -44,6 +52,9 @@ static struct kvb_mr mr[MAX_STRIPES];
 static uint8_t blob[KVB_TCP_BLOB_LEN];
 static int lfd = -1;
 static uint8_t *arena, *before; /* guard | local region | guard */
+#ifdef KVB_FUZZ_TCP_GPU
+static char *dev_arena; /* the same in device memory */
+#endif
 
 struct op {
 	struct kvb_xop x;
@@ -99,6 +110,17 @@ static void setup(void)
 	arena = calloc(1, LOCAL_LEN + 2 * GUARD);
 	before = calloc(1, LOCAL_LEN + 2 * GUARD);
 	FUZZ_CHECK(arena && before);
+#ifdef KVB_FUZZ_TCP_GPU
+	{
+		void *d = NULL;
+
+		setenv("KVB_GPU_HOST_OPAQUE", "1", 1);
+		FUZZ_CHECK(!kvb_gpu_backend_init("host", why, sizeof(why)));
+		FUZZ_CHECK(!kvb_gpu_backend()->alloc(
+			kvb_gpu_backend(), 0, LOCAL_LEN + 2 * GUARD, &d));
+		dev_arena = d;
+	}
+#endif
 	lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	FUZZ_CHECK(lfd >= 0);
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -120,11 +142,30 @@ static void setup(void)
 			abort();
 		}
 		mr[i].id = 1;
+#ifdef KVB_FUZZ_TCP_GPU
+		mr[i].kind = KVB_MEM_GPU;
+		mr[i].addr = dev_arena + GUARD;
+#else
 		mr[i].kind = KVB_MEM_HOST;
 		mr[i].addr = arena + GUARD;
+#endif
 		mr[i].len = LOCAL_LEN;
 		FUZZ_CHECK(kvb_tcp_ops.reg_mr(tr[i], &mr[i]) == 0);
 	}
+}
+
+/* GPU: the device arena from (to_dev) or to its host view; else no-op */
+static void arena_sync(int to_dev)
+{
+#ifdef KVB_FUZZ_TCP_GPU
+	const struct kvb_gpu_api *g = kvb_gpu_backend();
+	size_t n = LOCAL_LEN + 2 * GUARD;
+
+	FUZZ_CHECK(!(to_dev ? g->memcpy(g, dev_arena, arena, n, KVB_GPU_H2D)
+			    : g->memcpy(g, arena, dev_arena, n, KVB_GPU_D2H)));
+#else
+	(void) to_dev;
+#endif
 }
 
 static void reap(struct kvb_transport *t)
@@ -464,6 +505,7 @@ static void run_round(struct kvb_transport *t, struct kvb_ep *lead,
 	for (i = 0; i < LOCAL_LEN + 2 * GUARD; i++)
 		arena[i] = (uint8_t) (i * 13 + cursor);
 	memcpy(before, arena, LOCAL_LEN + 2 * GUARD);
+	arena_sync(1);
 	memset(conns, 0, sizeof(conns));
 	kvb_tcp_get_stats(t, &st0);
 
@@ -621,6 +663,7 @@ static void run_round(struct kvb_transport *t, struct kvb_ep *lead,
 	FUZZ_CHECK(st.rejected - st0.rejected == rejected);
 
 	/* READ data landed where asked and nowhere else */
+	arena_sync(0);
 	for (i = 0; i < nops; i++) {
 		const struct op *o = &ops[i];
 		uint8_t *p = arena + GUARD + o->x.local_off;

@@ -14,6 +14,13 @@
  * byte of the region arena afterwards, guards included: no byte lands where
  * no granted record put it. When the connection is dropped, answers still
  * queued may be lost: then what arrived must be a prefix of the prediction.
+ *
+ * Built with KVB_FUZZ_TCP_GPU (target tcp_serve_gpu, same corpus): the
+ * arena is "device memory" of the host gpu backend with opaque pointers and
+ * the regions are KVB_MEM_GPU, so every byte goes through the transport's
+ * staging buffers; a WRITE's bytes then land only once its payload is
+ * complete (the regions are far smaller than a staging buffer), which the
+ * model says too.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +31,12 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#ifdef KVB_FUZZ_TCP_GPU
+#include "gpu/gpu_api.h"
+#define FUZZ_GPU 1
+#else
+#define FUZZ_GPU 0
+#endif
 #include "kvbroker/kvbroker.h"
 #include "tcp/tcp.h"
 #include "tcp/wire.h"
@@ -46,8 +59,9 @@ static const struct {
 static struct kvb_transport *srv;
 static uint16_t srv_port;
 static struct kvb_mr mrs[NREG];
-static size_t reg_off[NREG]; /* in the arena */
-static uint8_t *arena, *model;
+static size_t reg_off[NREG];   /* in the arena */
+static uint8_t *arena, *model; /* arena: the host view (GPU: a copy) */
+static char *dev_arena;	       /* GPU: the regions' device memory */
 static size_t arena_len;
 
 /* What the model expects to see. */
@@ -100,6 +114,17 @@ static void setup(void)
 	arena = malloc(arena_len);
 	model = malloc(arena_len);
 	FUZZ_CHECK(arena && model);
+#ifdef KVB_FUZZ_TCP_GPU
+	{
+		void *d = NULL;
+
+		setenv("KVB_GPU_HOST_OPAQUE", "1", 1);
+		FUZZ_CHECK(!kvb_gpu_backend_init("host", why, sizeof(why)));
+		FUZZ_CHECK(!kvb_gpu_backend()->alloc(kvb_gpu_backend(), 0,
+						     arena_len, &d));
+		dev_arena = d;
+	}
+#endif
 	if (kvb_tcp_ops.open(&p, &srv, why, sizeof(why))) {
 		fprintf(stderr, "tcp transport: %s\n", why);
 		abort();
@@ -108,8 +133,9 @@ static void setup(void)
 	for (i = 0; i < NREG; i++) {
 		mrs[i].id = layout[i].id;
 		mrs[i].flags = layout[i].flags;
-		mrs[i].kind = KVB_MEM_HOST;
-		mrs[i].addr = arena + reg_off[i];
+		mrs[i].kind = FUZZ_GPU ? KVB_MEM_GPU : KVB_MEM_HOST;
+		mrs[i].addr =
+			(FUZZ_GPU ? dev_arena : (char *) arena) + reg_off[i];
 		mrs[i].len = layout[i].len;
 		FUZZ_CHECK(kvb_tcp_ops.reg_mr(srv, &mrs[i]) == 0);
 	}
@@ -200,7 +226,8 @@ static void model_run(const uint8_t *s, size_t n, struct expect *e)
 
 			if (avail > rec[i].len)
 				avail = rec[i].len;
-			if (!st)
+			/* GPU: staged, copied in once the item is whole */
+			if (!st && (!FUZZ_GPU || avail == rec[i].len))
 				memcpy(model + reg_off[k] + rec[i].off, s + pos,
 				       avail);
 			pos += avail;
@@ -298,6 +325,24 @@ static void drain(int fd, struct got *g)
 	}
 }
 
+enum { KVB_GPU_TO_DEV, KVB_GPU_TO_HOST };
+
+/* GPU: the device arena from / to its host view (no-op for host memory) */
+static void arena_sync(int dir)
+{
+#ifdef KVB_FUZZ_TCP_GPU
+	const struct kvb_gpu_api *g = kvb_gpu_backend();
+
+	FUZZ_CHECK(!(
+		dir == KVB_GPU_TO_DEV
+			? g->memcpy(g, dev_arena, arena, arena_len, KVB_GPU_H2D)
+			: g->memcpy(g, arena, dev_arena, arena_len,
+				    KVB_GPU_D2H)));
+#else
+	(void) dir;
+#endif
+}
+
 static void srv_poll(void)
 {
 	struct kvb_xcqe cqe[8];
@@ -322,6 +367,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (i = 0; i < arena_len; i++)
 		arena[i] = (uint8_t) (i * 7 + 3);
 	memcpy(model, arena, arena_len);
+	arena_sync(KVB_GPU_TO_DEV);
 	e.acks = calloc(nrec, sizeof(*e.acks));
 	e.reads = calloc(nrec, sizeof(*e.reads));
 	e.frame_first = calloc(nrec, sizeof(unsigned));
@@ -386,6 +432,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	FUZZ_CHECK(st.rejected - st0.rejected == (uint64_t) e.rejected);
 	FUZZ_CHECK(st.conn_accepted - st0.conn_accepted == 1);
+	arena_sync(KVB_GPU_TO_HOST);
 	FUZZ_CHECK(!memcmp(arena, model, arena_len));
 	free(g.buf);
 	free(e.acks);
