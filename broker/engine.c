@@ -651,13 +651,13 @@ uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
 {
 	uint32_t left = kvb_ring_count(&w->seg.sq);
 
+	/* even when w's completions back up (it has not reaped): they go to
+	 * its overflow list, which grows by these `left` at most */
 	while (left) {
 		uint32_t n = left < KVB_BURST_MAX ? left : KVB_BURST_MAX;
 
 		if (w->ovf_len)
 			flush_overflow(w);
-		if (w->ovf_len)
-			break;		/* its completions back up: not now */
 		if (b->inf_nfree < n) { /* make room: post, take completions */
 			if (b->ndirty)
 				flush(b);

@@ -133,10 +133,11 @@ int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
 /*
  * Free a region (allocated or registered). Descriptors already submitted
  * against it still complete: those this context submitted before the call
- * (the broker takes its ring's entries before freeing; only when it is
- * saturated, its in-flight table full or this context's completions not
- * reaped, are some left, and then those naming the region fail with
- * -EINVAL, logged) and those of other workers the broker already took.
+ * (the broker takes its ring's entries before freeing, also when this
+ * context has not reaped its completions; only when the broker's in-flight
+ * table stays full are some left, and then those naming the region fail
+ * with -EINVAL, logged) and those of other workers the broker already
+ * took.
  * Returns 0, -ENOENT, -EPIPE. Thread-safe.
  */
 int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r);
