@@ -173,7 +173,7 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 		    "\"refused_ops\":%llu,\"conn_failed\":%llu,"
 		    "\"conns_open\":%llu,\"eps_open\":%llu,"
 		    "\"gpu_tx_bytes\":%llu,\"gpu_rx_bytes\":%llu,"
-		    "\"gpu_copy_errors\":%llu},",
+		    "\"gpu_copy_errors\":%llu,\"ops_merged\":%llu},",
 		    (unsigned long long) s.bytes_tx,
 		    (unsigned long long) s.bytes_rx,
 		    (unsigned long long) s.frames_tx,
@@ -185,7 +185,8 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 		    (unsigned long long) s.eps_open,
 		    (unsigned long long) s.gpu_tx_bytes,
 		    (unsigned long long) s.gpu_rx_bytes,
-		    (unsigned long long) s.gpu_copy_errors);
+		    (unsigned long long) s.gpu_copy_errors,
+		    (unsigned long long) s.ops_merged);
 	else
 		PUT("tcp                    %llu bytes sent, %llu received, "
 		    "%llu refused ops, %llu malformed frames; GPU staged %llu "

@@ -41,6 +41,7 @@ int _kvb_tcp_ep_new(struct tcp_transport *tt, const struct sockaddr_storage *sa,
 	for (i = 0; i < ep->depth; i++) {
 		ep->slots[i].seq = i;
 		ep->slots[i].next_free = i + 1;
+		ep->slots[i].rider = TCP_NO_SLOT;
 	}
 	ep->next = tt->eps;
 	if (ep->next)
@@ -68,7 +69,7 @@ static void ep_close_fd(struct kvb_ep *ep)
 	_kvb_tcp_rx_reset(&ep->rx);
 }
 
-static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
+static void slot_complete(struct kvb_ep *ep, uint32_t idx, int status)
 {
 	struct tcp_transport *tt = ep->tt;
 	struct tcp_slot *s = &ep->slots[idx];
@@ -80,6 +81,8 @@ static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
 	s->used = 0;
 	s->answered = 0;
 	s->err = 0;
+	s->is_rider = 0;
+	s->rider = TCP_NO_SLOT;
 	s->local = NULL;
 	s->dst = NULL;
 	s->next_free = ep->free_head;
@@ -89,14 +92,30 @@ static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
 	tt->inflight--;
 }
 
+/* The op in slot idx ends with status (its own error first), and so do the
+ * WRITEs that rode in its record. */
+static void ep_complete(struct kvb_ep *ep, uint32_t idx, int status)
+{
+	uint32_t r = ep->slots[idx].rider;
+
+	slot_complete(ep, idx, status);
+	while (r != TCP_NO_SLOT) {
+		uint32_t next = ep->slots[r].rider;
+
+		slot_complete(ep, r, status);
+		r = next;
+	}
+}
+
 /* Complete every op in flight with err and drop the connection. */
 static void ep_fail(struct kvb_ep *ep, int err, int dialing)
 {
 	uint32_t i;
 
 	ep_close_fd(ep);
+	/* riders end with the op whose record carries them */
 	for (i = 0; i < ep->depth && ep->used; i++)
-		if (ep->slots[i].used)
+		if (ep->slots[i].used && !ep->slots[i].is_rider)
 			ep_complete(ep, i, err);
 	ep->last_err = err;
 	/* a dial that failed is not retried for a while: fail fast instead */
@@ -112,7 +131,7 @@ void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete)
 
 	ep_close_fd(ep);
 	for (i = 0; complete && i < ep->depth && ep->used; i++)
-		if (ep->slots[i].used)
+		if (ep->slots[i].used && !ep->slots[i].is_rider)
 			ep_complete(ep, i, -ECONNABORTED);
 	tt->inflight -= ep->used;
 	_kvb_tcp_rx_free(&ep->rx);
@@ -276,8 +295,9 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 	struct tcp_transport *tt = ep->tt;
 	struct tcp_frame *first = NULL, **link = &first, *f;
 	struct kvb_tcp_hdr h;
-	unsigned i, nrec, nseg, rec = 0, seg = 0, left = 0;
-	uint32_t code = 0;
+	struct kvb_tcp_rec last = {0}; /* the frame's last record so far */
+	unsigned i, nrec, nseg, rec = 0, seg = 0, left = 0, fops = 0;
+	uint32_t code = 0, lead = TCP_NO_SLOT, tail = TCP_NO_SLOT;
 
 	/* allocate every frame first: nothing is committed on -ENOMEM */
 	for (i = 0; i < take; i++) {
@@ -304,7 +324,6 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 	f = NULL;
 	for (i = 0; i < take; i++) {
 		const struct kvb_xop *op = &ops[i];
-		struct kvb_tcp_rec r;
 		struct tcp_slot *s;
 		uint32_t idx;
 		int err = op_check(tt, op);
@@ -323,6 +342,8 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 					 : KVB_TCP_F_READ_REQ;
 			rec = 0;
 			seg = 0;
+			fops = 0;
+			lead = TCP_NO_SLOT;
 		}
 		idx = ep->free_head;
 		s = &ep->slots[idx];
@@ -335,6 +356,9 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		s->err = 0;
 		s->used = 1;
 		s->answered = 0;
+		s->is_rider = 0;
+		s->lead = idx;
+		s->rider = TCP_NO_SLOT;
 		/* set below for a WRITE with payload; a zero-length one has
 		 * nothing to wait for, whatever the slot's last op left here
 		 * (a stream since cleared by a reconnect starts from 0) */
@@ -342,14 +366,37 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		s->dst = op->opcode == KVB_XOP_READ
 				 ? (char *) op->local->addr + op->local_off
 				 : NULL;
-		memset(&r, 0, sizeof(r));
-		r.seq = s->seq;
-		r.region = op->remote.region;
-		r.off = op->remote_off;
-		r.len = op->len;
-		kvb_tcp_rec_encode(&r, f->meta + KVB_TCP_HDR_LEN +
-					       rec * KVB_TCP_REC_LEN);
-		rec++;
+		if (op->opcode == KVB_XOP_WRITE && op->len &&
+		    lead != TCP_NO_SLOT && last.len &&
+		    last.region == op->remote.region &&
+		    last.off + last.len == op->remote_off &&
+		    last.len < TCP_MERGE_MAX &&
+		    op->len <= TCP_MERGE_MAX - last.len) {
+			/* the remote range continues the frame's last record:
+			 * it grows, this payload goes right after, and the op
+			 * ends with the record's answer (its own error first)
+			 */
+			s->is_rider = 1;
+			s->lead = lead;
+			ep->slots[tail].rider = idx;
+			tail = idx;
+			last.len += op->len;
+			kvb_tcp_rec_encode(&last,
+					   f->meta + KVB_TCP_HDR_LEN +
+						   (rec - 1) * KVB_TCP_REC_LEN);
+			tt->st.ops_merged++;
+		} else {
+			memset(&last, 0, sizeof(last));
+			last.seq = s->seq;
+			last.region = op->remote.region;
+			last.off = op->remote_off;
+			last.len = op->len;
+			kvb_tcp_rec_encode(&last,
+					   f->meta + KVB_TCP_HDR_LEN +
+						   rec * KVB_TCP_REC_LEN);
+			rec++;
+			lead = tail = idx;
+		}
 		if (op->opcode == KVB_XOP_WRITE && op->len) {
 			f->seg[seg].base =
 				(const char *) op->local->addr + op->local_off;
@@ -365,17 +412,23 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		tt->inflight++;
 		(*good)++;
 		*bytes += op->len;
-		if (rec * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN == f->meta_len) {
+		/* the frame was sized for one record per op (run_size) */
+		if (++fops * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN == f->meta_len) {
+			/* where each payload (a record's: its last) ends in
+			 * the send stream */
+			uint64_t end;
+
+			f->meta_len = KVB_TCP_HDR_LEN + rec * KVB_TCP_REC_LEN;
 			h.count = (uint16_t) rec;
 			kvb_tcp_hdr_encode(&h, f->meta);
-			{
-				/* where each payload ends in the send stream */
-				uint64_t end = ep->tx.queued + f->meta_len;
+			end = ep->tx.queued + f->meta_len;
+			for (unsigned k = 0; k < f->nseg; k++) {
+				struct tcp_slot *ks = &ep->slots[f->seg[k].ref];
 
-				for (unsigned k = 0; k < f->nseg; k++) {
-					end += f->seg[k].len;
-					ep->slots[f->seg[k].ref].tx_end = end;
-				}
+				end += f->seg[k].len;
+				ks->tx_end = end;
+				if (ks->is_rider)
+					ep->slots[ks->lead].tx_end = end;
 			}
 			_kvb_tcp_txq_push(&ep->tx, f);
 			tt->st.frames_tx++;
@@ -601,8 +654,9 @@ static int ep_on_recs(struct kvb_ep *ep)
 		if (r->region || r->off || r->status > 0 || idx >= ep->depth)
 			return -EPROTO;
 		s = &ep->slots[idx];
+		/* a rider's seq never went on the wire: its record's did */
 		if (!s->used || s->seq != r->seq || s->answered ||
-		    s->opcode != code)
+		    s->opcode != code || s->is_rider)
 			return -EPROTO;
 		/* an honest server acknowledges a write once its bytes
 		 * landed: not while its frame is still being sent (from the

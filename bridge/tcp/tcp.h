@@ -54,6 +54,7 @@ struct kvb_tcp_stats {
 	uint64_t gpu_tx_bytes;	  /* GPU payload copied out to be sent */
 	uint64_t gpu_rx_bytes;	  /* received payload copied into GPU memory */
 	uint64_t gpu_copy_errors; /* such copies that failed (op: -EIO) */
+	uint64_t ops_merged; /* WRITEs sent in the record of the one before */
 };
 
 /* The port the transport listens on (useful with tcp_port 0), or -EINVAL. */

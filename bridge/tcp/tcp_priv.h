@@ -40,6 +40,10 @@
 /* GPU payload goes through host memory in pieces of up to this many bytes,
  * one staging buffer per direction of a connection (allocated on first use) */
 #define TCP_STAGE (1u << 20)
+/* WRITEs whose remote ranges continue share a record up to this many bytes
+ * (small pieces: a head split's tokens); a larger op gets its own, so an
+ * op's answer never waits on much more than its own bytes */
+#define TCP_MERGE_MAX (256u << 10)
 
 _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 
@@ -135,8 +139,14 @@ struct tcp_slot {
 	int32_t err; /* forced status (local region deregistered) */
 	uint32_t next_free;
 	uint8_t used, answered;
-	uint64_t tx_end; /* WRITE: where its payload ends in ep->tx's bytes */
+	uint8_t is_rider; /* WRITE sent inside the record of slot `lead` */
+	uint32_t lead;	  /* rider: the slot whose record carries it */
+	uint32_t rider;	  /* next rider of this record, TCP_NO_SLOT = none */
+	uint64_t tx_end;  /* WRITE: where its payload (a lead: its record's)
+			   * ends in ep->tx's bytes */
 };
+
+#define TCP_NO_SLOT UINT32_MAX
 
 struct kvb_ep {
 	struct tcp_tag tag;

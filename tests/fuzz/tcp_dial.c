@@ -5,7 +5,9 @@
  * plays that peer: it listens on 127.0.0.1, connect()s a real transport to
  * it (params.qp_per_peer 1, 2 or 3: one to three connections, chosen by the
  * input), posts WRITE and READ ops, accepts the connections and reads the
- * request frames to learn their sequence numbers. Then the input scripts the
+ * request frames to learn their sequence numbers (a record may carry
+ * several WRITEs whose remote ranges continue each other: its op and the
+ * riders the transport's slots name). Then the input scripts the
  * answers, connection by connection: ACK and READ_RESP frames built from the
  * requests (right or wrong seqs, duplicates, any order, statuses, lengths,
  * payload sizes, trailers, corrupted header fields), raw bytes, a frame cut
@@ -71,6 +73,9 @@ struct req {
 	uint8_t type; /* KVB_TCP_F_WRITE / _READ_REQ */
 	uint64_t len;
 	int op; /* index in ops[] */
+	/* WRITEs that rode in its record (remote range continued): ops[] */
+	int riders[MAX_OPS];
+	unsigned nriders;
 	int open, answered;
 };
 
@@ -201,6 +206,14 @@ static uint16_t port_of(int fd, int peer)
 	return ntohs(sa.sin_port);
 }
 
+/* What the ops of a record end with: its op's and its riders'. */
+static void req_expect(const struct req *q, int32_t st)
+{
+	ops[q->op].expect = st;
+	for (unsigned k = 0; k < q->nriders; k++)
+		ops[q->riders[k]].expect = st;
+}
+
 /* The requests of one connection, from the bytes received (all of them). */
 static void parse_reqs(struct conn *c)
 {
@@ -232,10 +245,37 @@ static void parse_reqs(struct conn *c)
 			q->len = r.len;
 			q->op = (int) s->cookie;
 			q->open = 1;
-			FUZZ_CHECK(r.len == ops[q->op].x.len &&
+			q->nriders = 0;
+			FUZZ_CHECK(!s->is_rider &&
 				   r.region == ops[q->op].x.remote.region &&
 				   r.off == ops[q->op].x.remote_off &&
 				   !r.status);
+			/* WRITEs whose remote range continues it ride in the
+			 * record: the record's length is theirs together */
+			{
+				uint64_t end = r.off + ops[q->op].x.len;
+				uint32_t k = s->rider;
+
+				while (k != TCP_NO_SLOT) {
+					const struct tcp_slot *rs =
+						&c->ep->slots[k];
+					const struct kvb_xop *x;
+
+					FUZZ_CHECK(rs->used && rs->is_rider &&
+						   rs->cookie < nops &&
+						   q->nriders < MAX_OPS);
+					x = &ops[rs->cookie].x;
+					FUZZ_CHECK(x->opcode == KVB_XOP_WRITE &&
+						   x->remote.region ==
+							   r.region &&
+						   x->remote_off == end);
+					end += x->len;
+					q->riders[q->nriders++] =
+						(int) rs->cookie;
+					k = rs->rider;
+				}
+				FUZZ_CHECK(r.len == end - r.off);
+			}
 			FUZZ_CHECK((h.type == KVB_TCP_F_WRITE) ==
 				   (ops[q->op].x.opcode == KVB_XOP_WRITE));
 			c->nreq++;
@@ -244,15 +284,21 @@ static void parse_reqs(struct conn *c)
 			FUZZ_CHECK(h.payload == 0);
 			continue;
 		}
-		/* the payloads are the source bytes, in record order */
+		/* the payloads are the source bytes, in record order (a
+		 * record's: its op's, then its riders') */
 		for (i = c->nreq - h.count; i < c->nreq; i++) {
-			const struct kvb_xop *x = &ops[c->req[i].op].x;
+			const struct req *q = &c->req[i];
 
-			FUZZ_CHECK(c->nin - pos >= x->len);
-			FUZZ_CHECK(!memcmp(c->in + pos,
-					   arena + GUARD + x->local_off,
-					   x->len));
-			pos += x->len;
+			for (unsigned k = 0; k <= q->nriders; k++) {
+				const struct kvb_xop *x =
+					&ops[k ? q->riders[k - 1] : q->op].x;
+
+				FUZZ_CHECK(c->nin - pos >= x->len);
+				FUZZ_CHECK(!memcmp(c->in + pos,
+						   arena + GUARD + x->local_off,
+						   x->len));
+				pos += x->len;
+			}
 		}
 	}
 }
@@ -478,8 +524,11 @@ static int model(struct conn *c)
 			pos += kvb_tcp_trailer_len(count);
 		} else {
 			for (i = 0; i < count; i++)
-				ops[c->req[idx[i]].op].expect = (int32_t) le(
-					recs + i * KVB_TCP_REC_LEN + 12, 4);
+				req_expect(
+					&c->req[idx[i]],
+					(int32_t) le(
+						recs + i * KVB_TCP_REC_LEN + 12,
+						4));
 		}
 		for (i = 0; i < count; i++)
 			c->req[idx[i]].open = 0;
@@ -633,8 +682,8 @@ static void run_round(struct kvb_transport *t, struct kvb_ep *lead,
 		rejected += (uint64_t) bad;
 		for (k = 0; k < c->nreq; k++)
 			if (c->req[k].open)
-				ops[c->req[k].op].expect =
-					bad ? -EPROTO : -ECONNRESET;
+				req_expect(&c->req[k],
+					   bad ? -EPROTO : -ECONNRESET);
 		conn_reset(c);
 	}
 	deadline = now_ns() + DEADLINE_NS;

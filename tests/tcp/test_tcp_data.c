@@ -226,6 +226,146 @@ static void test_ipv6(void **state)
 	region_free(&r);
 }
 
+/*
+ * WRITEs whose remote ranges continue each other share one record (local
+ * pieces apart, as a head split's tokens): 3 runs of 16 pieces of 512
+ * bytes with a gap between runs, a fourth run into another region, a
+ * piece of 256 KiB that needs a record of its own. Every byte lands, each
+ * op completes once with 0, and the records merged are counted.
+ */
+static void test_write_gather(void **state)
+{
+	struct kvb_xop ops[80];
+	struct region l, r, r2;
+	struct pair p;
+	unsigned i, n = 0;
+	uint64_t loff = 0;
+
+	(void) state;
+	pair_open(&p, 0, 5000, 80);
+	region_init(&l, 1, 4 * MiB, 0);
+	region_init(&r, 2, 4 * MiB, KVB_MEM_REMOTE_WRITE);
+	region_init(&r2, 3, 64 * KiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 21);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	reg(p.b, &r2);
+	for (unsigned run = 0; run < 4; run++) {
+		/* runs 0-2 into r, 8 KiB apart; run 3 into r2 */
+		uint64_t roff = run < 3 ? run * 16 * KiB : 0;
+
+		for (i = 0; i < 16; i++) {
+			ops[n] = xop(KVB_XOP_WRITE, &l, loff, run < 3 ? 2 : 3,
+				     roff, 512, n);
+			n++;
+			loff += 512 + 100; /* local pieces apart */
+			roff += 512;
+		}
+	}
+	/* continues run 3's range, but 256 KiB: its own record */
+	ops[n] = xop(KVB_XOP_WRITE, &l, 2 * MiB, 2, 3 * 16 * KiB, 256 * KiB, n);
+	n++;
+	post_all(&p, ops, n);
+	wait_all(&p);
+	for (i = 0; i < n; i++) {
+		struct region *dst = ops[i].remote.region == 2 ? &r : &r2;
+
+		assert_int_equal(p.tr.status[i], 0);
+		assert_memory_equal(l.mem + ops[i].local_off,
+				    dst->mem + ops[i].remote_off, ops[i].len);
+	}
+	/* 4 runs of 16: 4 records carry 60 ops; the large one its own */
+	assert_int_equal(stats(p.a).ops_merged, 60);
+	assert_int_equal(stats(p.b).refused_ops, 0);
+	assert_true(guards_ok(&r) && guards_ok(&r2));
+	pair_close(&p);
+	region_free(&l);
+	region_free(&r);
+	region_free(&r2);
+}
+
+/*
+ * A merged record's ops end with its answer, each with its own error
+ * first: a rider's source deregistered while the frame is still being
+ * sent fails that rider alone (-ENOENT); a refused record (its region
+ * unknown to the server) fails every op in it; a dial refused fails each
+ * op once.
+ */
+static void test_write_gather_errors(void **state)
+{
+	struct region l, l2, r;
+	struct kvb_xop ops[4];
+	struct pair p;
+	unsigned i;
+
+	(void) state;
+	pair_open(&p, 0, 5000, 12);
+	region_init(&l, 1, 64 * MiB, 0);
+	region_init(&l2, 4, 64 * KiB, 0);
+	region_init(&r, 2, 64 * MiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 22);
+	region_fill(&l2, 23);
+	reg(p.a, &l);
+	reg(p.a, &l2);
+	reg(p.b, &r);
+	/* a lead of 4 KiB from l, a rider of 4 KiB from l2 (the remote range
+	 * continues), then 1 MiB from l in a record of its own; the first
+	 * post() of the pair queues them while the connection is dialed */
+	ops[0] = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 4 * KiB, 0);
+	ops[1] = xop(KVB_XOP_WRITE, &l2, 0, 2, 4 * KiB, 4 * KiB, 1);
+	ops[2] = xop(KVB_XOP_WRITE, &l, 8 * KiB, 2, 16 * MiB, 1 * MiB, 2);
+	post_all(&p, ops, 3);
+	assert_int_equal(stats(p.a).ops_merged, 1);
+	/* l2 goes before a byte was sent: the rider's bytes become zeros */
+	kvb_tcp_ops.dereg_mr(p.a, &l2.mr);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], 0);
+	assert_int_equal(p.tr.status[1], -ENOENT);
+	assert_int_equal(p.tr.status[2], 0);
+	assert_memory_equal(l.mem, r.mem, 4 * KiB);
+	assert_memory_equal(l.mem + 8 * KiB, r.mem + 16 * MiB, 1 * MiB);
+
+	/* a record into a region the server does not have: all of it fails */
+	for (i = 0; i < 3; i++)
+		ops[i] = xop(KVB_XOP_WRITE, &l, i * 1000, 9, i * 512, 512,
+			     3 + i);
+	post_all(&p, ops, 3);
+	wait_all(&p);
+	for (i = 0; i < 3; i++)
+		assert_int_equal(p.tr.status[3 + i], -ENOENT);
+	assert_int_equal(stats(p.a).ops_merged, 3);
+	assert_int_equal(stats(p.b).refused_ops, 1); /* one record */
+	pair_close(&p);
+
+	/* nobody listens: each op of the merged record fails once */
+	{
+		struct kvb_transport *a = topen("127.0.0.1", 0, 0, 500);
+		struct kvb_transport *b = topen("127.0.0.1", 0, 0, 500);
+		uint8_t blob[64];
+		size_t len = sizeof(blob);
+		struct pair q;
+
+		memset(&q, 0, sizeof(q));
+		assert_int_equal(kvb_tcp_ops.local_info(b, blob, &len), 0);
+		kvb_tcp_ops.close(b); /* its port now refuses */
+		q.a = a;
+		assert_int_equal(kvb_tcp_ops.connect(a, blob, len, &q.ep), 0);
+		tr_init(&q.tr, 4);
+		reg(a, &l);
+		for (i = 0; i < 4; i++)
+			ops[i] = xop(KVB_XOP_WRITE, &l, i * 1000, 2, i * 512,
+				     512, i);
+		post_all(&q, ops, 4);
+		wait_all(&q);
+		for (i = 0; i < 4; i++)
+			assert_true(q.tr.status[i] < 0);
+		pair_close(&q);
+	}
+	region_free(&l);
+	region_free(&l2);
+	region_free(&r);
+}
+
 static void test_reg(void **state)
 {
 	struct kvb_transport *a;
@@ -258,6 +398,8 @@ int main(void)
 		cmocka_unit_test(test_read_small),
 		cmocka_unit_test(test_read_big),
 		cmocka_unit_test(test_mixed_chain),
+		cmocka_unit_test(test_write_gather),
+		cmocka_unit_test(test_write_gather_errors),
 		cmocka_unit_test(test_chain_over_depth),
 		cmocka_unit_test(test_connect_host),
 		cmocka_unit_test(test_ipv6),

@@ -154,6 +154,11 @@ write_split)
 		fail "WRITE TP2->TP4, heads split"
 	# (16 entries a block: layer ops may have waited for in-flight room)
 	echo "A: layer ops that waited for in-flight room: $(json_get "$(stats a)" remote.layers_starved)"
+	# a block's per-token slices land side by side in D's rows: they
+	# share tcp records (15 of every 16 ride in the first's)
+	merged=$(json_get "$(stats a)" remote.tcp.ops_merged)
+	echo "A: WRITEs sent in another's tcp record: $merged"
+	[ "$merged" -gt 0 ] || fail "no tcp records merged in a head split"
 	# different heads without more D ranks to split them over: P's layer
 	# ops are refused with a reason (EINVAL = 22), and D hears it
 	P_ARGS="--heads 3" D_ARGS="--heads 2" \
