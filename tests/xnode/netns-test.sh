@@ -10,8 +10,8 @@
 #
 # CASE: write | write_hetero | write_split | read_split | late_rank | read | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood | gpu_tcp | bench (not a test: measurements, by hand;
-#       docs/tcp.md)
+#       flood | gpu_tcp | bench, bench_split (not tests: measurements,
+#       by hand; docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
 set -u
@@ -341,6 +341,17 @@ flood)
 	done
 	grep -Eq "logs suppressed|log lines suppressed" "$T/broker-a.log" ||
 		fail "A did not say how many bad-input lines it suppressed"
+	;;
+bench_split)
+	# Not a test (run by hand): a GQA head split over tcp, P TP 2 with 8
+	# heads a rank into D TP 4 with 4 (bf16, head dim 64: 512-byte token
+	# slices, 16 per block side); P-side payload rate of each P rank
+	P_ARGS="--heads 8" D_ARGS="--heads 4 --peer-heads 8" \
+		run_pair write 2 4 --layers 32 --xfers ${BENCH_XFERS:-24} \
+		--conc 4 --no-verify --prefix split >/dev/null ||
+		fail "split run"
+	grep -h 'xnode_worker P.*Gbit' "$T"/worker-P*.log
+	echo "A: WRITEs sent in another's tcp record: $(json_get "$(stats a)" remote.tcp.ops_merged)"
 	;;
 bench)
 	# Not a test (run by hand, see docs/tcp.md): TCP path bandwidth for
