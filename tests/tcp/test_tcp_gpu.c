@@ -169,6 +169,7 @@ static void test_both_ways(void **state)
 	struct region hl, hr, hl2;
 	uint8_t *src = malloc(2 * T), *want, *got;
 	struct kvb_tcp_stats sa, sb;
+	struct kvb_gpu_host_counts c0, c1;
 	struct pair p;
 	unsigned k, i;
 
@@ -186,6 +187,7 @@ static void test_both_ways(void **state)
 	reg(p.a, &hl);
 	greg(p.b, &gr);
 	reg(p.b, &hr);
+	kvb_gpu_host_counts(&c0);
 
 	k = add_ops(run, 0, KVB_XOP_WRITE, &gl.mr, 0, 7, 0, &cookie);
 	k = add_ops(run, k, KVB_XOP_WRITE, &hl.mr, 0, 7, T, &cookie);
@@ -197,6 +199,10 @@ static void test_both_ways(void **state)
 	wait_all(&p);
 	for (i = 0; i < k; i++)
 		assert_int_equal(p.tr.status[i], 0);
+	/* the runtime copied what the transports say they staged, no more */
+	kvb_gpu_host_counts(&c1);
+	assert_int_equal(c1.memcpy_bytes - c0.memcpy_bytes,
+			 4 * (T - NSIZES * GAP));
 	want = calloc(1, 2 * T);
 	assert_non_null(want);
 	expect_copy(want, src);
@@ -256,11 +262,6 @@ static void test_both_ways(void **state)
 	free(want);
 	free(src);
 }
-
-struct fail_case {
-	uint32_t code;
-	int side_b; /* the failing copy is B's (else A's) */
-};
 
 /*
  * One op whose runtime copy fails: `fail_before_post` arms the failure
