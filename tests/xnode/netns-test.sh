@@ -133,11 +133,11 @@ if [ "$CASE" = flood ]; then
 fi
 B_ARGS=()
 # gpu_tcp: GPU regions (host gpu backend, device pointers that are not
-# host addresses) on brokers that reach each other over tcp
+# host addresses) on brokers that reach each other over tcp: A with
+# --transport auto, B with --transport tcp (each opens the gpu runtime)
 if [ "$CASE" = gpu_tcp ]; then
 	export KVB_GPU_BACKEND=host KVB_GPU_HOST_OPAQUE=1
 	A_ARGS=(--transport auto)
-	B_ARGS=(--transport auto)
 fi
 start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
 start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
