@@ -81,7 +81,6 @@ static void slot_complete(struct kvb_ep *ep, uint32_t idx, int status)
 	s->used = 0;
 	s->answered = 0;
 	s->err = 0;
-	s->is_rider = 0;
 	s->rider = TCP_NO_SLOT;
 	s->local = NULL;
 	s->dst = NULL;
@@ -115,7 +114,7 @@ static void ep_fail(struct kvb_ep *ep, int err, int dialing)
 	ep_close_fd(ep);
 	/* riders end with the op whose record carries them */
 	for (i = 0; i < ep->depth && ep->used; i++)
-		if (ep->slots[i].used && !ep->slots[i].is_rider)
+		if (ep->slots[i].used && !tcp_slot_rider(ep, i))
 			ep_complete(ep, i, err);
 	ep->last_err = err;
 	/* a dial that failed is not retried for a while: fail fast instead */
@@ -131,7 +130,7 @@ void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete)
 
 	ep_close_fd(ep);
 	for (i = 0; complete && i < ep->depth && ep->used; i++)
-		if (ep->slots[i].used && !ep->slots[i].is_rider)
+		if (ep->slots[i].used && !tcp_slot_rider(ep, i))
 			ep_complete(ep, i, -ECONNABORTED);
 	tt->inflight -= ep->used;
 	_kvb_tcp_rx_free(&ep->rx);
@@ -356,7 +355,6 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		s->err = 0;
 		s->used = 1;
 		s->answered = 0;
-		s->is_rider = 0;
 		s->lead = idx;
 		s->rider = TCP_NO_SLOT;
 		/* set below for a WRITE with payload; a zero-length one has
@@ -376,7 +374,6 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 			 * it grows, this payload goes right after, and the op
 			 * ends with the record's answer (its own error first)
 			 */
-			s->is_rider = 1;
 			s->lead = lead;
 			ep->slots[tail].rider = idx;
 			tail = idx;
@@ -423,12 +420,12 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 			kvb_tcp_hdr_encode(&h, f->meta);
 			end = ep->tx.queued + f->meta_len;
 			for (unsigned k = 0; k < f->nseg; k++) {
-				struct tcp_slot *ks = &ep->slots[f->seg[k].ref];
+				/* the op whose record it is: its last payload's
+				 */
+				uint32_t ld = ep->slots[f->seg[k].ref].lead;
 
 				end += f->seg[k].len;
-				ks->tx_end = end;
-				if (ks->is_rider)
-					ep->slots[ks->lead].tx_end = end;
+				ep->slots[ld].tx_end = end;
 			}
 			_kvb_tcp_txq_push(&ep->tx, f);
 			tt->st.frames_tx++;
@@ -656,7 +653,7 @@ static int ep_on_recs(struct kvb_ep *ep)
 		s = &ep->slots[idx];
 		/* a rider's seq never went on the wire: its record's did */
 		if (!s->used || s->seq != r->seq || s->answered ||
-		    s->opcode != code || s->is_rider)
+		    s->opcode != code || tcp_slot_rider(ep, idx))
 			return -EPROTO;
 		/* an honest server acknowledges a write once its bytes
 		 * landed: not while its frame is still being sent (from the

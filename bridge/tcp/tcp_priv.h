@@ -139,14 +139,20 @@ struct tcp_slot {
 	int32_t err; /* forced status (local region deregistered) */
 	uint32_t next_free;
 	uint8_t used, answered;
-	uint8_t is_rider; /* WRITE sent inside the record of slot `lead` */
-	uint32_t lead;	  /* rider: the slot whose record carries it */
-	uint32_t rider;	  /* next rider of this record, TCP_NO_SLOT = none */
-	uint64_t tx_end;  /* WRITE: where its payload (a lead: its record's)
-			   * ends in ep->tx's bytes */
+	/* the slot whose record carries this op: its own index, or for a
+	 * WRITE that rides in an earlier op's record (tcp_slot_rider) that
+	 * op's */
+	uint32_t lead;
+	uint32_t rider; /* next rider of this record, TCP_NO_SLOT = none */
+	/* WRITE that leads a record: where the record's payload ends in
+	 * ep->tx's bytes (a rider's is unused) */
+	uint64_t tx_end;
 };
 
 #define TCP_NO_SLOT UINT32_MAX
+
+/* Is slot i of ep a WRITE riding in another slot's record? */
+#define tcp_slot_rider(ep, i) ((ep)->slots[i].lead != (uint32_t) (i))
 
 struct kvb_ep {
 	struct tcp_tag tag;

@@ -246,7 +246,7 @@ static void parse_reqs(struct conn *c)
 			q->op = (int) s->cookie;
 			q->open = 1;
 			q->nriders = 0;
-			FUZZ_CHECK(!s->is_rider &&
+			FUZZ_CHECK(s->lead == (uint32_t) r.seq % DEPTH &&
 				   r.region == ops[q->op].x.remote.region &&
 				   r.off == ops[q->op].x.remote_off &&
 				   !r.status);
@@ -261,7 +261,8 @@ static void parse_reqs(struct conn *c)
 						&c->ep->slots[k];
 					const struct kvb_xop *x;
 
-					FUZZ_CHECK(rs->used && rs->is_rider &&
+					FUZZ_CHECK(rs->used &&
+						   tcp_slot_rider(c->ep, k) &&
 						   rs->cookie < nops &&
 						   q->nriders < MAX_OPS);
 					x = &ops[rs->cookie].x;
