@@ -59,6 +59,8 @@ struct kvb_inflight {
 	uint32_t tail;	     /* head only: last of the merged list */
 	uint32_t lreg, rreg; /* region ids (refs held) */
 	uint32_t group;	     /* cross-node layer op it belongs to, 0 = none */
+	uint32_t dxfer;	     /* the destination worker's entry of the id */
+	uint32_t downer;     /* ... and that worker (dxfer != 0) */
 	uint8_t flags;
 	uint8_t used;
 };
@@ -127,6 +129,12 @@ struct kvb_broker {
 		/* control requests with a valid header (STATS not counted):
 		 * each one a round trip that wakes its worker */
 		uint64_t ctl_requests;
+		/* writes for a transfer whose destination already ended it
+		 * (failed, aborted or done): refused, nothing landed */
+		uint64_t late_writes_refused;
+		/* transfers that failed with ops still in flight: their
+		 * completion waited until those drained */
+		uint64_t transfers_fenced;
 	} st;
 };
 
@@ -233,6 +241,14 @@ void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e, int rc, const char *why);
 /* A cross-node transfer is ending with status: notify, fail deferred ops. */
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
+/* A failing cross-node transfer: its deferred layer ops fail now (never
+ * issued, counted as ended); what is in flight drains before it ends. */
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
+			   int status);
+/* Does it wait for the peer (deferred layer ops: the defer clock runs)? */
+int kvb_remote_xfer_deferred(const struct kvb_xfer *x);
+/* Its defer clock (ms, 0 = the broker's); -EINVAL for a local transfer. */
+int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
 /* Is the transfer complete (cross-node rules)? */
 int kvb_remote_xfer_complete(const struct kvb_xfer *x);
 /* Group (layer op) bookkeeping for complete_inflight */

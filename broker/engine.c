@@ -161,19 +161,19 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		kvb_complete(b, w, &c);
 }
 
-/* End a transfer with `status`, tell its worker and its destinations. */
-void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
+/* End a transfer now with `status`, tell its worker and its destinations. */
+static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
-	int64_t deadline =
-		kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms * 1000000;
+	int64_t deadline = kvb_now_ns() +
+			   (int64_t) b->opt.transfer_deadline_ms * 1000000;
 	struct kvb_xfer copy = *x;
 
 	if (status)
 		b->st.transfers_failed++;
 	else
 		b->st.transfers_done++;
-	if (status && status != -ECANCELED)
+	if (status && status != -ECANCELED && !x->closing)
 		log_info("transfer '%s' of worker %u failed: %s", x->id,
 			 x->worker, kvb_strerror(status));
 	if (x->rx)
@@ -195,6 +195,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 				  strlen(copy.id), deadline, &err);
 		if (!y)
 			continue; /* already terminal there, or table full */
+		y->progress++;
 		if (status) {
 			y->failed++;
 			if (!y->first_err)
@@ -206,8 +207,95 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	}
 }
 
+static int queued_for(const struct kvb_inflight *e, uint32_t h, uint32_t wid)
+{
+	return (e->xfer == h && e->worker == wid) ||
+	       (e->dxfer == h && e->downer == wid);
+}
+
+/*
+ * Drop the ops of transfer (h, wid) that wait in the destination queues
+ * (not posted: no byte of them moved), its own and those writing into it:
+ * they complete with -ECANCELED. Taken out of the queues first, completed
+ * after: a completion may end other transfers.
+ */
+static void drop_queued(struct kvb_broker *b, uint32_t h, uint32_t wid)
+{
+	uint32_t *gone = NULL, ngone = 0, cap = 0;
+
+	for (uint32_t k = 0; k < b->ndirty; k++) {
+		struct kvb_dest *d = &b->dests[b->dirty[k]];
+		uint32_t keep = 0;
+
+		for (uint32_t i = 0; i < d->n; i++) {
+			uint32_t c = (uint32_t) d->ops[i].cookie;
+
+			if (!queued_for(&b->inf[c], h, wid)) {
+				d->ops[keep++] = d->ops[i];
+				continue;
+			}
+			if (ngone == cap) {
+				uint32_t nc = cap ? cap * 2 : 64;
+				uint32_t *n = realloc(gone, nc * sizeof(*n));
+
+				if (!n) { /* keep it: it completes when posted */
+					d->ops[keep++] = d->ops[i];
+					continue;
+				}
+				gone = n;
+				cap = nc;
+			}
+			gone[ngone++] = c;
+		}
+		d->n = keep;
+	}
+	for (uint32_t i = 0; i < ngone; i++)
+		kvb_complete_inflight(b, gone[i], -ECANCELED);
+	free(gone);
+}
+
+/*
+ * End a transfer with `status`, tell its worker and its destinations. A
+ * failure with ops still in flight closes it first: nothing new is taken,
+ * queued ops are dropped, and the completion waits until the posted ones
+ * ended (kvb_xfer_maybe_finish), so that no byte of it lands after its
+ * worker heard that it failed.
+ */
+void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
+{
+	uint32_t h, wid;
+
+	if (x->closing)
+		return; /* its drain ends it */
+	if (!status || kvb_xfer_drained(x)) {
+		finish_now(b, x, status);
+		return;
+	}
+	if (status != -ECANCELED)
+		log_info("transfer '%s' of worker %u failed: %s (its completion "
+			 "waits for %u op(s) in flight)",
+			 x->id, x->worker, kvb_strerror(status),
+			 x->submitted - x->completed - x->failed + x->inbound);
+	b->st.transfers_fenced++;
+	x->closing = 1;
+	x->close_err = status;
+	if (x->rx)
+		kvb_remote_xfer_fence(b, x, status);
+	h = kvb_xfer_handle(&b->xfers, x);
+	wid = x->worker;
+	drop_queued(b, h, wid);
+	x = kvb_xfer_get(&b->xfers, h, wid);
+	if (x && x->closing && kvb_xfer_drained(x))
+		finish_now(b, x, x->close_err);
+}
+
 void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 {
+	if (x->closing) {
+		if (kvb_xfer_drained(x))
+			finish_now(b, x, x->close_err);
+		return;
+	}
 	if (x->rx ? kvb_remote_xfer_complete(x) : kvb_xfer_complete(x))
 		kvb_xfer_finish(b, x, x->first_err);
 }
@@ -222,6 +310,7 @@ void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 	x = kvb_xfer_get(&b->xfers, handle, worker);
 	if (!x)
 		return; /* ended already (timeout, abort): nothing to count */
+	x->progress++;
 	if (status) {
 		x->failed++;
 		if (!x->first_err)
@@ -230,6 +319,19 @@ void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		x->completed++;
 	}
 	kvb_xfer_maybe_finish(b, x);
+}
+
+/* An op writing into another worker's entry of its transfer's id ended. */
+static void inbound_done(struct kvb_broker *b, uint32_t dxfer, uint32_t downer)
+{
+	struct kvb_xfer *y = kvb_xfer_get(&b->xfers, dxfer, downer);
+
+	if (!y || !y->inbound)
+		return;
+	y->inbound--;
+	y->progress++;
+	if (!y->inbound)
+		kvb_xfer_maybe_finish(b, y);
 }
 
 /* Complete a (possibly merged) chain of in-flight descriptors. */
@@ -263,11 +365,20 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 					     status, status ? 0 : e->bytes,
 					     e->xfer);
 		}
-		if (!e->group)
-			kvb_xfer_account(b, e->xfer, e->worker, status);
-		e->group = 0;
-		e->used = 0;
-		b->inf_free[b->inf_nfree++] = idx;
+		{
+			uint32_t dx = e->dxfer, downer = e->downer;
+			uint32_t xf = e->group ? 0 : e->xfer, wid = e->worker;
+
+			/* the slot is free before the accounting, which may
+			 * end transfers and so re-enter here */
+			e->group = 0;
+			e->dxfer = 0;
+			e->used = 0;
+			b->inf_free[b->inf_nfree++] = idx;
+			if (dx)
+				inbound_done(b, dx, downer);
+			kvb_xfer_account(b, xf, wid, status);
+		}
 		idx = next;
 	}
 }
@@ -368,6 +479,8 @@ int kvb_dest_append(struct kvb_broker *b, uint32_t di, const struct kvb_xop *op)
 		struct kvb_xop *last = &d->ops[d->n - 1];
 
 		if (last->opcode == op->opcode && last->local == op->local &&
+		    b->inf[last->cookie].xfer == b->inf[op->cookie].xfer &&
+		    b->inf[last->cookie].dxfer == b->inf[op->cookie].dxfer &&
 		    last->remote.mr == op->remote.mr &&
 		    last->remote.region == op->remote.region &&
 		    last->remote.addr == op->remote.addr &&
@@ -385,12 +498,52 @@ int kvb_dest_append(struct kvb_broker *b, uint32_t di, const struct kvb_xop *op)
 	return dest_push(b, di, op);
 }
 
+/*
+ * The entry of worker `owner` for x's id, that a write of x into owner's
+ * memory lands in (created if owner has not opened it yet; remembered in
+ * x->dests). 0, or -ECANCELED when that entry ended or is failing: the
+ * write would land in memory its worker reuses already.
+ */
+static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
+		      struct kvb_xfer **out)
+{
+	struct kvb_xfer *y;
+	uint32_t i;
+	int err = 0;
+
+	for (i = 0; i < x->ndests && x->dests[i] != owner; i++)
+		;
+	if (i < x->ndests) {
+		y = x->dest_xfer[i] ? kvb_xfer_get(&b->xfers, x->dest_xfer[i],
+						   owner)
+				    : NULL;
+		if (x->dest_xfer[i] && (!y || y->closing))
+			return -ECANCELED;
+		*out = y;
+		return 0;
+	}
+	y = kvb_xfer_open(&b->xfers, owner, x->id, strlen(x->id),
+			  kvb_now_ns() +
+				  (int64_t) b->opt.transfer_deadline_ms * 1000000,
+			  &err);
+	if (!y && err == -ESTALE)
+		return -ECANCELED;
+	if (y && y->closing)
+		return -ECANCELED;
+	if (i < KVB_XFER_MAX_DESTS) {
+		x->dests[x->ndests] = owner;
+		x->dest_xfer[x->ndests++] = y ? kvb_xfer_handle(&b->xfers, y) : 0;
+	}
+	*out = y; /* NULL: its table is full; the write goes untracked */
+	return 0;
+}
+
 static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			const struct kvb_sqe *e)
 {
 	struct kvb_region_ent *l, *r;
 	struct kvb_inflight *f;
-	struct kvb_xfer *x = NULL;
+	struct kvb_xfer *x = NULL, *y;
 	struct kvb_xop op;
 	const char *why = NULL;
 	uint32_t idx;
@@ -461,12 +614,27 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			refuse(b, w, e, -EINVAL, "unknown or ended transfer");
 			return;
 		}
+		if (x->closing) {
+			refuse(b, w, e, x->close_err, "the transfer failed");
+			return;
+		}
 	}
 	/* kvb_engine_round dequeues a burst only while the table has room for
 	 * it, but a layer op in the same burst may take many entries */
 	if (!b->inf_nfree) {
 		refuse(b, w, e, -ENOBUFS, "in-flight table full");
 		return;
+	}
+	y = NULL;
+	if (x && e->opcode == KVB_OP_WRITE && r->owner != w->id) {
+		rc = dest_entry(b, x, r->owner, &y);
+		if (rc) {
+			b->st.late_writes_refused++;
+			refuse(b, w, e, rc,
+			       "late write: the destination ended this "
+			       "transfer");
+			return;
+		}
 	}
 	idx = b->inf_free[--b->inf_nfree];
 	f = &b->inf[idx];
@@ -479,20 +647,19 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	f->lreg = l->mr.id;
 	f->rreg = r->mr.id;
 	f->flags = e->flags;
+	f->group = 0;
+	f->dxfer = y ? kvb_xfer_handle(&b->xfers, y) : 0;
+	f->downer = y ? y->worker : 0;
 	f->used = 1;
 	l->refs++;
 	r->refs++;
 	if (x) {
 		x->submitted++;
-		if (e->opcode == KVB_OP_WRITE && r->owner != w->id) {
-			uint32_t i;
-
-			for (i = 0; i < x->ndests && x->dests[i] != r->owner;
-			     i++)
-				;
-			if (i == x->ndests && i < KVB_XFER_MAX_DESTS)
-				x->dests[x->ndests++] = r->owner;
-		}
+		x->progress++;
+	}
+	if (y) {
+		y->inbound++;
+		y->progress++;
 	}
 	memset(&op, 0, sizeof(op));
 	op.opcode = e->opcode == KVB_OP_WRITE ? KVB_XOP_WRITE : KVB_XOP_READ;
@@ -673,15 +840,43 @@ uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
 	return left;
 }
 
+/* Which clock, if any, has run out for x (0: none): its deadline, or its
+ * stall clock once it started and is not waiting for the peer's blocks. */
+static const char *xfer_expired(struct kvb_broker *b, struct kvb_xfer *x,
+				int64_t now)
+{
+	uint32_t stall = x->stall_ms ? x->stall_ms : b->opt.transfer_timeout_ms;
+
+	if (x->deadline_ns <= now)
+		return "its deadline passed";
+	if (x->progress != x->progress_seen) {
+		x->progress_seen = x->progress;
+		x->progress_ns = now;
+		return NULL;
+	}
+	if (!x->progress_ns || (x->rx && kvb_remote_xfer_deferred(x)))
+		return NULL;
+	if (now - x->progress_ns >= (int64_t) stall * 1000000)
+		return "no progress within its stall timeout";
+	return NULL;
+}
+
 void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 {
 	kvb_remote_timers(b, now);
 	/* backwards: kvb_xfer_end() swaps the last active entry into place */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
+		const char *why;
 
-		if (x->deadline_ns <= now)
+		if (x->closing)
+			continue; /* ends when its ops drained */
+		why = xfer_expired(b, x, now);
+		if (why) {
+			log_dbg("transfer '%s' of worker %u: %s", x->id,
+				x->worker, why);
 			kvb_xfer_finish(b, x, -ETIMEDOUT);
+		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}

@@ -36,6 +36,7 @@ void kvb_options_default(struct kvb_options *o)
 	o->burst = 64;
 	o->post_batch_size = -1;
 	o->transfer_timeout_ms = 30000;
+	o->transfer_deadline_ms = 600000;
 	o->defer_timeout_ms = 60000;
 	snprintf(o->host_ip, sizeof(o->host_ip), "127.0.0.1");
 	o->notify_port = 61005;
@@ -72,10 +73,25 @@ void kvb_options_usage(FILE *f)
 	      "                         at most 256)\n"
 	      "  --post-batch-size N    WRs per chain, -1 = all pending "
 	      "(default -1)\n"
-	      "  --transfer-timeout S   seconds a transfer may take (default "
-	      "30)\n"
+	      "  --transfer-deadline S  seconds a transfer may take in all, "
+	      "from its open,\n"
+	      "                         waiting its turn included (default "
+	      "600)\n"
+	      "  --stall-timeout S      seconds a transfer that started (ops "
+	      "submitted or\n"
+	      "                         completed, a peer's message) may go "
+	      "without progress\n"
+	      "                         (default 30); one that only waits its "
+	      "turn (opened,\n"
+	      "                         nothing submitted, no peer activity) "
+	      "fails at its\n"
+	      "                         deadline only\n"
+	      "  --transfer-timeout S   the same as --stall-timeout (older "
+	      "name)\n"
 	      "  --defer-timeout S      seconds a write waits for remote "
 	      "blocks (default 60)\n"
+	      "                         (each clock settable per transfer: "
+	      "kvb_transfer_set_timeouts)\n"
 	      "  --host-ip IP           this node's address: enables the "
 	      "cross-node\n"
 	      "                         bridge (notify ports, handshake port, "
@@ -158,6 +174,8 @@ enum {
 	O_BATCH,
 	O_TTO,
 	O_DTO,
+	O_DEADLINE,
+	O_STALL,
 	O_HOST,
 	O_NPORT,
 	O_HPORT,
@@ -187,6 +205,8 @@ static const struct option longopts[] = {
 	{"burst", required_argument, NULL, O_BURST},
 	{"post-batch-size", required_argument, NULL, O_BATCH},
 	{"transfer-timeout", required_argument, NULL, O_TTO},
+	{"stall-timeout", required_argument, NULL, O_STALL},
+	{"transfer-deadline", required_argument, NULL, O_DEADLINE},
 	{"defer-timeout", required_argument, NULL, O_DTO},
 	{"host-ip", required_argument, NULL, O_HOST},
 	{"notify-port", required_argument, NULL, O_NPORT},
@@ -299,17 +319,23 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			o->post_batch_size = (int) v;
 			break;
 		case O_TTO:
+		case O_STALL:
 		case O_DTO:
+		case O_DEADLINE:
 			if (parse_int(a, 1, 86400, &v))
 				return fail(err, err_len,
 					    "%s: bad seconds '%s' (1..86400)",
-					    c == O_TTO ? "--transfer-timeout"
-						       : "--defer-timeout",
+					    c == O_TTO	   ? "--transfer-timeout"
+					    : c == O_STALL ? "--stall-timeout"
+					    : c == O_DTO   ? "--defer-timeout"
+							   : "--transfer-deadline",
 					    a);
-			if (c == O_TTO)
+			if (c == O_TTO || c == O_STALL)
 				o->transfer_timeout_ms = (uint32_t) v * 1000;
-			else
+			else if (c == O_DTO)
 				o->defer_timeout_ms = (uint32_t) v * 1000;
+			else
+				o->transfer_deadline_ms = (uint32_t) v * 1000;
 			break;
 		case O_HOST:
 			if (copy_str(o->host_ip, sizeof(o->host_ip), a))

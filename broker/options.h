@@ -31,8 +31,10 @@ struct kvb_options {
 	uint32_t max_workers;
 	uint32_t burst;	     /* entries drained per worker per round */
 	int post_batch_size; /* WRs per chain, -1 = all pending */
+	/* the stall clock (--stall-timeout, alias --transfer-timeout) */
 	uint32_t transfer_timeout_ms;
 	uint32_t defer_timeout_ms;
+	uint32_t transfer_deadline_ms; /* --transfer-deadline */
 	char host_ip[64];
 	int cross_node;	    /* --host-ip given: bridge, handshake, tcp */
 	uint16_t data_port; /* tcp transport listen port, 0 = any */

@@ -447,7 +447,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	if (!x)
 		x = kvb_xfer_open(&b->xfers, w->id, m->id, m->id_len,
 				  kvb_now_ns() +
-					  (int64_t) b->opt.transfer_timeout_ms *
+					  (int64_t) b->opt.transfer_deadline_ms *
 						  1000000,
 				  &err);
 	if (!x)
@@ -517,7 +517,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	rx->notify_port = (uint16_t) m->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
 	x->deadline_ns =
-		kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms * 1000000;
+		kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms * 1000000;
 	x->opened = 1;
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE &&
 	    !(m->flags & KVB_XFER_F_NO_ANNOUNCE)) {
@@ -534,6 +534,38 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 nomem:
 	kvb_xfer_end(&b->xfers, x);
 	return -ENOMEM;
+}
+
+int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
+{
+	return x->rx && x->rx->ndef;
+}
+
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
+			   int status)
+{
+	struct kvb_rxfer *rx = x->rx;
+	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
+
+	/* layers that never went out fail now: they count as ended ops */
+	if (rx->ndef && status == -ETIMEDOUT && b->rm)
+		b->rm->st.defer_expired++;
+	for (uint32_t i = 0; i < rx->ndef; i++)
+		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
+			     0, handle);
+	x->failed += rx->ndef;
+	rx->ndef = 0;
+}
+
+int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
+{
+	if (!x->rx)
+		return -EINVAL;
+	x->rx->defer_ms = defer_ms;
+	if (x->rx->ndef && defer_ms)
+		x->rx->defer_deadline =
+			kvb_now_ns() + (int64_t) defer_ms * 1000000;
+	return 0;
 }
 
 int kvb_remote_xfer_complete(const struct kvb_xfer *x)

@@ -532,7 +532,9 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 	if (!rx->ndef)
 		rx->defer_deadline =
 			kvb_now_ns() +
-			(int64_t) b->opt.defer_timeout_ms * 1000000;
+			(int64_t) (rx->defer_ms ? rx->defer_ms
+					       : b->opt.defer_timeout_ms) *
+				1000000;
 	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
 	b->rm->st.layers_deferred++;
 	return 0;
@@ -581,6 +583,10 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 	if (!rx || !b->rm) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer op for an unknown or local transfer");
+		return;
+	}
+	if (x->closing) {
+		kvb_layer_refuse(b, w, e, x->close_err, "the transfer failed");
 		return;
 	}
 	if (e->layer >= MAX_LAYERS) {

@@ -87,6 +87,27 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 }
 
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
+			   int status)
+{
+	(void) b;
+	(void) x;
+	(void) status;
+}
+
+int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
+{
+	(void) x;
+	return 0;
+}
+
+int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
+{
+	(void) x;
+	(void) defer_ms;
+	return -EINVAL;
+}
+
 int kvb_remote_xfer_complete(const struct kvb_xfer *x)
 {
 	return kvb_xfer_complete(x);

@@ -333,6 +333,7 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->rx->mode != KVB_XFER_WRITE)
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
+	x->progress++; /* a peer's message: the stall clock runs */
 	if (failed) {
 		if (rlog_ok(b->rm))
 			log_warn("transfer '%s': the P side's writes failed "

@@ -99,6 +99,7 @@ struct kvb_rxfer {
 	struct deferred *def;
 	uint32_t ndef, capdef;
 	int64_t defer_deadline;
+	uint32_t defer_ms; /* kvb_transfer_set_timeouts; 0 = the broker's */
 	uint64_t layers[MAX_LAYERS / 64];
 	char notify_host[64];
 	uint16_t notify_port;

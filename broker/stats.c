@@ -145,7 +145,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    (unsigned long long) t->wr_hist[i]);
 		put(&o,
 		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
-		    "\"transfers_active\":%u,\"messages_rejected\":%llu,"
+		    "\"transfers_active\":%u,\"transfers_fenced\":%llu,"
+		    "\"late_writes_refused\":%llu,\"messages_rejected\":%llu,"
 		    "\"control_requests\":%llu,"
 		    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
 		    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
@@ -153,6 +154,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) b->st.transfers_done,
 		    (unsigned long long) b->st.transfers_failed,
 		    b->xfers.nactive,
+		    (unsigned long long) b->st.transfers_fenced,
+		    (unsigned long long) b->st.late_writes_refused,
 		    (unsigned long long) (b->st.messages_rejected +
 					  kvb_remote_rejected(b)),
 		    (unsigned long long) b->st.ctl_requests,
@@ -236,6 +239,10 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	put(&o, "transfers_failed       %llu\n",
 	    (unsigned long long) b->st.transfers_failed);
 	put(&o, "transfers_active       %u\n", b->xfers.nactive);
+	put(&o, "transfers_fenced       %llu\n",
+	    (unsigned long long) b->st.transfers_fenced);
+	put(&o, "late_writes_refused    %llu\n",
+	    (unsigned long long) b->st.late_writes_refused);
 	put(&o, "messages_rejected      %llu\n",
 	    (unsigned long long) (b->st.messages_rejected +
 				  kvb_remote_rejected(b)));

@@ -354,7 +354,7 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w, const char *id,
 	if (len == 0 || len > KVB_XFER_ID_MAX)
 		return -EINVAL;
 	x = kvb_xfer_open(&b->xfers, w->id, id, len,
-			  kvb_now_ns() + (int64_t) b->opt.transfer_timeout_ms *
+			  kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms *
 						 1000000,
 			  &err);
 	if (!x) {
@@ -398,6 +398,30 @@ static int open_batch(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
+/*
+ * XTIMEOUTS: a transfer's clocks (proto.h). The deadline counts from now;
+ * 0 leaves a clock as it is.
+ */
+static int xfer_timeouts(struct kvb_broker *b, struct kvb_worker *w,
+			 const struct kvb_msg_xtimeouts *m)
+{
+	struct kvb_xfer *x = kvb_xfer_get(&b->xfers, m->handle, w->id);
+	const uint32_t max = 86400u * 1000u;
+
+	if (m->deadline_ms > max || m->stall_ms > max || m->defer_ms > max)
+		return -EINVAL;
+	if (!x || x->closing)
+		return -ESTALE;
+	if (m->defer_ms && kvb_remote_set_defer(x, m->defer_ms))
+		return -EINVAL; /* a same-node transfer has no defer clock */
+	if (m->deadline_ms)
+		x->deadline_ns =
+			kvb_now_ns() + (int64_t) m->deadline_ms * 1000000;
+	if (m->stall_ms)
+		x->stall_ms = m->stall_ms;
+	return 0;
+}
+
 static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
 {
 	b->st.messages_rejected++;
@@ -419,6 +443,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_peer peer;
 		struct kvb_msg_xopen xopen;
 		struct kvb_msg_open_batch open_batch;
+		struct kvb_msg_xtimeouts xt;
 		char raw[KVB_MSG_MAX];
 	} m;
 	int fds[KVB_CTL_MAX_FDS];
@@ -618,6 +643,11 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}
+	case KVB_MSG_XTIMEOUTS:
+		NEED(struct kvb_msg_xtimeouts);
+		rc = xfer_timeouts(b, w, &m.xt);
+		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
+		return;
 	case KVB_MSG_BYE:
 		NEED(struct kvb_msg_hdr);
 		reply(w, &m.h, sizeof(m.h), 0, NULL, 0);

@@ -35,7 +35,36 @@ struct kvb_xfer {
 	uint32_t dests[KVB_XFER_MAX_DESTS];
 	uint8_t opened;	      /* the owner opened it (not only a message) */
 	struct kvb_rxfer *rx; /* cross-node state (heap), NULL = local */
+	/*
+	 * Clocks (docs/deadlines.md): deadline_ns above (the whole transfer,
+	 * from the open); the stall clock runs once anything happened (an op
+	 * submitted or completed, a peer's notification): no progress for
+	 * stall_ms fails it. progress counts events; the timer notes when it
+	 * last changed (progress_ns, 0 = nothing happened yet: the transfer
+	 * only waits its turn). stall_ms: 0 = the broker's. (The defer clock
+	 * is cross-node state: kvb_rxfer.)
+	 */
+	uint32_t stall_ms;
+	uint32_t progress, progress_seen;
+	int64_t progress_ns;
+	/*
+	 * A failing transfer is reported only once no byte of it can still
+	 * land (closing: no new op accepted, queued ones dropped; the final
+	 * completion waits for the ones posted). inbound: ops of other
+	 * workers' transfers of the same id writing into this worker's
+	 * regions, in flight; dest_xfer[i]: their entry at dests[i].
+	 */
+	uint8_t closing;
+	int32_t close_err;
+	uint32_t inbound;
+	uint32_t dest_xfer[KVB_XFER_MAX_DESTS];
 };
+
+/* Nothing of x in flight: its own ops and the ones writing into it. */
+static inline int kvb_xfer_drained(const struct kvb_xfer *x)
+{
+	return !x->inbound && x->completed + x->failed >= x->submitted;
+}
 
 struct kvb_rxfer; /* broker/remote.h */
 /* Frees x->rx; set by the broker (remote.c). */
@@ -97,7 +126,7 @@ int kvb_xfer_is_terminal(const struct kvb_xfers *t, uint32_t worker,
 static inline int kvb_xfer_complete(const struct kvb_xfer *x)
 {
 	return x->sealed && x->completed + x->failed >= x->expected &&
-	       x->completed + x->failed >= x->submitted;
+	       kvb_xfer_drained(x);
 }
 
 #endif

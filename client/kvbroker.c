@@ -356,6 +356,26 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *id, uint32_t *handle)
 	return 0;
 }
 
+int kvb_transfer_set_timeouts(struct kvb_ctx *ctx, uint32_t handle,
+			      uint32_t deadline_ms, uint32_t stall_ms,
+			      uint32_t defer_ms)
+{
+	const uint32_t max = 86400u * 1000u;
+	struct kvb_msg_xtimeouts req;
+	struct kvb_msg_hdr rep;
+
+	if (!ctx || !handle || deadline_ms > max || stall_ms > max ||
+	    defer_ms > max)
+		return -EINVAL;
+	kvb_msg_init(&req.h, KVB_MSG_XTIMEOUTS, sizeof(req));
+	req.handle = handle;
+	req.deadline_ms = deadline_ms;
+	req.stall_ms = stall_ms;
+	req.defer_ms = defer_ms;
+	return kvb_client_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep),
+			       sizeof(rep));
+}
+
 _Static_assert(KVB_TRANSFER_OPEN_BATCH_MAX == KVB_OPEN_BATCH_MAX,
 	       "public and wire batch limits agree");
 

@@ -36,6 +36,7 @@ enum kvb_msg_type {
 	KVB_MSG_PEER = 9,   /* handshake with a peer broker (deferred reply) */
 	KVB_MSG_XOPEN = 10, /* open a cross-node transfer; blocks follow */
 	KVB_MSG_OPEN_BATCH = 11, /* intern up to 64 transfer ids at once */
+	KVB_MSG_XTIMEOUTS = 12,	 /* a transfer's clocks */
 };
 
 struct kvb_msg_hdr {
@@ -177,6 +178,20 @@ struct kvb_msg_open_batch_reply {
 	uint32_t n;
 	uint32_t pad;
 	struct kvb_open_result res[];
+};
+
+/*
+ * XTIMEOUTS: set the clocks of one of the sender's transfers, in ms;
+ * 0 leaves that clock as it is; the deadline counts from the request.
+ * Reply: a header, status 0, -ESTALE (unknown, ended or failing handle) or
+ * -EINVAL (over 86400 s; a defer clock for a same-node transfer).
+ */
+struct kvb_msg_xtimeouts {
+	struct kvb_msg_hdr h;
+	uint32_t handle;
+	uint32_t deadline_ms;
+	uint32_t stall_ms;
+	uint32_t defer_ms;
 };
 
 #endif /* KVB_SHM_PROTO_H */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Transfer endings other than success, against a broker started with
- * --transfer-timeout 1: a sealed transfer short of its expected writes
- * times out with -ETIMEDOUT in about a second, an unsealed one too; abort
+ * --transfer-timeout 1 --transfer-deadline 1: a sealed transfer short of its
+ * expected writes times out with -ETIMEDOUT in about a second (its stall
+ * clock), an unsealed one that never started too (its deadline); abort
  * gives -ECANCELED; seal or abort of an unknown or ended handle gives
  * -ESTALE; an ended id cannot be reopened; a transfer that gets its writes
  * in time succeeds.
@@ -205,7 +206,8 @@ static void test_in_time(void **state)
 
 int main(void)
 {
-	static const char *const args[] = {"--transfer-timeout", "1", NULL};
+	static const char *const args[] = {"--transfer-timeout", "1",
+					   "--transfer-deadline", "1", NULL};
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_timeout),
 		cmocka_unit_test(test_unsealed_timeout),

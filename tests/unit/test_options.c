@@ -88,6 +88,7 @@ static void test_defaults(void **state)
 	assert_int_equal(o.burst, 64);
 	assert_int_equal(o.post_batch_size, -1);
 	assert_int_equal(o.transfer_timeout_ms, 30000);
+	assert_int_equal(o.transfer_deadline_ms, 600000);
 	assert_int_equal(o.defer_timeout_ms, 60000);
 	assert_string_equal(o.host_ip, "127.0.0.1");
 	assert_int_equal(o.notify_port, 61005);
@@ -263,6 +264,8 @@ static void test_bad_numbers(void **state)
 	/* seconds: 1..86400 */
 	refused("--transfer-timeout", "--transfer-timeout", "0", NULL);
 	refused("--transfer-timeout", "--transfer-timeout", "86401", NULL);
+	refused("--stall-timeout", "--stall-timeout", "0", NULL);
+	refused("--transfer-deadline", "--transfer-deadline", "86401", NULL);
 	refused("--defer-timeout", "--defer-timeout", "-5", NULL);
 	refused("--busy-poll-us", "--busy-poll-us", "-1", NULL);
 	refused("--busy-poll-us", "--busy-poll-us", "10000001", NULL);
@@ -367,7 +370,7 @@ static void test_help_version(void **state)
 		"--trusted-hosts",    "--rdma-dev",	   "--ib-port",
 		"--gid-index",	      "--qp-per-transfer", "--tcp-conns",
 		"--gpu-streams",      "--copy-threads",	   "--help",
-		"--version"};
+		"--version",	      "--stall-timeout",   "--transfer-deadline"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);

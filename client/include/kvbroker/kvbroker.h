@@ -181,6 +181,29 @@ int kvb_transfer_open(struct kvb_ctx *ctx, const char *transfer_id,
 int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
 			    unsigned n, uint32_t *handles, int *status);
 
+/*
+ * A transfer's clocks (docs/deadlines.md), each in ms, 0 = leave as it is
+ * (the broker's defaults until set):
+ * - deadline_ms: the whole transfer, counted from this call (from the open
+ *   until set; default --transfer-deadline, 600 s). Waiting its turn (opened,
+ *   nothing submitted, no peer activity) counts only against this one.
+ * - stall_ms: once anything happened (an op submitted or completed, a
+ *   peer's write_done), no progress for this long fails it (default
+ *   --stall-timeout, alias --transfer-timeout, 30 s).
+ * - defer_ms: cross-node only: how long its layer ops wait for the peer's
+ *   remote_blocks (default --defer-timeout, 60 s); -EINVAL for a same-node
+ *   transfer.
+ * A clock that runs out fails the transfer with -ETIMEDOUT; the failure
+ * completion comes once no byte of it can still land (its ops in flight
+ * ended). Returns 0, -EINVAL (a value over 86400 s, a NULL ctx or handle
+ * 0), -ESTALE (unknown, ended or failing handle), -EPIPE, -ETIMEDOUT. One
+ * control round trip; thread-safe. Needs a broker of this release (an
+ * older one drops the connection on the unknown request).
+ */
+int kvb_transfer_set_timeouts(struct kvb_ctx *ctx, uint32_t handle,
+			      uint32_t deadline_ms, uint32_t stall_ms,
+			      uint32_t defer_ms);
+
 /* A descriptor. Flags: KVB_DESC_UNSIGNALED (no completion on success). */
 #define KVB_DESC_UNSIGNALED 0x1u
 
@@ -220,7 +243,14 @@ int kvb_submit_read(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
 int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
 		      uint64_t tag);
 
-/* Abort a transfer: it completes with -ECANCELED. Single submitting thread. */
+/*
+ * Abort a transfer: it completes with -ECANCELED, once its ops in flight
+ * ended (queued ones are dropped, each completing with -ECANCELED): after
+ * that completion no byte of it moves, from or into this worker's memory;
+ * a later write of another worker into this one's memory under the same id
+ * is refused (-ECANCELED, counted as late_writes_refused). Single
+ * submitting thread.
+ */
 int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag);
 
 /*
@@ -317,8 +347,9 @@ struct kvb_remote_xfer {
  *   release ACKs arrived (consumer_tp / producer_tp of them when D has the
  *   larger TP, else one).
  *
- * A transfer that cannot finish fails within --transfer-timeout (or the
- * defer timeout) with a status; none stays pending. Returns 0 with *handle,
+ * A transfer that cannot finish fails by one of its clocks (deadline, stall
+ * or defer timeout: kvb_transfer_set_timeouts) with a status; none stays
+ * pending. Returns 0 with *handle,
  * -EINVAL (also: blocks or remote_blocks NULL with a count), -ENOENT
  * (unknown peer), -ESTALE (the id ended already), -ENOSPC, -E2BIG (the
  * block lists, 4 bytes a block, do not fit in one control message: about
