@@ -32,6 +32,10 @@ struct cfg {
 	const char *socket;
 	unsigned p, d, layers, blocks, requests, inflight;
 	unsigned window; /* requests a D worker keeps open (d_window()) */
+	unsigned psrc;	 /* requests' worth of source blocks a P keeps */
+	/* shared: D rank d's block slot of request r at [d * requests + r],
+	 * published before d_publish() counts r as opened */
+	uint32_t *slot_of;
 	uint64_t block_bytes;
 	const char *json;
 	int quiet;
@@ -72,6 +76,10 @@ static uint32_t d_opened(struct d_progress *d)
 
 /* No progress for this long (kvb_wait, a full ring) fails the worker. */
 #define STALL_MS 60000
+/* The D workers' regions together take at most this much memory: a D
+ * worker keeps no more requests open than its share holds (each open
+ * request has its own blocks, reused once it ended, as vLLM's are). */
+#define D_MEM_ALL (4ull << 30)
 
 static int64_t now_ns(void)
 {
@@ -155,17 +163,21 @@ static int d_open(struct kvb_ctx *ctx, unsigned rank, unsigned r,
 static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 		 int ready_fd, int go_fd)
 {
-	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
+	uint64_t nblocks = (uint64_t) c->window * c->blocks;
 	uint64_t rsize = nblocks * c->block_bytes, bad = 0, checked = 0;
 	uint64_t failed = 0; /* requests that ended with an error */
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
-	unsigned writers = 0, l, opened = 0, done = 0;
+	uint32_t *free_slots = calloc(c->window, sizeof(*free_slots));
+	uint32_t *slot_of = c->slot_of + (size_t) rank * c->requests;
+	unsigned writers = 0, l, opened = 0, done = 0, nfree = c->window;
 	struct kvb_ctx *ctx;
 	char byte = 1;
 	int rc;
 
-	if (!reg || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
+	if (!reg || !free_slots || attach(c, KVB_ROLE_D, rank, c->d, &ctx))
 		return 1;
+	for (unsigned k = 0; k < c->window; k++)
+		free_slots[k] = c->window - 1 - k;
 	/* P ranks that write into this D rank (rank mapping p % d), each
 	 * into its own part of the layer's region: P rank p into part p / d */
 	for (unsigned p = 0; p < c->p; p++)
@@ -180,9 +192,11 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 		}
 	}
 	/* the first window of requests; one more as each one ends */
-	for (; opened < c->requests && opened < c->window; opened++)
+	for (; opened < c->requests && opened < c->window; opened++) {
+		slot_of[opened] = free_slots[--nfree];
 		if (d_open(ctx, rank, opened, writers))
 			return 1;
+	}
 	d_publish(prog, opened);
 	/* close it: the parent sees EOF once every D is ready or gone */
 	rc = write(ready_fd, &byte, 1) != 1;
@@ -200,10 +214,17 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 		}
 		for (int i = 0; i < n; i++) {
 			uint64_t req = comp[i].tag;
+			uint64_t slot;
 
-			if (comp[i].kind != KVB_COMP_TRANSFER)
+			if (comp[i].kind != KVB_COMP_TRANSFER ||
+			    req >= c->requests)
 				continue;
 			done++;
+			slot = slot_of[req];
+			/* its blocks are free again at once (as in vLLM): a
+			 * byte of it landing later would show in the
+			 * request that gets them next */
+			free_slots[nfree++] = (uint32_t) slot;
 			if (comp[i].status) {
 				fprintf(stderr,
 					"kvb-demo: D%u request %" PRIu64
@@ -220,12 +241,15 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 					for (unsigned j = 0; j < c->blocks;
 					     j++) {
 						uint64_t src =
-							req * c->blocks + j;
+							(req % c->psrc) *
+								c->blocks +
+							j;
 						const uint8_t *dst =
 							(const uint8_t *) reg[l]
 								.addr +
 							((p / c->d) * nblocks +
-							 dst_block(src,
+							 dst_block(slot * c->blocks +
+									   j,
 								   nblocks)) *
 								c->block_bytes;
 
@@ -239,9 +263,11 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 			}
 		}
 		for (; opened < c->requests && opened - done < c->window;
-		     opened++)
+		     opened++) {
+			slot_of[opened] = free_slots[--nfree];
 			if (d_open(ctx, rank, opened, writers))
 				return 1;
+		}
 		d_publish(prog, opened);
 	}
 	if (!c->quiet)
@@ -253,6 +279,7 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 		kvb_mem_free(ctx, &reg[l]);
 	kvb_detach(ctx);
 	free(reg);
+	free(free_slots);
 	fflush(stdout);
 	/* wrong bytes in a completed request are corruption (3); a request
 	 * that failed is reported as such (4): the demo asks for none */
@@ -281,8 +308,9 @@ static int stalled(int64_t since)
 static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 		 int go_fd, struct p_result *res)
 {
-	uint64_t nblocks = (uint64_t) c->requests * c->blocks;
-	uint64_t rsize = nblocks * c->block_bytes;
+	uint64_t nblocks = (uint64_t) c->window * c->blocks; /* D's */
+	uint64_t pblocks = (uint64_t) c->psrc * c->blocks;   /* ours */
+	uint64_t rsize = pblocks * c->block_bytes;
 	struct kvb_region *reg = calloc(c->layers, sizeof(*reg));
 	struct kvb_remote_region *dst = calloc(c->layers, sizeof(*dst));
 	int64_t *t0 = calloc(c->requests, sizeof(*t0));
@@ -305,7 +333,7 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 			p_fail(rank, "alloc", rc);
 			return 1;
 		}
-		for (uint64_t b = 0; b < nblocks; b++)
+		for (uint64_t b = 0; b < pblocks; b++)
 			for (uint64_t o = 0; o < c->block_bytes; o++)
 				((uint8_t *) reg[l]
 					 .addr)[b * c->block_bytes + o] =
@@ -330,6 +358,9 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 			uint32_t h;
 			char id[64];
 			unsigned r = next++;
+			/* after d_opened()'s acquire: D's slot of r */
+			uint64_t slot = c->slot_of[(size_t) drank * c->requests +
+						   r];
 
 			snprintf(id, sizeof(id), "tx-%u", r);
 			rc = kvb_transfer_open(ctx, id, &h);
@@ -342,8 +373,9 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 				unsigned sent = 0;
 
 				for (unsigned j = 0; j < c->blocks; j++) {
-					uint64_t b =
-						(uint64_t) r * c->blocks + j;
+					uint64_t b = (uint64_t) (r % c->psrc) *
+							     c->blocks +
+						     j;
 
 					descs[j] = (struct kvb_desc){
 						.transfer = h,
@@ -357,7 +389,8 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 						 * share a D rank */
 						.peer_offset =
 							(rank / c->d * nblocks +
-							 dst_block(b,
+							 dst_block(slot * c->blocks +
+									   j,
 								   nblocks)) *
 							c->block_bytes,
 						.len = c->block_bytes,
@@ -480,8 +513,10 @@ static void usage(FILE *f)
 	      "checks every byte.\n"
 	      "Each P keeps up to --inflight requests going; each D keeps as "
 	      "many open as the\n"
-	      "broker's transfer table has room for, the rest wait their "
-	      "turn.\n"
+	      "broker's transfer table and 4 GiB of D memory in all have room "
+	      "for (each open\n"
+	      "request has its own blocks, reused once it ended), the rest "
+	      "wait their turn.\n"
 	      "Defaults: --p 2 --d 2 --layers 32 --blocks 16 --block-bytes "
 	      "4096 --requests 64 --inflight 8\n",
 	      f);
@@ -760,13 +795,13 @@ int main(int argc, char **argv)
 			*c.socket ? "socket path too long" : "empty path");
 		return 2;
 	}
-	/* each worker maps layers regions of requests x blocks x block-bytes */
-	if (__builtin_mul_overflow((uint64_t) c.requests * c.blocks,
-				   c.block_bytes, &total) ||
+	/* a request's blocks, all layers, for one P rank */
+	if (__builtin_mul_overflow((uint64_t) c.blocks, c.block_bytes,
+				   &total) ||
 	    __builtin_mul_overflow(total, c.layers, &total) ||
-	    total > (uint64_t) SIZE_MAX) {
+	    total > (uint64_t) SIZE_MAX / 65536) {
 		fprintf(stderr,
-			"kvb-demo: --layers x --requests x --blocks x "
+			"kvb-demo: --layers x --blocks x "
 			"--block-bytes is more memory than a process can "
 			"map\n");
 		return 2;
@@ -780,6 +815,24 @@ int main(int argc, char **argv)
 	 * workers it serves: not asked for here, as a stats connection would
 	 * take a --max-workers slot the workers may need */
 	c.window = d_window(&c, KVB_MAX_XFERS - 1);
+	{
+		/* P ranks writing into one D rank, at most */
+		uint64_t wr = (c.p + c.d - 1) / c.d;
+		uint64_t fit = D_MEM_ALL / c.d / (total * wr);
+
+		if (fit < 1)
+			fit = 1;
+		if (c.window > fit)
+			c.window = (unsigned) fit;
+		c.psrc = c.requests < 16 ? c.requests : 16;
+	}
+	c.slot_of = mmap(NULL, (size_t) c.d * c.requests * sizeof(uint32_t),
+			 PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			 0);
+	if (c.slot_of == MAP_FAILED) {
+		perror("kvb-demo: setup");
+		return 1;
+	}
 	pr = mmap(NULL, c.p * sizeof(*pr), PROT_READ | PROT_WRITE,
 		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	prog = mmap(NULL, c.d * sizeof(*prog), PROT_READ | PROT_WRITE,
