@@ -8,7 +8,7 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | write_split | read_split | late_rank | read | read_hetero | read_narrow |
+# CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
 #       flood | gpu_tcp | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
@@ -198,6 +198,23 @@ late_rank)
 		--conc 4 --prefix late || fail "a D rank that opens late"
 	;;
 read) run_pair read 2 2 --layers 32 --xfers 8 --conc 4 || fail "READ TP2<-TP2" ;;
+scale)
+	# 2000 transfers open at once on each side, 2 layers of 2 blocks each:
+	# every one completes (D checks every byte), none times out although
+	# most wait their turn far longer than the stall timeout
+	run_pair write 1 1 --layers 2 --blocks 16384 --per-xfer 2 \
+		--xfers 2000 --conc 2000 --prefix scale ||
+		fail "2000 concurrent WRITE transfers"
+	for n in a b; do
+		s=$(stats $n)
+		echo "$n: transfers_done $(json_get "$s" transfers_done)," \
+			"failed $(json_get "$s" transfers_failed)"
+		[ "$(json_get "$s" transfers_done)" -ge 2000 ] ||
+			fail "node $n: fewer than 2000 transfers done"
+		[ "$(json_get "$s" transfers_failed)" = 0 ] ||
+			fail "node $n: transfers failed"
+	done
+	;;
 read_hetero) run_pair read 2 4 --layers 32 --xfers 8 --conc 4 || fail "READ TP4<-TP2" ;;
 read_narrow)
 	# D TP 1 reads from P rank 0 only; P rank 1's transfers end on the
