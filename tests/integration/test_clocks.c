@@ -270,8 +270,9 @@ static void test_abort_drains(void **state)
 
 	(void) state;
 	assert_int_equal(kvb_transfer_open(pd, "abort", &hp), 0);
+	/* descending: not merged into one chain, 32 copies in flight */
 	for (unsigned k = 0; k < 32; k++)
-		d[k] = wr(hp, k, MiB);
+		d[k] = wr(hp, 31 - k, MiB);
 	assert_int_equal(kvb_submit_write(pd, d, 32), 32);
 	assert_int_equal(kvb_transfer_abort(pd, hp, 40), 0);
 	/* every write's completion comes before the abort's */
