@@ -135,6 +135,9 @@ struct kvb_broker {
 		/* transfers that failed with ops still in flight: their
 		 * completion waited until those drained */
 		uint64_t transfers_fenced;
+		/* cross-node D: P writers that did not confirm they stopped
+		 * within the stall timeout (the transfer ended anyway) */
+		uint64_t fences_expired;
 	} st;
 };
 
@@ -245,6 +248,10 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
  * issued, counted as ended); what is in flight drains before it ends. */
 void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
 			   int status);
+/* Cross-node D in WRITE mode: how many P writers may still write into it
+ * (0 for anything else); a failing one asks them to stop and waits. */
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
+				 const struct kvb_xfer *x);
 /* Does it wait for the peer (deferred layer ops: the defer clock runs)? */
 int kvb_remote_xfer_deferred(const struct kvb_xfer *x);
 /* Its defer clock (ms, 0 = the broker's); -EINVAL for a local transfer. */

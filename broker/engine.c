@@ -267,7 +267,8 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 
 	if (x->closing)
 		return; /* its drain ends it */
-	if (!status || kvb_xfer_drained(x)) {
+	if (!status || (kvb_xfer_drained(x) &&
+			!(x->rx && kvb_remote_xfer_writers(b, x)))) {
 		finish_now(b, x, status);
 		return;
 	}
@@ -869,10 +870,18 @@ void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 		const char *why;
 
-		if (x->closing)
-			continue; /* ends when its ops drained */
-		why = xfer_expired(b, x, now);
-		if (why) {
+		if (x->closing && x->fence_ns && now >= x->fence_ns) {
+			/* its peer's writers did not say they stopped */
+			log_warn("transfer '%s' of worker %u: no answer from %u "
+				 "P writer(s) asked to stop: it ends now",
+				 x->id, x->worker, x->inbound);
+			b->st.fences_expired++;
+			x->inbound = 0;
+			x->fence_ns = 0;
+			kvb_xfer_maybe_finish(b, x);
+		} else if (x->closing) {
+			/* ends when its ops drained */
+		} else if ((why = xfer_expired(b, x, now))) {
 			log_dbg("transfer '%s' of worker %u: %s", x->id,
 				x->worker, why);
 			kvb_xfer_finish(b, x, -ETIMEDOUT);

@@ -541,11 +541,72 @@ int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
 	return x->rx && x->rx->ndef;
 }
 
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
+				 const struct kvb_xfer *x)
+{
+	const struct kvb_rxfer *rx = x->rx;
+	uint32_t ended = x->completed + x->failed;
+
+	if (!b->rm || !rx || rx->role != KVB_ROLE_D ||
+	    rx->mode != KVB_XFER_WRITE || !x->opened ||
+	    rx->notify_host[0] || rx->notify_port)
+		return 0;
+	if (!x->sealed)
+		return ended ? 0 : 1;
+	return x->expected > ended ? x->expected - ended : 0;
+}
+
+/*
+ * A failing D transfer in WRITE mode: ask every P rank it announced its
+ * blocks to to stop (a typed release, which P takes as an abort). P's
+ * broker answers, once its writes in flight ended, with kvb_write_failed
+ * (or write_done when they had all landed): the transfer's completion
+ * waits for as many answers as writers may still write, or for its stall
+ * timeout at most. Returns how many releases went out.
+ */
+static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
+{
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
+	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_zmsg m;
+	uint32_t sent = 0;
+
+	if (!w || !p || kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, x->id))
+		return 0;
+	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
+		const struct kvb_hs_worker *hw = &p->desc.workers[i];
+		int port;
+
+		if (hw->role != KVB_HS_ROLE_P || hw->dp_rank != rx->remote_dp)
+			continue;
+		port = kvb_port_of(peer_notify_base(p, rx), hw->dp_rank,
+				   hw->tp_rank, hw->tp_size,
+				   KVB_PORT_DP_TIMES_TP);
+		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
+					  (uint32_t) port, &m)) {
+			sent++;
+			b->rm->st.releases_sent++;
+		}
+	}
+	kvb_zmsg_fini(&m);
+	return sent;
+}
+
 void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
 			   int status)
 {
 	struct kvb_rxfer *rx = x->rx;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
+	uint32_t writers = kvb_remote_xfer_writers(b, x);
+
+	if (writers && release_writers(b, x)) {
+		uint32_t stall = x->stall_ms ? x->stall_ms
+					     : b->opt.transfer_timeout_ms;
+
+		x->inbound += writers;
+		x->fence_ns = kvb_now_ns() + (int64_t) stall * 1000000;
+	}
 
 	/* layers that never went out fail now: they count as ended ops */
 	if (rx->ndef && status == -ETIMEDOUT && b->rm)
@@ -602,11 +663,12 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		return;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {
 		/* every layer landed: write_done to each D rank written. Else
-		 * kvb_write_failed, so that D fails now, not at its timeout:
-		 * only to the peer broker's own ports (not to an override,
-		 * which may be a MoRIIO engine) and not to a D that aborted */
-		if (status && (rx->notify_host[0] || rx->notify_port ||
-			       rx->peer_released))
+		 * kvb_write_failed, so that D fails now, not at its timeout,
+		 * and, to a D that asked us to stop (a release), to say that
+		 * none of our writes is in flight any more (this runs once
+		 * they drained): only to the peer broker's own ports (not to
+		 * an override, which may be a MoRIIO engine) */
+		if (status && (rx->notify_host[0] || rx->notify_port))
 			return;
 		if (!rx->ntargets && compute_targets(w, p, rx))
 			return;

@@ -95,6 +95,14 @@ void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
 	(void) status;
 }
 
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
+				 const struct kvb_xfer *x)
+{
+	(void) b;
+	(void) x;
+	return 0;
+}
+
 int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
 {
 	(void) x;

@@ -334,6 +334,8 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
 	x->progress++; /* a peer's message: the stall clock runs */
+	if (x->closing && x->inbound)
+		x->inbound--; /* a writer we asked to stop has stopped */
 	if (failed) {
 		if (rlog_ok(b->rm))
 			log_warn("transfer '%s': the P side's writes failed "

@@ -146,7 +146,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		put(&o,
 		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
 		    "\"transfers_active\":%u,\"transfers_fenced\":%llu,"
-		    "\"late_writes_refused\":%llu,\"messages_rejected\":%llu,"
+		    "\"late_writes_refused\":%llu,\"fences_expired\":%llu,"
+		    "\"messages_rejected\":%llu,"
 		    "\"control_requests\":%llu,"
 		    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
 		    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
@@ -156,6 +157,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    b->xfers.nactive,
 		    (unsigned long long) b->st.transfers_fenced,
 		    (unsigned long long) b->st.late_writes_refused,
+		    (unsigned long long) b->st.fences_expired,
 		    (unsigned long long) (b->st.messages_rejected +
 					  kvb_remote_rejected(b)),
 		    (unsigned long long) b->st.ctl_requests,
@@ -243,6 +245,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) b->st.transfers_fenced);
 	put(&o, "late_writes_refused    %llu\n",
 	    (unsigned long long) b->st.late_writes_refused);
+	put(&o, "fences_expired         %llu\n",
+	    (unsigned long long) b->st.fences_expired);
 	put(&o, "messages_rejected      %llu\n",
 	    (unsigned long long) (b->st.messages_rejected +
 				  kvb_remote_rejected(b)));

@@ -57,6 +57,10 @@ struct kvb_xfer {
 	uint8_t closing;
 	int32_t close_err;
 	uint32_t inbound;
+	/* closing, cross-node D: inbound counts P writers asked to stop (a
+	 * release); their write_done / kvb_write_failed says their writes
+	 * ended. Waited for until fence_ns at most (0 = not waiting). */
+	int64_t fence_ns;
 	uint32_t dest_xfer[KVB_XFER_MAX_DESTS];
 };
 

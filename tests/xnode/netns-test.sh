@@ -8,7 +8,7 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | read_hetero | read_narrow |
+# CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | quiet_tcp | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
 #       flood | gpu_tcp | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
@@ -198,6 +198,37 @@ late_rank)
 		--conc 4 --prefix late || fail "a D rank that opens late"
 	;;
 read) run_pair read 2 2 --layers 32 --xfers 8 --conc 4 || fail "READ TP2<-TP2" ;;
+quiet_tcp)
+	# D's transfer times out (its 1 s deadline) while P still writes its
+	# layers (one every 100 ms): D's broker asks P to stop (a release), P's
+	# broker drops what waits and answers once its writes in flight ended;
+	# only then does D get its failure, and its regions do not change for
+	# the 3 s after it. P's own outcome is not checked (it is cut off
+	# between its layers).
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	common=(--mode write --tp 0 --tp-size 1 --peer-tp-size 1
+		--barrier "$T/bar" --layers 32 --xfers 1 --conc 1 --prefix quiet)
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 "${common[@]}" --layer-delay-ms 100 \
+		--expect-fail >>"$T/worker-P0.log" 2>&1 &
+	pp=$!
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 "${common[@]}" --deadline-ms 1000 \
+		--quiet-check-ms 3000 --expect-fail --fail-errno 110 \
+		>>"$T/worker-D0.log" 2>&1 || fail "D: a late write landed, or no timeout"
+	wait "$pp"
+	grep -h '^xnode_worker' "$T"/worker-*.log
+	sa=$(stats a) sb=$(stats b)
+	echo "B: transfers_fenced $(json_get "$sb" transfers_fenced)," \
+		"releases_sent $(json_get "$sb" remote.releases_sent)," \
+		"fences_expired $(json_get "$sb" fences_expired);" \
+		"A: write_failed_sent $(json_get "$sa" remote.write_failed_sent)"
+	[ "$(json_get "$sb" transfers_fenced)" -ge 1 ] || fail "B fenced nothing"
+	[ "$(json_get "$sb" remote.releases_sent)" -ge 1 ] || fail "B sent no release"
+	[ "$(json_get "$sb" fences_expired)" = 0 ] || fail "B waited in vain for P"
+	[ "$(json_get "$sa" remote.write_failed_sent)" -ge 1 ] ||
+		fail "A did not say its writes ended"
+	;;
 scale)
 	# 2000 transfers open at once on each side, 2 layers of 2 blocks each:
 	# every one completes (D checks every byte), none times out although

@@ -22,6 +22,9 @@ struct xnode_opts {
 	int swap_layer, swap_after, expect_some_fail, swapped;
 	int start_delay_ms;
 	int fail_errno;	    /* --expect-fail: every failure is -this */
+	int deadline_ms;    /* --deadline-ms: each transfer's deadline */
+	int quiet_check_ms; /* D: a failed transfer's regions stay as they
+			     * were at its completion for this long */
 	unsigned wrong_err; /* failures with another status */
 	unsigned last_ok;   /* highest transfer index that succeeded, + 1 */
 };

@@ -32,6 +32,11 @@ void xnode_usage(void)
 		"[--expect-some-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S] [--gpu host|cuda|hip|auto]\n"
+		"  [--deadline-ms N]  kvb_transfer_set_timeouts: each "
+		"transfer's deadline\n"
+		"  [--quiet-check-ms N]  D (host memory): after a failure "
+		"completion its regions\n"
+		"                    must not change for N ms\n"
 		"  [--peer-heads N]  D: heads a P rank holds (a head split: "
 		"N = heads x D TP / P TP,\n"
 		"                    or heads / (P TP / D TP))\n"
@@ -93,6 +98,8 @@ int xnode_parse(int argc, char **argv)
 					   {"gpu", 1, 0, 'g'},
 					   {"fail-errno", 1, 0, 'f'},
 					   {"peer-heads", 1, 0, 'k'},
+					   {"deadline-ms", 1, 0, 'j'},
+					   {"quiet-check-ms", 1, 0, 'q'},
 					   {0, 0, 0, 0}};
 	int c;
 
@@ -227,6 +234,12 @@ int xnode_parse(int argc, char **argv)
 			break;
 		case 'k':
 			o.peer_heads = (unsigned) atoi(optarg);
+			break;
+		case 'j':
+			o.deadline_ms = atoi(optarg);
+			break;
+		case 'q':
+			o.quiet_check_ms = atoi(optarg);
 			break;
 		default:
 			return -1;

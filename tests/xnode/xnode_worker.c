@@ -376,6 +376,45 @@ static int d_blocks_free(unsigned i, uint32_t *tmp)
 	return 1;
 }
 
+/*
+ * D, host memory: transfer i failed; its completion says that nothing of it
+ * lands any more. Its regions must stay exactly as they are now for ms
+ * (while a P side that was still writing drains). 0, or 1 after a message.
+ */
+static int quiet_check(unsigned i, int ms)
+{
+	uint8_t **snap = calloc(o.layers, sizeof(*snap));
+	int changed = 0;
+
+	if (!snap || o.gpu) {
+		free(snap);
+		return 0;
+	}
+	for (unsigned l = 0; l < o.layers; l++) {
+		snap[l] = malloc(region_len());
+		if (!snap[l])
+			goto out;
+		memcpy(snap[l], reg[l].addr, region_len());
+	}
+	usleep((useconds_t) ms * 1000);
+	for (unsigned l = 0; l < o.layers; l++)
+		if (memcmp(snap[l], reg[l].addr, region_len())) {
+			fprintf(stderr,
+				"xnode_worker D tp %d: transfer %u: layer %u "
+				"changed within %d ms after its failure\n",
+				o.tp, i, l, ms);
+			changed = 1;
+		}
+	printf("xnode_worker D tp %d: transfer %u failed; its regions %s for "
+	       "%d ms after\n",
+	       o.tp, i, changed ? "CHANGED" : "stayed the same", ms);
+out:
+	for (unsigned l = 0; l < o.layers; l++)
+		free(snap[l]);
+	free(snap);
+	return changed;
+}
+
 int main(int argc, char **argv)
 {
 	struct kvb_attach_opts ao = {0};
@@ -574,6 +613,15 @@ int main(int argc, char **argv)
 					id, kvb_strerror(rc));
 				return 1;
 			}
+			if (o.deadline_ms &&
+			    (rc = kvb_transfer_set_timeouts(
+				     ctx, handles[i], (uint32_t) o.deadline_ms,
+				     0, 0))) {
+				fprintf(stderr,
+					"xnode_worker: set_timeouts %s: %s\n",
+					id, kvb_strerror(rc));
+				return 1;
+			}
 			if ((is_p && o.mode == KVB_XFER_WRITE) ||
 			    (!is_p && o.mode == KVB_XFER_READ)) {
 				for (unsigned l = 0; l < o.layers; l++) {
@@ -668,6 +716,9 @@ int main(int argc, char **argv)
 			}
 			if (c[k].status) {
 				bad++;
+				if (!is_p && o.quiet_check_ms &&
+				    quiet_check(i, o.quiet_check_ms))
+					o.wrong_err++;
 				if (o.fail_errno &&
 				    c[k].status != -o.fail_errno) {
 					o.wrong_err++;
