@@ -559,6 +559,20 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 				     0, e->transfer);
 			return;
 		}
+		if (x->closing) {
+			/* failed, its ops draining: its one completion takes
+			 * the first seal's or abort's tag; another is told
+			 * at once that the transfer ended */
+			if (x->tag_set) {
+				kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag,
+					     -ESTALE, 0, e->transfer);
+				return;
+			}
+			x->tag_set = 1;
+			x->seal_tag = e->tag;
+			return;
+		}
+		x->tag_set = 1;
 		if (e->opcode == KVB_OP_ABORT) {
 			x->seal_tag = e->tag;
 			kvb_xfer_finish(b, x, -ECANCELED);

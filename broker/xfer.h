@@ -55,6 +55,7 @@ struct kvb_xfer {
 	 * regions, in flight; dest_xfer[i]: their entry at dests[i].
 	 */
 	uint8_t closing;
+	uint8_t tag_set; /* a seal or an abort gave seal_tag */
 	int32_t close_err;
 	uint32_t inbound;
 	/* closing, cross-node D: inbound counts P writers asked to stop (a

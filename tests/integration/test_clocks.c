@@ -14,7 +14,8 @@
  *   submitting for 1.5 s; those writes are refused (-ECANCELED, counted as
  *   late_writes_refused, until P's own transfer stalls: refusals are no
  *   progress);
- * - P's abort completes only after every write of it in flight completed.
+ * - P's abort completes only after every write of it in flight completed;
+ *   a seal after it gets -ESTALE (one completion each).
  *
  * Times: a clock must not fire early (exact lower bounds); upper bounds
  * only catch one that never fires (SLACK for a loaded machine).
@@ -266,7 +267,7 @@ static void test_abort_drains(void **state)
 	struct kvb_desc d[32];
 	unsigned descs = 0;
 	uint32_t hp;
-	int n, seen_xfer = 0;
+	int n, seen_abort = 0, seen_seal = 0;
 
 	(void) state;
 	assert_int_equal(kvb_transfer_open(pd, "abort", &hp), 0);
@@ -275,22 +276,32 @@ static void test_abort_drains(void **state)
 		d[k] = wr(hp, 31 - k, MiB);
 	assert_int_equal(kvb_submit_write(pd, d, 32), 32);
 	assert_int_equal(kvb_transfer_abort(pd, hp, 40), 0);
+	/* a seal after the abort: told at once (-ESTALE) that it ended,
+	 * while the abort's completion waits for the writes */
+	assert_int_equal(kvb_transfer_seal(pd, hp, 32, 41), 0);
 	/* every write's completion comes before the abort's */
-	while (!seen_xfer) {
+	while (!seen_abort || !seen_seal) {
 		n = kvb_wait(pd, c, 128, SLACK);
 		assert_true(n > 0);
 		for (int k = 0; k < n; k++) {
+			if (c[k].kind == KVB_COMP_TRANSFER && c[k].tag == 41) {
+				assert_int_equal(c[k].status, -ESTALE);
+				seen_seal++;
+				continue;
+			}
 			if (c[k].kind == KVB_COMP_TRANSFER) {
 				assert_int_equal(c[k].tag, 40);
 				assert_int_equal(c[k].status, -ECANCELED);
-				seen_xfer = 1;
+				seen_abort++;
 				continue;
 			}
-			assert_false(seen_xfer);
+			assert_false(seen_abort);
 			descs++;
 		}
 	}
 	assert_int_equal(descs, 32);
+	assert_int_equal(seen_abort, 1);
+	assert_int_equal(seen_seal, 1);
 	assert_int_equal(kvb_wait(pd, c, 128, 200), -ETIMEDOUT);
 }
 
