@@ -165,8 +165,8 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
-	int64_t deadline = kvb_now_ns() +
-			   (int64_t) b->opt.transfer_deadline_ms * 1000000;
+	int64_t deadline =
+		kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms * 1000000;
 	struct kvb_xfer copy = *x;
 
 	if (status)
@@ -238,7 +238,8 @@ static void drop_queued(struct kvb_broker *b, uint32_t h, uint32_t wid)
 				uint32_t nc = cap ? cap * 2 : 64;
 				uint32_t *n = realloc(gone, nc * sizeof(*n));
 
-				if (!n) { /* keep it: it completes when posted */
+				if (!n) { /* keep it: it completes when posted
+					   */
 					d->ops[keep++] = d->ops[i];
 					continue;
 				}
@@ -273,10 +274,11 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		return;
 	}
 	if (status != -ECANCELED)
-		log_info("transfer '%s' of worker %u failed: %s (its completion "
-			 "waits for %u op(s) in flight)",
-			 x->id, x->worker, kvb_strerror(status),
-			 x->submitted - x->completed - x->failed + x->inbound);
+		log_info(
+			"transfer '%s' of worker %u failed: %s (its completion "
+			"waits for %u op(s) in flight)",
+			x->id, x->worker, kvb_strerror(status),
+			x->submitted - x->completed - x->failed + x->inbound);
 	b->st.transfers_fenced++;
 	x->closing = 1;
 	x->close_err = status;
@@ -515,17 +517,17 @@ static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
 	for (i = 0; i < x->ndests && x->dests[i] != owner; i++)
 		;
 	if (i < x->ndests) {
-		y = x->dest_xfer[i] ? kvb_xfer_get(&b->xfers, x->dest_xfer[i],
-						   owner)
-				    : NULL;
+		y = x->dest_xfer[i]
+			    ? kvb_xfer_get(&b->xfers, x->dest_xfer[i], owner)
+			    : NULL;
 		if (x->dest_xfer[i] && (!y || y->closing))
 			return -ECANCELED;
 		*out = y;
 		return 0;
 	}
 	y = kvb_xfer_open(&b->xfers, owner, x->id, strlen(x->id),
-			  kvb_now_ns() +
-				  (int64_t) b->opt.transfer_deadline_ms * 1000000,
+			  kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms *
+						 1000000,
 			  &err);
 	if (!y && err == -ESTALE)
 		return -ECANCELED;
@@ -533,7 +535,8 @@ static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
 		return -ECANCELED;
 	if (i < KVB_XFER_MAX_DESTS) {
 		x->dests[x->ndests] = owner;
-		x->dest_xfer[x->ndests++] = y ? kvb_xfer_handle(&b->xfers, y) : 0;
+		x->dest_xfer[x->ndests++] =
+			y ? kvb_xfer_handle(&b->xfers, y) : 0;
 	}
 	*out = y; /* NULL: its table is full; the write goes untracked */
 	return 0;
@@ -886,9 +889,10 @@ void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 
 		if (x->closing && x->fence_ns && now >= x->fence_ns) {
 			/* its peer's writers did not say they stopped */
-			log_warn("transfer '%s' of worker %u: no answer from %u "
-				 "P writer(s) asked to stop: it ends now",
-				 x->id, x->worker, x->inbound);
+			log_warn(
+				"transfer '%s' of worker %u: no answer from %u "
+				"P writer(s) asked to stop: it ends now",
+				x->id, x->worker, x->inbound);
 			b->st.fences_expired++;
 			x->inbound = 0;
 			x->fence_ns = 0;

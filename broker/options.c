@@ -325,10 +325,11 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			if (parse_int(a, 1, 86400, &v))
 				return fail(err, err_len,
 					    "%s: bad seconds '%s' (1..86400)",
-					    c == O_TTO	   ? "--transfer-timeout"
+					    c == O_TTO ? "--transfer-timeout"
 					    : c == O_STALL ? "--stall-timeout"
-					    : c == O_DTO   ? "--defer-timeout"
-							   : "--transfer-deadline",
+					    : c == O_DTO
+						    ? "--defer-timeout"
+						    : "--transfer-deadline",
 					    a);
 			if (c == O_TTO || c == O_STALL)
 				o->transfer_timeout_ms = (uint32_t) v * 1000;

@@ -445,11 +445,11 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	x = kvb_xfer_find(&b->xfers, w->id, m->id, m->id_len);
 	created = !x;
 	if (!x)
-		x = kvb_xfer_open(&b->xfers, w->id, m->id, m->id_len,
-				  kvb_now_ns() +
-					  (int64_t) b->opt.transfer_deadline_ms *
-						  1000000,
-				  &err);
+		x = kvb_xfer_open(
+			&b->xfers, w->id, m->id, m->id_len,
+			kvb_now_ns() +
+				(int64_t) b->opt.transfer_deadline_ms * 1000000,
+			&err);
 	if (!x)
 		return err;
 	if (x->opened) {
@@ -541,15 +541,14 @@ int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
 	return x->rx && x->rx->ndef;
 }
 
-uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
-				 const struct kvb_xfer *x)
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 {
 	const struct kvb_rxfer *rx = x->rx;
 	uint32_t ended = x->completed + x->failed;
 
 	if (!b->rm || !rx || rx->role != KVB_ROLE_D ||
-	    rx->mode != KVB_XFER_WRITE || !x->opened ||
-	    rx->notify_host[0] || rx->notify_port)
+	    rx->mode != KVB_XFER_WRITE || !x->opened || rx->notify_host[0] ||
+	    rx->notify_port)
 		return 0;
 	if (!x->sealed)
 		return ended ? 0 : 1;
@@ -593,16 +592,15 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 	return sent;
 }
 
-void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status)
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	struct kvb_rxfer *rx = x->rx;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	uint32_t writers = kvb_remote_xfer_writers(b, x);
 
 	if (writers && release_writers(b, x)) {
-		uint32_t stall = x->stall_ms ? x->stall_ms
-					     : b->opt.transfer_timeout_ms;
+		uint32_t stall =
+			x->stall_ms ? x->stall_ms : b->opt.transfer_timeout_ms;
 
 		x->inbound += writers;
 		x->fence_ns = kvb_now_ns() + (int64_t) stall * 1000000;

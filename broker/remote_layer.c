@@ -533,7 +533,7 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 		rx->defer_deadline =
 			kvb_now_ns() +
 			(int64_t) (rx->defer_ms ? rx->defer_ms
-					       : b->opt.defer_timeout_ms) *
+						: b->opt.defer_timeout_ms) *
 				1000000;
 	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
 	b->rm->st.layers_deferred++;

@@ -87,16 +87,14 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 }
 
-void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status)
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	(void) b;
 	(void) x;
 	(void) status;
 }
 
-uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
-				 const struct kvb_xfer *x)
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 {
 	(void) b;
 	(void) x;

@@ -248,9 +248,10 @@ static int run_d(const struct cfg *c, unsigned rank, struct d_progress *prog,
 							(const uint8_t *) reg[l]
 								.addr +
 							((p / c->d) * nblocks +
-							 dst_block(slot * c->blocks +
-									   j,
-								   nblocks)) *
+							 dst_block(
+								 slot * c->blocks +
+									 j,
+								 nblocks)) *
 								c->block_bytes;
 
 						for (uint64_t o = 0;
@@ -359,8 +360,8 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 			char id[64];
 			unsigned r = next++;
 			/* after d_opened()'s acquire: D's slot of r */
-			uint64_t slot = c->slot_of[(size_t) drank * c->requests +
-						   r];
+			uint64_t slot =
+				c->slot_of[(size_t) drank * c->requests + r];
 
 			snprintf(id, sizeof(id), "tx-%u", r);
 			rc = kvb_transfer_open(ctx, id, &h);
@@ -389,9 +390,10 @@ static int run_p(const struct cfg *c, unsigned rank, struct d_progress *prog,
 						 * share a D rank */
 						.peer_offset =
 							(rank / c->d * nblocks +
-							 dst_block(slot * c->blocks +
-									   j,
-								   nblocks)) *
+							 dst_block(
+								 slot * c->blocks +
+									 j,
+								 nblocks)) *
 							c->block_bytes,
 						.len = c->block_bytes,
 						.tag = r};
@@ -826,9 +828,9 @@ int main(int argc, char **argv)
 			c.window = (unsigned) fit;
 		c.psrc = c.requests < 16 ? c.requests : 16;
 	}
-	c.slot_of = mmap(NULL, (size_t) c.d * c.requests * sizeof(uint32_t),
-			 PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-			 0);
+	c.slot_of =
+		mmap(NULL, (size_t) c.d * c.requests * sizeof(uint32_t),
+		     PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (c.slot_of == MAP_FAILED) {
 		perror("kvb-demo: setup");
 		return 1;

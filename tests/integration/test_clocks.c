@@ -34,8 +34,8 @@
 
 #include "harness.h"
 
-#define MiB	(1ull << 20)
-#define CHUNKS	64u /* D's region: CHUNKS x 1 MiB */
+#define MiB	    (1ull << 20)
+#define CHUNKS	    64u /* D's region: CHUNKS x 1 MiB */
 #define OUTSTANDING 48u
 
 static struct broker br;
@@ -45,9 +45,13 @@ static struct kvb_remote_region rdst;
 
 static int setup(void **state)
 {
-	static const char *const args[] = {"--stall-timeout", "1",
-					   "--transfer-deadline", "30",
-					   "--copy-threads", "1", NULL};
+	static const char *const args[] = {"--stall-timeout",
+					   "1",
+					   "--transfer-deadline",
+					   "30",
+					   "--copy-threads",
+					   "1",
+					   NULL};
 	const struct broker_opts o = {.args = args};
 
 	(void) state;
@@ -169,8 +173,7 @@ static void test_set_timeouts(void **state)
 	assert_int_equal(kvb_transfer_open(pd, "dl2", &h), 0);
 	assert_int_equal(kvb_transfer_set_timeouts(pd, h, 86400001, 0, 0),
 			 -EINVAL);
-	assert_int_equal(kvb_transfer_set_timeouts(pd, h, 0, 0, 1000),
-			 -EINVAL);
+	assert_int_equal(kvb_transfer_set_timeouts(pd, h, 0, 0, 1000), -EINVAL);
 	assert_int_equal(kvb_transfer_abort(pd, h, 21), 0);
 	assert_int_equal(w_collect(pd, c, 1, SLACK), 1);
 	assert_int_equal(c[0].status, -ECANCELED);

@@ -140,6 +140,25 @@ static void test_defaults(void **state)
 	}
 }
 
+/* --stall-timeout and its older name set the stall clock; the deadline */
+static void test_clocks(void **state)
+{
+	struct kvb_options o;
+	char err[256] = "";
+
+	(void) state;
+	assert_int_equal(parse(&o, err, sizeof(err), "--stall-timeout", "7",
+			       "--transfer-deadline", "9", NULL),
+			 0);
+	assert_int_equal(o.transfer_timeout_ms, 7000);
+	assert_int_equal(o.transfer_deadline_ms, 9000);
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--transfer-timeout", "3", NULL),
+		0);
+	assert_int_equal(o.transfer_timeout_ms, 3000);
+	assert_int_equal(o.transfer_deadline_ms, 600000);
+}
+
 static void test_every_option(void **state)
 {
 	struct kvb_options o;
@@ -370,10 +389,13 @@ static void test_help_version(void **state)
 		"--trusted-hosts",    "--rdma-dev",	   "--ib-port",
 		"--gid-index",	      "--qp-per-transfer", "--tcp-conns",
 		"--gpu-streams",      "--copy-threads",	   "--help",
-		"--version",	      "--stall-timeout",   "--transfer-deadline"};
+		"--version"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);
+	if (!strstr(buf, "--stall-timeout") ||
+	    !strstr(buf, "--transfer-deadline"))
+		fail_msg("usage does not mention the clocks");
 	free(buf);
 }
 
@@ -396,6 +418,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_every_option),
+		cmocka_unit_test(test_clocks),
 		cmocka_unit_test(test_transports),
 		cmocka_unit_test(test_bad_rings),
 		cmocka_unit_test(test_bad_numbers),

@@ -196,10 +196,11 @@ int kvb_transfer_open_batch(struct kvb_ctx *ctx, const char *const *ids,
  * A clock that runs out fails the transfer with -ETIMEDOUT; the failure
  * completion comes once no byte of it can still land (its ops in flight
  * ended; a cross-node D transfer in WRITE mode waits for its P writers to
- * say they stopped, for its stall timeout at most). Returns 0, -EINVAL (a value over 86400 s, a NULL ctx or handle
- * 0), -ESTALE (unknown, ended or failing handle), -EPIPE, -ETIMEDOUT. One
- * control round trip; thread-safe. Needs a broker of this release (an
- * older one drops the connection on the unknown request).
+ * say they stopped, for its stall timeout at most). Returns 0, -EINVAL (a value
+ * over 86400 s, a NULL ctx or handle 0), -ESTALE (unknown, ended or failing
+ * handle), -EPIPE, -ETIMEDOUT. One control round trip; thread-safe. Needs a
+ * broker of this release (an older one drops the connection on the unknown
+ * request).
  */
 int kvb_transfer_set_timeouts(struct kvb_ctx *ctx, uint32_t handle,
 			      uint32_t deadline_ms, uint32_t stall_ms,
