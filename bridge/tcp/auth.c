@@ -79,6 +79,8 @@ int _kvb_tcp_send_all(int fd, const void *buf, size_t len)
 	return (size_t) n == len ? 0 : -EIO;
 }
 
+const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN] = "kvb tcp tool key: no secret!!!!";
+
 /* ---- allowed peers ---- */
 
 struct tcp_peer *_kvb_tcp_peer_find(struct tcp_transport *tt, uint64_t id)
@@ -352,16 +354,19 @@ static int conn_hello(struct tcp_conn *c)
 	if (kvb_tcp_auth_head_check(c->abuf, KVB_TCP_A_HELLO))
 		return conn_refuse(c, "no HELLO");
 	c->dialer_id = kvb_get64(c->abuf + 8);
-	if (kvb_get64(c->abuf + 16) != tt->nonce)
-		return conn_refuse(c, "HELLO for another instance");
+	c->srv_id = kvb_get64(c->abuf + 16);
 	c->peer = _kvb_tcp_peer_find(tt, c->dialer_id);
 	if (!c->peer)
 		return conn_refuse(c, "no handshake with that peer");
+	/* server id 0: a tool that knows only our address, allowed by a
+	 * shared-key entry (id 0) alone; a broker's peer names us */
+	if (c->srv_id != tt->nonce && (c->srv_id || c->peer->id))
+		return conn_refuse(c, "HELLO for another instance");
 	memcpy(c->nonce_d, c->abuf + 24, KVB_TCP_NONCE_LEN);
 	randombytes_buf(c->nonce_s, sizeof(c->nonce_s));
 	kvb_tcp_auth_head(m, KVB_TCP_A_CHALLENGE);
 	memcpy(m + 8, c->nonce_s, KVB_TCP_NONCE_LEN);
-	_kvb_tcp_mac(c->peer->key, 'S', c->dialer_id, tt->nonce, c->nonce_d,
+	_kvb_tcp_mac(c->peer->key, 'S', c->dialer_id, c->srv_id, c->nonce_d,
 		     c->nonce_s, m + 40);
 	rc = _kvb_tcp_send_all(c->fd, m, sizeof(m));
 	if (rc)
@@ -404,7 +409,7 @@ int _kvb_tcp_conn_auth_read(struct tcp_conn *c)
 		if (_kvb_tcp_peer_find(tt, c->dialer_id) != c->peer)
 			return conn_refuse(c, "peer forgotten");
 		if (!_kvb_tcp_mac_ok(c->peer->key, 'C', c->dialer_id,
-				     tt->nonce, c->nonce_d, c->nonce_s,
+				     c->srv_id, c->nonce_d, c->nonce_s,
 				     c->abuf + 8))
 			return conn_refuse(c, "wrong MAC");
 		c->state = C_OPEN;

@@ -128,6 +128,13 @@ int kvb_tcp_blob_id(const void *blob, size_t len, uint64_t *id);
 int kvb_tcp_peer_allow(struct kvb_transport *t, uint64_t id,
 		       const uint8_t key[KVB_TCP_KEY_LEN],
 		       const uint32_t *regions, int n);
+/*
+ * A fixed key for tools and benchmarks that run both sides themselves
+ * (kvb-tcp-bench, kvbench's direct mode): public, so it protects nothing;
+ * a broker never uses it.
+ */
+extern const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN];
+
 /* Drop the entry of `id` and close the connections it authenticated. */
 void kvb_tcp_peer_forget(struct kvb_transport *t, uint64_t id);
 

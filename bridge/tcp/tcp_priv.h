@@ -231,7 +231,7 @@ struct tcp_conn {
 	uint64_t deadline; /* of the authentication */
 	struct sockaddr_storage sa; /* source, IPv4-mapped made IPv4 */
 	struct tcp_peer *peer;	    /* once authenticated */
-	uint64_t dialer_id;
+	uint64_t dialer_id, srv_id; /* srv_id: as the HELLO named us */
 	uint8_t nonce_d[KVB_TCP_NONCE_LEN], nonce_s[KVB_TCP_NONCE_LEN];
 	uint8_t abuf[KVB_TCP_HELLO_LEN];
 	unsigned agot;
