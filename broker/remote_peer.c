@@ -474,19 +474,18 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 
 			a.len = (uint32_t) len;
 			zmq_msg_init(&idc);
-			zmq_msg_copy(&idc, id);
-			if (zmq_msg_send(&idc, b->rm->router,
+			if (zmq_msg_copy(&idc, id) ||
+			    zmq_msg_send(&idc, b->rm->router,
 					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 				zmq_msg_close(&idc);
-			else {
-				zmq_send(b->rm->router, &ok, sizeof(ok),
-					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(b->rm->router, "ep", 2,
-					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(b->rm->router, &a,
-					 offsetof(struct ep_msg, blob) + len,
-					 ZMQ_DONTWAIT);
-			}
+			else if (zmq_send(b->rm->router, &ok, sizeof(ok),
+					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+				 zmq_send(b->rm->router, "ep", 2,
+					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+				 zmq_send(b->rm->router, &a,
+					  offsetof(struct ep_msg, blob) + len,
+					  ZMQ_DONTWAIT) < 0)
+				b->rm->st.send_errors++;
 			p->ep_answers++;
 			if (rdma_ready(p))
 				issue_deferred_of_peer(b, peer_id(b->rm, p));
