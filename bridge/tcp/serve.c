@@ -485,6 +485,19 @@ void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events)
 			return;
 		rc = _kvb_tcp_conn_auth_read(c);
 		if (rc < 0) {
+			/* -EACCES: refused and counted; else it went away (or
+			 * broke) before it authenticated: a failure too */
+			if (rc != -EACCES) {
+				char a[INET6_ADDRSTRLEN];
+
+				tt->st.refused_auth_failed++;
+				_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
+				_kvb_tcp_rlog(tt, RL_AUTH_FAILED,
+					      "tcp data port: connection from "
+					      "%s refused: auth_failed (closed "
+					      "before authenticating: %s)",
+					      a, strerror(-rc));
+			}
 			_kvb_tcp_conn_destroy(c);
 			return;
 		}

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -393,8 +394,9 @@ static void auth(int fd, uint64_t deadline)
  * An input that starts with the auth magic ("TVKA") goes as it is, with no
  * authentication of the harness's: the server's HELLO / PROOF parser. No
  * PROOF can be right (the server's nonce is fresh), so whatever it holds:
- * the connection ends refused (auth_failed) or at the deadline
- * (auth_timeout), no frame is read, nothing but at most one CHALLENGE comes
+ * the connection ends refused (auth_failed: also for the EOF the harness
+ * sends behind the input) or at the deadline (auth_timeout), no frame is
+ * read, nothing but at most one CHALLENGE comes
  * back, not a byte of the regions changes.
  */
 static void raw_auth_input(const uint8_t *data, size_t size)
@@ -424,6 +426,9 @@ static void raw_auth_input(const uint8_t *data, size_t size)
 				sent += (size_t) r;
 			else if (r < 0 && errno != EAGAIN && errno != EINTR)
 				sent = size;
+			/* all sent: EOF behind it, no wait for the deadline */
+			if (sent == size)
+				shutdown(fd, SHUT_WR);
 		}
 		srv_poll();
 		r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -466,7 +471,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct expect e = {0};
 	struct got g = {0};
 	uint64_t deadline;
-	int fd;
+	int fd, one = 1;
 
 	if (!srv)
 		setup();
@@ -491,6 +496,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(fd >= 0);
 	/* close() sends a RST: no TIME_WAIT, the ephemeral ports last */
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	/* the input right behind the PROOF, not after a delayed ACK */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	sa.sin_port = htons(srv_port);
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	FUZZ_CHECK(connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0);

@@ -10,7 +10,7 @@
 #
 # CASE: write | write_hetero | write_split | read_split | late_rank | read | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood | gpu_tcp | tcp_outsider | tcp_fdflood | bench, bench_split (not tests: measurements,
+#       flood | gpu_tcp | tcp_outsider | tcp_fdflood | cluster_key | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
@@ -153,6 +153,13 @@ if [ "$CASE" = tcp_outsider ] || [ "$CASE" = tcp_fdflood ]; then
 	[ "$CASE" = tcp_fdflood ] &&
 		B_ARGS=(--data-port 7010 --trusted-hosts 192.0.2.1,192.0.2.9) &&
 		B_NOFILE=1024
+fi
+# cluster_key: both brokers share a --cluster-key
+if [ "$CASE" = cluster_key ]; then
+	head -c 32 /dev/urandom >"$T/ck" && head -c 32 /dev/urandom >"$T/ck2"
+	chmod 600 "$T/ck" "$T/ck2"
+	A_ARGS=(--cluster-key "$T/ck")
+	B_ARGS=(--cluster-key "$T/ck")
 fi
 start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
 start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
@@ -438,6 +445,30 @@ tcp_fdflood)
 	n=$(grep -c "refused: conn_limit" "$T/broker-b.log")
 	echo "B: $n log lines about conn_limit refusals"
 	[ "$n" -le 20 ] || fail "$n lines for the refusals: not rate-limited"
+	;;
+cluster_key)
+	# the same --cluster-key on both: handshakes carry MACs, transfers
+	# work both ways
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix ckw || fail "WRITE with a cluster key"
+	run_pair read 1 1 --layers 4 --xfers 2 --conc 2 --prefix ckr || fail "READ with a cluster key"
+	[ "$(json_get "$(stats b)" remote.tcp.auth_ok)" -ge 1 ] || fail "no authenticated connection at B"
+	# B restarted with another key: its handshake is refused by A
+	# (-EACCES back to B's worker), and A's by B
+	kill -9 "$BPID_b"
+	rm -f "$T/b.sock"
+	start_broker b "$NB" 192.0.2.2 --cluster-key "$T/ck2"
+	r0=$(json_get "$(stats a)" remote.handshakes_refused)
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-D-ck.log" 2>&1 || fail "B (another key) was not refused: $(cat "$T/worker-D-ck.log")"
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-P-ck.log" 2>&1 || fail "A was not refused by B (another key): $(cat "$T/worker-P-ck.log")"
+	cat "$T"/worker-*-ck.log
+	r1=$(json_get "$(stats a)" remote.handshakes_refused)
+	echo "A: handshakes_refused $r0 -> $r1"
+	[ "$r1" -gt "$r0" ] || fail "A did not count the refusal"
+	grep -q "handshake not authenticated" "$T/broker-a.log" || fail "A did not log why"
 	;;
 bench_split)
 	# Not a test (run by hand): a GQA head split over tcp, P TP 2 with 8
