@@ -156,7 +156,7 @@ int kvb_remote_init(struct kvb_broker *b)
 	struct kvb_xnode *rm;
 	char ep[96];
 	size_t sz = sizeof(int);
-	int zero = 0, rc, hwm = 64, hsivl = 2000;
+	int zero = 0, rc, hwm = 4, hsivl = 2000;
 	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
 
 	kvb_xfer_rx_free = rx_free;
