@@ -425,12 +425,13 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		case O_TCP_MAXC:
 		case O_TCP_MAXH:
 			if (parse_int(a, 1, 4096, &v))
-				return fail(err, err_len,
-					    "%s: bad value '%s' (1..4096)",
-					    c == O_TCP_MAXC
-						    ? "--tcp-max-conns"
-						    : "--tcp-max-conns-per-host",
-					    a);
+				return fail(
+					err, err_len,
+					"%s: bad value '%s' (1..4096)",
+					c == O_TCP_MAXC
+						? "--tcp-max-conns"
+						: "--tcp-max-conns-per-host",
+					a);
 			if (c == O_TCP_MAXC)
 				o->tcp_max_conns = (uint32_t) v;
 			else

@@ -177,9 +177,9 @@ void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
 	crypto_auth_hmacsha512256_final(&st, mac);
 }
 
-int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label,
-		   const uint8_t *pre, const void *desc, size_t len,
-		   const void *mac, size_t mac_len)
+int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
+		   const void *desc, size_t len, const void *mac,
+		   size_t mac_len)
 {
 	uint8_t want[32];
 	int ok;

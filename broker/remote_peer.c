@@ -325,9 +325,10 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 		/* [descriptor][MAC]: the reply's MAC is bound to this one */
 		auth_hs_mac(b->rm, "kvb-hs-req1", NULL, buf, len, p->req_mac);
 		rc = zmq_send(p->dealer, buf, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) <
-				     0 ||
-			     zmq_send(p->dealer, p->req_mac,
-				      sizeof(p->req_mac), ZMQ_DONTWAIT) < 0
+					     0 ||
+				     zmq_send(p->dealer, p->req_mac,
+					      sizeof(p->req_mac),
+					      ZMQ_DONTWAIT) < 0
 			     ? -errno
 			     : 0;
 	} else {
@@ -755,13 +756,13 @@ void hs_serve(struct kvb_broker *b)
 			continue;
 		}
 		/* --cluster-key: [descriptor][MAC], else [descriptor] */
-		if (rm->has_ck ? n != 3 || !auth_hs_mac_ok(
-						   rm, "kvb-hs-req1", NULL,
-						   zmq_msg_data(&f[1]),
-						   zmq_msg_size(&f[1]),
-						   zmq_msg_data(&f[2]),
-						   zmq_msg_size(&f[2]))
-			       : n != 2) {
+		if (rm->has_ck
+			    ? n != 3 || !auth_hs_mac_ok(rm, "kvb-hs-req1", NULL,
+							zmq_msg_data(&f[1]),
+							zmq_msg_size(&f[1]),
+							zmq_msg_data(&f[2]),
+							zmq_msg_size(&f[2]))
+			    : n != 2) {
 			const char *why =
 				rm->has_ck ? "handshake not authenticated "
 					     "(--cluster-key differs or is "
@@ -837,8 +838,8 @@ void hs_serve(struct kvb_broker *b)
 			uint8_t mac[32];
 
 			if (rm->has_ck)
-				auth_hs_mac(rm, "kvb-hs-rep1", reqmac, buf,
-					    len, mac);
+				auth_hs_mac(rm, "kvb-hs-rep1", reqmac, buf, len,
+					    mac);
 			hs_reply_mac(rm->router, &f[0], 0, buf, len,
 				     rm->has_ck ? mac : NULL);
 			rm->st.hs_served++;

@@ -153,7 +153,7 @@ struct kvb_xnode {
 		uint32_t handle, worker;
 	} * ufifo;
 	uint32_t ufifo_head, ufifo_tail;
-	uint64_t tick;		     /* peer LRU clock */
+	uint64_t tick; /* peer LRU clock */
 	/* remote_auth.c: this instance's X25519 key pair, the cluster key
 	 * (--cluster-key) and the handshake MAC key derived from it */
 	uint8_t kx_pk[32], kx_sk[32];
@@ -253,8 +253,8 @@ void auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
  * a reply bound to the request's MAC `pre`) */
 void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
 		 const void *desc, size_t len, uint8_t mac[32]);
-int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label,
-		   const uint8_t *pre, const void *desc, size_t len,
-		   const void *mac, size_t mac_len);
+int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
+		   const void *desc, size_t len, const void *mac,
+		   size_t mac_len);
 
 #endif

@@ -187,12 +187,11 @@ int kvb_remote_init(struct kvb_broker *b)
 	/* ZMQ sockets: two notify ports per worker and its DEALERs to the
 	 * notify ports it sends to, a DEALER per peer, the handshake port:
 	 * never fewer than libzmq's default 1023, more with many workers */
-	rc = zmq_ctx_set(rm->zctx, ZMQ_MAX_SOCKETS,
-			 4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64 >
-					 1023
-				 ? 4 * (int) b->opt.max_workers +
-					   (int) MAX_PEERS + 64
-				 : 1023);
+	rc = zmq_ctx_set(
+		rm->zctx, ZMQ_MAX_SOCKETS,
+		4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64 > 1023
+			? 4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64
+			: 1023);
 	if (rc)
 		log_warn("zmq: cannot set ZMQ_MAX_SOCKETS: %s",
 			 zmq_strerror(errno));

@@ -79,7 +79,8 @@ int _kvb_tcp_send_all(int fd, const void *buf, size_t len)
 	return (size_t) n == len ? 0 : -EIO;
 }
 
-const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN] = "kvb tcp tool key: no secret!!!!";
+const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN] =
+	"kvb tcp tool key: no secret!!!!";
 
 /* ---- allowed peers ---- */
 
@@ -251,8 +252,7 @@ void _kvb_tcp_rlog_flush(struct tcp_transport *tt, uint64_t now)
 	tt->rl_pending = left;
 }
 
-void _kvb_tcp_addr_str(const struct sockaddr_storage *sa, char *buf,
-		       size_t len)
+void _kvb_tcp_addr_str(const struct sockaddr_storage *sa, char *buf, size_t len)
 {
 	if (sa->ss_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *) sa)->sin_addr,
@@ -303,8 +303,8 @@ int _kvb_tcp_ep_auth_read(struct kvb_ep *ep)
 	if (ep->agot < KVB_TCP_CHAL_LEN)
 		return 0;
 	if (kvb_tcp_auth_head_check(ep->abuf, KVB_TCP_A_CHALLENGE) ||
-	    !_kvb_tcp_mac_ok(ep->key, 'S', tt->nonce, ep->srv_id, ep->nonce,
-			     ns, smac)) {
+	    !_kvb_tcp_mac_ok(ep->key, 'S', tt->nonce, ep->srv_id, ep->nonce, ns,
+			     smac)) {
 		tt->st.dial_auth_failed++;
 		return -EACCES; /* not the peer the key belongs to */
 	}
@@ -380,8 +380,8 @@ static int conn_hello(struct tcp_conn *c)
 int _kvb_tcp_conn_auth_read(struct tcp_conn *c)
 {
 	struct tcp_transport *tt = c->tt;
-	unsigned want = c->state == C_HELLO ? KVB_TCP_HELLO_LEN
-					    : KVB_TCP_PROOF_LEN;
+	unsigned want =
+		c->state == C_HELLO ? KVB_TCP_HELLO_LEN : KVB_TCP_PROOF_LEN;
 	int rc;
 
 	for (;;) {
@@ -408,9 +408,8 @@ int _kvb_tcp_conn_auth_read(struct tcp_conn *c)
 		/* the entry may have been replaced or dropped since HELLO */
 		if (_kvb_tcp_peer_find(tt, c->dialer_id) != c->peer)
 			return conn_refuse(c, "peer forgotten");
-		if (!_kvb_tcp_mac_ok(c->peer->key, 'C', c->dialer_id,
-				     c->srv_id, c->nonce_d, c->nonce_s,
-				     c->abuf + 8))
+		if (!_kvb_tcp_mac_ok(c->peer->key, 'C', c->dialer_id, c->srv_id,
+				     c->nonce_d, c->nonce_s, c->abuf + 8))
 			return conn_refuse(c, "wrong MAC");
 		c->state = C_OPEN;
 		tt->st.auth_ok++;

@@ -94,7 +94,8 @@ static int sa_same_host(const struct sockaddr_storage *a,
 			const struct sockaddr_storage *b)
 {
 	return a->ss_family == b->ss_family &&
-	       !memcmp(sa_addr(a), sa_addr(b), a->ss_family == AF_INET ? 4 : 16);
+	       !memcmp(sa_addr(a), sa_addr(b),
+		       a->ss_family == AF_INET ? 4 : 16);
 }
 
 static int is_trusted(struct tcp_transport *tt,
@@ -223,8 +224,7 @@ void _kvb_tcp_accept(struct tcp_transport *tt)
 			continue;
 		close(fd);
 		_kvb_tcp_addr_str(&sa, a, sizeof(a));
-		_kvb_tcp_rlog(tt,
-			      why[0] == 'u' ? RL_UNTRUSTED : RL_CONN_LIMIT,
+		_kvb_tcp_rlog(tt, why[0] == 'u' ? RL_UNTRUSTED : RL_CONN_LIMIT,
 			      "tcp data port: connection from %s refused: %s",
 			      a, why);
 	}
@@ -336,8 +336,8 @@ static int serve_reads(struct tcp_conn *c)
 		struct tcp_item *it = &rx->items[i];
 
 		mrs[i] = NULL;
-		it->rec.status = check_region(c, &it->rec, KVB_MEM_REMOTE_READ,
-					      &mrs[i]);
+		it->rec.status =
+			check_region(c, &it->rec, KVB_MEM_REMOTE_READ, &mrs[i]);
 		if (it->rec.status)
 			tt->st.refused_ops++;
 		else if (it->rec.len)

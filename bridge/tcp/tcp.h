@@ -60,10 +60,10 @@ struct kvb_tcp_stats {
 	uint64_t refused_auth_failed;  /* bad HELLO / unknown peer / bad MAC */
 	uint64_t refused_auth_timeout; /* no valid PROOF within the deadline */
 	uint64_t refused_conn_limit;   /* total or per-host cap, fd reserve */
-	uint64_t refused_region; /* ops on a region not offered to the peer */
-	uint64_t accept_paused;	 /* accept() hit EMFILE/ENFILE: paused */
-	uint64_t conns_unauth;	 /* accepted, not yet authenticated, now */
-	uint64_t auth_ok;	 /* connections authenticated (served) */
+	uint64_t refused_region;   /* ops on a region not offered to the peer */
+	uint64_t accept_paused;	   /* accept() hit EMFILE/ENFILE: paused */
+	uint64_t conns_unauth;	   /* accepted, not yet authenticated, now */
+	uint64_t auth_ok;	   /* connections authenticated (served) */
 	uint64_t dial_auth_failed; /* our dials whose server failed its MAC */
 };
 

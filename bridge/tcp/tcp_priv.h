@@ -49,7 +49,8 @@ _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 
 #define TCP_TRUSTED_MAX 64u
 #define TCP_PEERS_MAX	4096u
-#define TCP_FD_RESERVE	64 /* descriptors kept free for the rest of the broker */
+#define TCP_FD_RESERVE	64 /* descriptors kept free for the rest of the broker \
+			    */
 #define TCP_ACCEPT_PAUSE_NS (100ull * 1000000ull) /* after EMFILE / ENFILE */
 
 /* kinds of rate-limited log lines (auth.c tcp_rlog) */
@@ -212,8 +213,8 @@ struct kvb_ep {
 struct tcp_peer {
 	uint64_t id; /* 0: any dialer */
 	uint8_t key[KVB_TCP_KEY_LEN];
-	int all;	  /* every registered region */
-	uint32_t *rids;	  /* else these, sorted */
+	int all;	/* every registered region */
+	uint32_t *rids; /* else these, sorted */
 	unsigned nrids;
 };
 
@@ -228,7 +229,7 @@ struct tcp_conn {
 	 * (their deadlines too) */
 	struct tcp_conn *pprev, *pnext;
 	enum tcp_conn_state state;
-	uint64_t deadline; /* of the authentication */
+	uint64_t deadline;	    /* of the authentication */
 	struct sockaddr_storage sa; /* source, IPv4-mapped made IPv4 */
 	struct tcp_peer *peer;	    /* once authenticated */
 	uint64_t dialer_id, srv_id; /* srv_id: as the HELLO named us */

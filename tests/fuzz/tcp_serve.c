@@ -136,8 +136,7 @@ static void setup(void)
 	srv_port = (uint16_t) kvb_tcp_port(srv);
 	/* peers proving the shared key; an unfinished HELLO / PROOF waits
 	 * 300 ms, not the broker's 2 s */
-	FUZZ_CHECK(kvb_tcp_peer_allow(srv, 0, kvb_tcp_tool_key, NULL, -1) ==
-		   0);
+	FUZZ_CHECK(kvb_tcp_peer_allow(srv, 0, kvb_tcp_tool_key, NULL, -1) == 0);
 	kvb_tcp_set_limits(srv, 0, 0, 300);
 	for (i = 0; i < NREG; i++) {
 		mrs[i].id = layout[i].id;

@@ -61,7 +61,8 @@ static size_t attack_frames(uint8_t **out)
 	for (i = 0; i < N; i++) {
 		struct kvb_tcp_hdr w = {
 			.type = KVB_TCP_F_WRITE, .count = 1, .payload = W};
-		struct kvb_tcp_rec r = {.seq = N + i, .region = i + 1, .len = W};
+		struct kvb_tcp_rec r = {
+			.seq = N + i, .region = i + 1, .len = W};
 
 		kvb_tcp_hdr_encode(&w, p);
 		kvb_tcp_rec_encode(&r, p + KVB_TCP_HDR_LEN);
@@ -405,10 +406,10 @@ static void test_region_refused(void **state)
 	region_fill(&l, 5);
 	reg(p.a, &l);
 	memset(t.r[1].mem, 0x5a, 64); /* the readable one's secret */
-	ops[0] = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 18, 0); /* allowed */
-	ops[1] = xop(KVB_XOP_WRITE, &l, 0, 3, 0, 18, 1); /* not offered */
+	ops[0] = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 18, 0);  /* allowed */
+	ops[1] = xop(KVB_XOP_WRITE, &l, 0, 3, 0, 18, 1);  /* not offered */
 	ops[2] = xop(KVB_XOP_READ, &l, 100, 3, 0, 18, 2); /* not offered */
-	ops[3] = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 18, 3); /* read-only */
+	ops[3] = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 18, 3);  /* read-only */
 	ops[4] = xop(KVB_XOP_READ, &l, 200, 2, 0, 64, 4); /* allowed */
 	post_all(&p, ops, 5);
 	wait_all(&p);

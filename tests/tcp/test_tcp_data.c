@@ -354,7 +354,7 @@ static void test_write_gather_errors(void **state)
 		kvb_tcp_ops.close(b); /* its port now refuses */
 		q.a = a;
 		assert_int_equal(kvb_tcp_ops.connect(a, blob, len, &q.ep), 0);
-	ep_key(a, q.ep);
+		ep_key(a, q.ep);
 		tr_init(&q.tr, 4);
 		reg(a, &l);
 		for (i = 0; i < 4; i++)
