@@ -29,6 +29,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -645,7 +646,13 @@ static void run_round(struct kvb_transport *t, struct kvb_ep *lead,
 		if (fd >= 0) {
 			struct conn *c = &conns[nconn++];
 			uint16_t port = port_of(fd, 1);
+			int one = 1;
 
+			/* answers go out as sent, as a real server's
+			 * (TCP_NODELAY): not held until the dialer's delayed
+			 * ACK of the one before (past the reset below) */
+			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+				   sizeof(one));
 			fake_auth(t, fd);
 			FUZZ_CHECK(nconn <= want);
 			c->fd = fd;
