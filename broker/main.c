@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -407,6 +408,25 @@ static void teardown(struct kvb_broker *b)
 	free(b->live);
 }
 
+/*
+ * Descriptors: every worker, region, notify socket and connection takes
+ * some; start with as many as the hard limit allows (the tcp data port
+ * keeps its own caps below it, docs/security.md).
+ */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return;
+	if (rl.rlim_cur == rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl))
+		log_warn("cannot raise the open files limit: %s",
+			 strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	static struct kvb_broker b;
@@ -427,6 +447,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	kvb_log_level = b.opt.log_level;
+	raise_nofile();
 	rc = setup(&b);
 	if (rc) {
 		log_err("startup failed: %s", strerror(-rc));

@@ -44,6 +44,9 @@ void kvb_options_default(struct kvb_options *o)
 	o->gid_index = -1;
 	o->qp_per_transfer = 1;
 	o->tcp_conns = KVB_TCP_CONNS_DEF;
+	o->tcp_max_conns = 256;
+	o->tcp_max_conns_per_host = 32;
+	o->tcp_auth_ms = 2000;
 	o->gpu_streams = 64;
 	o->copy_threads = -1;
 }
@@ -99,6 +102,19 @@ void kvb_options_usage(FILE *f)
 	      "                         each chain goes to the one with the "
 	      "fewest bytes\n"
 	      "                         in flight\n"
+	      "  --tcp-max-conns N      tcp data port: connections served in "
+	      "all (default 256)\n"
+	      "  --tcp-max-conns-per-host N\n"
+	      "                         ... from one source address (default "
+	      "32)\n"
+	      "  --tcp-auth-timeout MS  ms a data-port connection has to "
+	      "authenticate\n"
+	      "                         (default 2000)\n"
+	      "  --cluster-key FILE     secret shared by the cluster's "
+	      "brokers: authenticates\n"
+	      "                         handshakes and goes into the data "
+	      "port's keys\n"
+	      "                         (docs/security.md)\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
 	      "  --copy-threads N|auto  threads that copy large same-node "
 	      "chains with the\n"
@@ -174,6 +190,10 @@ enum {
 	O_DPORT,
 	O_COPYT,
 	O_COPYPLAIN,
+	O_TCP_MAXC,
+	O_TCP_MAXH,
+	O_TCP_AUTHMS,
+	O_CKEY,
 };
 
 static const struct option longopts[] = {
@@ -202,6 +222,10 @@ static const struct option longopts[] = {
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
 	{"copy-threads", required_argument, NULL, O_COPYT},
 	{"copy-plain", no_argument, NULL, O_COPYPLAIN},
+	{"tcp-max-conns", required_argument, NULL, O_TCP_MAXC},
+	{"tcp-max-conns-per-host", required_argument, NULL, O_TCP_MAXH},
+	{"tcp-auth-timeout", required_argument, NULL, O_TCP_AUTHMS},
+	{"cluster-key", required_argument, NULL, O_CKEY},
 	{"help", no_argument, NULL, O_HELP},
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
@@ -397,6 +421,34 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			break;
 		case O_COPYPLAIN:
 			o->copy_plain = 1;
+			break;
+		case O_TCP_MAXC:
+		case O_TCP_MAXH:
+			if (parse_int(a, 1, 4096, &v))
+				return fail(
+					err, err_len,
+					"%s: bad value '%s' (1..4096)",
+					c == O_TCP_MAXC
+						? "--tcp-max-conns"
+						: "--tcp-max-conns-per-host",
+					a);
+			if (c == O_TCP_MAXC)
+				o->tcp_max_conns = (uint32_t) v;
+			else
+				o->tcp_max_conns_per_host = (uint32_t) v;
+			break;
+		case O_TCP_AUTHMS:
+			if (parse_int(a, 10, 60000, &v))
+				return fail(err, err_len,
+					    "--tcp-auth-timeout: bad ms '%s' "
+					    "(10..60000)",
+					    a);
+			o->tcp_auth_ms = (uint32_t) v;
+			break;
+		case O_CKEY:
+			if (copy_str(o->cluster_key, sizeof(o->cluster_key), a))
+				return fail(err, err_len,
+					    "--cluster-key: path too long");
 			break;
 		case O_HELP:
 			o->help = 1;

@@ -44,7 +44,11 @@ struct kvb_options {
 	int ib_port;
 	int gid_index;
 	int qp_per_transfer;
-	int tcp_conns; /* tcp: connections per peer */
+	int tcp_conns;			 /* tcp: connections per peer */
+	uint32_t tcp_max_conns;		 /* tcp: served connections in all */
+	uint32_t tcp_max_conns_per_host; /* tcp: from one source address */
+	uint32_t tcp_auth_ms;  /* tcp: a connection's time to authenticate */
+	char cluster_key[256]; /* --cluster-key FILE ("" = none) */
 	int gpu_streams;
 	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
 	int copy_plain;	  /* --copy-plain: memcpy only, no streaming stores */

@@ -4,7 +4,7 @@
 # apt-get line and fails. Usage: scripts/deps.sh [--check]
 set -eu
 PKGS="build-essential cmake pkg-config libibverbs-dev librdmacm-dev \
-libzmq3-dev libmsgpack-dev libcmocka-dev libamdhip64-dev \
+libzmq3-dev libmsgpack-dev libcmocka-dev libamdhip64-dev libsodium-dev \
 python3 python3-zmq python3-msgpack iproute2 iperf3 gnuplot-nox \
 qemu-system-x86 busybox-static cpio kmod xz-utils zstd rdma-core \
 ibverbs-providers ibverbs-utils rdmacm-utils perftest dpdk-dev procps"

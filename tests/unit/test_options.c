@@ -99,6 +99,10 @@ static void test_defaults(void **state)
 	assert_int_equal(o.gid_index, -1);
 	assert_int_equal(o.qp_per_transfer, 1);
 	assert_int_equal(o.tcp_conns, 4);
+	assert_int_equal(o.tcp_max_conns, 256);
+	assert_int_equal(o.tcp_max_conns_per_host, 32);
+	assert_int_equal(o.tcp_auth_ms, 2000);
+	assert_string_equal(o.cluster_key, "");
 	assert_int_equal(o.gpu_streams, 64);
 	assert_int_equal(o.copy_threads, -1);
 	assert_int_equal(o.copy_plain, 0);
@@ -156,7 +160,10 @@ static void test_every_option(void **state)
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
 		      "--qp-per-transfer", "16", "--tcp-conns", "1",
-		      "--gpu-streams", "1", "--copy-threads", "3", NULL),
+		      "--gpu-streams", "1", "--copy-threads", "3",
+		      "--tcp-max-conns", "4096", "--tcp-max-conns-per-host",
+		      "1", "--tcp-auth-timeout", "10", "--cluster-key", "/k",
+		      NULL),
 		0);
 	assert_string_equal(err, "");
 	assert_string_equal(o.socket_path, "/tmp/x.sock");
@@ -182,6 +189,10 @@ static void test_every_option(void **state)
 	assert_int_equal(o.tcp_conns, 1);
 	assert_int_equal(o.gpu_streams, 1);
 	assert_int_equal(o.copy_threads, 3);
+	assert_int_equal(o.tcp_max_conns, 4096);
+	assert_int_equal(o.tcp_max_conns_per_host, 1);
+	assert_int_equal(o.tcp_auth_ms, 10);
+	assert_string_equal(o.cluster_key, "/k");
 	assert_int_equal(
 		parse(&o, err, sizeof(err), "--copy-threads", "0", NULL), 0);
 	assert_int_equal(o.copy_threads, 0);
@@ -282,6 +293,12 @@ static void test_bad_numbers(void **state)
 	refused("--tcp-conns", "--tcp-conns", "0", NULL);
 	refused("--tcp-conns", "--tcp-conns", "17", NULL);
 	refused("--gpu-streams", "--gpu-streams", "0", NULL);
+	refused("--tcp-max-conns", "--tcp-max-conns", "0", NULL);
+	refused("--tcp-max-conns", "--tcp-max-conns", "4097", NULL);
+	refused("--tcp-max-conns-per-host", "--tcp-max-conns-per-host", "0",
+		NULL);
+	refused("--tcp-auth-timeout", "--tcp-auth-timeout", "9", NULL);
+	refused("--tcp-auth-timeout", "--tcp-auth-timeout", "60001", NULL);
 	refused("--copy-threads", "--copy-threads", "65", NULL);
 	refused("--copy-threads", "--copy-threads", "-1", NULL);
 	refused("--copy-threads", "--copy-threads", "Auto", NULL);
@@ -358,16 +375,35 @@ static void test_help_version(void **state)
 	assert_non_null(f);
 	kvb_options_usage(f);
 	fclose(f);
-	static const char *const names[] = {
-		"--socket",	      "--transport",	   "--log-level",
-		"--busy-poll-us",     "--sq-entries",	   "--cq-entries",
-		"--max-workers",      "--burst",	   "--post-batch-size",
-		"--transfer-timeout", "--defer-timeout",   "--host-ip",
-		"--notify-port",      "--handshake-port",  "--read-mode",
-		"--trusted-hosts",    "--rdma-dev",	   "--ib-port",
-		"--gid-index",	      "--qp-per-transfer", "--tcp-conns",
-		"--gpu-streams",      "--copy-threads",	   "--help",
-		"--version"};
+	static const char *const names[] = {"--socket",
+					    "--transport",
+					    "--log-level",
+					    "--busy-poll-us",
+					    "--sq-entries",
+					    "--cq-entries",
+					    "--max-workers",
+					    "--burst",
+					    "--post-batch-size",
+					    "--transfer-timeout",
+					    "--defer-timeout",
+					    "--host-ip",
+					    "--notify-port",
+					    "--handshake-port",
+					    "--read-mode",
+					    "--trusted-hosts",
+					    "--rdma-dev",
+					    "--ib-port",
+					    "--gid-index",
+					    "--qp-per-transfer",
+					    "--tcp-conns",
+					    "--gpu-streams",
+					    "--copy-threads",
+					    "--help",
+					    "--version",
+					    "--tcp-max-conns",
+					    "--tcp-max-conns-per-host",
+					    "--tcp-auth-timeout",
+					    "--cluster-key"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);
