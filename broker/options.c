@@ -491,12 +491,11 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	if (optind < argc)
 		return fail(err, err_len, "unexpected argument '%s'",
 			    argv[optind]);
-	if (o->sq_entries > o->max_ring_entries ||
-	    o->cq_entries > o->max_ring_entries)
-		return fail(err, err_len,
-			    "--sq-entries/--cq-entries: more than "
-			    "--max-ring-entries (%u)",
-			    o->max_ring_entries);
+	/* the broker's own defaults are always allowed */
+	if (o->sq_entries > o->max_ring_entries)
+		o->max_ring_entries = o->sq_entries;
+	if (o->cq_entries > o->max_ring_entries)
+		o->max_ring_entries = o->cq_entries;
 	if (!o->socket_path[0] && !o->help && !o->version)
 		return fail(err, err_len,
 			    "the default socket path ($KVB_SOCKET, else "
