@@ -128,3 +128,34 @@ uint64_t kvb_ratelimit_take(struct kvb_ratelimit *rl, int64_t now)
 	rl->missed = 0;
 	return n;
 }
+
+#define RL_KEYS 128u
+
+int kvb_log_rl_keyed(const void *key, int level, const char *fmt, ...)
+{
+	static struct {
+		const void *key;
+		struct kvb_ratelimit rl;
+	} tab[RL_KEYS];
+	uintptr_t h = (uintptr_t) key;
+	struct timespec ts;
+	unsigned i, k;
+	va_list ap;
+	int rc;
+
+	h ^= h >> 17;
+	h *= 0x9e3779b97f4a7c15ull;
+	for (i = 0, k = (unsigned) (h >> 40) % (RL_KEYS - 1); i < RL_KEYS - 1;
+	     i++, k = (k + 1) % (RL_KEYS - 1))
+		if (!tab[k].key || tab[k].key == key)
+			break;
+	if (i == RL_KEYS - 1)
+		k = RL_KEYS - 1; /* full: the rest share one */
+	tab[k].key = key;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	va_start(ap, fmt);
+	rc = vlog_rl(&tab[k].rl, (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec,
+		     level, fmt, ap);
+	va_end(ap);
+	return rc;
+}

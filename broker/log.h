@@ -60,6 +60,14 @@ int kvb_log_rl_at(struct kvb_ratelimit *rl, int64_t now, int level,
 int kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/*
+ * The same for a call site that logs several kinds of line, told apart by
+ * `key` (e.g. the string literal of the reason a caller passed): each key
+ * its own limiter (a table of 128, the last one shared by any beyond).
+ */
+int kvb_log_rl_keyed(const void *key, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 #define KVB_LOG_RL(level, ...)                                     \
 	do {                                                       \
 		static struct kvb_ratelimit kvb_log_rl_site_;      \

@@ -372,10 +372,11 @@ static int host_fd_check(struct kvb_broker *b, struct kvb_worker *w, int fd,
 	}
 	if (!why)
 		return 0;
-	log_warn_rl("worker %u: region of %llu bytes at offset %llu refused: "
-		    "%s",
-		    w->id, (unsigned long long) size, (unsigned long long) off,
-		    why);
+	kvb_log_rl_keyed(why, KVB_LOG_WARN,
+			 "worker %u: region of %llu bytes at offset %llu "
+			 "refused: %s",
+			 w->id, (unsigned long long) size,
+			 (unsigned long long) off, why);
 	b->st.messages_rejected++;
 	return rc;
 }
@@ -567,7 +568,6 @@ static int open_batch(struct kvb_broker *b, struct kvb_worker *w,
 static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
 {
 	b->st.messages_rejected++;
-	log_warn_rl("connection of pid %d closed: %s", (int) w->pid, why);
 	kvb_worker_drop(b, w, why);
 }
 
@@ -844,8 +844,8 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 	if (w->attached) {
 		if (strcmp(why, "detached"))
 			b->st.workers_lost++;
-		log_info_rl("worker %u (pid %d) %s", w->id, (int) w->pid,
-			    why);
+		kvb_log_rl_keyed(why, KVB_LOG_INFO, "worker %u (pid %d) %s",
+				 w->id, (int) w->pid, why);
 		kvb_engine_worker_gone(b, w);
 		for (uint32_t i = 0; i < b->nlive; i++)
 			if (b->live[i] == KVB_WSLOT(w->id)) {
@@ -857,8 +857,9 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {
-		log_info_rl("connection from pid %d closed: %s", (int) w->pid,
-			    why);
+		kvb_log_rl_keyed(why, KVB_LOG_INFO,
+				 "connection from pid %d closed: %s",
+				 (int) w->pid, why);
 	}
 	epoll_ctl(b->epfd, EPOLL_CTL_DEL, w->sock, NULL);
 	close(w->sock);
