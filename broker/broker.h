@@ -137,16 +137,16 @@ struct kvb_broker {
 		 * each one a round trip that wakes its worker */
 		uint64_t ctl_requests;
 		/* node-side protection (docs/security-node.md) */
-		uint64_t hello_timeouts;    /* closed: no HELLO in time */
-		uint64_t pending_evicted;   /* closed for a newer one */
-		uint64_t hello_refused;	    /* bad identity, rings, duplicate */
+		uint64_t hello_timeouts;  /* closed: no HELLO in time */
+		uint64_t pending_evicted; /* closed for a newer one */
+		uint64_t hello_refused;	  /* bad identity, rings, duplicate */
 		uint64_t duplicate_identity;
-		uint64_t ctl_empty;	    /* zero-length control messages */
-		uint64_t mem_reg_refused;   /* every MEM_REG refusal */
-		uint64_t xfer_quota_refused;	 /* opens past a worker's share */
+		uint64_t ctl_empty;	     /* zero-length control messages */
+		uint64_t mem_reg_refused;    /* every MEM_REG refusal */
+		uint64_t xfer_quota_refused; /* opens past a worker's share */
 		uint64_t inflight_quota_stalls; /* drains held at the share */
-		uint64_t undelivered_refused;	 /* held: completions not reaped */
-		uint64_t xfer_notify_refused;	 /* writes not counted for D */
+		uint64_t undelivered_refused; /* held: completions not reaped */
+		uint64_t xfer_notify_refused; /* writes not counted for D */
 	} st;
 };
 

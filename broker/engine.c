@@ -60,11 +60,10 @@ void kvb_engine_fini(struct kvb_broker *b)
  * none) bounds a worker whatever the table holds. used(b, w) is w's count.
  * Returns how many more entries w may take now (at most `want`).
  */
-static uint32_t fair_room(struct kvb_broker *b, const struct kvb_worker *w,
-			  uint32_t total, uint32_t nfree, uint32_t cap,
-			  uint32_t want,
-			  uint32_t (*used)(struct kvb_broker *,
-					   const struct kvb_worker *))
+static uint32_t
+fair_room(struct kvb_broker *b, const struct kvb_worker *w, uint32_t total,
+	  uint32_t nfree, uint32_t cap, uint32_t want,
+	  uint32_t (*used)(struct kvb_broker *, const struct kvb_worker *))
 {
 	uint32_t n = b->nlive ? b->nlive : 1;
 	uint32_t share = total / n, mine = used(b, w), room;
@@ -97,8 +96,7 @@ static uint32_t xfers_used(struct kvb_broker *b, const struct kvb_worker *w)
 	return kvb_xfers_charged(&b->xfers, w->id);
 }
 
-static uint32_t inflight_used(struct kvb_broker *b,
-			      const struct kvb_worker *w)
+static uint32_t inflight_used(struct kvb_broker *b, const struct kvb_worker *w)
 {
 	(void) b;
 	return w->inf_used;
@@ -277,7 +275,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 				  strlen(copy.id), deadline, &err);
 		if (!y)
 			continue; /* already terminal there, or table full */
-		if (!y->opened) /* made for D by P's write: in P's share */
+		if (!y->opened)	  /* made for D by P's write: in P's share */
 			kvb_xfer_charge(&b->xfers, y, copy.worker);
 		if (status) {
 			y->failed++;
@@ -392,11 +390,14 @@ void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 {
 	const char *more;
 
+	/* the first few of each worker, a line a second per reason */
 	if (refusal_count(b, w, &more))
-		log_warn("worker %u: layer op (tag %llu, transfer %#x, layer "
-			 "%u) refused: %s%s",
-			 w->id, (unsigned long long) e->tag, e->transfer,
-			 e->layer, why, more);
+		kvb_log_rl_keyed(
+			why, KVB_LOG_WARN,
+			"worker %u: layer op (tag %llu, transfer %#x, layer "
+			"%u) refused: %s%s",
+			w->id, (unsigned long long) e->tag, e->transfer,
+			e->layer, why, more);
 	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 }
 
@@ -407,12 +408,14 @@ static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 	const char *more;
 
 	if (refusal_count(b, w, &more))
-		log_warn("worker %u: refused descriptor (tag %llu, region "
-			 "%#x+%llu -> %#x+%llu, len %llu): %s%s",
-			 w->id, (unsigned long long) e->tag, e->region,
-			 (unsigned long long) e->offset, e->peer_region,
-			 (unsigned long long) e->peer_offset,
-			 (unsigned long long) e->len, why, more);
+		kvb_log_rl_keyed(
+			why, KVB_LOG_WARN,
+			"worker %u: refused descriptor (tag %llu, region "
+			"%#x+%llu -> %#x+%llu, len %llu): %s%s",
+			w->id, (unsigned long long) e->tag, e->region,
+			(unsigned long long) e->offset, e->peer_region,
+			(unsigned long long) e->peer_offset,
+			(unsigned long long) e->len, why, more);
 	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
 		x->submitted++;
@@ -505,10 +508,10 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			if (!w->seal_logged) {
 				w->seal_logged = 1;
 				log_warn_rl("worker %u: seal of transfer %#x "
-					 "refused: count %llu too large "
-					 "(further ones counted only)",
-					 w->id, e->transfer,
-					 (unsigned long long) e->len);
+					    "refused: count %llu too large "
+					    "(further ones counted only)",
+					    w->id, e->transfer,
+					    (unsigned long long) e->len);
 			}
 			x->seal_tag = e->tag;
 			kvb_xfer_finish(b, x, -EINVAL);

@@ -86,7 +86,8 @@ int main(int argc, char **argv)
 		}
 		memcpy(dflt, path, sizeof(path));
 	}
-	if (!strcmp(path, dflt) && kvb_default_socket_dir(dir, sizeof(dir)) > 0) {
+	if (!strcmp(path, dflt) &&
+	    kvb_default_socket_dir(dir, sizeof(dir)) > 0) {
 		char why[256];
 
 		if (kvb_sock_dir_check(dir, getuid(), why, sizeof(why)) ==

@@ -11,8 +11,7 @@ int kvb_log_level = KVB_LOG_INFO;
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
 
-static void vlog(int level, uint64_t suppressed, const char *fmt,
-		 va_list ap)
+static void vlog(int level, uint64_t suppressed, const char *fmt, va_list ap)
 {
 	struct timespec ts;
 

@@ -347,9 +347,9 @@ static int try_sleep(struct kvb_broker *b)
 		if (!service_events(b, ms) && ms >= KVB_LATE_SLEEP_MS &&
 		    rings_busy(b)) {
 			b->st.late_wakeups++;
-			log_warn("slept %d ms through a submission (lost "
-				 "wakeup)",
-				 ms);
+			log_warn_rl("slept %d ms through a submission (lost "
+				    "wakeup)",
+				    ms);
 		}
 	}
 	set_sleeping(b, 0);

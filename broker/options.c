@@ -123,7 +123,8 @@ void kvb_options_usage(FILE *f)
 	      "                         within N ms (default 2000)\n"
 	      "  --max-pending N        connections before HELLO, apart from "
 	      "the worker\n"
-	      "                         slots (default 64; the oldest is closed "
+	      "                         slots (default 64; the oldest is "
+	      "closed "
 	      "for a new one)\n"
 	      "  --max-ring-entries N   largest ring a worker may ask for "
 	      "(default 65536)\n"
@@ -439,10 +440,11 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 			break;
 		case O_HELLO_TO:
 			if (parse_int(a, 10, 600000, &v))
-				return fail(err, err_len,
-					    "--hello-timeout-ms: bad value '%s' "
-					    "(10..600000)",
-					    a);
+				return fail(
+					err, err_len,
+					"--hello-timeout-ms: bad value '%s' "
+					"(10..600000)",
+					a);
 			o->hello_timeout_ms = (uint32_t) v;
 			break;
 		case O_MAXPEND:
@@ -499,7 +501,8 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	if (!o->socket_path[0] && !o->help && !o->version)
 		return fail(err, err_len,
 			    "the default socket path ($KVB_SOCKET, else "
-			    "$XDG_RUNTIME_DIR/kvbroker/kvbroker.sock) is longer than "
+			    "$XDG_RUNTIME_DIR/kvbroker/kvbroker.sock) is "
+			    "longer than "
 			    "%zu bytes: give --socket",
 			    sizeof(o->socket_path) - 1);
 	return 0;

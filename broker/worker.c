@@ -31,8 +31,7 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id)
 	return w->id == id && w->id ? w : NULL;
 }
 
-static void reject(struct kvb_broker *b, struct kvb_worker *w,
-		   const char *why);
+static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why);
 
 static int is_pending(const struct kvb_broker *b, const struct kvb_worker *w)
 {
@@ -254,8 +253,8 @@ static void hello_refuse(struct kvb_broker *b, struct kvb_worker *w,
 }
 
 /* Map a fresh segment for w; the fds to send in fds[0] and fds[2]. */
-static int make_segment(struct kvb_broker *b, struct kvb_worker *w,
-			uint32_t sq, uint32_t cq, int fds[3])
+static int make_segment(struct kvb_broker *b, struct kvb_worker *w, uint32_t sq,
+			uint32_t cq, int fds[3])
 {
 	size_t size = kvb_seg_bytes(sq, cq);
 	void *mem;
@@ -340,9 +339,9 @@ static void hello(struct kvb_broker *b, struct kvb_worker *p,
 	close(fds[0]);
 	b->st.workers_attached++;
 	kvb_remote_worker_attached(b, w);
-	log_info_rl("worker %u attached: pid %d role %s dp %u tp %u/%u",
-		    w->id, (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D",
-		    w->dp_rank, w->tp_rank, w->tp_size);
+	log_info_rl("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
+		    (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
+		    w->tp_rank, w->tp_size);
 }
 
 /*

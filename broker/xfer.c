@@ -131,8 +131,7 @@ static void uncharge(struct kvb_xfers *t, struct kvb_xfer *x)
 {
 	uint32_t slot = x->charge % KVB_XFER_WSLOTS;
 
-	if (x->charge && t->charged_id[slot] == x->charge &&
-	    t->charged[slot])
+	if (x->charge && t->charged_id[slot] == x->charge && t->charged[slot])
 		t->charged[slot]--;
 	x->charge = 0;
 }

@@ -471,7 +471,8 @@ const char *kvb_strerror(int status)
 	case -EEXIST:
 		return "already there (a layer submitted or declared twice)";
 	case -EACCES:
-		return "broker not trusted: its socket directory is not private "
+		return "broker not trusted: its socket directory is not "
+		       "private "
 		       "to this uid, or the broker runs as another uid (not "
 		       "root or $KVB_BROKER_UIDS)";
 	case -EADDRINUSE:

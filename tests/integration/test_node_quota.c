@@ -133,9 +133,9 @@ static void test_silent_connections(void **state)
 		assert_true(fd[i] >= 0);
 	}
 	/* and the STATS connection asking */
-	assert_int_equal(broker_wait_stat(&br, "connections_pending",
-					  SILENT + 1, 2000),
-			 0);
+	assert_int_equal(
+		broker_wait_stat(&br, "connections_pending", SILENT + 1, 2000),
+		0);
 	t0 = now_ns();
 	c = attach(KVB_ROLE_P, 0, 0, &err);
 	att = ms_since(t0);
@@ -197,8 +197,7 @@ static unsigned open_until_refused(struct kvb_ctx *c, const char *pfx,
 	while (tried < max &&
 	       (after < extra || (t_ref && ms_since(t_ref) < min_ms))) {
 		for (unsigned i = 0; i < 64; i++) {
-			snprintf(names[i], sizeof(names[i]), "%s-%u", pfx,
-				 n++);
+			snprintf(names[i], sizeof(names[i]), "%s-%u", pfx, n++);
 			ids[i] = names[i];
 		}
 		int rc = kvb_transfer_open_batch(c, ids, 64, h, st);
@@ -236,8 +235,7 @@ static void test_transfer_hog(void **state)
 	assert_non_null(hog);
 	assert_non_null(other);
 	t0 = now_ns();
-	opened = open_until_refused(hog, "hog", 1u << 30, 6400, 2500,
-				    &refused);
+	opened = open_until_refused(hog, "hog", 1u << 30, 6400, 2500, &refused);
 	s = ms_since(t0) / 1000;
 	ok = open_until_refused(other, "ok", 1024, 1, 0, &r2);
 	lines = log_count("refused (-ENOSPC)");
@@ -482,9 +480,9 @@ static void test_counted(void **state)
 	m.size = 0; /* refused: -EINVAL */
 	assert_int_equal(kvb_ctl_send(w.sock, &m, sizeof(m), NULL, 0), 0);
 	n = kvb_ctl_recv(w.sock, &rep, sizeof(rep), NULL, NULL);
-	assert_int_equal(kvb_ctl_check_reply(&rep.h, n, KVB_MSG_MEM_REG,
-					     sizeof(rep)),
-			 -EINVAL);
+	assert_int_equal(
+		kvb_ctl_check_reply(&rep.h, n, KVB_MSG_MEM_REG, sizeof(rep)),
+		-EINVAL);
 	assert_int_equal(broker_stat(&br, "mem_reg_refused"), 1);
 	raw_worker_close(&w);
 	stop();

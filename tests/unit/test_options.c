@@ -433,9 +433,9 @@ static void test_socket_dir(void **state)
 	assert_int_equal(mkdir(sub, 0700), 0);
 	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),
 			 0);
-	assert_int_equal(kvb_sock_dir_check(sub, getuid() + 1, why,
-					    sizeof(why)),
-			 -EACCES);
+	assert_int_equal(
+		kvb_sock_dir_check(sub, getuid() + 1, why, sizeof(why)),
+		-EACCES);
 	assert_non_null(strstr(why, "owned by uid"));
 	assert_int_equal(chmod(sub, 0750), 0);
 	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),

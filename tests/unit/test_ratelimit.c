@@ -160,7 +160,8 @@ static void log_per_site(void **state)
 					      "site a late %d", i);
 	n += (unsigned) kvb_log_rl_at(&b, t0 + 1, KVB_LOG_WARN, "site b");
 	n += (unsigned) kvb_log_rl_at(&dbg, t0, KVB_LOG_DEBUG, "hidden");
-	n += (unsigned) kvb_log_rl_at(&a, t0 + SEC, KVB_LOG_WARN, "site a next");
+	n += (unsigned) kvb_log_rl_at(&a, t0 + SEC, KVB_LOG_WARN,
+				      "site a next");
 	n += (unsigned) kvb_log_rl_at(&a, t0 + SEC + 1, KVB_LOG_WARN,
 				      "site a again");
 	capture_end(f, saved, buf, sizeof(buf));
