@@ -175,8 +175,9 @@ unsigned kvb_engine_round(struct kvb_broker *b);
  * meanwhile), before one of its control requests that changes what those
  * descriptors name (MEM_DEREG): they were submitted first. Also when w's
  * completions back up (they queue in its overflow list, which grows by
- * the ring's count at most). Stops early only when the in-flight table
- * stays full; returns how many are left in the ring (0: all taken).
+ * the ring's count at most). Stops early when the in-flight table stays
+ * full, or when w has --max-undelivered completions waiting (it does not
+ * reap); returns how many are left in the ring (0: all taken).
  */
 uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w);
 /* Deadlines; called every few ms. */
