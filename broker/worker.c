@@ -484,7 +484,7 @@ static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
  * May w open (or be given) more transfers now? Not while its completions
  * pile up unread past --max-undelivered (-EAGAIN: reap, then retry).
  */
-static int undelivered_ok(struct kvb_broker *b, struct kvb_worker *w)
+static int undelivered_check(struct kvb_broker *b, struct kvb_worker *w)
 {
 	if (w->ovf_len < b->opt.max_undelivered)
 		return 0;
@@ -739,7 +739,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
 
 		NEED(struct kvb_msg_open);
-		rc = undelivered_ok(b, w);
+		rc = undelivered_check(b, w);
 		if (!rc)
 			rc = xfer_open(b, w, m.open.id, m.open.id_len,
 				       &rep.handle);
@@ -760,7 +760,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		}
 		memset(&rep.r, 0, sizeof(rep.r));
 		rep.r.h.type = KVB_MSG_OPEN_BATCH;
-		rc = undelivered_ok(b, w);
+		rc = undelivered_check(b, w);
 		if (!rc)
 			rc = open_batch(b, w, &m.open_batch, (size_t) n,
 					&rep.r);
@@ -808,7 +808,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 			reject(b, w, "control message of the wrong size");
 			return;
 		}
-		rc = undelivered_ok(b, w);
+		rc = undelivered_check(b, w);
 		if (!rc && !kvb_xfer_room(b, w)) {
 			b->st.xfer_quota_refused++;
 			log_warn_rl("worker %u: remote transfer refused "
