@@ -251,7 +251,9 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	ctx->spin_ns = WAIT_SPIN_MAX_NS;
 	pthread_mutex_init(&ctx->ctl_lock, NULL);
 	deadline = kvb_ctl_deadline(ctx->timeout_ms);
-	rc = kvb_ctl_connect(path, ctx->timeout_ms);
+	/* before anything is sent: a private directory (default path) and a
+	 * broker of this uid, root or $KVB_BROKER_UIDS; else -EACCES */
+	rc = kvb_ctl_open(path, ctx->timeout_ms, !o->socket_path);
 	if (rc < 0)
 		goto err_free;
 	ctx->sock = rc;

@@ -55,19 +55,30 @@ struct kvb_attach_opts {
 };
 
 /*
- * Default socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
- * /tmp/kvbroker-<uid>.sock. Writes at most `len` bytes; returns the length or
+ * Default socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker/
+ * kvbroker.sock, else /run/kvbroker/kvbroker.sock for root, else
+ * /tmp/kvbroker-<uid>/kvbroker.sock. The directory of a path not given by
+ * $KVB_SOCKET must be private: kvb_attach() (and the broker, which creates
+ * it 0700) refuses one that is a symlink, not owned by this uid, or open to
+ * group or others. Writes at most `len` bytes; returns the length or
  * -ENAMETOOLONG. Thread-safe.
  */
 int kvb_default_socket(char *buf, unsigned long len);
 
 /*
  * Attach to the broker. On success *out is a new context.
+ * Before sending anything the library checks whom it talks to: the default
+ * path's directory must be private to this uid (see kvb_default_socket),
+ * and the process listening (SO_PEERCRED) must run as this uid, as root,
+ * or as a uid listed in $KVB_BROKER_UIDS (comma-separated, for a broker
+ * run by a dedicated account); else -EACCES and no memory is handed over.
  * Returns 0, -EINVAL (bad role or ranks, ring sizes not a power of two in
- * [2, 2^20]), -ENAMETOOLONG (socket path), -ENOENT/-ECONNREFUSED (no
- * broker; or one that refused the connection: --max-workers reached, or
- * another uid), -EPROTO (version mismatch), -ETIMEDOUT, -ENOMEM.
- * Thread-safe.
+ * [2, 2^20]), -E2BIG (a ring larger than the broker's --max-ring-entries),
+ * -EADDRINUSE (a worker with the same role, dp rank and tp rank is
+ * attached), -EACCES (broker not trusted), -ENAMETOOLONG (socket path),
+ * -ENOENT/-ECONNREFUSED (no broker; or one that refused the connection:
+ * --max-workers reached, or another uid), -EPROTO (version mismatch),
+ * -ETIMEDOUT, -ENOMEM. Thread-safe.
  */
 int kvb_attach(const struct kvb_attach_opts *opts, struct kvb_ctx **out);
 
