@@ -384,6 +384,17 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		 unsigned min, int timeout_ms);
 
+/*
+ * The broker's counters, as kvbctl stats prints them: one JSON object
+ * (json != 0) or a table, NUL-terminated in buf (at most len bytes; the
+ * text is under 64 KiB). Asked over this context's control socket (a
+ * control call: within timeout_ms; no second connection, so it works with
+ * --max-workers reached). Returns the text's length (without the NUL),
+ * -EINVAL, -ENOSPC (does not fit: buf holds ""), -ENOMEM, -ETIMEDOUT,
+ * -EPIPE. Thread-safe.
+ */
+int kvb_stats(struct kvb_ctx *ctx, int json, char *buf, unsigned long len);
+
 /* Human-readable text for a status. Thread-safe. */
 const char *kvb_strerror(int status);
 
