@@ -12,6 +12,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from ctypes import byref, c_uint32, c_void_p
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
@@ -78,7 +79,8 @@ class Region:
 
     def __init__(self, client: "Client", c: _lib.CRegion, key: int,
                  mm: Optional[mmap.mmap], addr: Optional[int], gpu: bool, device: int = -1):
-        self._client: Optional[Client] = client
+        # weak: a dropped Client is detached at once (no cycle to collect)
+        self._client: Optional[weakref.ref] = weakref.ref(client)
         self._c = c
         self._mm = mm
         self.id: int = c.id
@@ -138,7 +140,8 @@ class Region:
 
     def free(self) -> None:
         """Give the region back (kvb_mem_free); idempotent."""
-        c = self._client
+        ref = self._client
+        c = ref() if ref is not None else None
         if c is None:
             return
         c._free_region(self)
@@ -533,7 +536,8 @@ class Client:
                 return 0
             try:
                 arr = (_lib.CDesc * cnt)(*descs[:cnt])
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, RuntimeError) as e:
+                # ctypes reports a bad field of an element as RuntimeError
                 raise TypeError(f"{call}: descriptors are Desc or tuples in its order: {e}") from None
         if cnt == 0:
             return 0
