@@ -202,6 +202,10 @@ class Engine:
         for pr, pipe in self.workers:
             self._recv(pipe)
         self.res = collections.defaultdict(list)
+        for k in ("sent", "not_sent", "ok", "bad", "local", "load_error",
+                  "load_error_t", "aborted", "abort_not_delayed",
+                  "recv_after_abort", "delay_after_load", "unfinished"):
+            self.res[k] = []
         self.finished_prev: set[str] = set()
         self.blocks: dict[str, list[int]] = {}
         self.idx: dict[str, int] = {}
@@ -347,7 +351,6 @@ def run_d(e: Engine, a):
     incoming = collections.deque()
     loading: set[str] = set()
     aborting: set[str] = set()
-    to_abort: list[str] = []
     seen = 0
     deadline = time.monotonic() + a.timeout
     while time.monotonic() < deadline:
@@ -384,21 +387,18 @@ def run_d(e: Engine, a):
             assert is_async and nt == n, (nt, is_async)
             e.conn.update_state_after_alloc(r, vd.KVCacheBlocks(blocks), nt)
             r.status = vd.RequestStatus.WAITING_FOR_REMOTE_KVS
-            loading.add(rid)
             new.append(rid)
-            if i in a.abort:
-                to_abort.append(rid)
+            if i in a.abort:  # the client goes away before it runs
+                delay, _ = e.finish(rid, vd.RequestStatus.FINISHED_ABORTED)
+                if delay:
+                    aborting.add(rid)
+                else:
+                    e.res["abort_not_delayed"].append(rid)
+                    e.release(rid)
+            else:
+                loading.add(rid)
         _, done_recv = e.run_step(new)
         done_send = set(r for r, c in e.count_send.items() if c == a.tp)
-        for rid in to_abort:  # after its load went to the workers
-            delay, _ = e.finish(rid, vd.RequestStatus.FINISHED_ABORTED)
-            loading.discard(rid)
-            if delay:
-                aborting.add(rid)
-            else:
-                e.res["abort_not_delayed"].append(rid)
-                e.release(rid)
-        to_abort = []
         for rid in done_send & aborting:
             aborting.discard(rid)
             e.res["aborted"].append(rid)
