@@ -30,8 +30,8 @@ static void end(void)
 	printf("}}");
 }
 
-#define S(T)	 begin(#T, sizeof(struct T))
-#define F(T, f)	 field(#f, offsetof(struct T, f), sizeof(((struct T *) 0)->f))
+#define S(T)	begin(#T, sizeof(struct T))
+#define F(T, f) field(#f, offsetof(struct T, f), sizeof(((struct T *) 0)->f))
 
 int main(void)
 {
@@ -107,10 +107,9 @@ int main(void)
 	       "\"COMP_DESC\":%d,\"COMP_TRANSFER\":%d,\"COMP_SHUTDOWN\":%d}",
 	       KVB_MEM_REMOTE_WRITE, KVB_MEM_REMOTE_READ, KVB_DESC_UNSIGNALED,
 	       KVB_XFER_F_NO_ANNOUNCE, KVB_XFER_F_PLAIN_RELEASE,
-	       KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST,
-	       KVB_TRANSFER_OPEN_BATCH_MAX, KVB_ROLE_P, KVB_ROLE_D,
-	       KVB_XFER_WRITE, KVB_XFER_READ, KVB_COMP_DESC, KVB_COMP_TRANSFER,
-	       KVB_COMP_SHUTDOWN);
+	       KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST, KVB_TRANSFER_OPEN_BATCH_MAX,
+	       KVB_ROLE_P, KVB_ROLE_D, KVB_XFER_WRITE, KVB_XFER_READ,
+	       KVB_COMP_DESC, KVB_COMP_TRANSFER, KVB_COMP_SHUTDOWN);
 	printf("}\n");
 	return 0;
 }

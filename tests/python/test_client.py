@@ -352,3 +352,42 @@ def test_register_gpu(client):
             client.register_gpu(0x7F0000000000, 1 << 20, 0)
         assert e.value.errno in (errno.ENODEV, errno.EINVAL, errno.ENOENT)
         assert e.value.call == "kvb_mem_register_gpu"
+
+
+def test_torch_view_keeps_mapping_after_free(client):
+    torch = pytest.importorskip("torch")
+    r = client.alloc(SIZE)
+    t = r.as_torch(torch.int32, (SIZE // 4,))
+    t[:3] = torch.tensor([5, 6, 7], dtype=torch.int32)
+    r.free()
+    client.close()
+    assert t[:3].tolist() == [5, 6, 7]  # still mapped: no crash
+    t[10] = 1
+
+
+def test_ctrl_c_interrupts_unbounded_wait(broker):
+    code = (
+        "import kvbroker, sys, time\n"
+        "c = kvbroker.Client(sys.argv[1])\n"
+        "print('waiting', flush=True)\n"
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    c.wait(timeout_ms=None)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after %.2f s' % (time.monotonic() - t0), flush=True)\n"
+        "    c.close()\n"
+        "    sys.exit(3)\n"
+    )
+    import subprocess
+    import sys
+    import signal
+    p = subprocess.Popen([sys.executable, "-c", code, broker.sock], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=10)
+    assert p.returncode == 3, out
+    assert time.monotonic() - t0 < 0.2 + 2.0
+    assert "interrupted" in out

@@ -64,3 +64,22 @@ def test_desc_fields_match_c_order():
                       offset=6, peer_offset=7, len=8, tag=9, peer=10)
     c = (_lib.CDesc * 1)(d)[0]
     assert tuple(getattr(c, f) for f in kvbroker.Desc._fields) == tuple(d)
+
+
+def test_every_exported_function_bound():
+    """The binding knows every function the version script exports."""
+    with open(os.path.join(os.environ.get("KVB_SRC_DIR", "."), "client", "libkvbroker.map")) as f:
+        text = f.read()
+    exported = set()
+    for block in text.split("global:")[1:]:
+        for line in block.split(";"):
+            name = line.strip().split()[-1] if line.strip() else ""
+            if name.startswith("kvb_"):
+                exported.add(name)
+            if "local:" in line or "}" in line:
+                break
+    assert exported, "no kvb_ symbol found in libkvbroker.map"
+    assert set(_lib._PROTOS) == exported
+    lib = _lib.load()
+    for name in exported:  # and this build's library has them all
+        assert lib.has(name), name
