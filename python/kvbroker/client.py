@@ -166,6 +166,21 @@ def _prod(shape: Union[int, Sequence[int]]) -> int:
     return n
 
 
+# Clients alive in this process: a child forked from it must not detach
+# (or use) its parent's contexts (the broker would detach the parent)
+_live: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_live):
+        c._forked = True
+        c._ctx = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Client:
     """A worker attached to the node's broker (kvb_attach ... kvb_detach).
 
@@ -184,6 +199,7 @@ class Client:
                  dp_rank: int = 0, tp_rank: int = 0, tp_size: int = 1,
                  timeout_ms: int = 5000, sq_entries: int = 0, cq_entries: int = 0):
         self._ctx: Optional[int] = None
+        self._forked = False
         self._cv = threading.Condition(threading.Lock())
         self._busy = 0
         self._closing = False
@@ -202,6 +218,7 @@ class Client:
         check(lib.kvb_attach(byref(opts), byref(ctx)), "kvb_attach")
         self._ctx = ctx.value
         self.worker_id: int = lib.kvb_worker_id(self._ctx)
+        _live.add(self)
 
     # ---- lifetime ----
 
@@ -227,7 +244,8 @@ class Client:
 
     def close(self) -> None:
         """Detach (kvb_detach): the broker fails this worker's unfinished
-        transfers and frees its regions. Idempotent."""
+        transfers and frees its regions. Idempotent. In a child forked
+        after the attach it does nothing (the context is the parent's)."""
         with self._cv:
             if self._ctx is None or self._closing:
                 return
@@ -247,6 +265,9 @@ class Client:
     def _enter(self, call: str) -> int:
         with self._cv:
             if self._ctx is None or self._closing:
+                if self._forked:
+                    raise Error(errno.EBADF, "client was attached by the parent process "
+                                "(fork): attach a new one here", call)
                 raise Error(errno.EBADF, "client is closed", call)
             self._busy += 1
             return self._ctx

@@ -391,3 +391,26 @@ def test_ctrl_c_interrupts_unbounded_wait(broker):
     assert p.returncode == 3, out
     assert time.monotonic() - t0 < 0.2 + 2.0
     assert "interrupted" in out
+
+
+def test_fork_child_leaves_parent_attached(client, broker):
+    r = client.alloc(4096)
+    r.buffer[0] = 7
+    pid = os.fork()
+    if pid == 0:  # child: the context is the parent's; closing it is a no-op
+        code = 1
+        try:
+            try:
+                client.open("tx-child")
+            except kvbroker.Error as e:
+                if e.errno == errno.EBADF and "parent" in e.strerror:
+                    code = 0
+            client.close()
+            assert r.buffer[0] == 7  # the inherited mapping still reads
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert client.open("tx-parent") > 0  # the parent is still attached
+    assert broker.stats()["workers"] == 1
