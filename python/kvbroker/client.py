@@ -37,6 +37,7 @@ _WAIT_SLICE_MS = 200
 _DEFAULT_WAIT_MS = 1000
 _STATS_MAX = 1 << 16  # the broker's text fits in one control message
 _MEM_FLAGS = 0x1 | 0x2
+_KINDS = {int(k): k for k in CompKind}
 
 DescsLike = Union[Sequence[Union[Desc, tuple]], "ctypes.Array[_lib.CDesc]"]
 
@@ -200,7 +201,7 @@ class Client:
                  timeout_ms: int = 5000, sq_entries: int = 0, cq_entries: int = 0):
         self._ctx: Optional[int] = None
         self._forked = False
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # _ctx, _busy, _closing, the region maps
         self._busy = 0
         self._closing = False
         self._regions: Dict[int, Region] = {}
@@ -246,12 +247,15 @@ class Client:
         """Detach (kvb_detach): the broker fails this worker's unfinished
         transfers and frees its regions. Idempotent. In a child forked
         after the attach it does nothing (the context is the parent's)."""
-        with self._cv:
+        with self._lock:
             if self._ctx is None or self._closing:
                 return
             self._closing = True
-            while self._busy:
-                self._cv.wait()
+        # calls in progress on other threads end within their bounds (a
+        # wait's slice, a control call's timeout_ms)
+        while self._busy:
+            time.sleep(0.001)
+        with self._lock:
             ctx, self._ctx = self._ctx, None
         try:
             self._lib.kvb_detach(ctx)
@@ -263,7 +267,7 @@ class Client:
             self._cbufs.clear()
 
     def _enter(self, call: str) -> int:
-        with self._cv:
+        with self._lock:
             if self._ctx is None or self._closing:
                 if self._forked:
                     raise Error(errno.EBADF, "client was attached by the parent process "
@@ -273,10 +277,8 @@ class Client:
             return self._ctx
 
     def _leave(self) -> None:
-        with self._cv:
+        with self._lock:
             self._busy -= 1
-            if not self._busy and self._closing:
-                self._cv.notify_all()
 
     # ---- memory ----
 
@@ -370,13 +372,13 @@ class Client:
         return r
 
     def _track(self, r: Region) -> None:
-        with self._cv:
+        with self._lock:
             self._regions[r.id] = r
             if r.addr is not None:
                 bisect.insort(self._by_addr, (r.addr, r.id))
 
     def _untrack(self, r: Region) -> None:
-        with self._cv:
+        with self._lock:
             self._regions.pop(r.id, None)
             if r.addr is not None:
                 try:
@@ -398,7 +400,7 @@ class Client:
 
     def regions(self) -> List[Region]:
         """The regions this client holds (not freed)."""
-        with self._cv:
+        with self._lock:
             return list(self._regions.values())
 
     def region_for(self, ptr: int, size: int = 1) -> Optional[Region]:
@@ -406,7 +408,7 @@ class Client:
 
         For a tensor over broker memory: ``region_for(t.data_ptr(),
         t.numel() * t.element_size())``, then ``region.offset_of(ptr)``."""
-        with self._cv:
+        with self._lock:
             i = bisect.bisect_right(self._by_addr, (ptr, 1 << 64)) - 1
             if i < 0:
                 return None
@@ -630,11 +632,7 @@ class Client:
         for i in range(n):
             c = buf[i]
             k = c.kind
-            try:
-                k = CompKind(k)
-            except ValueError:
-                pass
-            out.append(Completion(c.tag, c.bytes, c.status, c.transfer, k))
+            out.append(Completion(c.tag, c.bytes, c.status, c.transfer, _KINDS.get(k, k)))
         return out
 
     def poll(self, max: int = 64) -> List[Completion]:
