@@ -194,3 +194,12 @@ def test_pip_install(tmp, broker):
     r = probe(target, LIB, broker.sock)
     assert r.returncode == 0, r.stderr
     assert "MOVED" in r.stdout
+
+
+def test_python39_syntax():
+    """The binding's own modules parse as Python 3.9 (its floor)."""
+    import ast
+    pkg = os.path.join(SRC, "python", "kvbroker")
+    for f in ("__init__.py", "_lib.py", "client.py", "errors.py", "types.py"):
+        with open(os.path.join(pkg, f)) as fh:
+            ast.parse(fh.read(), filename=f, feature_version=(3, 9))
