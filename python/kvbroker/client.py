@@ -293,10 +293,17 @@ class Client:
             raise Error(errno.EINVAL, f"region size must be > 0, not {size}", "kvb_mem_alloc")
         if flags & ~_MEM_FLAGS:
             raise Error(errno.EINVAL, f"bad region flags {flags:#x}", "kvb_mem_alloc")
-        fd = os.memfd_create("kvb-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+            fd = os.memfd_create("kvb-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            raise Error(e.errno or errno.ENOMEM, f"memfd_create: {e.strerror}", "kvb_mem_alloc") from None
+        try:
+            try:
+                os.ftruncate(fd, size)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+            except (OSError, OverflowError) as e:
+                err = getattr(e, "errno", None) or errno.EINVAL
+                raise Error(err, f"sizing the memfd: {e}", "kvb_mem_alloc") from None
             return self._register_fd(fd, 0, size, flags, key, "kvb_mem_alloc", True)
         finally:
             os.close(fd)

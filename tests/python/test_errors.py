@@ -284,3 +284,12 @@ def test_nothing_leaked(broker):
     assert len(open("/proc/self/maps").readlines()) <= maps_before + 2
     assert broker.wait_stat("workers", 0) == 0
     assert broker.wait_stat("regions", 0) == 0
+
+
+def test_alloc_too_large(client):
+    before = fd_count()
+    with pytest.raises(kvbroker.Error) as e:  # beyond what a file can hold
+        client.alloc(1 << 63)
+    assert e.value.call == "kvb_mem_alloc" and e.value.errno in (errno.EFBIG, errno.EINVAL, errno.ENOMEM)
+    assert fd_count() == before
+    assert client.stats()["regions"] == 0
