@@ -26,7 +26,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("KVB_BUILD_DIR", os.path.join(ROOT, "build"))
-BROKER = os.path.join(BUILD, "broker", "kvbroker")
+BROKER = os.environ.get("KVB_BROKER_BIN") or os.path.join(BUILD, "broker",
+                                                          "kvbroker")
 INSTANCE = os.path.join(HERE, "vllm_instance.py")
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else \
     sys.executable
@@ -48,7 +49,7 @@ class Nodes:
 
     def __init__(self):
         if not os.access(BROKER, os.X_OK):
-            pytest.skip("no broker at %s (KVB_BUILD_DIR)" % BROKER)
+            pytest.skip("no broker at %s (KVB_BROKER_BIN)" % BROKER)
         tag = "%d%d" % (os.getpid() % 100000, next(_seq))
         self.ns = {"a": "kvbvA" + tag, "b": "kvbvB" + tag}
         self.ipaddr = {"a": "192.0.2.1", "b": "192.0.2.2"}

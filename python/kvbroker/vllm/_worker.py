@@ -33,6 +33,7 @@ UNSIGNALED = 0x1  # KVB_DESC_UNSIGNALED
 REGION_FLAGS = 0x3  # KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ
 ABORT_GRACE_S = 5.0
 PEER_RETRY_S = 10.0
+LIVENESS_S = 0.25
 _LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 
 
@@ -92,6 +93,7 @@ class BrokerWorker:
         self._finished_seen: set[str] = set()
         self._load_errors: set[int] = set()
         self.broker_gone = ""
+        self._probed = 0.0
         self.stats = {"opened": 0, "ok": 0, "failed": 0, "aborted": 0,
                       "layer_errors": 0, "open_errors": 0}
 
@@ -404,6 +406,14 @@ class BrokerWorker:
         while True:
             try:
                 comps = self.client.poll(256)
+                now = time.monotonic()
+                if not comps and self._xfers and \
+                        now - self._probed > LIVENESS_S:
+                    # poll() notices a dead broker only after 256 empty
+                    # calls (steps, here); a wait that sleeps looks at
+                    # the socket: at most 1 ms, every LIVENESS_S
+                    self._probed = now
+                    comps = self.client.wait(256, timeout_ms=1)
             except self._kvb.Error as e:
                 self._broker_died(str(e))
                 return
