@@ -656,8 +656,9 @@ class Client:
     def wait(self, max: int = 64, timeout_ms: Optional[int] = _DEFAULT_WAIT_MS) -> List[Completion]:
         """Wait up to timeout_ms for at least one completion; [] on timeout.
 
-        timeout_ms None waits until one comes, the broker goes (BrokerGone)
-        or close() is called, in 200 ms slices (Ctrl-C is seen between them)."""
+        timeout_ms None (or negative, C's -1) waits until one comes, the
+        broker goes (BrokerGone) or close() is called, in 200 ms slices
+        (Ctrl-C is seen between them)."""
         return self.wait_min(1, max, timeout_ms)
 
     def wait_min(self, min: int, max: int = 64,
@@ -670,6 +671,8 @@ class Client:
         buf = self._cbuf(max)
         lib = self._lib
         use_min = lib.has("kvb_wait_min")
+        if timeout_ms is not None and timeout_ms < 0:
+            timeout_ms = None  # C's -1: no limit (sliced all the same)
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
         got: List[Completion] = []
         while True:

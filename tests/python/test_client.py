@@ -274,10 +274,11 @@ def test_wait_min_returns_what_it_has(client):
     assert time.monotonic() - t0 >= 0.29
 
 
-def test_wait_unbounded_ends_on_completion(client):
+@pytest.mark.parametrize("forever", [None, -1])
+def test_wait_unbounded_ends_on_completion(client, forever):
     h = client.open("tx-unb")
     out = []
-    th = threading.Thread(target=lambda: out.append(client.wait(timeout_ms=None)))
+    th = threading.Thread(target=lambda: out.append(client.wait(timeout_ms=forever)))
     th.start()
     time.sleep(0.3)
     assert th.is_alive()  # nothing yet
