@@ -231,7 +231,7 @@ def test_p_broker_killed(nodes):
     common = ["--layers", "32", "--requests", "64", "--tp", "2",
               "--peer-tp", "2"]
     t0 = time.monotonic()
-    p, d = nodes.run(common + ["--pause-after", "3", "--pause-s", "1.5"],
+    p, d = nodes.run(common + ["--pause-when-d-ok", "8", "--pause-s", "1.5"],
                      common, timeout=50, on_paused=kill)
     assert killed_at, "P never paused"
     assert not p["unfinished"] and not d["unfinished"], (_summary(p),

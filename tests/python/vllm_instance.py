@@ -299,6 +299,7 @@ def run_p(e: Engine, a):
     relay = open(os.path.join(a.dir, "relay.jsonl"), "a")
     deadline = time.monotonic() + a.timeout
     steps = 0
+    paused = False
     while (waiting or sending) and time.monotonic() < deadline:
         new = []
         while waiting and len(new) < a.per_step:
@@ -320,7 +321,9 @@ def run_p(e: Engine, a):
             e.conn.update_state_after_alloc(r, vd.KVCacheBlocks(blocks), 0)
             new.append(rid)
         pause = None
-        if a.pause_after and steps == a.pause_after:
+        if a.pause_when_d_ok and not paused and \
+                _d_ok(a.dir) >= a.pause_when_d_ok:
+            paused = True
             pause = {"pause_layer": a.layers // 2, "pause_s": a.pause_s,
                      "pause_file": os.path.join(a.dir, "paused")}
         done_send, _ = e.run_step(new, pause)
@@ -343,6 +346,15 @@ def run_p(e: Engine, a):
             time.sleep(0.005)
     e.res["unfinished"] = sorted(sending) + ["req-%d" % i for i in waiting]
     e.res["steps"] = steps
+
+
+def _d_ok(d: str) -> int:
+    """How many loads D has checked so far (its progress file)."""
+    try:
+        with open(os.path.join(d, "d-ok")) as f:
+            return int(f.read() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def run_d(e: Engine, a):
@@ -415,6 +427,10 @@ def run_d(e: Engine, a):
                 e.res["bad"].append(rid)  # wrong bytes, or not checked
             else:
                 e.res["ok"].append(rid)  # every byte, on every rank
+                with open(os.path.join(a.dir, "d-ok.tmp"), "w") as f:
+                    f.write(str(len(e.res["ok"])))
+                os.rename(os.path.join(a.dir, "d-ok.tmp"),
+                          os.path.join(a.dir, "d-ok"))
             # decoded, finished: vLLM frees its blocks
             e.reqs[rid].num_computed_tokens = e.reqs[rid].num_prompt_tokens
             delay, _ = e.finish(rid, vd.RequestStatus.FINISHED_LENGTH_CAPPED)
@@ -464,7 +480,7 @@ def main():
     ap.add_argument("--abort", default="")
     ap.add_argument("--bad-p", default="")
     ap.add_argument("--bad-d", default="")
-    ap.add_argument("--pause-after", type=int, default=0)
+    ap.add_argument("--pause-when-d-ok", type=int, default=0)
     ap.add_argument("--pause-s", type=float, default=0)
     a = ap.parse_args()
     ints = lambda s: {int(x) for x in s.split(",") if x}  # noqa: E731

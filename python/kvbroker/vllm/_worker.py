@@ -44,7 +44,6 @@ class Xfer:
     load: bool  # D: this worker receives
     tag: int
     handle: int = 0
-    layers: int = 0  # P: layer ops queued
     deadline: float = 0.0
     aborted: bool = False  # the scheduler asked (request aborted)
     abort_sent: float = 0.0  # when we aborted it (deadline passed)
@@ -59,6 +58,54 @@ class LayerSaveError(RuntimeError):
 
 def _errno(e: BaseException) -> int:
     return getattr(e, "errno", None) or errno.EIO
+
+
+class _LayerBurst:
+    """A step's layer ops in one C call per layer (kvb_submit_layers) over
+    arrays built once per step, instead of one call per request: what keeps
+    save_kv_layer in the tens of microseconds with many requests. The
+    binding has no method for it, so its prototype is set here on the
+    loaded library and called within the client's own bracket of a call in
+    progress (what close() waits for)."""
+
+    def __init__(self, client, fn):
+        self.client, self.fn = client, fn
+        self.h = self.t = None
+        self.n = 0
+
+    @classmethod
+    def make(cls, kvbroker, client):
+        import ctypes
+
+        try:
+            fn = kvbroker.load_library().cdll.kvb_submit_layers
+        except AttributeError:  # an older library: one call per request
+            return None
+        if not hasattr(client, "_enter") or not hasattr(client, "_leave"):
+            return None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32),
+                       ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint,
+                       ctypes.c_uint16, ctypes.c_uint32]
+        return cls(client, fn)
+
+    def prepare(self, saves: list) -> None:
+        import ctypes
+
+        self.n = len(saves)
+        self.h = (ctypes.c_uint32 * self.n)(*(x.handle for x in saves))
+        self.t = (ctypes.c_uint64 * self.n)(*(x.tag for x in saves))
+
+    def submit(self, saves: list, layer: int) -> int:
+        """Queue layer for saves[0:k]; returns k (the rest: one by one)."""
+        if self.n != len(saves) or not self.n:
+            return 0
+        ctx = self.client._enter("kvb_submit_layers")
+        try:
+            rc = self.fn(ctx, self.h, self.t, self.n, layer, UNSIGNALED)
+        finally:
+            self.client._leave()
+        return rc if rc > 0 else 0  # EAGAIN, EPIPE: the slow path says
 
 
 class BrokerWorker:
@@ -86,6 +133,9 @@ class BrokerWorker:
         self._by_req: dict[str, Xfer] = {}
         self._next_tag = 1
         self._saves: list[Xfer] = []  # P: this step's
+        self._step_layers = 0  # layers queued for each of them
+        self._burst = _LayerBurst.make(kvbroker, self.client) \
+            if producer else None
         self._saved_layers: set[int] = set()
         self._cuda_pending: list[tuple[int, Any]] = []
         self._send_done: set[str] = set()
@@ -286,6 +336,7 @@ class BrokerWorker:
             return
         self._saves = []
         self._saved_layers = set()
+        self._step_layers = 0
         if self.broker_gone:
             for m in meta.reqs_to_save + meta.reqs_to_load:
                 self._end(self._new_xfer(m, not self.producer), -errno.EPIPE,
@@ -297,6 +348,8 @@ class BrokerWorker:
                 x = self._open(m, load=False)
                 if not x.done:
                     self._saves.append(x)
+            if self._burst is not None:
+                self._burst.prepare(self._saves)
         for rid in meta.reqs_to_abort:  # after the opens of the same step
             self._abort_req(rid)
 
@@ -328,14 +381,19 @@ class BrokerWorker:
         self._submit(saves, layer)
 
     def _submit(self, saves: list, layer: int) -> None:
+        """One layer op per live transfer of the step. Every transfer that
+        is not ended afterwards has had each of the step's layers queued
+        (one that cannot take one is ended), so all seal with
+        _step_layers."""
+        self._step_layers += 1
+        start = self._burst.submit(saves, layer) if self._burst else 0
         submit = self.client.submit_layer
-        for x in saves:
+        for x in saves[start:]:
             if x.done:
                 continue
             try:
-                if submit(x.handle, layer, x.tag, UNSIGNALED) or \
-                        self._submit_full(x, layer):
-                    x.layers += 1
+                if not submit(x.handle, layer, x.tag, UNSIGNALED):
+                    self._submit_full(x, layer)
             except self._kvb.Error as e:
                 self._op_failed(x, e, "layer %d" % layer)
 
@@ -391,12 +449,13 @@ class BrokerWorker:
         for x in self._saves:
             if x.done:
                 continue
-            if x.layers == 0:
+            if self._step_layers == 0:
                 self._abort_req(x.meta.req_id)
                 continue
-            self._control(x, "seal", self.client.seal, x.handle, x.layers,
-                          x.tag)
+            self._control(x, "seal", self.client.seal, x.handle,
+                          self._step_layers, x.tag)
         self._saves = []
+        self._step_layers = 0
 
     # --- completions ---
 
