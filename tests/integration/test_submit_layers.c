@@ -106,8 +106,8 @@ static void test_ring_full_then_dead(void **state)
 	n = kvb_submit_layers(ctx, h, tags, N, 0, 0);
 	assert_true(n > 0 && n <= 16);
 	total = n;
-	while ((n = kvb_submit_layers(ctx, h + total, tags + total,
-				      N - total, 0, 0)) > 0)
+	while ((n = kvb_submit_layers(ctx, h + total, tags + total, N - total,
+				      0, 0)) > 0)
 		total += n;
 	assert_int_equal(n, -EAGAIN);
 	assert_int_equal(kill(b.pid, SIGCONT), 0);
