@@ -165,6 +165,11 @@ _PROTOS = {
         True,
     ),
     "kvb_submit_layer": (c_int, [_P, c_uint32, c_uint16, c_uint64, c_uint32], True),
+    "kvb_submit_layers": (
+        c_int,
+        [_P, POINTER(c_uint32), POINTER(c_uint64), c_uint, c_uint16, c_uint32],
+        False,
+    ),
     "kvb_poll": (c_int, [_P, c_void_p, c_uint], True),
     "kvb_wait": (c_int, [_P, c_void_p, c_uint, c_int], True),
     "kvb_wait_min": (c_int, [_P, c_void_p, c_uint, c_uint, c_int], False),

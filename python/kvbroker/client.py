@@ -603,6 +603,45 @@ class Client:
             return 0
         return check(rc, "kvb_submit_layer")
 
+    @staticmethod
+    def layer_arrays(handles: Sequence[int], tags: Sequence[int]) -> tuple:
+        """C arrays (uint32 handles, uint64 tags) for submit_layers, to
+        build once per step and pass for every layer (no conversion)."""
+        if len(handles) != len(tags):
+            raise ValueError(f"{len(handles)} handles but {len(tags)} tags")
+        n = len(handles)
+        return (c_uint32 * n)(*handles), (ctypes.c_uint64 * n)(*tags)
+
+    def submit_layers(self, handles: Sequence[int], tags: Sequence[int], layer: int,
+                      flags: int = 0) -> int:
+        """submit_layer for many transfers at once, the same layer:
+        handles[i]'s op completes with tags[i] (kvb_submit_layers: one
+        broker wake-up). Lists, or the C arrays of layer_arrays().
+        Returns how many went in (the first ones; 0 when the ring is full).
+        Without kvb_submit_layers in the library: one submit_layer each."""
+        n = len(handles)
+        if n != len(tags):
+            raise ValueError(f"{n} handles but {len(tags)} tags")
+        if n == 0:
+            return 0
+        if not self._lib.has("kvb_submit_layers"):
+            done = 0
+            for h, t in zip(handles, tags):
+                if not self.submit_layer(h, layer, t, flags):
+                    break
+                done += 1
+            return done
+        hs = handles if isinstance(handles, ctypes.Array) else (c_uint32 * n)(*handles)
+        ts = tags if isinstance(tags, ctypes.Array) else (ctypes.c_uint64 * n)(*tags)
+        ctx = self._enter("kvb_submit_layers")
+        try:
+            rc = self._lib.kvb_submit_layers(ctx, hs, ts, n, layer, flags)
+        finally:
+            self._leave()
+        if rc == -errno.EAGAIN:
+            return 0
+        return check(rc, "kvb_submit_layers")
+
     def seal(self, handle: int, expected: int, tag: int = 0) -> None:
         """The transfer is done once `expected` descriptors (or peers' or
         layers', see kvbroker.h) completed: a TRANSFER completion with tag

@@ -415,3 +415,41 @@ def test_fork_child_leaves_parent_attached(client, broker):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert client.open("tx-parent") > 0  # the parent is still attached
     assert broker.stats()["workers"] == 1
+
+
+def test_submit_layers_local_transfers(client):
+    # layer ops for three transfers in one call: each refused in its own
+    # completion (same-node transfers), tags as given
+    hs = [client.open(f"tx-layers-{i}") for i in range(3)]
+    assert client.submit_layers(hs, [10, 11, 12], layer=0) == 3
+    got = client.wait_min(3, 8, timeout_ms=5000)
+    assert sorted(c.tag for c in got) == [10, 11, 12]
+    assert all(c.kind == CompKind.DESC and c.status == -errno.EINVAL for c in got)
+    h_arr, t_arr = client.layer_arrays(hs, [20, 21, 22])  # built once, reused
+    assert client.submit_layers(h_arr, t_arr, layer=1) == 3
+    assert sorted(c.tag for c in client.wait_min(3, 8, timeout_ms=5000)) == [20, 21, 22]
+    assert client.submit_layers([], [], layer=0) == 0
+    with pytest.raises(ValueError):
+        client.submit_layers(hs, [1], layer=0)
+    with pytest.raises(kvbroker.Error) as e:
+        client.submit_layers(hs, [1, 2, 3], layer=0, flags=0x80)
+    assert e.value.errno == errno.EINVAL and e.value.call == "kvb_submit_layers"
+
+
+def test_fallbacks_without_newer_calls(client, monkeypatch):
+    # a library older than kvb_submit_layers / kvb_wait_min / open_batch /
+    # kvb_stats: the binding does the same with the older calls
+    for name in ("kvb_submit_layers", "kvb_wait_min", "kvb_transfer_open_batch", "kvb_stats"):
+        monkeypatch.setattr(client._lib, name, None)
+    hs = [client.open(f"tx-old-{i}") for i in range(2)]
+    assert client.submit_layers(hs, [1, 2], layer=0) == 2
+    got = client.wait_min(2, 8, timeout_ms=5000)  # kvb_wait until 2 came
+    assert sorted(c.tag for c in got) == [1, 2]
+    h = client.open("tx-old-end")
+    client.abort(h)
+    client.wait(timeout_ms=5000)
+    res = client.open_batch(["tx-old-0", "tx-old-end", "tx-old-new"])
+    assert [r.status for r in res] == [0, -errno.ESTALE, 0] and res[0].handle == hs[0]
+    with pytest.raises(kvbroker.Error) as e:
+        client.stats()
+    assert e.value.errno == errno.ENOSYS

@@ -107,6 +107,30 @@ def test_write_mode(pair):
         assert c.tag == 9 and c.status in (-errno.EEXIST, -errno.ESTALE, -errno.EINVAL)
 
 
+def test_write_mode_many_transfers(pair):
+    """submit_layers: one call per layer queues the layer of every transfer."""
+    A, a, B, b = pair
+    P, D, pr, dr = workers(A, B)
+    with P, D:
+        pp = P.peer_connect("127.0.0.1", b)
+        dp = D.peer_connect("127.0.0.1", a)
+        plan = [("tx-m0", [0, 1], [2, 3]), ("tx-m1", [4], [0]), ("tx-m2", [5, 6], [6, 7])]
+        for i, (tid, _, dblk) in enumerate(plan):
+            D.seal(D.open_remote(tid, dp, "write", blocks=dblk), 1, tag=100 + i)
+        hs = [P.open_remote(tid, pp, "write", blocks=pblk) for tid, pblk, _ in plan]
+        for l in range(LAYERS):
+            assert P.submit_layers(hs, [10 * l + i for i in range(len(hs))], layer=l,
+                                   flags=kvbroker.DESC_UNSIGNALED) == len(hs)
+        for i, h in enumerate(hs):
+            P.seal(h, LAYERS, tag=200 + i)
+        got = P.wait_min(len(hs), timeout_ms=20000)
+        assert sorted((c.kind, c.tag, c.status) for c in got) == [
+            (CompKind.TRANSFER, 200 + i, 0) for i in range(len(hs))]
+        got = D.wait_min(len(hs), timeout_ms=20000)
+        assert sorted((c.tag, c.status) for c in got) == [(100 + i, 0) for i in range(len(hs))]
+        check_blocks(pr, dr, [0, 1, 4, 5, 6], [2, 3, 0, 6, 7])
+
+
 def test_read_mode(pair):
     A, a, B, b = pair
     P, D, pr, dr = workers(A, B)
