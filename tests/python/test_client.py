@@ -370,9 +370,9 @@ def test_ctrl_c_interrupts_unbounded_wait(broker):
     code = (
         "import kvbroker, sys, time\n"
         "c = kvbroker.Client(sys.argv[1])\n"
-        "print('waiting', flush=True)\n"
         "t0 = time.monotonic()\n"
         "try:\n"
+        "    print('waiting', flush=True)\n"
         "    c.wait(timeout_ms=None)\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted after %.2f s' % (time.monotonic() - t0), flush=True)\n"

@@ -187,37 +187,40 @@ def test_refused_descriptors(client, broker):
 
 
 def test_full_ring(broker):
-    # 2 submission slots: the third descriptor does not fit until reaped
+    # 2 submission slots, 4 completion slots, nothing reaped: the broker
+    # stops taking descriptors once it cannot complete them, and the ring
+    # stays full
     with kvbroker.Client(broker.sock, sq_entries=2, cq_entries=4) as c:
         a = c.alloc(SIZE)
         b = c.alloc(SIZE)
         h = c.open("tx-full")
         d = Desc(transfer=h, region=a.id, peer_region=b.id, len=64)
-        queued = 0
-        full_seen = False
-        seal_refused = False
+        queued = sealed = 0
+        full_seen = seal_refused = False
         t0 = time.monotonic()
-        # the broker drains the ring while we fill it: keep going until
-        # the ring was seen full (submit 0, seal RingFull) once
         while not (full_seen and seal_refused) and time.monotonic() - t0 < 10:
             n = c.submit_write([d._replace(tag=queued + i) for i in range(8)])
             assert 0 <= n <= 2
             queued += n
             if n == 0:
                 full_seen = True
+                probe = c.open(f"tx-probe-{sealed}")
                 try:
-                    c.seal(h, 10 ** 6, tag=10 ** 6)
-                    pytest.fail("seal queued in a full ring")  # pragma: no cover
+                    c.seal(probe, 0, tag=1000 + sealed)  # completes at once
+                    sealed += 1  # the broker made room in between
                 except kvbroker.RingFull as e:
                     assert e.errno == errno.EAGAIN and e.call == "kvb_transfer_seal"
                     seal_refused = True
         assert full_seen and seal_refused
         # everything queued completes once reaped
-        done = 0
+        descs = transfers = 0
         t0 = time.monotonic()
-        while done < queued and time.monotonic() - t0 < 10:
-            done += sum(1 for x in c.wait(16, timeout_ms=500) if x.ok)
-        assert done == queued
+        while (descs < queued or transfers < sealed) and time.monotonic() - t0 < 10:
+            for x in c.wait(16, timeout_ms=500):
+                assert x.ok, x
+                descs += x.kind == CompKind.DESC
+                transfers += x.kind == CompKind.TRANSFER
+        assert (descs, transfers) == (queued, sealed)
 
 
 def test_broker_killed(broker):
