@@ -37,3 +37,15 @@ def test_transfer_example_no_broker(tmp_path):
     r = run_example(Gone)
     assert r.returncode != 0
     assert "kvb_attach" in r.stderr
+
+
+def test_overhead_script(broker):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(SRC, "python")
+    r = subprocess.run(
+        [sys.executable, os.path.join(SRC, "examples", "python", "overhead.py"), broker.sock, "200"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for what in ("round trip of one 64 B write", "list of Desc", "reused desc_array", "empty poll()"):
+        assert what in r.stdout
+    assert broker.stats()["descriptors_completed"] == 200 + 2 * 20 * 64
