@@ -340,3 +340,33 @@ def test_broker_death_ends_everything(broker_factory):
     assert "EPIPE" in c.connector_stats()["broker_gone"]
     c.shutdown()
     peer.stop()
+
+
+def test_hnd_refused_for_a_heads_split(broker):
+    """An HND cache cannot be split by heads: a load from a P with another
+    TP size (and so other heads per rank) fails at once with that reason,
+    its blocks reported as load errors; one from the same TP is opened."""
+    import kvbroker
+
+    c = worker(broker, total_num_kv_heads=4)  # TP 1 here: 4 heads
+    r = c.broker_client.alloc(2 * 4 * 16 * 4 * 32 * 2,
+                              kvbroker.MEM_REMOTE_WRITE)
+    t = r.as_torch(torch.int16, (2, 4, 4, 16, 32)).permute(0, 1, 3, 2, 4)
+    c.register_kv_caches({"l.0": t})
+    s = sched("kv_consumer")
+    req = vd.Request("a", 20, dict(GOOD_D, remote_tp_size=2))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 20)
+    c.bind_connector_metadata(s.build_connector_meta(vd.SchedulerOutput()))
+    c.start_load_kv(None)
+    assert c.get_finished(set()) == (None, {"a"})
+    assert c.get_block_ids_with_load_errors() == {2, 3}
+    assert c.connector_stats()["opened"] == 0  # refused before opening
+    assert c._worker.remote_heads(2) == 2
+    assert "HND" in c._worker._check_heads(_meta_for(GOOD_D, 2))
+    assert c._worker._check_heads(_meta_for(GOOD_D, 1)) == ""
+    c.shutdown()
+
+
+def _meta_for(params, tp):
+    return parse_request(dict(params, remote_tp_size=tp), "x", False)
