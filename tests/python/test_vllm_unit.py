@@ -370,3 +370,45 @@ def test_hnd_refused_for_a_heads_split(broker):
 
 def _meta_for(params, tp):
     return parse_request(dict(params, remote_tp_size=tp), "x", False)
+
+
+def test_p_abort_ends_the_save(broker_factory):
+    """P's request is aborted while its save waits for D: the transfer is
+    aborted at the next step and reported sent (blocks freed) at once."""
+    import kvbroker
+
+    broker_factory("--host-ip", "127.0.0.1", "--handshake-port", "16393",
+                   "--notify-port", "16600")
+    b = broker_factory("--host-ip", "127.0.0.2", "--handshake-port", "16394",
+                       "--notify-port", "16700")
+    c = worker(b, "kv_producer")
+    r = c.broker_client.alloc(2 * 4 * 16 * 2 * 32 * 2,
+                              kvbroker.MEM_REMOTE_READ)
+    c.register_kv_caches({"l.0": r.as_torch(torch.int16, (2, 4, 16, 2, 32)),
+                          "l.1": r.as_torch(torch.int16, (2, 4, 16, 2, 32))})
+    s = sched("kv_producer")
+    req = vd.Request("a", 20, {"do_remote_decode": True, "transfer_id": "t2",
+                               "remote_host": "127.0.0.1",
+                               "remote_handshake_port": 16393})
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 0)
+    c.bind_connector_metadata(s.build_connector_meta(
+        vd.SchedulerOutput({"a": 20})))
+    c.start_load_kv(None)
+    for name in ("l.0", "l.1", "l.0"):  # a layer twice: queued once
+        c.save_kv_layer(name, None, None)
+    c.wait_for_save()
+    c.clear_connector_metadata()
+    req.status = vd.RequestStatus.FINISHED_ABORTED
+    assert s.request_finished(req, [2, 3])[0] is True
+    c.bind_connector_metadata(s.build_connector_meta(vd.SchedulerOutput()))
+    c.start_load_kv(None)
+    t0 = time.monotonic()
+    sending = None
+    while not sending and time.monotonic() - t0 < 5:
+        sending, _ = c.get_finished({"a"})
+        time.sleep(0.01)
+    assert sending == {"a"}
+    st = c.connector_stats()
+    assert (st["aborted"], st["failed"], st["live"]) == (1, 1, 0)
+    assert st["layer_errors"] <= 2  # its held layer ops fail with it
+    c.shutdown()
