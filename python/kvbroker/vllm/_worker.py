@@ -61,51 +61,38 @@ def _errno(e: BaseException) -> int:
 
 
 class _LayerBurst:
-    """A step's layer ops in one C call per layer (kvb_submit_layers) over
-    arrays built once per step, instead of one call per request: what keeps
-    save_kv_layer in the tens of microseconds with many requests. The
-    binding has no method for it, so its prototype is set here on the
-    loaded library and called within the client's own bracket of a call in
-    progress (what close() waits for)."""
+    """A step's layer ops in one call per layer (Client.submit_layers, that
+    is kvb_submit_layers) over arrays built once per step, instead of one
+    call per request: what keeps save_kv_layer at a few microseconds with
+    many requests (BENCHMARKS.md)."""
 
-    def __init__(self, client, fn):
-        self.client, self.fn = client, fn
+    def __init__(self, client):
+        self.client = client
         self.h = self.t = None
         self.n = 0
 
     @classmethod
-    def make(cls, kvbroker, client):
-        import ctypes
-
-        try:
-            fn = kvbroker.load_library().cdll.kvb_submit_layers
-        except AttributeError:  # an older library: one call per request
-            return None
-        if not hasattr(client, "_enter") or not hasattr(client, "_leave"):
-            return None
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32),
-                       ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint,
-                       ctypes.c_uint16, ctypes.c_uint32]
-        return cls(client, fn)
+    def make(cls, client):
+        if not hasattr(client, "submit_layers") or \
+                not hasattr(client, "layer_arrays"):
+            return None  # an older binding: one call per request
+        return cls(client)
 
     def prepare(self, saves: list) -> None:
-        import ctypes
-
         self.n = len(saves)
-        self.h = (ctypes.c_uint32 * self.n)(*(x.handle for x in saves))
-        self.t = (ctypes.c_uint64 * self.n)(*(x.tag for x in saves))
+        self.h, self.t = self.client.layer_arrays(
+            [x.handle for x in saves], [x.tag for x in saves])
 
-    def submit(self, saves: list, layer: int) -> int:
-        """Queue layer for saves[0:k]; returns k (the rest: one by one)."""
+    def submit(self, saves: list, layer: int, errors) -> int:
+        """Queue layer for saves[0:k]; returns k (the rest: one by one, and
+        that path says what went wrong)."""
         if self.n != len(saves) or not self.n:
             return 0
-        ctx = self.client._enter("kvb_submit_layers")
         try:
-            rc = self.fn(ctx, self.h, self.t, self.n, layer, UNSIGNALED)
-        finally:
-            self.client._leave()
-        return rc if rc > 0 else 0  # EAGAIN, EPIPE: the slow path says
+            return self.client.submit_layers(self.h, self.t, layer,
+                                             UNSIGNALED)
+        except errors:
+            return 0
 
 
 class BrokerWorker:
@@ -134,8 +121,7 @@ class BrokerWorker:
         self._next_tag = 1
         self._saves: list[Xfer] = []  # P: this step's
         self._step_layers = 0  # layers queued for each of them
-        self._burst = _LayerBurst.make(kvbroker, self.client) \
-            if producer else None
+        self._burst = _LayerBurst.make(self.client) if producer else None
         self._saved_layers: set[int] = set()
         self._cuda_pending: list[tuple[int, Any]] = []
         self._send_done: set[str] = set()
@@ -386,7 +372,8 @@ class BrokerWorker:
         (one that cannot take one is ended), so all seal with
         _step_layers."""
         self._step_layers += 1
-        start = self._burst.submit(saves, layer) if self._burst else 0
+        start = self._burst.submit(saves, layer, self._kvb.Error) \
+            if self._burst else 0
         submit = self.client.submit_layer
         for x in saves[start:]:
             if x.done:
