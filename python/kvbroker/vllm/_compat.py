@@ -112,6 +112,10 @@ except ImportError:
         def get_required_kvcache_layout(cls, vllm_config):
             return None
 
+        @classmethod
+        def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+            return False
+
 
 def parallel_ranks(vllm_config: Any) -> tuple[int, int, int]:
     """(dp_rank, tp_rank, tp_size) of this worker process.

@@ -84,6 +84,12 @@ class KVBrokerConnector(KVConnectorBase_V1):
         return self._sched is not None and self._sched.has_pending_push_work()
 
     @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
+        # save_kv_layer runs between the layers: a full CUDA graph replay
+        # would skip it
+        return True
+
+    @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any):
         # NHD lets heads split across different TP sizes; HND works with
         # equal heads per rank on both sides (whole blocks move)
