@@ -350,6 +350,20 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
 int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
 		     uint64_t tag, uint32_t flags);
 
+/*
+ * kvb_submit_layer for n transfers at once, the same layer: handles[i]'s
+ * layer op completes with tags[i] (flags as kvb_submit_layer's, for all).
+ * One call per layer for a step's requests, as a vLLM connector's
+ * save_kv_layer makes them; one wake-up of the broker. A burst: returns how
+ * many went in (the first ones, 1..n; 0 when n is 0), -EAGAIN when none
+ * fit (ring full), -EINVAL (handles or tags NULL with n, unknown flags),
+ * -EPIPE. Each op is checked by the broker as kvb_submit_layer's is.
+ * Single submitting thread.
+ */
+int kvb_submit_layers(struct kvb_ctx *ctx, const uint32_t *handles,
+		      const uint64_t *tags, unsigned n, uint16_t layer,
+		      uint32_t flags);
+
 enum kvb_comp_kind {
 	KVB_COMP_DESC = 1,     /* one descriptor */
 	KVB_COMP_TRANSFER = 2, /* a whole transfer ended */
@@ -394,6 +408,17 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
  */
 int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		 unsigned min, int timeout_ms);
+
+/*
+ * The broker's counters, as kvbctl stats prints them: one JSON object
+ * (json != 0) or a table, NUL-terminated in buf (at most len bytes; the
+ * text is under 64 KiB). Asked over this context's control socket (a
+ * control call: within timeout_ms; no second connection, so it works with
+ * --max-workers reached). Returns the text's length (without the NUL),
+ * -EINVAL, -ENOSPC (does not fit: buf holds ""), -ENOMEM, -ETIMEDOUT,
+ * -EPIPE. Thread-safe.
+ */
+int kvb_stats(struct kvb_ctx *ctx, int json, char *buf, unsigned long len);
 
 /* Human-readable text for a status. Thread-safe. */
 const char *kvb_strerror(int status);
