@@ -25,7 +25,7 @@ struct kvb_worker_stats {
 };
 
 struct kvb_worker {
-	uint32_t id; /* 0 = slot free */
+	uint32_t id; /* 0 = slot free (pending table: 1 = in use) */
 	uint16_t gen;
 	uint8_t attached; /* HELLO done */
 	uint8_t closing;
@@ -44,6 +44,8 @@ struct kvb_worker {
 	struct kvb_ratelimit refuse_rl; /* refusals logged: the first few */
 	uint32_t seal_logged;		/* a bad seal count was logged */
 	struct kvb_worker_stats st;
+	int64_t since;	   /* accepted at (pending: the HELLO deadline) */
+	uint32_t inf_used; /* in-flight entries of its descriptors */
 	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
 	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
 	uint32_t nkv;
@@ -88,6 +90,9 @@ enum {
 
 struct kvb_xnode; /* remote.c */
 
+/* epoll data of a pre-HELLO connection: tag | index in b->pend */
+#define KVB_EP_PENDING_TAG 0x200000000ull
+
 /* epoll tag of every cross-node fd (ZMQ sockets, tcp transport) */
 #define KVB_EP_REMOTE 4ull
 /* the rdma device's async event fd: kvb_remote_rdma_events() */
@@ -100,6 +105,10 @@ struct kvb_broker {
 	uid_t uid;
 	struct kvb_worker *workers; /* opt.max_workers slots */
 	uint32_t nworkers;
+	/* connections that have not said HELLO (opt.max_pending): apart
+	 * from the worker slots, so that they cannot lock attaches out */
+	struct kvb_worker *pend;
+	uint32_t npending;
 	uint32_t *live; /* slots of attached workers, compact (hot loops) */
 	uint32_t nlive;
 	uint32_t rr; /* fair-drain start */
@@ -129,6 +138,17 @@ struct kvb_broker {
 		/* control requests with a valid header (STATS not counted):
 		 * each one a round trip that wakes its worker */
 		uint64_t ctl_requests;
+		/* node-side protection (docs/security-node.md) */
+		uint64_t hello_timeouts;  /* closed: no HELLO in time */
+		uint64_t pending_evicted; /* closed for a newer one */
+		uint64_t hello_refused;	  /* bad identity, rings, duplicate */
+		uint64_t duplicate_identity;
+		uint64_t ctl_empty;	     /* zero-length control messages */
+		uint64_t mem_reg_refused;    /* every MEM_REG refusal */
+		uint64_t xfer_quota_refused; /* opens past a worker's share */
+		uint64_t inflight_quota_stalls; /* drains held at the share */
+		uint64_t undelivered_refused; /* held: completions not reaped */
+		uint64_t xfer_notify_refused; /* writes not counted for D */
 		/* writes for a transfer whose destination already ended it
 		 * (failed, aborted or done): refused, nothing landed */
 		uint64_t late_writes_refused;
@@ -149,6 +169,12 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w);
 void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		     const char *why);
 struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
+/* Close connections past their HELLO deadline; called every few ms. */
+void kvb_worker_timers(struct kvb_broker *b, int64_t now);
+
+/* engine.c: quotas (docs/security-node.md). May w take one more transfer
+ * table slot (1) or not (0)? */
+int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
 
 /* engine.c */
 int kvb_engine_init(struct kvb_broker *b);
@@ -160,8 +186,9 @@ unsigned kvb_engine_round(struct kvb_broker *b);
  * meanwhile), before one of its control requests that changes what those
  * descriptors name (MEM_DEREG): they were submitted first. Also when w's
  * completions back up (they queue in its overflow list, which grows by
- * the ring's count at most). Stops early only when the in-flight table
- * stays full; returns how many are left in the ring (0: all taken).
+ * the ring's count at most). Stops early when the in-flight table stays
+ * full, or when w has --max-undelivered completions waiting (it does not
+ * reap); returns how many are left in the ring (0: all taken).
  */
 uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w);
 /* Deadlines; called every few ms. */

@@ -52,6 +52,63 @@ void kvb_engine_fini(struct kvb_broker *b)
 	b->dests = NULL;
 }
 
+/*
+ * Fair shares (docs/security-node.md): of a table of `total` entries each
+ * attached worker is guaranteed total / attached (at least `floor`); past
+ * its share a worker borrows free entries only while enough stay free for
+ * every other attached worker to reach its own share. `cap` (an option, 0 =
+ * none) bounds a worker whatever the table holds. used(b, w) is w's count.
+ * Returns how many more entries w may take now (at most `want`).
+ */
+static uint32_t
+fair_room(struct kvb_broker *b, const struct kvb_worker *w, uint32_t total,
+	  uint32_t nfree, uint32_t cap, uint32_t want,
+	  uint32_t (*used)(struct kvb_broker *, const struct kvb_worker *))
+{
+	uint32_t n = b->nlive ? b->nlive : 1;
+	uint32_t share = total / n, mine = used(b, w), room;
+	uint64_t reserve = 0;
+
+	if (cap && mine >= cap)
+		return 0;
+	if (cap && want > cap - mine)
+		want = cap - mine;
+	room = mine < share ? share - mine : 0;
+	if (room >= want)
+		return want;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		const struct kvb_worker *o = &b->workers[b->live[i]];
+		uint32_t u;
+
+		if (o == w)
+			continue;
+		u = used(b, o);
+		if (u < share)
+			reserve += share - u;
+	}
+	if (nfree > reserve && nfree - reserve > room)
+		room = (uint32_t) (nfree - reserve);
+	return room < want ? room : want;
+}
+
+static uint32_t xfers_used(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	return kvb_xfers_charged(&b->xfers, w->id);
+}
+
+static uint32_t inflight_used(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	(void) b;
+	return w->inf_used;
+}
+
+int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	return fair_room(b, w, KVB_MAX_XFERS - 1,
+			 KVB_MAX_XFERS - 1 - b->xfers.nactive,
+			 b->opt.max_xfers_per_worker, 1, xfers_used) > 0;
+}
+
 static struct kvb_region_ent *mr_ent(struct kvb_mr *mr)
 {
 	return container_of(mr, struct kvb_region_ent, mr);
@@ -98,9 +155,9 @@ void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 		struct kvb_cqe *n = realloc(w->ovf, cap * sizeof(*n));
 
 		if (!n) {
-			log_err("worker %u: out of memory queueing a "
-				"completion",
-				w->id);
+			log_err_rl("worker %u: out of memory queueing a "
+				   "completion",
+				   w->id);
 			return;
 		}
 		w->ovf = n;
@@ -161,6 +218,27 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		kvb_complete(b, w, &c);
 }
 
+/*
+ * Does transfer x (ending) count for destination worker `dest`'s entry of
+ * the same id? Only when a P worker opened x: a D transfer counts the
+ * writes of the P workers that opened the same id, never those of a worker
+ * that merely wrote into D's region (another D, any worker that looked the
+ * region up). Refusals are counted and logged.
+ */
+static int notify_ok(struct kvb_broker *b, const struct kvb_xfer *x,
+		     uint32_t dest)
+{
+	struct kvb_worker *src = kvb_worker_by_id(b, x->worker);
+
+	if (x->opened && src && src->attached && src->role == KVB_ROLE_P)
+		return 1;
+	b->st.xfer_notify_refused++;
+	log_warn_rl("transfer '%s': writes of worker %u (not a P worker that "
+		    "opened it) not counted for worker %u",
+		    x->id, x->worker, dest);
+	return 0;
+}
+
 /* End a transfer now with `status`, tell its worker and its destinations. */
 static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
@@ -174,8 +252,8 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	else
 		b->st.transfers_done++;
 	if (status && status != -ECANCELED && !x->closing)
-		log_info("transfer '%s' of worker %u failed: %s", x->id,
-			 x->worker, kvb_strerror(status));
+		log_info_rl("transfer '%s' of worker %u failed: %s", x->id,
+			    x->worker, kvb_strerror(status));
 	if (x->rx)
 		kvb_remote_xfer_end(b, x, status);
 	kvb_xfer_end(&b->xfers, x);
@@ -191,10 +269,14 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		if (copy.dests[i] == copy.worker ||
 		    !kvb_worker_by_id(b, copy.dests[i]))
 			continue;
+		if (!notify_ok(b, &copy, copy.dests[i]))
+			continue;
 		y = kvb_xfer_open(&b->xfers, copy.dests[i], copy.id,
 				  strlen(copy.id), deadline, &err);
 		if (!y)
 			continue; /* already terminal there, or table full */
+		if (!y->opened)	  /* made for D by P's write: in P's share */
+			kvb_xfer_charge(&b->xfers, y, copy.worker);
 		y->progress++;
 		if (status) {
 			y->failed++;
@@ -274,7 +356,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		return;
 	}
 	if (status != -ECANCELED)
-		log_info(
+		log_info_rl(
 			"transfer '%s' of worker %u failed: %s (its completion "
 			"waits for %u op(s) in flight)",
 			x->id, x->worker, kvb_strerror(status),
@@ -347,7 +429,8 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		uint32_t next = e->next;
 
 		if (!e->used) {
-			log_err("completion for a free in-flight slot %u", idx);
+			log_err_rl("completion for a free in-flight slot %u",
+				   idx);
 			return;
 		}
 		if ((r = kvb_region_get(&b->regions, e->lreg)))
@@ -360,6 +443,8 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		if (e->group) {
 			kvb_remote_group_done(b, e->group, status, e->bytes);
 		} else if (w) {
+			if (w->inf_used)
+				w->inf_used--;
 			w->st.completed++;
 			if (!status)
 				w->st.bytes += e->bytes;
@@ -419,11 +504,14 @@ void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 {
 	const char *more;
 
+	/* the first few of each worker, a line a second per reason */
 	if (refusal_count(b, w, &more))
-		log_warn("worker %u: layer op (tag %llu, transfer %#x, layer "
-			 "%u) refused: %s%s",
-			 w->id, (unsigned long long) e->tag, e->transfer,
-			 e->layer, why, more);
+		kvb_log_rl_keyed(
+			why, KVB_LOG_WARN,
+			"worker %u: layer op (tag %llu, transfer %#x, layer "
+			"%u) refused: %s%s",
+			w->id, (unsigned long long) e->tag, e->transfer,
+			e->layer, why, more);
 	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 }
 
@@ -434,12 +522,14 @@ static void refuse(struct kvb_broker *b, struct kvb_worker *w,
 	const char *more;
 
 	if (refusal_count(b, w, &more))
-		log_warn("worker %u: refused descriptor (tag %llu, region "
-			 "%#x+%llu -> %#x+%llu, len %llu): %s%s",
-			 w->id, (unsigned long long) e->tag, e->region,
-			 (unsigned long long) e->offset, e->peer_region,
-			 (unsigned long long) e->peer_offset,
-			 (unsigned long long) e->len, why, more);
+		kvb_log_rl_keyed(
+			why, KVB_LOG_WARN,
+			"worker %u: refused descriptor (tag %llu, region "
+			"%#x+%llu -> %#x+%llu, len %llu): %s%s",
+			w->id, (unsigned long long) e->tag, e->region,
+			(unsigned long long) e->offset, e->peer_region,
+			(unsigned long long) e->peer_offset,
+			(unsigned long long) e->len, why, more);
 	kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, rc, 0, e->transfer);
 	if (e->transfer && (x = kvb_xfer_get(&b->xfers, e->transfer, w->id))) {
 		x->submitted++;
@@ -533,6 +623,8 @@ static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
 		return -ECANCELED;
 	if (y && y->closing)
 		return -ECANCELED;
+	if (y && !y->opened) /* made for owner by x's write: in x's share */
+		kvb_xfer_charge(&b->xfers, y, x->worker);
 	if (i < KVB_XFER_MAX_DESTS) {
 		x->dests[x->ndests] = owner;
 		x->dest_xfer[x->ndests++] =
@@ -588,11 +680,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			b->st.messages_rejected++;
 			if (!w->seal_logged) {
 				w->seal_logged = 1;
-				log_warn("worker %u: seal of transfer %#x "
-					 "refused: count %llu too large "
-					 "(further ones counted only)",
-					 w->id, e->transfer,
-					 (unsigned long long) e->len);
+				log_warn_rl("worker %u: seal of transfer %#x "
+					    "refused: count %llu too large "
+					    "(further ones counted only)",
+					    w->id, e->transfer,
+					    (unsigned long long) e->len);
 			}
 			x->seal_tag = e->tag;
 			kvb_xfer_finish(b, x, -EINVAL);
@@ -669,6 +761,7 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	f->dxfer = y ? kvb_xfer_handle(&b->xfers, y) : 0;
 	f->downer = y ? y->worker : 0;
 	f->used = 1;
+	w->inf_used++;
 	l->refs++;
 	r->refs++;
 	if (x) {
@@ -764,8 +857,8 @@ static unsigned reap_one(struct kvb_broker *b, struct kvb_transport *t)
 	do {
 		n = t->ops->poll(t, c, POLL_BATCH);
 		if (n < 0) {
-			log_err("transport %s: poll failed: %s", t->ops->name,
-				strerror(-n));
+			log_err_rl("transport %s: poll failed: %s",
+				   t->ops->name, strerror(-n));
 			return total;
 		}
 		for (int i = 0; i < n; i++)
@@ -791,12 +884,32 @@ static unsigned reap(struct kvb_broker *b)
 	return total;
 }
 
+/*
+ * How many of w's descriptors the round may take: its fair share of the
+ * in-flight table (fair_room); at the share its ring waits (and fills: its
+ * submissions get -EAGAIN) until its own descriptors complete.
+ */
+static uint32_t inflight_room(struct kvb_broker *b, struct kvb_worker *w,
+			      uint32_t burst)
+{
+	uint32_t n;
+
+	if (w->inf_used + burst <= (KVB_INFLIGHT_MAX - 1) / (b->nlive ?: 1) &&
+	    !b->opt.max_inflight_per_worker)
+		return burst; /* the common case: well inside its share */
+	n = fair_room(b, w, KVB_INFLIGHT_MAX - 1, b->inf_nfree,
+		      b->opt.max_inflight_per_worker, burst, inflight_used);
+	if (!n && kvb_ring_count(&w->seg.sq))
+		b->st.inflight_quota_stalls++;
+	return n;
+}
+
 /* Take up to max (<= KVB_BURST_MAX) descriptors from w's ring. */
 static uint32_t drain_burst(struct kvb_broker *b, struct kvb_worker *w,
 			    uint32_t max)
 {
 	struct kvb_sqe sqe[KVB_BURST_MAX];
-	uint32_t n = kvb_ring_dequeue_burst(&w->seg.sq, sqe, max);
+	uint32_t n = max ? kvb_ring_dequeue_burst(&w->seg.sq, sqe, max) : 0;
 
 	for (uint32_t i = 0; i < n; i++)
 		process_sqe(b, w, &sqe[i]);
@@ -821,7 +934,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 		}
 		if (b->inf_nfree < burst)
 			break;
-		work += drain_burst(b, w, burst);
+		work += drain_burst(b, w, inflight_room(b, w, burst));
 	}
 	b->rr++;
 	if (b->ndirty)
@@ -843,6 +956,11 @@ uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w)
 
 		if (w->ovf_len)
 			flush_overflow(w);
+		if (w->ovf_len >= b->opt.max_undelivered) {
+			/* its completions are not reaped: the rest waits */
+			b->st.undelivered_refused++;
+			break;
+		}
 		if (b->inf_nfree < n) { /* make room: post, take completions */
 			if (b->ndirty)
 				flush(b);
@@ -889,7 +1007,7 @@ void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 
 		if (x->closing && x->fence_ns && now >= x->fence_ns) {
 			/* its peer's writers did not say they stopped */
-			log_warn(
+			log_warn_rl(
 				"transfer '%s' of worker %u: no answer from %u "
 				"P writer(s) asked to stop: it ends now",
 				x->id, x->worker, x->inbound);

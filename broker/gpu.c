@@ -41,8 +41,8 @@ int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
 		return -EINVAL;
 	rc = kvb_gpu_import(h, &ptr);
 	if (rc) {
-		log_warn("gpu region import failed: %s",
-			 kvb_gpu_export_strerror());
+		log_warn_rl("gpu region import failed: %s",
+			    kvb_gpu_export_strerror());
 		return rc;
 	}
 	if (kvb_gpu_import_device(h, &dev))

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "kvbroker/kvbroker.h"
 
 static void usage(FILE *f)
 {
@@ -19,8 +20,12 @@ static void usage(FILE *f)
 	      "rejections)\n"
 	      "  --socket PATH  the broker's socket (default: $KVB_SOCKET, "
 	      "else\n"
-	      "                 $XDG_RUNTIME_DIR/kvbroker.sock, else "
-	      "/tmp/kvbroker-UID.sock)\n"
+	      "                 $XDG_RUNTIME_DIR/kvbroker/kvbroker.sock,\n"
+	      "                 /run/kvbroker/kvbroker.sock for root, else "
+	      "/tmp/kvbroker-UID/\n"
+	      "                 kvbroker.sock; the directory must be private, "
+	      "the broker\n"
+	      "                 this uid, root or one in $KVB_BROKER_UIDS)\n"
 	      "  --json   one JSON object instead of a table\n"
 	      "Options may come before or after `stats`.\n",
 	      f);
@@ -36,6 +41,7 @@ int main(int argc, char **argv)
 	};
 	static char buf[KVB_MSG_MAX];
 	char path[sizeof(((struct sockaddr_un *) 0)->sun_path)] = "";
+	char dflt[sizeof(path)] = "", dir[sizeof(path)];
 	int c, json = 0, n;
 
 	/* no "+": options after `stats` are taken too */
@@ -73,14 +79,28 @@ int main(int argc, char **argv)
 			argv[optind + 1]);
 		return 2;
 	}
-	if (!path[0] && kvb_default_socket(path, sizeof(path)) < 0) {
-		fprintf(stderr, "kvbctl: socket path too long\n");
-		return 2;
+	if (!path[0]) {
+		if (kvb_default_socket(path, sizeof(path)) < 0) {
+			fprintf(stderr, "kvbctl: socket path too long\n");
+			return 2;
+		}
+		memcpy(dflt, path, sizeof(path));
+	}
+	if (!strcmp(path, dflt) &&
+	    kvb_default_socket_dir(dir, sizeof(dir)) > 0) {
+		char why[256];
+
+		if (kvb_sock_dir_check(dir, getuid(), why, sizeof(why)) ==
+		    -EACCES) {
+			fprintf(stderr, "kvbctl: broker not trusted: %s\n",
+				why);
+			return 1;
+		}
 	}
 	n = kvb_ctl_stats(path, json, buf, sizeof(buf), 3000);
 	if (n < 0) {
 		fprintf(stderr, "kvbctl: no stats from a broker at %s: %s\n",
-			path, strerror(-n));
+			path, n == -EACCES ? kvb_strerror(n) : strerror(-n));
 		return 1;
 	}
 	fputs(buf, stdout);

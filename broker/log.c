@@ -11,20 +11,70 @@ int kvb_log_level = KVB_LOG_INFO;
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
 
-void kvb_log(int level, const char *fmt, ...)
+static void vlog(int level, uint64_t suppressed, const char *fmt, va_list ap)
 {
 	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	fprintf(stderr, "kvbroker %ld.%03ld %s: ", (long) ts.tv_sec,
+		ts.tv_nsec / 1000000, names[level]);
+	vfprintf(stderr, fmt, ap);
+	if (suppressed)
+		fprintf(stderr, " [%llu more suppressed]",
+			(unsigned long long) suppressed);
+	fputc('\n', stderr);
+}
+
+void kvb_log(int level, const char *fmt, ...)
+{
 	va_list ap;
 
 	if (level > kvb_log_level)
 		return;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	fprintf(stderr, "kvbroker %ld.%03ld %s: ", (long) ts.tv_sec,
-		ts.tv_nsec / 1000000, names[level]);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vlog(level, 0, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+}
+
+#define RL_WINDOW_NS 1000000000ll
+
+static int vlog_rl(struct kvb_ratelimit *rl, int64_t now, int level,
+		   const char *fmt, va_list ap)
+{
+	if (level > kvb_log_level)
+		return 0;
+	if (!rl->burst) /* a call site's static limiter, first use */
+		kvb_ratelimit_init(rl, 1, RL_WINDOW_NS);
+	if (!kvb_ratelimit_ok(rl, now))
+		return 0;
+	vlog(level, kvb_ratelimit_take(rl, now), fmt, ap);
+	return 1;
+}
+
+int kvb_log_rl_at(struct kvb_ratelimit *rl, int64_t now, int level,
+		  const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	va_start(ap, fmt);
+	rc = vlog_rl(rl, now, level, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *fmt, ...)
+{
+	struct timespec ts;
+	va_list ap;
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	va_start(ap, fmt);
+	rc = vlog_rl(rl, (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec, level,
+		     fmt, ap);
+	va_end(ap);
+	return rc;
 }
 
 int kvb_log_parse(const char *s)
@@ -76,4 +126,35 @@ uint64_t kvb_ratelimit_take(struct kvb_ratelimit *rl, int64_t now)
 	n = rl->missed;
 	rl->missed = 0;
 	return n;
+}
+
+#define RL_KEYS 128u
+
+int kvb_log_rl_keyed(const void *key, int level, const char *fmt, ...)
+{
+	static struct {
+		const void *key;
+		struct kvb_ratelimit rl;
+	} tab[RL_KEYS];
+	uintptr_t h = (uintptr_t) key;
+	struct timespec ts;
+	unsigned i, k;
+	va_list ap;
+	int rc;
+
+	h ^= h >> 17;
+	h *= 0x9e3779b97f4a7c15ull;
+	for (i = 0, k = (unsigned) (h >> 40) % (RL_KEYS - 1); i < RL_KEYS - 1;
+	     i++, k = (k + 1) % (RL_KEYS - 1))
+		if (!tab[k].key || tab[k].key == key)
+			break;
+	if (i == RL_KEYS - 1)
+		k = RL_KEYS - 1; /* full: the rest share one */
+	tab[k].key = key;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	va_start(ap, fmt);
+	rc = vlog_rl(&tab[k].rl, (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec,
+		     level, fmt, ap);
+	va_end(ap);
+	return rc;
 }

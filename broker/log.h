@@ -45,6 +45,38 @@ static inline uint32_t kvb_ratelimit_left(const struct kvb_ratelimit *rl)
 	return rl->burst - rl->lines;
 }
 
+/*
+ * Rate-limited logging for lines that can repeat (a client that keeps
+ * misbehaving, a flood of refusals): each call site (kind) logs at most one
+ * line a second; the lines it suppressed meanwhile are counted and the next
+ * line it logs says how many (" [N more suppressed]"). rl is the call
+ * site's own limiter (a static zero one: initialised on first use); `now`
+ * is CLOCK_MONOTONIC in ns. Lines above kvb_log_level are neither logged
+ * nor counted. Returns 1 when the line was logged.
+ */
+int kvb_log_rl_at(struct kvb_ratelimit *rl, int64_t now, int level,
+		  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* The same at the current time. */
+int kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/*
+ * The same for a call site that logs several kinds of line, told apart by
+ * `key` (e.g. the string literal of the reason a caller passed): each key
+ * its own limiter (a table of 128, the last one shared by any beyond).
+ */
+int kvb_log_rl_keyed(const void *key, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#define KVB_LOG_RL(level, ...)                                     \
+	do {                                                       \
+		static struct kvb_ratelimit kvb_log_rl_site_;      \
+		kvb_log_rl(&kvb_log_rl_site_, level, __VA_ARGS__); \
+	} while (0)
+#define log_err_rl(...)	 KVB_LOG_RL(KVB_LOG_ERROR, __VA_ARGS__)
+#define log_warn_rl(...) KVB_LOG_RL(KVB_LOG_WARN, __VA_ARGS__)
+#define log_info_rl(...) KVB_LOG_RL(KVB_LOG_INFO, __VA_ARGS__)
+
 #define log_err(...)  kvb_log(KVB_LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) kvb_log(KVB_LOG_WARN, __VA_ARGS__)
 #define log_info(...) kvb_log(KVB_LOG_INFO, __VA_ARGS__)

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -107,12 +108,42 @@ static int open_transport(struct kvb_broker *b)
 	return 0;
 }
 
+/*
+ * The default socket lives in a directory private to the broker's uid:
+ * created 0700 when missing, refused (the broker does not start) when it is
+ * a symlink, another uid's, or open to group or others: whoever can write
+ * there could stand in for the broker.
+ */
+static int check_socket_dir(struct kvb_broker *b)
+{
+	char why[256];
+	int rc;
+
+	if (!b->opt.socket_private)
+		return 0;
+	if (mkdir(b->opt.socket_dir, 0700) < 0 && errno != EEXIST) {
+		rc = -errno;
+		log_err("cannot create the socket directory %s: %s",
+			b->opt.socket_dir, strerror(errno));
+		return rc;
+	}
+	rc = kvb_sock_dir_check(b->opt.socket_dir, b->uid, why, sizeof(why));
+	if (rc)
+		log_err("refusing the socket directory: %s (remove it, or "
+			"give --socket)",
+			why);
+	return rc;
+}
+
 /* Bind the Unix socket; refuse to steal the path from a live broker. */
 static int open_listener(struct kvb_broker *b)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int fd, probe;
 
+	probe = check_socket_dir(b);
+	if (probe)
+		return probe;
 	strcpy(sa.sun_path, b->opt.socket_path);
 	probe = kvb_ctl_connect(b->opt.socket_path, 500);
 	if (probe >= 0) {
@@ -154,8 +185,9 @@ static int setup(struct kvb_broker *b)
 	kvb_ratelimit_init(&b->conn_rl, 1, 1000000000);
 	b->listen_fd = b->efd = b->sigfd = b->epfd = -1;
 	b->workers = calloc(b->opt.max_workers, sizeof(*b->workers));
+	b->pend = calloc(b->opt.max_pending, sizeof(*b->pend));
 	b->live = calloc(b->opt.max_workers, sizeof(*b->live));
-	if (!b->workers || !b->live)
+	if (!b->workers || !b->live || !b->pend)
 		return -ENOMEM;
 	rc = kvb_regions_init(&b->regions);
 	if (rc)
@@ -239,6 +271,12 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 
 			if (w->id)
 				kvb_worker_ctl(b, w);
+		} else if (tag & KVB_EP_PENDING_TAG) {
+			struct kvb_worker *w =
+				&b->pend[(uint32_t) (tag & 0xffffffffu)];
+
+			if (w->id)
+				kvb_worker_ctl(b, w);
 		}
 	}
 	kvb_remote_service(b);
@@ -288,7 +326,10 @@ static int try_sleep(struct kvb_broker *b)
 	busy = rings_busy(b) || arm_transports(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
-		int ms = b->xfers.nactive ? (int) (left / 1000000) + 1 : 1000;
+		/* deadlines to keep: transfers, connections without HELLO */
+		int ms = b->xfers.nactive || b->npending
+				 ? (int) (left / 1000000) + 1
+				 : 1000;
 
 		if (ms < 1)
 			ms = 1;
@@ -307,9 +348,9 @@ static int try_sleep(struct kvb_broker *b)
 		if (!service_events(b, ms) && ms >= KVB_LATE_SLEEP_MS &&
 		    rings_busy(b)) {
 			b->st.late_wakeups++;
-			log_warn("slept %d ms through a submission (lost "
-				 "wakeup)",
-				 ms);
+			log_warn_rl("slept %d ms through a submission (lost "
+				    "wakeup)",
+				    ms);
 		}
 	}
 	set_sleeping(b, 0);
@@ -329,6 +370,7 @@ static void run(struct kvb_broker *b)
 
 		if (now >= b->next_timer_ns) {
 			kvb_engine_timers(b, now);
+			kvb_worker_timers(b, now);
 			b->next_timer_ns = now + TIMER_NS;
 		}
 		/* control sockets while busy: every EPOLL_EVERY rounds, or
@@ -382,6 +424,9 @@ static void shutdown_all(struct kvb_broker *b)
 		if (b->workers[i].id)
 			kvb_worker_drop(b, &b->workers[i],
 					"broker shutting down");
+	for (i = 0; i < b->opt.max_pending; i++)
+		if (b->pend[i].id)
+			kvb_worker_drop(b, &b->pend[i], "broker shutting down");
 }
 
 static void teardown(struct kvb_broker *b)
@@ -405,6 +450,26 @@ static void teardown(struct kvb_broker *b)
 	kvb_regions_fini(&b->regions);
 	free(b->workers);
 	free(b->live);
+	free(b->pend);
+}
+
+/*
+ * Descriptors: every worker, region, notify socket and connection takes
+ * some; start with as many as the hard limit allows (the tcp data port
+ * keeps its own caps below it, docs/security.md).
+ */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return;
+	if (rl.rlim_cur == rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl))
+		log_warn("cannot raise the open files limit: %s",
+			 strerror(errno));
 }
 
 int main(int argc, char **argv)
@@ -427,6 +492,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	kvb_log_level = b.opt.log_level;
+	raise_nofile();
 	rc = setup(&b);
 	if (rc) {
 		log_err("startup failed: %s", strerror(-rc));

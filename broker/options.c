@@ -12,6 +12,7 @@
 #include "log.h"
 
 int kvb_default_socket(char *buf, unsigned long len);
+int kvb_default_socket_dir(char *buf, unsigned long len);
 
 static const char *const tr_names[] = {"auto", "local", "tcp", "rdma", "gpu"};
 
@@ -27,6 +28,9 @@ void kvb_options_default(struct kvb_options *o)
 	 * to start without --socket (workers would look elsewhere) */
 	if (kvb_default_socket(o->socket_path, sizeof(o->socket_path)) < 0)
 		o->socket_path[0] = '\0';
+	else if (kvb_default_socket_dir(o->socket_dir, sizeof(o->socket_dir)) >
+		 0)
+		o->socket_private = 1;
 	o->transport = KVB_TR_LOCAL;
 	o->log_level = KVB_LOG_INFO;
 	o->busy_poll_us = 50;
@@ -45,8 +49,15 @@ void kvb_options_default(struct kvb_options *o)
 	o->gid_index = -1;
 	o->qp_per_transfer = 1;
 	o->tcp_conns = KVB_TCP_CONNS_DEF;
+	o->tcp_max_conns = 256;
+	o->tcp_max_conns_per_host = 32;
+	o->tcp_auth_ms = 2000;
 	o->gpu_streams = 64;
 	o->copy_threads = -1;
+	o->hello_timeout_ms = 2000;
+	o->max_pending = 64;
+	o->max_ring_entries = 1u << 16;
+	o->max_undelivered = 16384;
 }
 
 void kvb_options_usage(FILE *f)
@@ -55,9 +66,12 @@ void kvb_options_usage(FILE *f)
 	      "One KV-cache transfer broker per node: workers attach over a "
 	      "Unix socket\n"
 	      "and submit descriptors through shared-memory rings.\n\n"
-	      "  --socket PATH          Unix socket (default $KVB_SOCKET,\n"
-	      "                         $XDG_RUNTIME_DIR/kvbroker.sock or "
-	      "/tmp/kvbroker-UID.sock)\n"
+	      "  --socket PATH          Unix socket (default $KVB_SOCKET, else "
+	      "kvbroker.sock in\n"
+	      "                         $XDG_RUNTIME_DIR/kvbroker/, "
+	      "/run/kvbroker/ (root)\n"
+	      "                         or /tmp/kvbroker-UID/: a 0700 "
+	      "directory of this uid)\n"
 	      "  --transport NAME       local|tcp|rdma|gpu|auto (default "
 	      "local)\n"
 	      "  --log-level LEVEL      error|warn|info|debug (default info)\n"
@@ -115,6 +129,19 @@ void kvb_options_usage(FILE *f)
 	      "                         each chain goes to the one with the "
 	      "fewest bytes\n"
 	      "                         in flight\n"
+	      "  --tcp-max-conns N      tcp data port: connections served in "
+	      "all (default 256)\n"
+	      "  --tcp-max-conns-per-host N\n"
+	      "                         ... from one source address (default "
+	      "32)\n"
+	      "  --tcp-auth-timeout MS  ms a data-port connection has to "
+	      "authenticate\n"
+	      "                         (default 2000)\n"
+	      "  --cluster-key FILE     secret shared by the cluster's "
+	      "brokers: authenticates\n"
+	      "                         handshakes and goes into the data "
+	      "port's keys\n"
+	      "                         (docs/security.md)\n"
 	      "  --gpu-streams N        copy streams (default 64)\n"
 	      "  --copy-threads N|auto  threads that copy large same-node "
 	      "chains with the\n"
@@ -126,6 +153,25 @@ void kvb_options_usage(FILE *f)
 	      "                         of >= 32 KiB use non-temporal "
 	      "stores where the CPU\n"
 	      "                         has AVX2)\n"
+	      "  --hello-timeout-ms N   close connections that have not said "
+	      "HELLO\n"
+	      "                         within N ms (default 2000)\n"
+	      "  --max-pending N        connections before HELLO, apart from "
+	      "the worker\n"
+	      "                         slots (default 64; the oldest is "
+	      "closed "
+	      "for a new one)\n"
+	      "  --max-ring-entries N   largest ring a worker may ask for "
+	      "(default 65536)\n"
+	      "  --max-transfers-per-worker N  hard cap (default 0: fair share "
+	      "only)\n"
+	      "  --max-inflight-per-worker N   hard cap (default 0: fair share "
+	      "only)\n"
+	      "  --max-undelivered N    completions queued for a worker past "
+	      "its full\n"
+	      "                         completion ring before its "
+	      "submissions wait\n"
+	      "                         (default 16384)\n"
 	      "  --help, --version\n",
 	      f);
 }
@@ -192,6 +238,16 @@ enum {
 	O_DPORT,
 	O_COPYT,
 	O_COPYPLAIN,
+	O_TCP_MAXC,
+	O_TCP_MAXH,
+	O_TCP_AUTHMS,
+	O_CKEY,
+	O_HELLO_TO,
+	O_MAXPEND,
+	O_MAXRING,
+	O_MAXXPW,
+	O_MAXIPW,
+	O_MAXUNDEL,
 };
 
 static const struct option longopts[] = {
@@ -222,6 +278,16 @@ static const struct option longopts[] = {
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
 	{"copy-threads", required_argument, NULL, O_COPYT},
 	{"copy-plain", no_argument, NULL, O_COPYPLAIN},
+	{"tcp-max-conns", required_argument, NULL, O_TCP_MAXC},
+	{"tcp-max-conns-per-host", required_argument, NULL, O_TCP_MAXH},
+	{"tcp-auth-timeout", required_argument, NULL, O_TCP_AUTHMS},
+	{"cluster-key", required_argument, NULL, O_CKEY},
+	{"hello-timeout-ms", required_argument, NULL, O_HELLO_TO},
+	{"max-pending", required_argument, NULL, O_MAXPEND},
+	{"max-ring-entries", required_argument, NULL, O_MAXRING},
+	{"max-transfers-per-worker", required_argument, NULL, O_MAXXPW},
+	{"max-inflight-per-worker", required_argument, NULL, O_MAXIPW},
+	{"max-undelivered", required_argument, NULL, O_MAXUNDEL},
 	{"help", no_argument, NULL, O_HELP},
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
@@ -254,6 +320,7 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					err, err_len,
 					"--socket: path longer than %zu bytes",
 					sizeof(o->socket_path) - 1);
+			o->socket_private = 0;
 			break;
 		case O_TRANSPORT:
 			for (i = 0; i < 5; i++)
@@ -425,6 +492,73 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		case O_COPYPLAIN:
 			o->copy_plain = 1;
 			break;
+		case O_TCP_MAXC:
+		case O_TCP_MAXH:
+			if (parse_int(a, 1, 4096, &v))
+				return fail(
+					err, err_len,
+					"%s: bad value '%s' (1..4096)",
+					c == O_TCP_MAXC
+						? "--tcp-max-conns"
+						: "--tcp-max-conns-per-host",
+					a);
+			if (c == O_TCP_MAXC)
+				o->tcp_max_conns = (uint32_t) v;
+			else
+				o->tcp_max_conns_per_host = (uint32_t) v;
+			break;
+		case O_TCP_AUTHMS:
+			if (parse_int(a, 10, 60000, &v))
+				return fail(err, err_len,
+					    "--tcp-auth-timeout: bad ms '%s' "
+					    "(10..60000)",
+					    a);
+			o->tcp_auth_ms = (uint32_t) v;
+			break;
+		case O_CKEY:
+			if (copy_str(o->cluster_key, sizeof(o->cluster_key), a))
+				return fail(err, err_len,
+					    "--cluster-key: path too long");
+			break;
+		case O_HELLO_TO:
+			if (parse_int(a, 10, 600000, &v))
+				return fail(
+					err, err_len,
+					"--hello-timeout-ms: bad value '%s' "
+					"(10..600000)",
+					a);
+			o->hello_timeout_ms = (uint32_t) v;
+			break;
+		case O_MAXPEND:
+			if (parse_int(a, 1, KVB_PENDING_MAX, &v))
+				return fail(err, err_len,
+					    "--max-pending: bad value '%s' "
+					    "(1..%u)",
+					    a, KVB_PENDING_MAX);
+			o->max_pending = (uint32_t) v;
+			break;
+		case O_MAXRING:
+			if (parse_int(a, 2, 1 << 20, &v) || !is_pow2(v))
+				return fail(err, err_len,
+					    "--max-ring-entries: '%s' is not a "
+					    "power of two in [2, 1048576]",
+					    a);
+			o->max_ring_entries = (uint32_t) v;
+			break;
+		case O_MAXXPW:
+		case O_MAXIPW:
+		case O_MAXUNDEL:
+			if (parse_int(a, c == O_MAXUNDEL ? 1 : 0, 1 << 24, &v))
+				return fail(err, err_len,
+					    "%s: bad value '%s' (%d..16777216)",
+					    name, a, c == O_MAXUNDEL ? 1 : 0);
+			if (c == O_MAXXPW)
+				o->max_xfers_per_worker = (uint32_t) v;
+			else if (c == O_MAXIPW)
+				o->max_inflight_per_worker = (uint32_t) v;
+			else
+				o->max_undelivered = (uint32_t) v;
+			break;
 		case O_HELP:
 			o->help = 1;
 			break;
@@ -441,10 +575,16 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 	if (optind < argc)
 		return fail(err, err_len, "unexpected argument '%s'",
 			    argv[optind]);
+	/* the broker's own defaults are always allowed */
+	if (o->sq_entries > o->max_ring_entries)
+		o->max_ring_entries = o->sq_entries;
+	if (o->cq_entries > o->max_ring_entries)
+		o->max_ring_entries = o->cq_entries;
 	if (!o->socket_path[0] && !o->help && !o->version)
 		return fail(err, err_len,
 			    "the default socket path ($KVB_SOCKET, else "
-			    "$XDG_RUNTIME_DIR/kvbroker.sock) is longer than "
+			    "$XDG_RUNTIME_DIR/kvbroker/kvbroker.sock) is "
+			    "longer than "
 			    "%zu bytes: give --socket",
 			    sizeof(o->socket_path) - 1);
 	return 0;

@@ -8,6 +8,8 @@
 #define KVB_QP_PER_PEER_MAX 16u
 #define KVB_TCP_CONNS_MAX   16u
 #define KVB_TCP_CONNS_DEF   4
+/* --max-pending: at most; worker slot ids have 12 bits for all slots */
+#define KVB_PENDING_MAX 1024u
 
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +25,10 @@ enum kvb_transport_kind {
 
 struct kvb_options {
 	char socket_path[108];
+	/* the default path in its private directory (not --socket or
+	 * $KVB_SOCKET): the broker creates and checks socket_dir */
+	int socket_private;
+	char socket_dir[108];
 	enum kvb_transport_kind transport;
 	int log_level;
 	uint32_t busy_poll_us; /* spin this long idle before sleeping */
@@ -46,10 +52,21 @@ struct kvb_options {
 	int ib_port;
 	int gid_index;
 	int qp_per_transfer;
-	int tcp_conns; /* tcp: connections per peer */
+	int tcp_conns;			 /* tcp: connections per peer */
+	uint32_t tcp_max_conns;		 /* tcp: served connections in all */
+	uint32_t tcp_max_conns_per_host; /* tcp: from one source address */
+	uint32_t tcp_auth_ms;  /* tcp: a connection's time to authenticate */
+	char cluster_key[256]; /* --cluster-key FILE ("" = none) */
 	int gpu_streams;
 	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
 	int copy_plain;	  /* --copy-plain: memcpy only, no streaming stores */
+	/* node-side protection (docs/security-node.md) */
+	uint32_t hello_timeout_ms; /* a connection must say HELLO by then */
+	uint32_t max_pending;	   /* connections that have not said HELLO */
+	uint32_t max_ring_entries; /* largest ring a HELLO may ask for */
+	uint32_t max_xfers_per_worker;	  /* 0 = fair share only */
+	uint32_t max_inflight_per_worker; /* 0 = fair share only */
+	uint32_t max_undelivered; /* completions queued past a full CQ */
 	int help, version;
 };
 

@@ -188,6 +188,7 @@ static void peer_reclaim(struct kvb_xnode *rm, struct kvb_peer *p)
 	close_dealer(g_b, p);
 	peer_disconnect(g_b, p);
 	kvb_hs_fini(&p->desc);
+	free(p->offer);
 	memset(p, 0, sizeof(*p));
 	p->gen = gen;
 	p->dealer_fd = -1;

@@ -41,6 +41,8 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 	d->notify_port = b->opt.notify_port;
 	d->hs_port = b->opt.handshake_port;
 	d->instance = rm->instance;
+	memcpy(d->kx, rm->kx_pk, sizeof(d->kx));
+	d->has_kx = 1;
 	if (b->trs[KVB_TS_TCP]) {
 		struct kvb_transport *t = b->trs[KVB_TS_TCP];
 		struct kvb_hs_transport *ht = &d->transports[0];
@@ -146,6 +148,7 @@ void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
 {
 	uint32_t pid = peer_id(b->rm, p);
 
+	auth_tcp_forget(b, p); /* its connections to us close too */
 	for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++) {
 		if (!p->ep[ts])
 			continue;
@@ -168,8 +171,10 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 	memset(d, 0, sizeof(*d));
 	p->have_desc = 1;
 	p->stale = 0;
-	if (same)
+	if (same) {
+		auth_tcp_peer(b, p); /* the regions offered may have grown */
 		return 0;
+	}
 	peer_disconnect(b, p);
 #ifdef KVB_HAVE_TCP
 	for (uint32_t i = 0; i < p->desc.ntransports; i++) {
@@ -178,12 +183,18 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 
 		if (!t || strcmp(ht->name, "tcp"))
 			continue;
+		/* no key exchange, no key: the data port would refuse us */
+		if (!p->desc.has_kx) {
+			auth_tcp_peer(b, p); /* says why */
+			continue;
+		}
 		rc = kvb_tcp_connect_host(t, ht->conn, ht->conn_len, p->host,
 					  &p->ep[KVB_TS_TCP]);
 		if (rc)
 			log_warn("peer %s:%u: tcp connect: %s", p->host,
 				 p->port, strerror(-rc));
 	}
+	auth_tcp_peer(b, p);
 #endif
 	if (peer_wants_rdma(p)) {
 		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
@@ -302,10 +313,28 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 	rc = own_desc(b, &d);
 	if (!rc)
 		rc = kvb_hs_encode(&d, &buf, &len);
+	if (!rc)
+		rc = auth_offer(b, p, &d);
 	kvb_hs_fini(&d);
-	if (rc)
+	if (rc) {
+		free(buf);
 		return rc;
-	rc = zmq_send(p->dealer, buf, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+	}
+	auth_tcp_peer(b, p); /* what we offer now */
+	if (b->rm->has_ck) {
+		/* [descriptor][MAC]: the reply's MAC is bound to this one */
+		auth_hs_mac(b->rm, "kvb-hs-req1", NULL, buf, len, p->req_mac);
+		rc = zmq_send(p->dealer, buf, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) <
+					     0 ||
+				     zmq_send(p->dealer, p->req_mac,
+					      sizeof(p->req_mac),
+					      ZMQ_DONTWAIT) < 0
+			     ? -errno
+			     : 0;
+	} else {
+		rc = zmq_send(p->dealer, buf, len, ZMQ_DONTWAIT) < 0 ? -errno
+								     : 0;
+	}
 	free(buf);
 	if (rc)
 		return rc;
@@ -446,19 +475,18 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 
 			a.len = (uint32_t) len;
 			zmq_msg_init(&idc);
-			zmq_msg_copy(&idc, id);
-			if (zmq_msg_send(&idc, b->rm->router,
+			if (zmq_msg_copy(&idc, id) ||
+			    zmq_msg_send(&idc, b->rm->router,
 					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 				zmq_msg_close(&idc);
-			else {
-				zmq_send(b->rm->router, &ok, sizeof(ok),
-					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(b->rm->router, "ep", 2,
-					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(b->rm->router, &a,
-					 offsetof(struct ep_msg, blob) + len,
-					 ZMQ_DONTWAIT);
-			}
+			else if (zmq_send(b->rm->router, &ok, sizeof(ok),
+					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+				 zmq_send(b->rm->router, "ep", 2,
+					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+				 zmq_send(b->rm->router, &a,
+					  offsetof(struct ep_msg, blob) + len,
+					  ZMQ_DONTWAIT) < 0)
+				b->rm->st.send_errors++;
 			p->ep_answers++;
 			if (rdma_ready(p))
 				issue_deferred_of_peer(b, peer_id(b->rm, p));
@@ -560,6 +588,38 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 				issue_deferred_of_peer(b, peer_id(b->rm, p));
 			continue;
 		}
+		/* a descriptor is followed by its MAC with --cluster-key, only
+		 * then; a refusal (status < 0) has none */
+		if (!rc && n >= 2 && zmq_msg_size(&f[0]) == sizeof(status)) {
+			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+			if (!status &&
+			    (n == 3) != !!b->rm->has_ck) /* 2 or 3 frames */
+				rc = -EBADMSG;
+			else if (!status && n == 3 &&
+				 !auth_hs_mac_ok(b->rm, "kvb-hs-rep1",
+						 p->req_mac,
+						 zmq_msg_data(&f[1]),
+						 zmq_msg_size(&f[1]),
+						 zmq_msg_data(&f[2]),
+						 zmq_msg_size(&f[2])))
+				rc = -EACCES;
+			else if (status && n != 2)
+				rc = -EBADMSG;
+			if (rc == -EACCES) {
+				close_frames(f, n);
+				b->rm->st.hs_bad_replies++;
+				log_warn("peer %s:%u: handshake reply with a "
+					 "wrong MAC (another --cluster-key?)",
+					 p->host, p->port);
+				if (p->state == PEER_HS)
+					peer_done(b, p, -EACCES);
+				continue;
+			}
+			if (!rc && n == 3) {
+				zmq_msg_close(&f[2]); /* the MAC, checked */
+				n = 2;
+			}
+		}
 		if (!rc && n == 3) {
 			close_frames(f, n);
 			rc = -EBADMSG;
@@ -603,19 +663,34 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 	}
 }
 
-static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
-		     const void *body, size_t len)
+/* [identity][status][body] (and [MAC] when mac) to a ROUTER peer; a
+ * reply that cannot be queued is dropped (the peer times out) */
+static void hs_reply_mac(void *router, zmq_msg_t *id, int32_t status,
+			 const void *body, size_t len, const uint8_t *mac)
 {
 	zmq_msg_t idc;
+	int more = mac ? ZMQ_SNDMORE : 0;
 
-	zmq_msg_init(&idc);
-	zmq_msg_copy(&idc, id);
-	if (zmq_msg_send(&idc, router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+	if (zmq_msg_init(&idc))
+		return;
+	if (zmq_msg_copy(&idc, id) ||
+	    zmq_msg_send(&idc, router, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
 		zmq_msg_close(&idc);
 		return;
 	}
-	zmq_send(router, &status, sizeof(status), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	zmq_send(router, body, len, ZMQ_DONTWAIT);
+	/* the rest of a multipart message whose first part was queued is
+	 * queued too (libzmq queues whole messages) */
+	if (zmq_send(router, &status, sizeof(status),
+		     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(router, body, len, more | ZMQ_DONTWAIT) < 0 ||
+	    (mac && zmq_send(router, mac, 32, ZMQ_DONTWAIT) < 0))
+		g_b->rm->st.send_errors++;
+}
+
+static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+		     const void *body, size_t len)
+{
+	hs_reply_mac(router, id, status, body, len, NULL);
 }
 
 /* Requests on the handshake port: [identity][descriptor]. */
@@ -627,6 +702,7 @@ void hs_serve(struct kvb_broker *b)
 		zmq_msg_t f[3];
 		struct kvb_hs_desc d, mine;
 		const char *reason = NULL, *addr;
+		uint8_t reqmac[32] = {0};
 		char host[64];
 		char *buf = NULL;
 		size_t len = 0;
@@ -649,7 +725,7 @@ void hs_serve(struct kvb_broker *b)
 			close_frames(f, n);
 			continue;
 		}
-		if (rc || n != 2) {
+		if (rc || (n != 2 && n != 3)) {
 			static const char why[] = "malformed request";
 
 			/* f[0] is the sender's identity whenever a frame
@@ -679,6 +755,30 @@ void hs_serve(struct kvb_broker *b)
 			close_frames(f, n);
 			continue;
 		}
+		/* --cluster-key: [descriptor][MAC], else [descriptor] */
+		if (rm->has_ck
+			    ? n != 3 || !auth_hs_mac_ok(rm, "kvb-hs-req1", NULL,
+							zmq_msg_data(&f[1]),
+							zmq_msg_size(&f[1]),
+							zmq_msg_data(&f[2]),
+							zmq_msg_size(&f[2]))
+			    : n != 2) {
+			const char *why =
+				rm->has_ck ? "handshake not authenticated "
+					     "(--cluster-key differs or is "
+					     "missing)"
+					   : "this broker has no --cluster-key";
+
+			rm->st.hs_refused++;
+			if (rlog_ok(rm))
+				log_warn("handshake from %s refused: %s", host,
+					 why);
+			hs_reply(rm->router, &f[0], -EACCES, why, strlen(why));
+			close_frames(f, n);
+			continue;
+		}
+		if (n == 3)
+			memcpy(reqmac, zmq_msg_data(&f[2]), sizeof(reqmac));
 		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
 				   &reason);
 		if (rc) {
@@ -729,11 +829,19 @@ void hs_serve(struct kvb_broker *b)
 		rc = own_desc(b, &mine);
 		if (!rc)
 			rc = kvb_hs_encode(&mine, &buf, &len);
+		if (!rc && p && !auth_offer(b, p, &mine))
+			auth_tcp_peer(b, p); /* what this reply offers */
 		kvb_hs_fini(&mine);
 		if (rc) {
 			hs_reply(rm->router, &f[0], rc, "internal error", 14);
 		} else {
-			hs_reply(rm->router, &f[0], 0, buf, len);
+			uint8_t mac[32];
+
+			if (rm->has_ck)
+				auth_hs_mac(rm, "kvb-hs-rep1", reqmac, buf, len,
+					    mac);
+			hs_reply_mac(rm->router, &f[0], 0, buf, len,
+				     rm->has_ck ? mac : NULL);
 			rm->st.hs_served++;
 		}
 		free(buf);

@@ -59,6 +59,13 @@ struct kvb_peer {
 	uint32_t gen;		  /* of the slot: ids of a freed peer die */
 	uint64_t last_use;	  /* rm->tick when last found or adopted */
 	uint32_t refs[PEER_REFS]; /* workers told this peer's id */
+	/* data-port authentication (remote_auth.c): the region ids offered
+	 * to the peer in our last descriptor to it, the tcp id it is
+	 * allowed under (0: none), our last request's MAC (--cluster-key) */
+	uint32_t *offer, noffer;
+	uint64_t tcp_id;
+	uint8_t req_mac[32];
+	uint8_t no_kx_logged;
 };
 
 /* "ep" handshake message: an endpoint blob of one transport (rdma offer or
@@ -147,7 +154,12 @@ struct kvb_xnode {
 		uint32_t handle, worker;
 	} * ufifo;
 	uint32_t ufifo_head, ufifo_tail;
-	uint64_t tick;		     /* peer LRU clock */
+	uint64_t tick; /* peer LRU clock */
+	/* remote_auth.c: this instance's X25519 key pair, the cluster key
+	 * (--cluster-key) and the handshake MAC key derived from it */
+	uint8_t kx_pk[32], kx_sk[32];
+	uint8_t ck[32], hs_key[32];
+	int has_ck;
 	struct kvb_ratelimit log_rl; /* rlog_ok() */
 };
 
@@ -224,5 +236,26 @@ void rx_free(struct kvb_rxfer *rx);
 void rx_opened(struct kvb_rxfer *rx);
 /* remote_notify.c */
 void notify_close(struct kvb_broker *b, struct kvb_worker *w);
+
+/* remote_auth.c: key pair, cluster key, the tcp data port's caps, trusted
+ * hosts and log; 0 or -errno */
+int auth_init(struct kvb_broker *b);
+/* remote_auth.c: wipe the secrets */
+void auth_fini(struct kvb_xnode *rm);
+/* remote_auth.c: the regions of `mine` are what p was offered */
+int auth_offer(struct kvb_broker *b, struct kvb_peer *p,
+	       const struct kvb_hs_desc *mine);
+/* remote_auth.c: p's key (from its descriptor's kx): allow it on the data
+ * port with its offered regions, and prove it on our endpoint to it */
+void auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_auth.c: p may no longer connect; its connections close */
+void auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
+/* remote_auth.c: the handshake MAC of a descriptor (label "req"/"rep",
+ * a reply bound to the request's MAC `pre`) */
+void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
+		 const void *desc, size_t len, uint8_t mac[32]);
+int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
+		   const void *desc, size_t len, const void *mac,
+		   size_t mac_len);
 
 #endif

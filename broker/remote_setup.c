@@ -156,7 +156,7 @@ int kvb_remote_init(struct kvb_broker *b)
 	struct kvb_xnode *rm;
 	char ep[96];
 	size_t sz = sizeof(int);
-	int zero = 0, rc;
+	int zero = 0, rc, hwm = 4, hsivl = 2000;
 	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
 
 	kvb_xfer_rx_free = rx_free;
@@ -184,6 +184,17 @@ int kvb_remote_init(struct kvb_broker *b)
 	rm->zctx = zmq_ctx_new();
 	if (!rm->zctx)
 		return -errno;
+	/* ZMQ sockets: two notify ports per worker and its DEALERs to the
+	 * notify ports it sends to, a DEALER per peer, the handshake port:
+	 * never fewer than libzmq's default 1023, more with many workers */
+	rc = zmq_ctx_set(
+		rm->zctx, ZMQ_MAX_SOCKETS,
+		4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64 > 1023
+			? 4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64
+			: 1023);
+	if (rc)
+		log_warn("zmq: cannot set ZMQ_MAX_SOCKETS: %s",
+			 zmq_strerror(errno));
 #ifdef KVB_HAVE_TCP
 	{
 		struct kvb_transport_params p = {
@@ -275,6 +286,9 @@ int kvb_remote_init(struct kvb_broker *b)
 		return -ENOTSUP;
 	}
 #endif
+	rc = auth_init(b);
+	if (rc)
+		return rc;
 	rm->router = zmq_socket(rm->zctx, ZMQ_ROUTER);
 	if (!rm->router)
 		return -errno;
@@ -286,9 +300,15 @@ int kvb_remote_init(struct kvb_broker *b)
 
 		zmq_setsockopt(rm->router, ZMQ_IPV6, &one, sizeof(one));
 	}
+	/* what a stranger can make the handshake port hold: messages of at
+	 * most one descriptor, a few queued per connection, and a connection
+	 * that does not finish the ZMTP greeting within 2 s is dropped */
 	if (zmq_setsockopt(rm->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
 	    zmq_setsockopt(rm->router, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) ||
+	    zmq_setsockopt(rm->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) ||
+	    zmq_setsockopt(rm->router, ZMQ_HANDSHAKE_IVL, &hsivl,
+			   sizeof(hsivl)) ||
 	    zmq_bind(rm->router, ep) ||
 	    zmq_getsockopt(rm->router, ZMQ_FD, &rm->router_fd, &sz)) {
 		rc = -errno;
@@ -322,7 +342,9 @@ void kvb_remote_fini(struct kvb_broker *b)
 		close_dealer(b, p);
 		peer_disconnect(b, p);
 		kvb_hs_fini(&p->desc);
+		free(p->offer);
 	}
+	auth_fini(rm);
 	if (rm->router)
 		zmq_close(rm->router);
 	if (rm->zctx)

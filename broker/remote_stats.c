@@ -173,7 +173,12 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 		    "\"refused_ops\":%llu,\"conn_failed\":%llu,"
 		    "\"conns_open\":%llu,\"eps_open\":%llu,"
 		    "\"gpu_tx_bytes\":%llu,\"gpu_rx_bytes\":%llu,"
-		    "\"gpu_copy_errors\":%llu,\"ops_merged\":%llu},",
+		    "\"gpu_copy_errors\":%llu,\"ops_merged\":%llu,"
+		    "\"conns_unauth\":%llu,\"auth_ok\":%llu,"
+		    "\"accept_paused\":%llu,\"dial_auth_failed\":%llu,"
+		    "\"refusals\":{\"untrusted_host\":%llu,"
+		    "\"auth_failed\":%llu,\"auth_timeout\":%llu,"
+		    "\"conn_limit\":%llu,\"region_refused\":%llu}},",
 		    (unsigned long long) s.bytes_tx,
 		    (unsigned long long) s.bytes_rx,
 		    (unsigned long long) s.frames_tx,
@@ -186,18 +191,34 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 		    (unsigned long long) s.gpu_tx_bytes,
 		    (unsigned long long) s.gpu_rx_bytes,
 		    (unsigned long long) s.gpu_copy_errors,
-		    (unsigned long long) s.ops_merged);
+		    (unsigned long long) s.ops_merged,
+		    (unsigned long long) s.conns_unauth,
+		    (unsigned long long) s.auth_ok,
+		    (unsigned long long) s.accept_paused,
+		    (unsigned long long) s.dial_auth_failed,
+		    (unsigned long long) s.refused_untrusted,
+		    (unsigned long long) s.refused_auth_failed,
+		    (unsigned long long) s.refused_auth_timeout,
+		    (unsigned long long) s.refused_conn_limit,
+		    (unsigned long long) s.refused_region);
 	else
 		PUT("tcp                    %llu bytes sent, %llu received, "
 		    "%llu refused ops, %llu malformed frames; GPU staged %llu "
-		    "out, %llu in, %llu copy errors\n",
+		    "out, %llu in, %llu copy errors; refused: %llu "
+		    "untrusted_host, %llu auth_failed, %llu auth_timeout, "
+		    "%llu conn_limit, %llu region_refused\n",
 		    (unsigned long long) s.bytes_tx,
 		    (unsigned long long) s.bytes_rx,
 		    (unsigned long long) s.refused_ops,
 		    (unsigned long long) s.rejected,
 		    (unsigned long long) s.gpu_tx_bytes,
 		    (unsigned long long) s.gpu_rx_bytes,
-		    (unsigned long long) s.gpu_copy_errors);
+		    (unsigned long long) s.gpu_copy_errors,
+		    (unsigned long long) s.refused_untrusted,
+		    (unsigned long long) s.refused_auth_failed,
+		    (unsigned long long) s.refused_auth_timeout,
+		    (unsigned long long) s.refused_conn_limit,
+		    (unsigned long long) s.refused_region);
 	*lenp = len;
 #else
 	(void) b;

@@ -70,6 +70,35 @@ static void gpu_stats(struct kvb_broker *b, struct out *o, int json)
 		put(o, "\"gpu\":null,");
 }
 
+/* Node-side protection counters (docs/security-node.md) */
+static void guard_stats(struct kvb_broker *b, struct out *o, int json)
+{
+	const struct {
+		const char *name;
+		uint64_t v;
+	} c[] = {
+		{"connections_pending", b->npending},
+		{"hello_timeouts", b->st.hello_timeouts},
+		{"pending_evicted", b->st.pending_evicted},
+		{"hello_refused", b->st.hello_refused},
+		{"duplicate_identity", b->st.duplicate_identity},
+		{"ctl_empty_messages", b->st.ctl_empty},
+		{"mem_reg_refused", b->st.mem_reg_refused},
+		{"xfer_quota_refused", b->st.xfer_quota_refused},
+		{"inflight_quota_stalls", b->st.inflight_quota_stalls},
+		{"undelivered_refused", b->st.undelivered_refused},
+		{"xfer_notify_refused", b->st.xfer_notify_refused},
+	};
+
+	for (unsigned i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+		if (json)
+			put(o, "\"%s\":%llu,", c[i].name,
+			    (unsigned long long) c[i].v);
+		else
+			put(o, "%-22s %llu\n", c[i].name,
+			    (unsigned long long) c[i].v);
+}
+
 static const char *hist_label(unsigned i, char *buf, size_t len)
 {
 	if (i == 0)
@@ -186,6 +215,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		put(&o, "],");
 		gpu_stats(b, &o, 1);
 		o.len += kvb_remote_stats(b, 1, o.buf + o.len, o.cap - o.len);
+		guard_stats(b, &o, 1);
 		put(&o, "\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
 			const struct kvb_worker *w = &b->workers[i];
@@ -202,7 +232,8 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
 			    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
 			    "llu,\"late_wakes\":%u,\"wait_sleeps\":%llu,"
-			    "\"wait_spin_us\":%llu}",
+			    "\"wait_spin_us\":%llu,\"transfers\":%u,"
+			    "\"inflight\":%u,\"undelivered\":%u}",
 			    nw++ ? "," : "", w->id, (int) w->pid,
 			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
 			    w->tp_size, (unsigned long long) w->st.submitted,
@@ -215,7 +246,9 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    (unsigned long long) atomic_load_explicit(
 				    &w->seg.hdr->worker_spin_ns,
 				    memory_order_relaxed) /
-				    1000);
+				    1000,
+			    kvb_xfers_charged(&b->xfers, w->id), w->inf_used,
+			    w->ovf_len);
 		}
 		put(&o, "],\"per_worker_omitted\":%u}\n", omitted);
 		return o.len;
@@ -257,6 +290,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	put(&o, "late_wakeups           %llu (broker), %llu (workers)\n",
 	    (unsigned long long) b->st.late_wakeups,
 	    (unsigned long long) wlate);
+	guard_stats(b, &o, 0);
 	gpu_stats(b, &o, 0);
 	o.len += kvb_remote_stats(b, 0, o.buf + o.len, o.cap - o.len);
 	put(&o, "wr_per_doorbell histogram:\n");

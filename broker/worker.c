@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,66 +31,72 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id)
 	return w->id == id && w->id ? w : NULL;
 }
 
+static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why);
+
+static int is_pending(const struct kvb_broker *b, const struct kvb_worker *w)
+{
+	return w >= b->pend && w < b->pend + b->opt.max_pending;
+}
+
+/* A slot in the pre-HELLO table: a free one, else the oldest connection
+ * there is closed for the new one (a legitimate client says HELLO at once,
+ * so silent ones cannot keep it out). */
+static struct kvb_worker *pending_slot(struct kvb_broker *b)
+{
+	struct kvb_worker *old = NULL;
+
+	for (uint32_t i = 0; i < b->opt.max_pending; i++) {
+		struct kvb_worker *p = &b->pend[i];
+
+		if (!p->id)
+			return p;
+		if (!old || p->since < old->since)
+			old = p;
+	}
+	b->st.pending_evicted++;
+	log_warn_rl("connection from pid %d closed before HELLO: %u "
+		    "connections without HELLO (--max-pending), a newer one "
+		    "came",
+		    (int) old->pid, b->opt.max_pending);
+	kvb_worker_drop(b, old, "evicted (no HELLO yet)");
+	return old;
+}
+
 int kvb_worker_accept(struct kvb_broker *b)
 {
 	struct epoll_event ev = {.events = EPOLLIN};
 	struct ucred cred;
 	socklen_t cl = sizeof(cred);
-	struct kvb_worker *w = NULL;
-	uint32_t i;
+	struct kvb_worker *w;
 	int fd;
 
 	fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 	if (fd < 0)
 		return -errno;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
-		log_warn("accept: SO_PEERCRED failed: %s", strerror(errno));
+		log_warn_rl("accept: SO_PEERCRED failed: %s", strerror(errno));
 		close(fd);
 		b->st.messages_rejected++;
 		return 0;
 	}
 	if (cred.uid != b->uid) {
-		log_warn("refused connection from pid %d: uid %u is not the "
-			 "broker's uid %u",
-			 (int) cred.pid, (unsigned) cred.uid,
-			 (unsigned) b->uid);
+		log_warn_rl("refused connection from pid %d: uid %u is not the "
+			    "broker's uid %u",
+			    (int) cred.pid, (unsigned) cred.uid,
+			    (unsigned) b->uid);
 		b->st.messages_rejected++;
 		close(fd);
 		return 0;
 	}
-	for (i = 0; i < b->opt.max_workers; i++)
-		if (!b->workers[i].id) {
-			w = &b->workers[i];
-			break;
-		}
-	if (!w) {
-		/* a client that keeps reconnecting: one line a second */
-		int64_t now = kvb_now_ns();
-
-		b->st.messages_rejected++;
-		if (kvb_ratelimit_ok(&b->conn_rl, now))
-			log_warn("refused connection from pid %d: %u workers "
-				 "attached (--max-workers; %llu more refused "
-				 "since the last line)",
-				 (int) cred.pid, b->opt.max_workers,
-				 (unsigned long long) kvb_ratelimit_take(
-					 &b->conn_rl, now));
-		close(fd);
-		return 0;
-	}
-	{
-		uint16_t gen = (uint16_t) (w->gen + 1);
-
-		memset(w, 0, sizeof(*w));
-		w->gen = gen ? gen : 1;
-	}
-	kvb_ratelimit_init(&w->refuse_rl, KVB_REFUSALS_LOGGED, 0);
-	w->id = ((uint32_t) w->gen << 12) | i;
+	w = pending_slot(b);
+	memset(w, 0, sizeof(*w));
+	w->id = 1;
 	w->sock = fd;
 	w->efd = -1;
 	w->uid = cred.uid;
 	w->pid = cred.pid;
-	ev.data.u64 = EP_WORKER_TAG | i;
+	w->since = kvb_now_ns();
+	ev.data.u64 = KVB_EP_PENDING_TAG | (uint64_t) (w - b->pend);
 	if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 		int rc = -errno;
 
@@ -97,8 +104,57 @@ int kvb_worker_accept(struct kvb_broker *b)
 		w->id = 0;
 		return rc;
 	}
-	b->nworkers++;
+	b->npending++;
 	return 0;
+}
+
+void kvb_worker_timers(struct kvb_broker *b, int64_t now)
+{
+	int64_t limit = (int64_t) b->opt.hello_timeout_ms * 1000000;
+
+	for (uint32_t i = 0; b->npending && i < b->opt.max_pending; i++) {
+		struct kvb_worker *p = &b->pend[i];
+
+		if (!p->id || now - p->since < limit)
+			continue;
+		b->st.hello_timeouts++;
+		b->st.messages_rejected++;
+		log_warn_rl("connection from pid %d closed: no HELLO within "
+			    "%u ms (--hello-timeout-ms)",
+			    (int) p->pid, b->opt.hello_timeout_ms);
+		kvb_worker_drop(b, p, "no HELLO in time");
+	}
+}
+
+/*
+ * Move a pre-HELLO connection into a worker slot. Returns the worker, or
+ * NULL when --max-workers are attached (the caller refuses the HELLO).
+ */
+static struct kvb_worker *promote(struct kvb_broker *b, struct kvb_worker *p)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+	struct kvb_worker *w = NULL;
+	uint16_t gen;
+	uint32_t i;
+
+	for (i = 0; i < b->opt.max_workers; i++)
+		if (!b->workers[i].id) {
+			w = &b->workers[i];
+			break;
+		}
+	if (!w)
+		return NULL;
+	gen = (uint16_t) (w->gen + 1);
+	*w = *p;
+	w->gen = gen ? gen : 1;
+	w->id = ((uint32_t) w->gen << 12) | i;
+	kvb_ratelimit_init(&w->refuse_rl, KVB_REFUSALS_LOGGED, 0);
+	ev.data.u64 = EP_WORKER_TAG | i;
+	epoll_ctl(b->epfd, EPOLL_CTL_MOD, w->sock, &ev);
+	memset(p, 0, sizeof(*p));
+	b->npending--;
+	b->nworkers++;
+	return w;
 }
 
 /*
@@ -138,27 +194,72 @@ static void reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 	send_reply(w, h, len, status, fds, nfds, req_seq);
 }
 
-static int hello(struct kvb_broker *b, struct kvb_worker *w,
-		 const struct kvb_msg_hello *m)
+/* Is a worker with this identity attached? */
+static struct kvb_worker *same_identity(struct kvb_broker *b,
+					const struct kvb_msg_hello *m)
 {
-	struct kvb_msg_hello_reply rep = {.h.type = KVB_MSG_HELLO};
-	uint32_t sq = m->sq_entries ? m->sq_entries : b->opt.sq_entries;
-	uint32_t cq = m->cq_entries ? m->cq_entries : b->opt.cq_entries;
-	int fds[3] = {-1, -1, -1};
-	size_t size;
-	void *mem;
-	int rc;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *o = &b->workers[b->live[i]];
+
+		if (o->role == m->role && o->dp_rank == m->dp_rank &&
+		    o->tp_rank == m->tp_rank)
+			return o;
+	}
+	return NULL;
+}
+
+/* A HELLO's identity and ring sizes: 0 or the status it is refused with
+ * (logged, counted). */
+static int hello_check(struct kvb_broker *b, const struct kvb_worker *p,
+		       const struct kvb_msg_hello *m, uint32_t sq, uint32_t cq)
+{
+	struct kvb_worker *o;
 
 	if ((m->role != KVB_ROLE_P && m->role != KVB_ROLE_D) ||
 	    m->tp_size == 0 || m->tp_rank >= m->tp_size || sq < 2 ||
-	    (sq & (sq - 1)) || cq < 2 || (cq & (cq - 1)) || sq > (1u << 20) ||
-	    cq > (1u << 20)) {
-		log_warn("worker pid %d: refused HELLO: bad identity or ring "
-			 "sizes",
-			 (int) w->pid);
+	    (sq & (sq - 1)) || cq < 2 || (cq & (cq - 1))) {
+		log_warn_rl("worker pid %d: refused HELLO: bad identity or "
+			    "ring sizes",
+			    (int) p->pid);
 		return -EINVAL;
 	}
-	size = kvb_seg_bytes(sq, cq);
+	if (sq > b->opt.max_ring_entries || cq > b->opt.max_ring_entries) {
+		log_warn_rl("worker pid %d: refused HELLO: rings of %u/%u "
+			    "entries asked, at most %u (--max-ring-entries)",
+			    (int) p->pid, sq, cq, b->opt.max_ring_entries);
+		return -E2BIG;
+	}
+	o = same_identity(b, m);
+	if (o) {
+		b->st.duplicate_identity++;
+		log_warn_rl("worker pid %d: refused HELLO: role %s dp %u tp %u "
+			    "is attached already (worker %u, pid %d)",
+			    (int) p->pid, m->role == KVB_ROLE_P ? "P" : "D",
+			    m->dp_rank, m->tp_rank, o->id, (int) o->pid);
+		return -EADDRINUSE;
+	}
+	return 0;
+}
+
+/* Refuse a HELLO: the status to the client, then the connection goes. */
+static void hello_refuse(struct kvb_broker *b, struct kvb_worker *w,
+			 const struct kvb_msg_hello *m, int rc)
+{
+	struct kvb_msg_hdr h = m->h;
+
+	b->st.hello_refused++;
+	reply(w, &h, sizeof(h), rc, NULL, 0);
+	reject(b, w, "HELLO refused");
+}
+
+/* Map a fresh segment for w; the fds to send in fds[0] and fds[2]. */
+static int make_segment(struct kvb_broker *b, struct kvb_worker *w, uint32_t sq,
+			uint32_t cq, int fds[3])
+{
+	size_t size = kvb_seg_bytes(sq, cq);
+	void *mem;
+	int rc;
+
 	fds[0] = memfd_create("kvb-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fds[0] < 0)
 		return -errno;
@@ -187,21 +288,6 @@ static int hello(struct kvb_broker *b, struct kvb_worker *w,
 	w->seg_mem = mem;
 	w->seg_size = size;
 	w->efd = fds[2];
-	w->role = m->role;
-	w->dp_rank = m->dp_rank;
-	w->tp_rank = m->tp_rank;
-	w->tp_size = m->tp_size;
-	w->attached = 1;
-	b->live[b->nlive++] = KVB_WSLOT(w->id);
-	rep.worker_id = w->id;
-	rep.seg_size = size;
-	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
-	close(fds[0]);
-	b->st.workers_attached++;
-	kvb_remote_worker_attached(b, w);
-	log_info("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
-		 (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
-		 w->tp_rank, w->tp_size);
 	return 0;
 
 err_map:
@@ -209,6 +295,53 @@ err_map:
 err_fd:
 	close(fds[0]);
 	return rc;
+}
+
+/* HELLO from pre-HELLO connection p: checked, moved to a worker slot,
+ * answered with its segment; refused (status sent, connection closed). */
+static void hello(struct kvb_broker *b, struct kvb_worker *p,
+		  const struct kvb_msg_hello *m)
+{
+	struct kvb_msg_hello_reply rep = {.h.type = KVB_MSG_HELLO};
+	uint32_t sq = m->sq_entries ? m->sq_entries : b->opt.sq_entries;
+	uint32_t cq = m->cq_entries ? m->cq_entries : b->opt.cq_entries;
+	int fds[3] = {-1, -1, -1};
+	struct kvb_worker *w;
+	int rc;
+
+	rc = hello_check(b, p, m, sq, cq);
+	if (rc) {
+		hello_refuse(b, p, m, rc);
+		return;
+	}
+	w = promote(b, p);
+	if (!w) {
+		log_warn_rl("refused HELLO from pid %d: %u workers attached "
+			    "(--max-workers)",
+			    (int) p->pid, b->opt.max_workers);
+		hello_refuse(b, p, m, -ECONNREFUSED);
+		return;
+	}
+	rc = make_segment(b, w, sq, cq, fds);
+	if (rc) {
+		hello_refuse(b, w, m, rc);
+		return;
+	}
+	w->role = m->role;
+	w->dp_rank = m->dp_rank;
+	w->tp_rank = m->tp_rank;
+	w->tp_size = m->tp_size;
+	w->attached = 1;
+	b->live[b->nlive++] = KVB_WSLOT(w->id);
+	rep.worker_id = w->id;
+	rep.seg_size = w->seg_size;
+	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
+	close(fds[0]);
+	b->st.workers_attached++;
+	kvb_remote_worker_attached(b, w);
+	log_info_rl("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
+		    (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
+		    w->tp_rank, w->tp_size);
 }
 
 /*
@@ -238,9 +371,11 @@ static int host_fd_check(struct kvb_broker *b, struct kvb_worker *w, int fd,
 	}
 	if (!why)
 		return 0;
-	log_warn("worker %u: region of %llu bytes at offset %llu refused: %s",
-		 w->id, (unsigned long long) size, (unsigned long long) off,
-		 why);
+	kvb_log_rl_keyed(why, KVB_LOG_WARN,
+			 "worker %u: region of %llu bytes at offset %llu "
+			 "refused: %s",
+			 w->id, (unsigned long long) size,
+			 (unsigned long long) off, why);
 	b->st.messages_rejected++;
 	return rc;
 }
@@ -273,9 +408,10 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	} else if (m->kind != KVB_MEM_GPU || fd >= 0) {
 		return -EINVAL;
 	} else if (!b->trs[KVB_TS_GPU]) {
-		log_warn("worker %u: GPU region refused: no gpu transport "
-			 "(start with --transport gpu or auto on a GPU node)",
-			 w->id);
+		log_warn_rl("worker %u: GPU region refused: no gpu transport "
+			    "(start with --transport gpu or auto on a GPU "
+			    "node)",
+			    w->id);
 		return -ENODEV;
 	}
 	r = kvb_region_alloc(&b->regions);
@@ -344,6 +480,21 @@ static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
 	return -ENOENT;
 }
 
+/*
+ * May w open (or be given) more transfers now? Not while its completions
+ * pile up unread past --max-undelivered (-EAGAIN: reap, then retry).
+ */
+static int undelivered_check(struct kvb_broker *b, struct kvb_worker *w)
+{
+	if (w->ovf_len < b->opt.max_undelivered)
+		return 0;
+	b->st.undelivered_refused++;
+	log_warn_rl("worker %u: request refused (-EAGAIN): %u completions "
+		    "not reaped (--max-undelivered %u)",
+		    w->id, w->ovf_len, b->opt.max_undelivered);
+	return -EAGAIN;
+}
+
 /* OPEN, and each id of OPEN_BATCH: intern id[0..len) into *handle. */
 static int xfer_open(struct kvb_broker *b, struct kvb_worker *w, const char *id,
 		     uint32_t len, uint32_t *handle)
@@ -353,15 +504,30 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w, const char *id,
 
 	if (len == 0 || len > KVB_XFER_ID_MAX)
 		return -EINVAL;
-	x = kvb_xfer_open(&b->xfers, w->id, id, len,
-			  kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms *
-						 1000000,
-			  &err);
+	x = kvb_xfer_find(&b->xfers, w->id, id, len);
+	if (!x && !kvb_xfer_room(b, w)) {
+		b->st.xfer_quota_refused++;
+		log_warn_rl("worker %u: transfer '%.*s' refused (-ENOSPC): "
+			    "the worker holds %u transfers, its share of the "
+			    "table (%u active of %u)",
+			    w->id, (int) len, id,
+			    kvb_xfers_charged(&b->xfers, w->id),
+			    b->xfers.nactive, KVB_MAX_XFERS - 1);
+		return -ENOSPC;
+	}
+	if (!x)
+		x = kvb_xfer_open(
+			&b->xfers, w->id, id, len,
+			kvb_now_ns() +
+				(int64_t) b->opt.transfer_deadline_ms * 1000000,
+			&err);
 	if (!x) {
 		if (err == -ENOSPC)
-			log_warn("worker %u: transfer table full", w->id);
+			log_warn_rl("worker %u: transfer table full", w->id);
 		return err;
 	}
+	/* an entry another worker's writes made for w is w's own now */
+	kvb_xfer_charge(&b->xfers, x, w->id);
 	x->opened = 1;
 	*handle = kvb_xfer_handle(&b->xfers, x);
 	return 0;
@@ -428,6 +594,15 @@ static void reject(struct kvb_broker *b, struct kvb_worker *w, const char *why)
 	kvb_worker_drop(b, w, why);
 }
 
+/* recv said 0 bytes: the peer's end (1), or an empty message (0)? */
+static int peer_hung_up(int sock)
+{
+	struct pollfd p = {.fd = sock, .events = POLLRDHUP};
+
+	return poll(&p, 1, 0) > 0 &&
+	       (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 {
 	/* static: one broker thread; XOPEN carries block lists */
@@ -453,6 +628,14 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 	n = kvb_ctl_recv(w->sock, &m, sizeof(m), fds, &nfds);
 	if (n == -ETIMEDOUT || n == -EAGAIN)
 		return;
+	if (n == -EPIPE && !peer_hung_up(w->sock)) {
+		/* a zero-length message (SOCK_SEQPACKET), not the end */
+		b->st.ctl_empty++;
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		reject(b, w, "zero-length message on the control socket");
+		return;
+	}
 	if (n < 0) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
@@ -504,6 +687,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 	    m.h.type != KVB_MSG_STATS) {
 		while (nfds) /* a MEM_REG's fd is still open here */
 			close(fds[--nfds]);
+		if (m.h.type == KVB_MSG_MEM_REG)
+			b->st.mem_reg_refused++;
 		reject(b, w, "request before HELLO");
 		return;
 	}
@@ -514,11 +699,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 			reject(b, w, "second HELLO");
 			return;
 		}
-		rc = hello(b, w, &m.hello);
-		if (rc) {
-			reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
-			reject(b, w, "HELLO refused");
-		}
+		hello(b, w, &m.hello);
 		return;
 	case KVB_MSG_MEM_REG: {
 		struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_REG};
@@ -530,12 +711,20 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		    (size_t) n != sizeof(m.reg) + m.reg.payload_len) {
 			if (fd >= 0)
 				close(fd);
+			b->st.mem_reg_refused++;
 			reject(b, w, "control message of the wrong size");
 			return;
 		}
 		rc = mem_reg(b, w, &m.reg, fd, &rep);
 		if (fd >= 0)
 			close(fd);
+		if (rc) {
+			b->st.mem_reg_refused++;
+			log_warn_rl("worker %u: region of %llu bytes (kind %u) "
+				    "refused: %s",
+				    w->id, (unsigned long long) m.reg.size,
+				    m.reg.kind, strerror(-rc));
+		}
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}
@@ -551,7 +740,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 			uint32_t left = kvb_engine_drain_worker(b, w);
 
 			if (left)
-				log_warn(
+				log_warn_rl(
 					"worker %u: region %#x freed with %u "
 					"descriptor(s) still in its ring (the "
 					"broker is saturated): those naming it "
@@ -575,7 +764,10 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
 
 		NEED(struct kvb_msg_open);
-		rc = xfer_open(b, w, m.open.id, m.open.id_len, &rep.handle);
+		rc = undelivered_check(b, w);
+		if (!rc)
+			rc = xfer_open(b, w, m.open.id, m.open.id_len,
+				       &rep.handle);
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}
@@ -593,7 +785,10 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		}
 		memset(&rep.r, 0, sizeof(rep.r));
 		rep.r.h.type = KVB_MSG_OPEN_BATCH;
-		rc = open_batch(b, w, &m.open_batch, (size_t) n, &rep.r);
+		rc = undelivered_check(b, w);
+		if (!rc)
+			rc = open_batch(b, w, &m.open_batch, (size_t) n,
+					&rep.r);
 		if (rc == -EBADMSG) {
 			reject(b, w,
 			       "OPEN_BATCH: the ids do not fill the message");
@@ -638,8 +833,18 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 			reject(b, w, "control message of the wrong size");
 			return;
 		}
-		rc = kvb_remote_xopen(b, w, &m.xopen, (uint32_t) n,
-				      &rep.handle);
+		rc = undelivered_check(b, w);
+		if (!rc && !kvb_xfer_room(b, w)) {
+			b->st.xfer_quota_refused++;
+			log_warn_rl("worker %u: remote transfer refused "
+				    "(-ENOSPC): its share of the table is "
+				    "used",
+				    w->id);
+			rc = -ENOSPC;
+		}
+		if (!rc)
+			rc = kvb_remote_xopen(b, w, &m.xopen, (uint32_t) n,
+					      &rep.handle);
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}
@@ -668,7 +873,8 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 	if (w->attached) {
 		if (strcmp(why, "detached"))
 			b->st.workers_lost++;
-		log_info("worker %u (pid %d) %s", w->id, (int) w->pid, why);
+		kvb_log_rl_keyed(why, KVB_LOG_INFO, "worker %u (pid %d) %s",
+				 w->id, (int) w->pid, why);
 		kvb_engine_worker_gone(b, w);
 		for (uint32_t i = 0; i < b->nlive; i++)
 			if (b->live[i] == KVB_WSLOT(w->id)) {
@@ -680,11 +886,17 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {
-		log_info("connection from pid %d closed: %s", (int) w->pid,
-			 why);
+		kvb_log_rl_keyed(why, KVB_LOG_INFO,
+				 "connection from pid %d closed: %s",
+				 (int) w->pid, why);
 	}
 	epoll_ctl(b->epfd, EPOLL_CTL_DEL, w->sock, NULL);
 	close(w->sock);
+	if (is_pending(b, w)) {
+		w->id = 0;
+		b->npending--;
+		return;
+	}
 	free(w->ovf);
 	free(w->kv_layer);
 	w->kv_layer = NULL;

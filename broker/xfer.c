@@ -127,6 +127,37 @@ static void lru_add(struct kvb_xfers *t, uint32_t worker, uint64_t hash)
 	t->lru_next = (i + 1) % KVB_TERMINAL_LRU;
 }
 
+static void uncharge(struct kvb_xfers *t, struct kvb_xfer *x)
+{
+	uint32_t slot = x->charge % KVB_XFER_WSLOTS;
+
+	if (x->charge && t->charged_id[slot] == x->charge && t->charged[slot])
+		t->charged[slot]--;
+	x->charge = 0;
+}
+
+void kvb_xfer_charge(struct kvb_xfers *t, struct kvb_xfer *x, uint32_t worker)
+{
+	uint32_t slot = worker % KVB_XFER_WSLOTS;
+
+	if (x->charge == worker)
+		return;
+	uncharge(t, x);
+	if (t->charged_id[slot] != worker) {
+		t->charged_id[slot] = worker;
+		t->charged[slot] = 0;
+	}
+	t->charged[slot]++;
+	x->charge = worker;
+}
+
+uint32_t kvb_xfers_charged(const struct kvb_xfers *t, uint32_t worker)
+{
+	uint32_t slot = worker % KVB_XFER_WSLOTS;
+
+	return t->charged_id[slot] == worker ? t->charged[slot] : 0;
+}
+
 struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
 			       const char *id, size_t len, int64_t deadline_ns,
 			       int *err)
@@ -175,6 +206,7 @@ struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
 	x->active_pos = t->nactive;
 	t->active[t->nactive++] = s;
 	t->free_hint = s + 1;
+	kvb_xfer_charge(t, x, worker);
 	return x;
 }
 
@@ -209,6 +241,7 @@ void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 	t->active[x->active_pos] = last;
 	t->v[last].active_pos = x->active_pos;
 	lru_add(t, x->worker, x->hash);
+	uncharge(t, x);
 	if (x->rx && kvb_xfer_rx_free)
 		kvb_xfer_rx_free(x->rx);
 	memset(x, 0, sizeof(*x));

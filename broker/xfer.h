@@ -16,6 +16,7 @@
 #define KVB_MAX_XFERS	   16384u
 #define KVB_TERMINAL_LRU   4096u
 #define KVB_XFER_MAX_DESTS 32u
+#define KVB_XFER_WSLOTS	   4096u /* worker slots (id & 0xfff) */
 
 struct kvb_xfer {
 	char id[KVB_XFER_ID_MAX + 1];
@@ -34,6 +35,7 @@ struct kvb_xfer {
 	uint32_t ndests; /* workers whose regions this transfer wrote */
 	uint32_t dests[KVB_XFER_MAX_DESTS];
 	uint8_t opened;	      /* the owner opened it (not only a message) */
+	uint32_t charge;      /* the worker whose share it counts in */
 	struct kvb_rxfer *rx; /* cross-node state (heap), NULL = local */
 	/*
 	 * Clocks (docs/deadlines.md): deadline_ns above (the whole transfer,
@@ -90,6 +92,10 @@ struct kvb_xfers {
 	 * lookup does not scan all of it on every transfer open */
 	uint16_t lru_head[KVB_TERMINAL_LRU];
 	uint16_t lru_chain[KVB_TERMINAL_LRU];
+	/* entries counted in each worker slot's share, for the worker id
+	 * charged_id[slot] (a new worker in the slot starts from 0) */
+	uint32_t charged[KVB_XFER_WSLOTS];
+	uint32_t charged_id[KVB_XFER_WSLOTS];
 };
 
 int kvb_xfers_init(struct kvb_xfers *t);
@@ -119,6 +125,15 @@ static inline uint32_t kvb_xfer_handle(const struct kvb_xfers *t,
 {
 	return ((uint32_t) x->gen << 16) | (uint32_t) (x - t->v);
 }
+
+/*
+ * Quotas: every entry counts in one worker's share, the opener's at first.
+ * kvb_xfer_charge moves x to worker's share (an entry another worker's
+ * writes made, once its owner opens it); kvb_xfers_charged says how many
+ * entries count in worker's share now.
+ */
+void kvb_xfer_charge(struct kvb_xfers *t, struct kvb_xfer *x, uint32_t worker);
+uint32_t kvb_xfers_charged(const struct kvb_xfers *t, uint32_t worker);
 
 /* Remove a transfer that ended; remembers its id in the terminal LRU. */
 void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x);

@@ -11,8 +11,9 @@
 #include "proto.h"
 #include "segment.h"
 
-/* Room for any reply to a ctl_call request (the largest: OPEN_BATCH's). */
-#define CTL_RX_MAX 1024u
+/* Room for any reply to a ctl_call request (the largest: STATS's text,
+ * up to a whole message; then OPEN_BATCH's). */
+#define CTL_RX_MAX KVB_MSG_MAX
 _Static_assert(sizeof(struct kvb_msg_open_batch_reply) +
 			       KVB_OPEN_BATCH_MAX *
 				       sizeof(struct kvb_open_result) <=

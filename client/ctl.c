@@ -10,26 +10,149 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-int kvb_default_socket(char *buf, unsigned long len)
+#define SOCK_NAME "kvbroker.sock"
+
+int kvb_default_socket_dir(char *buf, unsigned long len)
 {
 	const char *env = getenv("KVB_SOCKET");
 	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	uid_t uid = getuid();
 	int n;
 
 	if (env && *env)
-		n = snprintf(buf, len, "%s", env);
-	else if (xdg && *xdg)
-		n = snprintf(buf, len, "%s/kvbroker.sock", xdg);
+		return 0;
+	if (xdg && *xdg)
+		n = snprintf(buf, len, "%s/kvbroker", xdg);
+	else if (uid == 0)
+		n = snprintf(buf, len, "/run/kvbroker");
 	else
-		n = snprintf(buf, len, "/tmp/kvbroker-%u.sock",
-			     (unsigned) getuid());
-	if (n < 0 || (unsigned long) n >= len)
+		n = snprintf(buf, len, "/tmp/kvbroker-%u", (unsigned) uid);
+	if (n < 0 || (unsigned long) n + sizeof("/" SOCK_NAME) > len)
 		return -ENAMETOOLONG;
 	return n;
+}
+
+int kvb_default_socket(char *buf, unsigned long len)
+{
+	const char *env = getenv("KVB_SOCKET");
+	int n;
+
+	if (env && *env) {
+		n = snprintf(buf, len, "%s", env);
+		if (n < 0 || (unsigned long) n >= len)
+			return -ENAMETOOLONG;
+		return n;
+	}
+	n = kvb_default_socket_dir(buf, len);
+	if (n < 0)
+		return n;
+	return n + snprintf(buf + n, len - (unsigned long) n, "/" SOCK_NAME);
+}
+
+int kvb_sock_dir_check(const char *dir, uid_t uid, char *why, size_t why_len)
+{
+	struct stat st;
+
+	if (lstat(dir, &st) < 0) {
+		int rc = -errno;
+
+		snprintf(why, why_len, "%s: %s", dir, strerror(errno));
+		return rc;
+	}
+	if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
+		snprintf(why, why_len, "%s is not a directory (a symlink?)",
+			 dir);
+		return -EACCES;
+	}
+	if (st.st_uid != uid) {
+		snprintf(why, why_len, "%s is owned by uid %u, not %u", dir,
+			 (unsigned) st.st_uid, (unsigned) uid);
+		return -EACCES;
+	}
+	if (st.st_mode & 077) {
+		snprintf(why, why_len,
+			 "%s has mode %04o: group or others have access "
+			 "(want 0700)",
+			 dir, (unsigned) (st.st_mode & 07777));
+		return -EACCES;
+	}
+	return 0;
+}
+
+/* Is uid in $KVB_BROKER_UIDS (comma-separated decimal uids)? */
+static int uid_listed(uid_t uid)
+{
+	const char *p = getenv("KVB_BROKER_UIDS");
+
+	while (p && *p) {
+		char *end;
+		unsigned long v;
+
+		errno = 0;
+		v = strtoul(p, &end, 10);
+		if (end == p || errno)
+			return 0; /* malformed: trust nothing more */
+		if ((uid_t) v == uid && v == (unsigned long) uid)
+			return 1;
+		p = *end == ',' ? end + 1 : end;
+		if (*end && *end != ',')
+			return 0;
+	}
+	return 0;
+}
+
+int kvb_ctl_check_peer(int sock, uid_t *peer)
+{
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+
+	if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0)
+		return -errno;
+	if (peer)
+		*peer = cred.uid;
+	if (cred.uid == getuid() || cred.uid == 0 || uid_listed(cred.uid))
+		return 0;
+	return -EACCES;
+}
+
+int kvb_ctl_open(const char *path, int timeout_ms, int check_dir)
+{
+	char dir[108], why[256];
+	uid_t peer = 0;
+	int fd, rc;
+
+	if (check_dir) {
+		rc = kvb_default_socket_dir(dir, sizeof(dir));
+		if (rc > 0) {
+			rc = kvb_sock_dir_check(dir, getuid(), why,
+						sizeof(why));
+			if (rc == -EACCES && getenv("KVB_DEBUG"))
+				fprintf(stderr, "libkvbroker: %s\n", why);
+			if (rc)
+				return rc;
+		} else if (rc < 0) {
+			return rc;
+		}
+	}
+	fd = kvb_ctl_connect(path, timeout_ms);
+	if (fd < 0)
+		return fd;
+	rc = kvb_ctl_check_peer(fd, &peer);
+	if (rc) {
+		if (getenv("KVB_DEBUG"))
+			fprintf(stderr,
+				"libkvbroker: %s is served by uid %u, not "
+				"this uid, root or $KVB_BROKER_UIDS\n",
+				path, (unsigned) peer);
+		close(fd);
+		return rc;
+	}
+	return fd;
 }
 
 int64_t kvb_ctl_now_ns(void)
@@ -291,7 +414,7 @@ int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 	if (!msg)
 		return -ENOMEM;
 	deadline = kvb_ctl_deadline(timeout_ms);
-	fd = kvb_ctl_connect(socket_path, timeout_ms);
+	fd = kvb_ctl_open(socket_path, timeout_ms, 0);
 	if (fd < 0) {
 		free(msg);
 		return fd;
@@ -347,6 +470,21 @@ const char *kvb_strerror(int status)
 		return "transfer already ended";
 	case -EEXIST:
 		return "already there (a layer submitted or declared twice)";
+	case -EACCES:
+		return "broker not trusted: its socket directory is not "
+		       "private "
+		       "to this uid, or the broker runs as another uid (not "
+		       "root or $KVB_BROKER_UIDS)";
+	case -EADDRINUSE:
+		return "a worker with this role, dp rank and tp rank is "
+		       "already attached";
+	case -E2BIG:
+		return "ring larger than the broker's --max-ring-entries";
+	case -ENOSPC:
+		return "transfer table full, or this worker's share of it used";
+	case -EAGAIN:
+		return "try again (ring full, or completions not reaped: "
+		       "poll first)";
 	default:
 		return strerror(-status);
 	}

@@ -10,7 +10,29 @@
 
 #define KVB_CTL_MAX_FDS 4
 
+#include <sys/types.h>
+
 int kvb_default_socket(char *buf, unsigned long len);
+/*
+ * The private directory of the default socket path ($XDG_RUNTIME_DIR/
+ * kvbroker, /run/kvbroker for root, else /tmp/kvbroker-UID) into buf:
+ * its length, 0 when $KVB_SOCKET names the path (no directory rule), or
+ * -ENAMETOOLONG.
+ */
+int kvb_default_socket_dir(char *buf, unsigned long len);
+/*
+ * Is dir private to uid: lstat (a symlink is refused), a directory, owned
+ * by uid, no access for group or others? 0, -EACCES or -errno (-ENOENT),
+ * with the reason in why.
+ */
+int kvb_sock_dir_check(const char *dir, uid_t uid, char *why, size_t why_len);
+/* The peer of a connected socket runs as this uid, root or one listed in
+ * $KVB_BROKER_UIDS: 0, else -EACCES (*peer: its uid), or -errno. */
+int kvb_ctl_check_peer(int sock, uid_t *peer);
+/* kvb_ctl_connect, then kvb_ctl_check_peer (nothing sent before); with
+ * check_dir, first kvb_sock_dir_check of the default directory (when
+ * $KVB_SOCKET does not name the path). An fd or -errno (-EACCES). */
+int kvb_ctl_open(const char *path, int timeout_ms, int check_dir);
 /* Connect to the broker socket; returns an fd or -errno. */
 int kvb_ctl_connect(const char *path, int timeout_ms);
 /* Zero a message of `len` bytes and fill its header. */

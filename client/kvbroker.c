@@ -251,7 +251,9 @@ int kvb_attach(const struct kvb_attach_opts *o, struct kvb_ctx **out)
 	ctx->spin_ns = WAIT_SPIN_MAX_NS;
 	pthread_mutex_init(&ctx->ctl_lock, NULL);
 	deadline = kvb_ctl_deadline(ctx->timeout_ms);
-	rc = kvb_ctl_connect(path, ctx->timeout_ms);
+	/* before anything is sent: a private directory (default path) and a
+	 * broker of this uid, root or $KVB_BROKER_UIDS; else -EACCES */
+	rc = kvb_ctl_open(path, ctx->timeout_ms, !o->socket_path);
 	if (rc < 0)
 		goto err_free;
 	ctx->sock = rc;
@@ -526,6 +528,19 @@ static inline void wake_broker(struct kvb_ctx *ctx)
 	}
 }
 
+/* End of a burst: wake the broker for what went in; none of n: why. */
+static int submitted(struct kvb_ctx *ctx, unsigned done, unsigned n)
+{
+	if (done)
+		wake_broker(ctx);
+	if (done == 0 && n) {
+		if (!broker_alive(ctx))
+			return -EPIPE;
+		return -EAGAIN;
+	}
+	return (int) done;
+}
+
 static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 		  unsigned n)
 {
@@ -564,14 +579,7 @@ static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 		if (got < k)
 			break;
 	}
-	if (done)
-		wake_broker(ctx);
-	if (done == 0 && n) {
-		if (!broker_alive(ctx))
-			return -EPIPE;
-		return -EAGAIN;
-	}
-	return (int) done;
+	return submitted(ctx, done, n);
 }
 
 int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n)
@@ -630,6 +638,39 @@ int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
 		return broker_alive(ctx) ? -EAGAIN : -EPIPE;
 	wake_broker(ctx);
 	return 1;
+}
+
+int kvb_submit_layers(struct kvb_ctx *ctx, const uint32_t *handles,
+		      const uint64_t *tags, unsigned n, uint16_t layer,
+		      uint32_t flags)
+{
+	struct kvb_sqe sqe[SUBMIT_CHUNK];
+	unsigned done = 0;
+
+	if (!ctx || (n && (!handles || !tags)) ||
+	    (flags & ~KVB_DESC_UNSIGNALED))
+		return -EINVAL;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	while (done < n) {
+		unsigned k = n - done < SUBMIT_CHUNK ? n - done : SUBMIT_CHUNK;
+		unsigned i, got;
+
+		for (i = 0; i < k; i++)
+			sqe[i] = (struct kvb_sqe){
+				.opcode = KVB_OP_LAYER,
+				.transfer = handles[done + i],
+				.layer = layer,
+				.tag = tags[done + i],
+				.flags = (flags & KVB_DESC_UNSIGNALED)
+						 ? KVB_SQE_F_UNSIGNALED
+						 : 0};
+		got = kvb_ring_enqueue_burst(&ctx->seg.sq, sqe, k);
+		done += got;
+		if (got < k)
+			break;
+	}
+	return submitted(ctx, done, n);
 }
 
 static unsigned reap(struct kvb_ctx *ctx, struct kvb_completion *c,

@@ -682,6 +682,12 @@ One node, regions in device memory (device 0), the GPU runtime picked by
 
 EOF
 	fi
+	# measured by hand (bench/python/save_kv_layer_bench.py --md): kept
+	# across runs of this script
+	if [ -f bench/results/save_kv_layer.md ]; then
+		cat bench/results/save_kv_layer.md
+		echo
+	fi
 	cat <<EOF
 ## Commands
 

@@ -4,8 +4,9 @@
 # apt-get line and fails. Usage: scripts/deps.sh [--check]
 set -eu
 PKGS="build-essential cmake pkg-config libibverbs-dev librdmacm-dev \
-libzmq3-dev libmsgpack-dev libcmocka-dev libamdhip64-dev \
-python3 python3-zmq python3-msgpack iproute2 iperf3 gnuplot-nox \
+libzmq3-dev libmsgpack-dev libcmocka-dev libamdhip64-dev libsodium-dev \
+python3 python3-zmq python3-msgpack python3-pytest python3-numpy \
+python3-torch python3-cffi python3-pip python3-setuptools iproute2 iperf3 gnuplot-nox \
 qemu-system-x86 busybox-static cpio kmod xz-utils zstd rdma-core \
 ibverbs-providers ibverbs-utils rdmacm-utils perftest dpdk-dev procps"
 

@@ -85,7 +85,7 @@ fi
 echo "=== part 2b: GPU memory over the tcp transport (host staging buffers)"
 # shellcheck disable=SC2086
 if gcc $CF tests/gpu/tcp_gpu_check.c bridge/tcp/*.c bridge/gpu/*.c \
-	-ldl -lpthread -o "$B/tcp_gpu_check"; then
+	-lsodium -ldl -lpthread -o "$B/tcp_gpu_check"; then
 	if [ "$QUICK" = 1 ]; then TG=(--mib 16 --block-kib 64); else TG=(--mib 1024 --block-kib 256); fi
 	if [ "$BACKEND" = host ]; then
 		KVB_GPU_HOST_OPAQUE=1 timeout 120 "$B/tcp_gpu_check" --backend host "${TG[@]}"

@@ -559,20 +559,16 @@ bad:
 }
 
 /*
- * Requests each D worker keeps open: all it can while D x window plus what
- * the P workers have open (P x min(inflight, window): a P worker only
- * writes requests its D worker has open) fits in `room` transfers; at least
- * room / (D + P), where --inflight alone would take it all.
+ * Requests each D worker keeps open: its fair share of `room` transfers,
+ * room / (D + P). The broker guarantees every attached worker that share
+ * and lends a worker more only while every other one's share stays free
+ * (docs/security-node.md), so a larger window could be refused with
+ * -ENOSPC. A P worker only writes requests its D worker has open.
  */
 static unsigned d_window(const struct cfg *c, uint64_t room)
 {
-	uint64_t p_open =
-		(uint64_t) c->p *
-		(c->inflight < c->requests ? c->inflight : c->requests);
 	uint64_t w = room / (c->d + c->p);
 
-	if (room > p_open && (room - p_open) / c->d > w)
-		w = (room - p_open) / c->d;
 	if (w > c->requests)
 		w = c->requests;
 	return w ? (unsigned) w : 1;

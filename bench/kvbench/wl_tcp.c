@@ -83,6 +83,9 @@ int wl_tcp_direct_p(const struct wl_cfg *c, unsigned rank, void *shm,
 			       &blen);
 	if (!rc)
 		rc = d.t->ops->connect(d.t, blob, blen, &d.ep);
+	/* direct mode is its own peer: the tools' shared key */
+	if (!rc)
+		rc = kvb_tcp_ep_set_key(d.t, d.ep, kvb_tcp_tool_key);
 	if (rc) {
 		fprintf(stderr, "kvbench: P%u: endpoint to %s:%d: %s\n", rank,
 			nw->ip[1], dres->port, strerror(-rc));
@@ -192,6 +195,12 @@ int wl_tcp_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 				rank);
 			return 1;
 		}
+	}
+	rc = kvb_tcp_peer_allow(r.t, 0, kvb_tcp_tool_key, NULL, -1);
+	if (rc) {
+		fprintf(stderr, "kvbench: D%u: tcp allow: %s\n", rank,
+			strerror(-rc));
+		return 1;
 	}
 	res->port = kvb_tcp_port(r.t);
 	/* no P exists before the first barrier: nothing to serve */

@@ -201,6 +201,9 @@ static int run_listen(const struct opts *o)
 	t = open_tcp(ip, port, 0);
 	if (!t)
 		return 1;
+	/* any sender of this tool (its public shared key) */
+	if (kvb_tcp_peer_allow(t, 0, kvb_tcp_tool_key, NULL, -1))
+		return 1;
 	mem = alloc_region(&mr, o->size_set ? o->size : 64ull << 20,
 			   KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ);
 	if (!mem || kvb_tcp_ops.reg_mr(t, &mr)) {
@@ -303,6 +306,9 @@ static int run_send(const struct opts *o)
 		return 1;
 	rc = o->host ? kvb_tcp_connect_host(t, blob, len, o->host, &ep)
 		     : kvb_tcp_ops.connect(t, blob, len, &ep);
+	/* both ends are this tool: its public shared key (docs/tcp.md) */
+	if (!rc)
+		rc = kvb_tcp_ep_set_key(t, ep, kvb_tcp_tool_key);
 	if (rc) {
 		fprintf(stderr, "kvb-tcp-bench: connect: %s%s\n", strerror(-rc),
 			rc == -EDESTADDRREQ ? " (pass --host)" : "");

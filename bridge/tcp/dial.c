@@ -147,7 +147,7 @@ void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete)
 
 int _kvb_tcp_ep_group_new(struct tcp_transport *tt,
 			  const struct sockaddr_storage *sa, socklen_t salen,
-			  struct kvb_ep **out)
+			  uint64_t srv_id, struct kvb_ep **out)
 {
 	struct kvb_ep *lead = NULL, **link = &lead;
 	unsigned i;
@@ -160,6 +160,7 @@ int _kvb_tcp_ep_group_new(struct tcp_transport *tt,
 				_kvb_tcp_ep_group_destroy(lead);
 			return rc;
 		}
+		(*link)->srv_id = srv_id;
 		link = &(*link)->stripe;
 	}
 	*out = lead;
@@ -182,6 +183,8 @@ static int ep_update(struct kvb_ep *ep)
 
 	if (ep->state == EP_CONNECTING)
 		want = EPOLLOUT;
+	else if (ep->state == EP_AUTH)
+		want = EPOLLIN;
 	else
 		want = EPOLLIN | (ep->tx.n ? EPOLLOUT : 0);
 	return _kvb_tcp_epoll_set(ep->tt, ep->fd, &ep->tag, &ep->events, want);
@@ -203,17 +206,22 @@ static int ep_dial(struct kvb_ep *ep)
 	ep->fd = fd;
 	ep->events = 0;
 	ep->last_progress = tcp_now();
+	/* the dial and the authentication together within the timeout */
+	ep->deadline = ep->last_progress + tt->timeout_ns;
 	if (!connect(fd, (struct sockaddr *) &ep->sa, ep->salen)) {
-		ep->state = EP_CONNECTED;
+		rc = _kvb_tcp_ep_auth_start(ep);
+		if (rc) {
+			ep_close_fd(ep);
+			return rc;
+		}
 	} else if (errno == EINPROGRESS) {
 		ep->state = EP_CONNECTING;
-		ep->deadline = ep->last_progress + tt->timeout_ns;
-		_kvb_tcp_timer_want(tt, ep->deadline);
 	} else {
 		rc = -errno;
 		ep_close_fd(ep);
 		return rc;
 	}
+	_kvb_tcp_timer_want(tt, ep->deadline);
 	rc = ep_update(ep);
 	if (rc)
 		ep_close_fd(ep);
@@ -737,9 +745,28 @@ void _kvb_tcp_ep_event(struct kvb_ep *ep, uint32_t events)
 			ep_fail(ep, -err, 1);
 			return;
 		}
-		ep->state = EP_CONNECTED;
+		rc = _kvb_tcp_ep_auth_start(ep);
+		if (rc) {
+			ep_fail(ep, rc, 1);
+			return;
+		}
+		if (ep_update(ep))
+			ep_fail(ep, -ENOMEM, 0);
+		return;
+	}
+	if (ep->state == EP_AUTH) {
+		if (!(events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+			return;
+		rc = _kvb_tcp_ep_auth_read(ep);
+		if (rc < 0) {
+			/* refused or not the peer we meant: a failed dial */
+			ep_fail(ep, rc, 1);
+			return;
+		}
+		if (!rc)
+			return;
 		ep->last_progress = tcp_now();
-		events |= EPOLLOUT;
+		events = EPOLLOUT; /* the frames queued meanwhile */
 	}
 	if (events & EPOLLOUT) {
 		rc = ep_flush(ep);
@@ -766,7 +793,7 @@ void _kvb_tcp_ep_tick(struct kvb_ep *ep, uint64_t now, uint64_t *next)
 {
 	uint64_t dl;
 
-	if (ep->state == EP_CONNECTING) {
+	if (ep->state == EP_CONNECTING || ep->state == EP_AUTH) {
 		dl = ep->deadline;
 		if (now >= dl) {
 			ep_fail(ep, -ETIMEDOUT, 1);

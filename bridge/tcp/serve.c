@@ -6,7 +6,9 @@
  * the discard buffer), READ payloads are sent straight from it. Acks
  * collect per connection and go out as one ACK frame per poll() round.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -35,6 +37,17 @@ void _kvb_tcp_conn_destroy(struct tcp_conn *c)
 				*pp = c->dnext;
 				break;
 			}
+	if (c->state != C_OPEN) {
+		if (c->pprev)
+			c->pprev->pnext = c->pnext;
+		else
+			tt->phead = c->pnext;
+		if (c->pnext)
+			c->pnext->pprev = c->pprev;
+		else
+			tt->ptail = c->pprev;
+		tt->st.conns_unauth--;
+	}
 	close(c->fd); /* also leaves the epoll set */
 	_kvb_tcp_txq_clear(&c->tx);
 	_kvb_tcp_rx_free(&c->rx);
@@ -53,61 +66,235 @@ void _kvb_tcp_conn_destroy(struct tcp_conn *c)
 static void conn_drop_seg(void *owner, struct tcp_frame *f, uint32_t ref,
 			  int status);
 
+/* IPv4-mapped IPv6 (a dual-stack listener) made plain IPv4 */
+static void sa_norm(struct sockaddr_storage *sa)
+{
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *) sa;
+	struct sockaddr_in s4;
+
+	if (sa->ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+		return;
+	memset(&s4, 0, sizeof(s4));
+	s4.sin_family = AF_INET;
+	s4.sin_port = s6->sin6_port;
+	memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
+	memset(sa, 0, sizeof(*sa));
+	memcpy(sa, &s4, sizeof(s4));
+}
+
+static const uint8_t *sa_addr(const struct sockaddr_storage *sa)
+{
+	if (sa->ss_family == AF_INET)
+		return (const uint8_t *) &((const struct sockaddr_in *) sa)
+			->sin_addr;
+	return ((const struct sockaddr_in6 *) sa)->sin6_addr.s6_addr;
+}
+
+static int sa_same_host(const struct sockaddr_storage *a,
+			const struct sockaddr_storage *b)
+{
+	return a->ss_family == b->ss_family &&
+	       !memcmp(sa_addr(a), sa_addr(b),
+		       a->ss_family == AF_INET ? 4 : 16);
+}
+
+static int is_trusted(struct tcp_transport *tt,
+		      const struct sockaddr_storage *sa)
+{
+	unsigned i;
+
+	if (!tt->ntrusted)
+		return 1;
+	for (i = 0; i < tt->ntrusted; i++)
+		if (tt->trusted[i].family == sa->ss_family &&
+		    !memcmp(tt->trusted[i].addr, sa_addr(sa),
+			    sa->ss_family == AF_INET ? 4 : 16))
+			return 1;
+	return 0;
+}
+
+/* Why a connection just accepted is closed at once (its counter bumped
+ * and a line logged), or NULL when it may stay. */
+static const char *accept_check(struct tcp_transport *tt, int fd,
+				const struct sockaddr_storage *sa)
+{
+	const struct tcp_conn *c;
+	unsigned same = 0;
+
+	if (!is_trusted(tt, sa)) {
+		tt->st.refused_untrusted++;
+		return "untrusted_host (not in the trusted hosts)";
+	}
+	tt->st.refused_conn_limit++;
+	if (fd >= tt->fd_cap)
+		return "conn_limit (descriptors nearly exhausted)";
+	if (tt->nconns >= tt->max_conns)
+		return "conn_limit (connections in all)";
+	for (c = tt->conns; c; c = c->next)
+		if (sa_same_host(&c->sa, sa) && ++same >= tt->max_per_host)
+			return "conn_limit (connections from that host)";
+	tt->st.refused_conn_limit--;
+	return NULL;
+}
+
+/* accept() ran out of descriptors: stop accepting for a while instead of
+ * spinning on a listener that stays readable */
+static void accept_pause(struct tcp_transport *tt, int err)
+{
+	tt->st.accept_paused++;
+	tt->accept_resume = tcp_now() + TCP_ACCEPT_PAUSE_NS;
+	_kvb_tcp_epoll_set(tt, tt->lfd, &tt->ltag, &tt->lev, 0);
+	_kvb_tcp_timer_want(tt, tt->accept_resume);
+	_kvb_tcp_rlog(tt, RL_EMFILE,
+		      "tcp data port: accept: %s: not accepting for 100 ms",
+		      strerror(err));
+}
+
+static int conn_add(struct tcp_transport *tt, int fd,
+		    const struct sockaddr_storage *sa)
+{
+	struct tcp_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	if (_kvb_tcp_rx_init(&c->rx)) {
+		free(c);
+		return -ENOMEM;
+	}
+	c->tag.kind = TCP_K_CONN;
+	c->tt = tt;
+	_kvb_tcp_txq_init(&c->tx, conn_drop_seg, c);
+	c->fd = fd;
+	c->sa = *sa;
+	c->state = C_HELLO;
+	c->deadline = tcp_now() + tt->auth_ns;
+	_kvb_tcp_sock_tune(tt, fd);
+	if (_kvb_tcp_epoll_set(tt, fd, &c->tag, &c->events, EPOLLIN)) {
+		_kvb_tcp_rx_free(&c->rx);
+		free(c);
+		return -ENOMEM;
+	}
+	c->next = tt->conns;
+	if (c->next)
+		c->next->prev = c;
+	tt->conns = c;
+	/* deadlines in accept order: the head expires first */
+	c->pprev = tt->ptail;
+	if (tt->ptail)
+		tt->ptail->pnext = c;
+	else
+		tt->phead = c;
+	tt->ptail = c;
+	tt->nconns++;
+	tt->st.conns_open++;
+	tt->st.conns_unauth++;
+	tt->st.conn_accepted++;
+	_kvb_tcp_timer_want(tt, tt->phead->deadline);
+	return 0;
+}
+
 void _kvb_tcp_accept(struct tcp_transport *tt)
 {
 	unsigned i;
 
 	for (i = 0; i < TCP_ACCEPT_BURST; i++) {
-		struct tcp_conn *c;
+		struct sockaddr_storage sa;
+		socklen_t salen = sizeof(sa);
+		char a[INET6_ADDRSTRLEN];
+		const char *why;
 		int fd;
 
-		fd = accept4(tt->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		memset(&sa, 0, sizeof(sa));
+		fd = accept4(tt->lfd, (struct sockaddr *) &sa, &salen,
+			     SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
+			if (errno == EMFILE || errno == ENFILE ||
+			    errno == ENOBUFS || errno == ENOMEM)
+				accept_pause(tt, errno);
 			return;
 		}
-		if (tt->nconns >= TCP_MAX_CONNS)
-			goto err_close;
-		c = calloc(1, sizeof(*c));
-		if (!c)
-			goto err_close;
-		if (_kvb_tcp_rx_init(&c->rx))
-			goto err_free;
-		c->tag.kind = TCP_K_CONN;
-		c->tt = tt;
-		_kvb_tcp_txq_init(&c->tx, conn_drop_seg, c);
-		c->fd = fd;
-		_kvb_tcp_sock_tune(tt, fd);
-		if (_kvb_tcp_epoll_set(tt, fd, &c->tag, &c->events, EPOLLIN))
-			goto err_rx;
-		c->next = tt->conns;
-		if (c->next)
-			c->next->prev = c;
-		tt->conns = c;
-		tt->nconns++;
-		tt->st.conns_open++;
-		tt->st.conn_accepted++;
-		continue;
-	err_rx:
-		_kvb_tcp_rx_free(&c->rx);
-	err_free:
-		free(c);
-	err_close:
+		sa_norm(&sa);
+		/* before a byte is read */
+		why = accept_check(tt, fd, &sa);
+		if (!why && conn_add(tt, fd, &sa))
+			why = "out of memory";
+		if (!why)
+			continue;
 		close(fd);
+		_kvb_tcp_addr_str(&sa, a, sizeof(a));
+		_kvb_tcp_rlog(tt, why[0] == 'u' ? RL_UNTRUSTED : RL_CONN_LIMIT,
+			      "tcp data port: connection from %s refused: %s",
+			      a, why);
 	}
 }
 
+void _kvb_tcp_conn_expire(struct tcp_transport *tt, uint64_t now,
+			  uint64_t *next)
+{
+	char a[INET6_ADDRSTRLEN];
+
+	while (tt->phead && tt->phead->deadline <= now) {
+		struct tcp_conn *c = tt->phead;
+
+		tt->st.refused_auth_timeout++;
+		_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
+		_kvb_tcp_rlog(tt, RL_AUTH_TIMEOUT,
+			      "tcp data port: connection from %s closed: "
+			      "auth_timeout (%llu ms)",
+			      a, (unsigned long long) (tt->auth_ns / 1000000));
+		_kvb_tcp_conn_destroy(c);
+	}
+	if (tt->phead && tt->phead->deadline < *next)
+		*next = tt->phead->deadline;
+}
+
+/* Authenticated: off the pending list. */
+static void conn_opened(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = c->tt;
+
+	if (c->pprev)
+		c->pprev->pnext = c->pnext;
+	else
+		tt->phead = c->pnext;
+	if (c->pnext)
+		c->pnext->pprev = c->pprev;
+	else
+		tt->ptail = c->pprev;
+	c->pprev = c->pnext = NULL;
+	tt->st.conns_unauth--;
+}
+
 /* 0 or the status the op is answered with. */
-static int check_region(struct tcp_transport *tt, const struct kvb_tcp_rec *r,
+static int check_region(struct tcp_conn *c, const struct kvb_tcp_rec *r,
 			uint32_t flag, struct kvb_mr **out)
 {
+	struct tcp_transport *tt = c->tt;
 	struct kvb_mr *mr = _kvb_tcp_mr_find(tt, r->region);
+	int st = 0;
 
-	if (!mr)
-		return -ENOENT;
-	if (!(mr->flags & flag))
-		return -EACCES;
+	/* only what was offered to this peer (whether a region it was not
+	 * offered exists is not said), in its access flags */
+	if (!_kvb_tcp_peer_has(c->peer, r->region))
+		st = -EACCES;
+	else if (!mr)
+		st = -ENOENT;
+	else if (!(mr->flags & flag))
+		st = -EACCES;
+	if (st) {
+		char a[INET6_ADDRSTRLEN];
+
+		tt->st.refused_region++;
+		_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
+		_kvb_tcp_rlog(tt, RL_REGION,
+			      "tcp data port: %s from %s on region %#x "
+			      "refused: region_refused",
+			      flag == KVB_MEM_REMOTE_READ ? "READ" : "WRITE", a,
+			      r->region);
+		return st;
+	}
 	if (r->off > mr->len || r->len > mr->len - r->off)
 		return -EFAULT;
 	*out = mr;
@@ -149,8 +336,8 @@ static int serve_reads(struct tcp_conn *c)
 		struct tcp_item *it = &rx->items[i];
 
 		mrs[i] = NULL;
-		it->rec.status = check_region(tt, &it->rec, KVB_MEM_REMOTE_READ,
-					      &mrs[i]);
+		it->rec.status =
+			check_region(c, &it->rec, KVB_MEM_REMOTE_READ, &mrs[i]);
 		if (it->rec.status)
 			tt->st.refused_ops++;
 		else if (it->rec.len)
@@ -216,7 +403,7 @@ static int conn_on_recs(struct tcp_conn *c)
 		struct kvb_mr *mr = NULL;
 
 		it->rec.status =
-			check_region(tt, &it->rec, KVB_MEM_REMOTE_WRITE, &mr);
+			check_region(c, &it->rec, KVB_MEM_REMOTE_WRITE, &mr);
 		if (it->rec.status) {
 			tt->st.refused_ops++;
 			continue;
@@ -292,6 +479,33 @@ void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events)
 	if ((events & EPOLLOUT) && conn_send(c)) {
 		_kvb_tcp_conn_destroy(c);
 		return;
+	}
+	if (c->state != C_OPEN) {
+		if (!(events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+			return;
+		rc = _kvb_tcp_conn_auth_read(c);
+		if (rc < 0) {
+			/* -EACCES: refused and counted; else it went away (or
+			 * broke) before it authenticated: a failure too */
+			if (rc != -EACCES) {
+				char a[INET6_ADDRSTRLEN];
+
+				tt->st.refused_auth_failed++;
+				_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
+				_kvb_tcp_rlog(tt, RL_AUTH_FAILED,
+					      "tcp data port: connection from "
+					      "%s refused: auth_failed (closed "
+					      "before authenticating: %s)",
+					      a, strerror(-rc));
+			}
+			_kvb_tcp_conn_destroy(c);
+			return;
+		}
+		if (!rc)
+			return;
+		conn_opened(c);
+		/* frames may have come right behind the PROOF */
+		events |= EPOLLIN;
 	}
 	if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) &&
 	    c->tx.n < TCP_TX_FRAMES_MAX) {

@@ -13,10 +13,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -281,6 +283,7 @@ static int tcp_open(const struct kvb_transport_params *p,
 {
 	struct tcp_transport *tt;
 	uint32_t none = 0;
+
 	int err;
 
 	tt = calloc(1, sizeof(*tt));
@@ -306,6 +309,10 @@ static int tcp_open(const struct kvb_transport_params *p,
 		p->timeout_ms > 0 ? p->timeout_ms : TCP_TIMEOUT_DEFAULT;
 	tt->timeout_ns = (uint64_t) tt->timeout_ms * 1000000ull;
 	tt->nonce = tcp_rand64();
+	err = -ENOMEM;
+	if (sodium_init() < 0) /* the MACs of the authentication */
+		goto err;
+	kvb_tcp_set_limits(&tt->base, 0, 0, 0);
 	tt->sndbuf = pick_buf("/proc/sys/net/core/wmem_max",
 			      "/proc/sys/net/ipv4/tcp_wmem");
 	tt->rcvbuf = pick_buf("/proc/sys/net/core/rmem_max",
@@ -314,7 +321,6 @@ static int tcp_open(const struct kvb_transport_params *p,
 	tt->zeros = calloc(1, TCP_ZBUF);
 	tt->cq = calloc(CQ_INIT, sizeof(*tt->cq));
 	tt->cq_cap = CQ_INIT;
-	err = -ENOMEM;
 	if (!tt->scratch || !tt->zeros || !tt->cq)
 		goto err;
 	tt->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -329,8 +335,7 @@ static int tcp_open(const struct kvb_transport_params *p,
 	err = tcp_listen(tt, p->host_ip, p->tcp_port, why, why_len);
 	if (err)
 		goto err;
-	none = 0;
-	err = _kvb_tcp_epoll_set(tt, tt->lfd, &tt->ltag, &none, EPOLLIN);
+	err = _kvb_tcp_epoll_set(tt, tt->lfd, &tt->ltag, &tt->lev, EPOLLIN);
 	if (err)
 		goto err;
 	*out = &tt->base;
@@ -349,6 +354,9 @@ static void tcp_close(struct kvb_transport *t)
 		_kvb_tcp_ep_destroy(tt->eps, 0);
 	while (tt->conns)
 		_kvb_tcp_conn_destroy(tt->conns);
+	while (tt->npeers)
+		kvb_tcp_peer_forget(t, tt->peers[0]->id);
+	free(tt->peers);
 	if (tt->lfd >= 0)
 		close(tt->lfd);
 	if (tt->tfd >= 0)
@@ -459,7 +467,7 @@ static int tcp_connect(struct kvb_transport *t, const void *blob, size_t len,
 	if (kvb_tcp_blob_unspec(&b))
 		return -EDESTADDRREQ; /* see kvb_tcp_connect_host() */
 	blob_sockaddr(&b, &sa, &salen);
-	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, ep);
+	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, b.nonce, ep);
 }
 
 int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
@@ -473,7 +481,7 @@ int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
 		return -EPROTO;
 	if (!host || !*host || _kvb_tcp_sockaddr(host, b.port, &sa, &salen))
 		return -EINVAL;
-	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, ep);
+	return _kvb_tcp_ep_group_new(to_tcp(t), &sa, salen, b.nonce, ep);
 }
 
 static void tcp_disconnect(struct kvb_transport *t, struct kvb_ep *ep)
@@ -555,6 +563,21 @@ static int tcp_poll(struct kvb_transport *t, struct kvb_xcqe *out, unsigned max)
 	}
 	_kvb_tcp_conn_flush_all(tt);
 	now = tcp_now();
+	_kvb_tcp_conn_expire(tt, now, &next);
+	if (tt->accept_resume) {
+		if (now >= tt->accept_resume) {
+			tt->accept_resume = 0;
+			_kvb_tcp_epoll_set(tt, tt->lfd, &tt->ltag, &tt->lev,
+					   EPOLLIN);
+		} else if (tt->accept_resume < next) {
+			next = tt->accept_resume;
+		}
+	}
+	if (tt->rl_pending) {
+		_kvb_tcp_rlog_flush(tt, now);
+		if (tt->rl_pending && now + 1000000000ull < next)
+			next = now + 1000000000ull;
+	}
 	for (ep = tt->eps; ep; ep = ep->next)
 		_kvb_tcp_ep_tick(ep, now, &next);
 
@@ -586,6 +609,84 @@ int kvb_tcp_port(struct kvb_transport *t)
 void kvb_tcp_get_stats(struct kvb_transport *t, struct kvb_tcp_stats *out)
 {
 	*out = to_tcp(t)->st;
+}
+
+uint64_t kvb_tcp_id(struct kvb_transport *t)
+{
+	return to_tcp(t)->nonce;
+}
+
+int kvb_tcp_blob_id(const void *blob, size_t len, uint64_t *id)
+{
+	struct kvb_tcp_blob b;
+
+	if (kvb_tcp_blob_decode(&b, blob, len))
+		return -EPROTO;
+	*id = b.nonce;
+	return 0;
+}
+
+int kvb_tcp_set_trusted(struct kvb_transport *t, const char *const *hosts,
+			unsigned n)
+{
+	struct tcp_transport *tt = to_tcp(t);
+	struct tcp_trusted tr[TCP_TRUSTED_MAX];
+	unsigned i;
+
+	if (n > TCP_TRUSTED_MAX)
+		return -ENOSPC;
+	memset(tr, 0, sizeof(tr));
+	for (i = 0; i < n; i++) {
+		if (inet_pton(AF_INET, hosts[i], tr[i].addr) == 1)
+			tr[i].family = AF_INET;
+		else if (inet_pton(AF_INET6, hosts[i], tr[i].addr) == 1)
+			tr[i].family = AF_INET6;
+		else
+			return -EINVAL;
+		/* an IPv4-mapped entry matches the IPv4 peer it names */
+		if (tr[i].family == AF_INET6 &&
+		    IN6_IS_ADDR_V4MAPPED((struct in6_addr *) tr[i].addr)) {
+			memmove(tr[i].addr, tr[i].addr + 12, 4);
+			memset(tr[i].addr + 4, 0, 12);
+			tr[i].family = AF_INET;
+		}
+	}
+	memcpy(tt->trusted, tr, sizeof(tr));
+	tt->ntrusted = n;
+	return 0;
+}
+
+void kvb_tcp_set_limits(struct kvb_transport *t, unsigned max_conns,
+			unsigned max_per_host, unsigned auth_ms)
+{
+	struct tcp_transport *tt = to_tcp(t);
+	struct rlimit rl;
+
+	tt->max_conns = max_conns ? max_conns : KVB_TCP_MAX_CONNS_DEF;
+	if (tt->max_conns > TCP_MAX_CONNS)
+		tt->max_conns = TCP_MAX_CONNS;
+	tt->max_per_host =
+		max_per_host ? max_per_host : KVB_TCP_MAX_CONNS_PER_HOST_DEF;
+	tt->auth_ns = (uint64_t) (auth_ms ? auth_ms : KVB_TCP_AUTH_MS_DEF) *
+		      1000000ull;
+	/* whatever the caps say, an accepted descriptor this close to the
+	 * process's limit is closed at once: the rest of the process (libzmq
+	 * among it, which aborts on EMFILE in places) keeps descriptors */
+	tt->fd_cap = INT_MAX;
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY &&
+	    rl.rlim_cur < (rlim_t) INT_MAX)
+		tt->fd_cap = (int) rl.rlim_cur > 2 * TCP_FD_RESERVE
+				     ? (int) rl.rlim_cur - TCP_FD_RESERVE
+				     : (int) rl.rlim_cur / 2;
+}
+
+void kvb_tcp_set_log(struct kvb_transport *t,
+		     void (*fn)(void *arg, const char *line), void *arg)
+{
+	struct tcp_transport *tt = to_tcp(t);
+
+	tt->log_fn = fn;
+	tt->log_arg = arg;
 }
 
 const struct kvb_transport_ops kvb_tcp_ops = {

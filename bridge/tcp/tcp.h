@@ -55,7 +55,25 @@ struct kvb_tcp_stats {
 	uint64_t gpu_rx_bytes;	  /* received payload copied into GPU memory */
 	uint64_t gpu_copy_errors; /* such copies that failed (op: -EIO) */
 	uint64_t ops_merged; /* WRITEs sent in the record of the one before */
+	/* connections refused on the data port, by reason (docs/tcp.md) */
+	uint64_t refused_untrusted;    /* source not in the trusted list */
+	uint64_t refused_auth_failed;  /* bad HELLO / unknown peer / bad MAC */
+	uint64_t refused_auth_timeout; /* no valid PROOF within the deadline */
+	uint64_t refused_conn_limit;   /* total or per-host cap, fd reserve */
+	uint64_t refused_region;   /* ops on a region not offered to the peer */
+	uint64_t accept_paused;	   /* accept() hit EMFILE/ENFILE: paused */
+	uint64_t conns_unauth;	   /* accepted, not yet authenticated, now */
+	uint64_t auth_ok;	   /* connections authenticated (served) */
+	uint64_t dial_auth_failed; /* our dials whose server failed its MAC */
 };
+
+/* Per-peer key (HMAC-SHA512-256, libsodium crypto_auth) */
+#define KVB_TCP_KEY_LEN 32
+
+/* Defaults of kvb_tcp_set_limits() */
+#define KVB_TCP_MAX_CONNS_DEF	       256u
+#define KVB_TCP_MAX_CONNS_PER_HOST_DEF 32u
+#define KVB_TCP_AUTH_MS_DEF	       2000u
 
 /* The port the transport listens on (useful with tcp_port 0), or -EINVAL. */
 int kvb_tcp_port(struct kvb_transport *t);
@@ -84,5 +102,70 @@ int kvb_tcp_connect_host(struct kvb_transport *t, const void *blob, size_t len,
  */
 int kvb_tcp_blob_make(const char *ip, uint16_t port, uint64_t nonce, void *blob,
 		      size_t *len);
+
+/*
+ * Authentication of the data port (docs/tcp.md, "Authentication"). Every
+ * served connection must, first thing, prove a key the server knows for
+ * the dialer's id (its transport's nonce: kvb_tcp_id()) by
+ * challenge-response; until then not a byte of a frame is read. The
+ * server's challenge proves the key back to the dialer.
+ */
+
+/* This transport's id (the nonce of its blob). */
+uint64_t kvb_tcp_id(struct kvb_transport *t);
+
+/* The id (nonce) a peer's blob carries: 0 or -EPROTO. */
+int kvb_tcp_blob_id(const void *blob, size_t len, uint64_t *id);
+
+/*
+ * Serving side: the dialer whose id is `id` (0 = any dialer: tools and
+ * tests with a shared key) may connect proving `key`, and address only the
+ * regions regions[0..n) (in their KVB_MEM_REMOTE_* flags); n < 0 = every
+ * registered region. Replaces an earlier entry of that id (its open
+ * connections keep going under the new region list). 0, -ENOMEM, -ENOSPC
+ * (4096 entries) or -EINVAL.
+ */
+int kvb_tcp_peer_allow(struct kvb_transport *t, uint64_t id,
+		       const uint8_t key[KVB_TCP_KEY_LEN],
+		       const uint32_t *regions, int n);
+/*
+ * A fixed key for tools and benchmarks that run both sides themselves
+ * (kvb-tcp-bench, kvbench's direct mode): public, so it protects nothing;
+ * a broker never uses it.
+ */
+extern const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN];
+
+/* Drop the entry of `id` and close the connections it authenticated. */
+void kvb_tcp_peer_forget(struct kvb_transport *t, uint64_t id);
+
+/*
+ * Dialing side: the key every stripe of ep (a connect() result) proves; an
+ * endpoint without one fails its dials with -ENOKEY. 0 or -EINVAL.
+ */
+int kvb_tcp_ep_set_key(struct kvb_transport *t, struct kvb_ep *ep,
+		       const uint8_t key[KVB_TCP_KEY_LEN]);
+
+/*
+ * Only these source addresses (numeric IPv4/IPv6; IPv4-mapped IPv6 peers
+ * match their IPv4 form) may connect: others are closed at accept, before
+ * a byte is read. n = 0: any. 0, -EINVAL (not numeric) or -ENOSPC (> 64).
+ */
+int kvb_tcp_set_trusted(struct kvb_transport *t, const char *const *hosts,
+			unsigned n);
+
+/*
+ * Caps: connections served in all (0 = KVB_TCP_MAX_CONNS_DEF), from one
+ * source address (0 = KVB_TCP_MAX_CONNS_PER_HOST_DEF), and the ms a new
+ * connection has to authenticate (0 = KVB_TCP_AUTH_MS_DEF).
+ */
+void kvb_tcp_set_limits(struct kvb_transport *t, unsigned max_conns,
+			unsigned max_per_host, unsigned auth_ms);
+
+/*
+ * Lines about refused connections and ops (at most one a second per kind,
+ * with the count of those suppressed) go to fn; NULL = none.
+ */
+void kvb_tcp_set_log(struct kvb_transport *t,
+		     void (*fn)(void *arg, const char *line), void *arg);
 
 #endif /* KVB_BRIDGE_TCP_TCP_H */

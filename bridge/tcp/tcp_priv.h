@@ -47,6 +47,23 @@
 
 _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 
+#define TCP_TRUSTED_MAX 64u
+#define TCP_PEERS_MAX	4096u
+#define TCP_FD_RESERVE	64 /* descriptors kept free for the rest of the broker \
+			    */
+#define TCP_ACCEPT_PAUSE_NS (100ull * 1000000ull) /* after EMFILE / ENFILE */
+
+/* kinds of rate-limited log lines (auth.c tcp_rlog) */
+enum tcp_rl_kind {
+	RL_UNTRUSTED,
+	RL_AUTH_FAILED,
+	RL_AUTH_TIMEOUT,
+	RL_CONN_LIMIT,
+	RL_REGION,
+	RL_EMFILE,
+	TCP_RL_KINDS
+};
+
 enum tcp_kind { TCP_K_LISTEN = 1, TCP_K_TIMER, TCP_K_EP, TCP_K_CONN };
 
 /* What an epoll event's data.ptr points at (first member of its owner). */
@@ -127,7 +144,9 @@ struct tcp_rx {
 
 /* ---- endpoint (dial.c) ---- */
 
-enum tcp_ep_state { EP_IDLE, EP_CONNECTING, EP_CONNECTED };
+/* EP_AUTH: connected, HELLO sent, the server's CHALLENGE awaited; frames
+ * queue until the PROOF went out */
+enum tcp_ep_state { EP_IDLE, EP_CONNECTING, EP_AUTH, EP_CONNECTED };
 
 struct tcp_slot {
 	uint64_t seq; /* gen << 32 | index */
@@ -178,14 +197,45 @@ struct kvb_ep {
 	 */
 	struct kvb_ep *stripe;
 	uint64_t inflight_bytes; /* of the ops in `slots` */
+	/* authentication (auth.c): the server's id (its blob's nonce), the
+	 * key, this dial's nonce and the CHALLENGE received so far */
+	uint64_t srv_id;
+	uint8_t key[KVB_TCP_KEY_LEN];
+	uint8_t has_key;
+	uint8_t nonce[KVB_TCP_NONCE_LEN];
+	uint8_t abuf[KVB_TCP_CHAL_LEN];
+	unsigned agot;
 };
 
 /* ---- accepted connection (serve.c) ---- */
+
+/* A peer allowed to connect (kvb_tcp_peer_allow). */
+struct tcp_peer {
+	uint64_t id; /* 0: any dialer */
+	uint8_t key[KVB_TCP_KEY_LEN];
+	int all;	/* every registered region */
+	uint32_t *rids; /* else these, sorted */
+	unsigned nrids;
+};
+
+/* served connection: HELLO awaited, PROOF awaited, authenticated */
+enum tcp_conn_state { C_HELLO, C_PROOF, C_OPEN };
 
 struct tcp_conn {
 	struct tcp_tag tag;
 	struct tcp_transport *tt;
 	struct tcp_conn *prev, *next;
+	/* not yet authenticated: on tt's pending list, in accept order
+	 * (their deadlines too) */
+	struct tcp_conn *pprev, *pnext;
+	enum tcp_conn_state state;
+	uint64_t deadline;	    /* of the authentication */
+	struct sockaddr_storage sa; /* source, IPv4-mapped made IPv4 */
+	struct tcp_peer *peer;	    /* once authenticated */
+	uint64_t dialer_id, srv_id; /* srv_id: as the HELLO named us */
+	uint8_t nonce_d[KVB_TCP_NONCE_LEN], nonce_s[KVB_TCP_NONCE_LEN];
+	uint8_t abuf[KVB_TCP_HELLO_LEN];
+	unsigned agot;
 	struct tcp_conn *dnext; /* on the flush list */
 	int fd;
 	uint32_t events;
@@ -225,6 +275,27 @@ struct tcp_transport {
 	uint64_t rx_budget;
 	struct iovec iov[TCP_IOV_MAX];
 	struct kvb_tcp_stats st;
+	/* access control (auth.c, serve.c) */
+	struct tcp_peer **peers;
+	unsigned npeers;
+	struct tcp_trusted {
+		int family; /* AF_INET / AF_INET6 */
+		uint8_t addr[16];
+	} trusted[TCP_TRUSTED_MAX];
+	unsigned ntrusted;
+	unsigned max_conns, max_per_host;
+	uint64_t auth_ns;
+	int fd_cap; /* accepted fds at or above this are closed at once */
+	struct tcp_conn *phead, *ptail; /* pending authentication */
+	uint32_t lev;			/* the listener's epoll events */
+	uint64_t accept_resume;		/* paused after EMFILE until, 0 = not */
+	void (*log_fn)(void *arg, const char *line);
+	void *log_arg;
+	struct tcp_rl {
+		uint64_t since; /* start of the current one-second window */
+		uint64_t suppressed;
+	} rl[TCP_RL_KINDS];
+	int rl_pending; /* some kind has suppressed lines to sum up */
 };
 
 #define to_tcp(t) container_of(t, struct tcp_transport, base)
@@ -298,7 +369,7 @@ void _kvb_tcp_ep_destroy(struct kvb_ep *ep, int complete);
 /* connect(): tt->stripes endpoints to sa, chained; 0 or -ENOMEM */
 int _kvb_tcp_ep_group_new(struct tcp_transport *tt,
 			  const struct sockaddr_storage *sa, socklen_t salen,
-			  struct kvb_ep **out);
+			  uint64_t srv_id, struct kvb_ep **out);
 /* disconnect(): every stripe of the group ep leads */
 void _kvb_tcp_ep_group_destroy(struct kvb_ep *ep);
 void _kvb_tcp_ep_event(struct kvb_ep *ep, uint32_t events);
@@ -307,7 +378,40 @@ void _kvb_tcp_ep_drop_mr(struct kvb_ep *ep, struct kvb_mr *mr);
 int _kvb_tcp_post(struct kvb_transport *t, struct kvb_ep *ep,
 		  const struct kvb_xop *ops, unsigned n);
 
+/* auth.c */
+void _kvb_tcp_mac(const uint8_t key[KVB_TCP_KEY_LEN], char role, uint64_t id_d,
+		  uint64_t id_s, const uint8_t *nonce_d, const uint8_t *nonce_s,
+		  uint8_t mac[KVB_TCP_MAC_LEN]);
+int _kvb_tcp_mac_ok(const uint8_t key[KVB_TCP_KEY_LEN], char role,
+		    uint64_t id_d, uint64_t id_s, const uint8_t *nonce_d,
+		    const uint8_t *nonce_s, const uint8_t *mac);
+struct tcp_peer *_kvb_tcp_peer_find(struct tcp_transport *tt, uint64_t id);
+/* whether an authenticated peer may address region id */
+int _kvb_tcp_peer_has(const struct tcp_peer *p, uint32_t id);
+/* One line of that kind, or counted when one went out within a second. */
+void _kvb_tcp_rlog(struct tcp_transport *tt, enum tcp_rl_kind k,
+		   const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Sum up the suppressed lines of kinds whose second is over. */
+void _kvb_tcp_rlog_flush(struct tcp_transport *tt, uint64_t now);
+void _kvb_tcp_addr_str(const struct sockaddr_storage *sa, char *buf,
+		       size_t len);
+/* send exactly len bytes (auth messages, on a fresh connection): 0 or
+ * -errno (-EIO for a short send) */
+int _kvb_tcp_send_all(int fd, const void *buf, size_t len);
+/* dialer: the connection is up: send HELLO (state EP_AUTH); 0 or -errno */
+int _kvb_tcp_ep_auth_start(struct kvb_ep *ep);
+/* dialer: read the CHALLENGE; 1 when done (PROOF sent, EP_CONNECTED), 0
+ * for more to come, or -errno */
+int _kvb_tcp_ep_auth_read(struct kvb_ep *ep);
+/* server: read HELLO / PROOF; 1 when authenticated, 0 more to come,
+ * -errno (the caller closes, the reason already counted) */
+int _kvb_tcp_conn_auth_read(struct tcp_conn *c);
+
 /* serve.c */
+/* close unauthenticated connections past their deadline; *next: the next
+ * deadline */
+void _kvb_tcp_conn_expire(struct tcp_transport *tt, uint64_t now,
+			  uint64_t *next);
 void _kvb_tcp_accept(struct tcp_transport *tt);
 void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events);
 void _kvb_tcp_conn_flush_all(struct tcp_transport *tt);

@@ -116,3 +116,22 @@ int32_t kvb_tcp_status_get(const uint8_t *buf)
 {
 	return (int32_t) kvb_get32(buf);
 }
+
+/* Auth message head: 0 magic u32 | 4 version u8 | 5 type u8 | 6 zero u16 */
+void kvb_tcp_auth_head(uint8_t *buf, uint8_t type)
+{
+	kvb_put32(buf, KVB_TCP_AUTH_MAGIC);
+	buf[4] = KVB_TCP_AUTH_VERSION;
+	buf[5] = type;
+	buf[6] = 0;
+	buf[7] = 0;
+}
+
+int kvb_tcp_auth_head_check(const uint8_t *buf, uint8_t type)
+{
+	if (kvb_get32(buf) != KVB_TCP_AUTH_MAGIC ||
+	    buf[4] != KVB_TCP_AUTH_VERSION || buf[5] != type || buf[6] ||
+	    buf[7])
+		return -EPROTO;
+	return 0;
+}

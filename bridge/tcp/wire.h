@@ -19,6 +19,31 @@
 #define KVB_TCP_MAX_RECS      1024 /* records per frame */
 #define KVB_TCP_TRAILER_MAX   (KVB_TCP_MAX_RECS * 4)
 
+/*
+ * Authentication, before the first frame of a connection (docs/tcp.md,
+ * "Authentication"): the dialer sends HELLO, the server CHALLENGE, the
+ * dialer PROOF; MACs are HMAC-SHA512-256 (libsodium crypto_auth) under the
+ * key both brokers derived at their handshake.
+ */
+#define KVB_TCP_AUTH_MAGIC   0x414b5654u /* "TVKA" */
+#define KVB_TCP_AUTH_VERSION 1
+#define KVB_TCP_NONCE_LEN    32
+#define KVB_TCP_MAC_LEN	     32
+#define KVB_TCP_HELLO_LEN    56 /* 8 head | dialer id | server id | nonce */
+#define KVB_TCP_CHAL_LEN     72 /* 8 head | server nonce | server MAC */
+#define KVB_TCP_PROOF_LEN    40 /* 8 head | dialer MAC */
+
+enum kvb_tcp_atype {
+	KVB_TCP_A_HELLO = 1,
+	KVB_TCP_A_CHALLENGE = 2,
+	KVB_TCP_A_PROOF = 3,
+};
+
+/* 8-byte head of an auth message: magic, version, type, two zero bytes */
+void kvb_tcp_auth_head(uint8_t *buf, uint8_t type);
+/* 0 if buf starts with a valid head of that type, else -EPROTO */
+int kvb_tcp_auth_head_check(const uint8_t *buf, uint8_t type);
+
 enum kvb_tcp_ftype {
 	KVB_TCP_F_WRITE = 1,	 /* records + payloads, to the listener */
 	KVB_TCP_F_READ_REQ = 2,	 /* records, to the listener */

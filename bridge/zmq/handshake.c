@@ -266,6 +266,15 @@ static int decode_desc(struct kvb_hs_desc *d, const msgpack_object *top,
 				return -EBADMSG;
 			d->hs_port = (uint32_t) v;
 		}
+		o = _kvb_mp_map_get(top, "kx");
+		if (o) {
+			if (o->type != MSGPACK_OBJECT_BIN ||
+			    o->via.bin.size != KVB_HS_KX_LEN)
+				return bad(reason,
+					   "kx is not a bin of 32 bytes");
+			memcpy(d->kx, o->via.bin.ptr, KVB_HS_KX_LEN);
+			d->has_kx = 1;
+		}
 		if (_kvb_mp_map_get(top, "instance")) {
 			if (get_u(top, "instance", UINT64_MAX, &v, reason,
 				  "instance"))
@@ -404,7 +413,7 @@ static int pack_desc(msgpack_packer *pk, const struct kvb_hs_desc *d)
 	uint32_t i, j;
 	int e = 0;
 
-	e |= msgpack_pack_map(pk, d->host[0] ? 9 : 8);
+	e |= msgpack_pack_map(pk, 8 + !!d->host[0] + !!d->has_kx);
 	e |= _kvb_mp_pack_cstr(pk, "kvb");
 	e |= _kvb_mp_pack_cstr(pk, HS_MAGIC);
 	e |= pack_kv_u64(pk, "version", KVB_HS_VERSION);
@@ -417,6 +426,10 @@ static int pack_desc(msgpack_packer *pk, const struct kvb_hs_desc *d)
 	e |= pack_kv_u64(pk, "notify_port", d->notify_port);
 	e |= pack_kv_u64(pk, "hs_port", d->hs_port);
 	e |= pack_kv_u64(pk, "instance", d->instance);
+	if (d->has_kx) {
+		e |= _kvb_mp_pack_cstr(pk, "kx");
+		e |= msgpack_pack_bin_with_body(pk, d->kx, KVB_HS_KX_LEN);
+	}
 	e |= _kvb_mp_pack_cstr(pk, "transports");
 	e |= msgpack_pack_array(pk, d->ntransports);
 	for (i = 0; i < d->ntransports; i++) {

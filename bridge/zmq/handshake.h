@@ -29,6 +29,7 @@
 #define KVB_HS_WORKERS_MAX   1024
 #define KVB_HS_REGIONS_MAX   4096 /* per worker */
 #define KVB_HS_BYTES_MAX     (16u << 20)
+#define KVB_HS_KX_LEN	     32
 
 enum kvb_hs_role {
 	KVB_HS_ROLE_P = 1, /* prefill, KV producer */
@@ -70,6 +71,11 @@ struct kvb_hs_desc {
 	uint32_t notify_port; /* "notify_port": base of the notify ports */
 	uint32_t hs_port;     /* "hs_port": its handshake port */
 	uint64_t instance;    /* "instance" */
+	/* "kx" (optional bin of 32): the broker's X25519 public key, from
+	 * which both sides derive the key of the tcp data port's
+	 * authentication (docs/security.md) */
+	uint8_t kx[KVB_HS_KX_LEN];
+	uint8_t has_kx;
 	uint32_t ntransports;
 	struct kvb_hs_transport transports[KVB_HS_TRANSPORT_MAX];
 	uint32_t nworkers;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bridge/le.h"
 #include "bridge/tcp/wire.h"
 #include "shm/segment.h"
 #include "bridge/zmq/codec.h"
@@ -121,6 +122,15 @@ static void hs_seeds(void)
 	}
 	put("hs", "desc", out, len);
 	free(out);
+	/* with the X25519 public key of the data port's key exchange */
+	memset(d.kx, 0x42, sizeof(d.kx));
+	d.has_kx = 1;
+	if (kvb_hs_encode(&d, &out, &len)) {
+		fprintf(stderr, "hs: refused\n");
+		exit(1);
+	}
+	put("hs", "desc-kx", out, len);
+	free(out);
 }
 
 /* A frame: header, records, then pay bytes of payload (0x5a). */
@@ -169,6 +179,30 @@ static void tcp_seeds(void)
 	n += frame(buf + n, KVB_TCP_F_READ_REQ, rd, 2);
 	n += frame(buf + n, KVB_TCP_F_WRITE, wr + 2, 1);
 	put("tcp_serve", "mixed", buf, n);
+
+	/* inputs that start with the auth magic go unauthenticated: the
+	 * server's HELLO / PROOF parser (tcp_serve.c raw_auth_input) */
+	memset(buf, 0, sizeof(buf));
+	kvb_tcp_auth_head(buf, KVB_TCP_A_HELLO);
+	kvb_put64(buf + 8, 0x1234);
+	kvb_put64(buf + 16, 0); /* any server: the shared-key entry */
+	memset(buf + 24, 0x11, KVB_TCP_NONCE_LEN);
+	/* a HELLO alone: CHALLENGE back, then the deadline */
+	put("tcp_serve", "auth-hello", buf, KVB_TCP_HELLO_LEN);
+	/* a PROOF that cannot be right, then a WRITE frame it must not let
+	 * through */
+	kvb_tcp_auth_head(buf + KVB_TCP_HELLO_LEN, KVB_TCP_A_PROOF);
+	memset(buf + KVB_TCP_HELLO_LEN + 8, 0x22, KVB_TCP_MAC_LEN);
+	n = KVB_TCP_HELLO_LEN + KVB_TCP_PROOF_LEN;
+	n += frame(buf + n, KVB_TCP_F_WRITE, wr, 2);
+	put("tcp_serve", "auth-bad-proof", buf, n);
+	/* a HELLO for another server id: refused at once */
+	kvb_put64(buf + 16, 99);
+	put("tcp_serve", "auth-other-server", buf, KVB_TCP_HELLO_LEN);
+	/* a HELLO of another version, frames behind it */
+	kvb_put64(buf + 16, 0);
+	buf[4] = 2;
+	put("tcp_serve", "auth-version", buf, n);
 }
 
 /* One record of validate.c: worker selector, then the descriptor. */

@@ -26,11 +26,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "fuzz_auth.h"
 #ifdef KVB_FUZZ_TCP_GPU
 #include "gpu/gpu_api.h"
 #define FUZZ_GPU 1
@@ -91,6 +93,8 @@ struct got {
 	int closed;
 };
 
+static void srv_poll(void);
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -130,6 +134,10 @@ static void setup(void)
 		abort();
 	}
 	srv_port = (uint16_t) kvb_tcp_port(srv);
+	/* peers proving the shared key; an unfinished HELLO / PROOF waits
+	 * 300 ms, not the broker's 2 s */
+	FUZZ_CHECK(kvb_tcp_peer_allow(srv, 0, kvb_tcp_tool_key, NULL, -1) == 0);
+	kvb_tcp_set_limits(srv, 0, 0, 300);
 	for (i = 0; i < NREG; i++) {
 		mrs[i].id = layout[i].id;
 		mrs[i].flags = layout[i].flags;
@@ -343,6 +351,108 @@ static void arena_sync(int dir)
 #endif
 }
 
+/* Read exactly n bytes from fd, serving meanwhile; 0 on EOF/deadline. */
+static int read_n(int fd, uint8_t *buf, size_t n, uint64_t deadline)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r;
+
+		srv_poll();
+		r = recv(fd, buf + got, n - got, MSG_DONTWAIT);
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+			return 0;
+		if (r > 0)
+			got += (size_t) r;
+		if (now_ns() > deadline)
+			return 0;
+	}
+	return 1;
+}
+
+/* The harness authenticates as a peer (any id, the shared key). */
+static void auth(int fd, uint64_t deadline)
+{
+	uint8_t h[KVB_TCP_HELLO_LEN], c[KVB_TCP_CHAL_LEN], p[KVB_TCP_PROOF_LEN];
+
+	kvb_tcp_auth_head(h, KVB_TCP_A_HELLO);
+	kvb_put64(h + 8, 0x66757a7a);
+	kvb_put64(h + 16, kvb_tcp_id(srv));
+	randombytes_buf(h + 24, 32);
+	FUZZ_CHECK(send(fd, h, sizeof(h), MSG_NOSIGNAL) == sizeof(h));
+	FUZZ_CHECK(read_n(fd, c, sizeof(c), deadline));
+	FUZZ_CHECK(!kvb_tcp_auth_head_check(c, KVB_TCP_A_CHALLENGE));
+	kvb_tcp_auth_head(p, KVB_TCP_A_PROOF);
+	fa_mac(kvb_tcp_tool_key, 'C', 0x66757a7a, kvb_tcp_id(srv), h + 24,
+	       c + 8, p + 8);
+	FUZZ_CHECK(send(fd, p, sizeof(p), MSG_NOSIGNAL) == sizeof(p));
+}
+
+/*
+ * An input that starts with the auth magic ("TVKA") goes as it is, with no
+ * authentication of the harness's: the server's HELLO / PROOF parser. No
+ * PROOF can be right (the server's nonce is fresh), so whatever it holds:
+ * the connection ends refused (auth_failed: also for the EOF the harness
+ * sends behind the input) or at the deadline (auth_timeout), no frame is
+ * read, nothing but at most one CHALLENGE comes
+ * back, not a byte of the regions changes.
+ */
+static void raw_auth_input(const uint8_t *data, size_t size)
+{
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct kvb_tcp_stats st0, st;
+	uint8_t buf[256];
+	size_t sent = 0, got = 0;
+	uint64_t deadline = now_ns() + DEADLINE_NS;
+	int fd, closed = 0;
+
+	kvb_tcp_get_stats(srv, &st0);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	FUZZ_CHECK(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	sa.sin_port = htons(srv_port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	FUZZ_CHECK(connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0);
+	while (!closed) {
+		ssize_t r;
+
+		if (sent < size) {
+			r = send(fd, data + sent, size - sent,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (r > 0)
+				sent += (size_t) r;
+			else if (r < 0 && errno != EAGAIN && errno != EINTR)
+				sent = size;
+			/* all sent: EOF behind it, no wait for the deadline */
+			if (sent == size)
+				shutdown(fd, SHUT_WR);
+		}
+		srv_poll();
+		r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (r > 0)
+			got += (size_t) r;
+		else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+			closed = 1;
+		FUZZ_CHECK(now_ns() < deadline);
+	}
+	close(fd);
+	do {
+		srv_poll();
+		kvb_tcp_get_stats(srv, &st);
+		FUZZ_CHECK(now_ns() < deadline);
+	} while (st.conns_open);
+	FUZZ_CHECK(got == 0 || got == KVB_TCP_CHAL_LEN);
+	FUZZ_CHECK(st.frames_rx == st0.frames_rx);
+	FUZZ_CHECK(st.auth_ok == st0.auth_ok);
+	FUZZ_CHECK(st.rejected == st0.rejected);
+	FUZZ_CHECK(st.refused_auth_failed + st.refused_auth_timeout ==
+		   st0.refused_auth_failed + st0.refused_auth_timeout + 1);
+	arena_sync(KVB_GPU_TO_HOST);
+	FUZZ_CHECK(!memcmp(arena, model, arena_len));
+}
+
 static void srv_poll(void)
 {
 	struct kvb_xcqe cqe[8];
@@ -360,7 +470,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct expect e = {0};
 	struct got g = {0};
 	uint64_t deadline;
-	int fd;
+	int fd, one = 1;
 
 	if (!srv)
 		setup();
@@ -368,6 +478,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		arena[i] = (uint8_t) (i * 7 + 3);
 	memcpy(model, arena, arena_len);
 	arena_sync(KVB_GPU_TO_DEV);
+	if (size >= 4 && !memcmp(data, "TVKA", 4)) {
+		raw_auth_input(data, size);
+		return 0;
+	}
 	e.acks = calloc(nrec, sizeof(*e.acks));
 	e.reads = calloc(nrec, sizeof(*e.reads));
 	e.frame_first = calloc(nrec, sizeof(unsigned));
@@ -381,11 +495,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(fd >= 0);
 	/* close() sends a RST: no TIME_WAIT, the ephemeral ports last */
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	/* the input right behind the PROOF, not after a delayed ACK */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	sa.sin_port = htons(srv_port);
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	FUZZ_CHECK(connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == 0);
 
 	deadline = now_ns() + DEADLINE_NS;
+	auth(fd, deadline);
+	/* the auth messages are received bytes too */
+	st0.bytes_rx += KVB_TCP_HELLO_LEN + KVB_TCP_PROOF_LEN;
 	for (;;) {
 		if (sent < size) {
 			ssize_t r = send(fd, data + sent, size - sent,

@@ -207,7 +207,9 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (kvb_tcp_ops.local_info(b, blob, &blen) ||
-	    kvb_tcp_ops.connect(a, blob, blen, &ep))
+	    kvb_tcp_peer_allow(b, 0, kvb_tcp_tool_key, NULL, -1) ||
+	    kvb_tcp_ops.connect(a, blob, blen, &ep) ||
+	    kvb_tcp_ep_set_key(a, ep, kvb_tcp_tool_key))
 		goto out;
 	/* target blocks shuffled: every op lands apart from its neighbours */
 	for (i = 0; i < n; i++)

@@ -357,7 +357,9 @@ void conn_open(int ci)
 	c->fd = kvb_ctl_connect(br.sock, 3000);
 	CHECK(c->fd >= 0, "connect: %s", strerror(-c->fd));
 	c->role = chance(50) ? KVB_ROLE_P : KVB_ROLE_D;
-	c->dp = below(4);
+	/* a dp rank of its own: the broker refuses a second worker with an
+	 * identity (role, dp, tp) that is attached (-EADDRINUSE) */
+	c->dp = below(4) + 4 * (uint32_t) ci;
 	c->tp_size = tps[below(3)];
 	c->tp = below(c->tp_size);
 	c->seq = chance(80) ? 1 : UINT32_MAX - below(4);

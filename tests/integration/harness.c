@@ -158,7 +158,11 @@ static int broker_spawn(struct broker *b, const struct broker_opts *o)
 	if (logfd < 0)
 		return -errno;
 
-	argv[argc++] = KVB_BROKER_BIN;
+	/* $KVB_TEST_BROKER_BIN: another build's broker (e.g. an older one,
+	 * to see a test fail there) */
+	argv[argc++] = getenv("KVB_TEST_BROKER_BIN")
+			       ? getenv("KVB_TEST_BROKER_BIN")
+			       : KVB_BROKER_BIN;
 	argv[argc++] = "--socket";
 	argv[argc++] = b->sock;
 	argv[argc++] = "--busy-poll-us";

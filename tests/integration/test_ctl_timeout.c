@@ -69,8 +69,12 @@ static int teardown(void **state)
 
 static struct kvb_ctx *attach_ms(const struct broker *b, int timeout_ms)
 {
+	/* each worker a dp rank of its own: a second worker with an identity
+	 * that is attached is refused */
+	static uint32_t next_dp;
 	struct kvb_attach_opts o = {.socket_path = b->sock,
 				    .role = KVB_ROLE_P,
+				    .dp_rank = next_dp++,
 				    .tp_size = 1,
 				    .timeout_ms = timeout_ms};
 	struct kvb_ctx *ctx = NULL;

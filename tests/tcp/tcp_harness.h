@@ -83,4 +83,21 @@ void reg(struct kvb_transport *t, struct region *r);
 struct kvb_tcp_stats stats(struct kvb_transport *t);
 void xfer_blocks(uint32_t code, unsigned n, uint64_t bs);
 
+/* ---- authentication (docs/tcp.md) ---- */
+
+/* The key every harness transport accepts from any dialer (topen) and
+ * every endpoint made by pair_open proves. */
+extern const uint8_t harness_key[KVB_TCP_KEY_LEN];
+void ep_key(struct kvb_transport *t, struct kvb_ep *ep);
+/* A raw connection to p->b, as a dialer with id `id` proving `key`:
+ * HELLO, CHALLENGE (its MAC checked when check_srv), PROOF. The nonces
+ * and the PROOF sent are copied out when not NULL (replay tests). */
+void raw_auth(struct pair *p, int fd, uint64_t id, const uint8_t *key,
+	      uint8_t hello[56], uint8_t proof[40]);
+/* The test plays the server on fd (accepted): HELLO, CHALLENGE under
+ * harness_key for server id srv_id, PROOF checked. */
+void fake_auth(struct pair *p, int fd, uint64_t srv_id);
+/* Read exactly n bytes from fd, pumping p; false at the deadline/EOF. */
+int raw_read(struct pair *p, int fd, uint8_t *buf, size_t n);
+
 #endif

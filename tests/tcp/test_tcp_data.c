@@ -144,6 +144,7 @@ static void test_blob(void **state)
 	assert_int_equal(kvb_tcp_ops.connect(a, bad, len, &ep), -EPROTO);
 	assert_null(ep);
 	assert_int_equal(kvb_tcp_ops.connect(a, blob, len, &ep), 0);
+	ep_key(a, ep);
 	assert_non_null(ep);
 	kvb_tcp_ops.disconnect(a, ep);
 	kvb_tcp_ops.close(a);
@@ -172,6 +173,7 @@ static void test_connect_host(void **state)
 		-EINVAL);
 	assert_int_equal(
 		kvb_tcp_connect_host(p.a, blob, len, "127.0.0.1", &p.ep), 0);
+	ep_key(p.a, p.ep);
 	region_init(&l, 1, 1 * MiB, 0);
 	region_init(&r, 2, 1 * MiB, KVB_MEM_REMOTE_WRITE);
 	region_fill(&l, 10);
@@ -207,10 +209,12 @@ static void test_ipv6(void **state)
 	memset(&p, 0, sizeof(p));
 	p.a = topen("127.0.0.1", 0, 0, 3000);
 	p.b = b;
+	assert_int_equal(kvb_tcp_peer_allow(b, 0, harness_key, NULL, -1), 0);
 	tr_init(&p.tr, 1);
 	assert_int_equal(kvb_tcp_ops.local_info(p.b, blob, &len), 0);
 	assert_int_equal(blob[6], 6);
 	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+	ep_key(p.a, p.ep);
 	region_init(&l, 1, 256 * KiB, 0);
 	region_init(&r, 2, 256 * KiB, KVB_MEM_REMOTE_WRITE);
 	region_fill(&l, 11);
@@ -350,6 +354,7 @@ static void test_write_gather_errors(void **state)
 		kvb_tcp_ops.close(b); /* its port now refuses */
 		q.a = a;
 		assert_int_equal(kvb_tcp_ops.connect(a, blob, len, &q.ep), 0);
+		ep_key(a, q.ep);
 		tr_init(&q.tr, 4);
 		reg(a, &l);
 		for (i = 0; i < 4; i++)

@@ -131,7 +131,9 @@ static void test_garbage(void **state)
 	assert_int_equal(p.tr.status[0], 0);
 
 	memset(junk, 0xab, sizeof(junk));
+	/* each authenticated first: the frame checks come after */
 	fd[0] = raw_connect(port);
+	raw_auth(&p, fd[0], 0x100, harness_key, NULL, NULL);
 	assert_int_equal(send(fd[0], junk, sizeof(junk), 0), sizeof(junk));
 	/* a good magic with a bad version */
 	memset(hdr, 0, sizeof(hdr));
@@ -140,6 +142,7 @@ static void test_garbage(void **state)
 	hdr[5] = 1;
 	put_le(hdr + 6, 1, 2);
 	fd[1] = raw_connect(port);
+	raw_auth(&p, fd[1], 0x101, harness_key, NULL, NULL);
 	assert_int_equal(send(fd[1], hdr, sizeof(hdr), 0), sizeof(hdr));
 	/* a good header with an absurd record length */
 	hdr[4] = 1;
@@ -147,6 +150,7 @@ static void test_garbage(void **state)
 	put_le(hdr + 24 + 8, 2, 4);	      /* region */
 	put_le(hdr + 24 + 24, 1ull << 40, 8); /* len */
 	fd[2] = raw_connect(port);
+	raw_auth(&p, fd[2], 0x102, harness_key, NULL, NULL);
 	assert_int_equal(send(fd[2], hdr, sizeof(hdr), 0), sizeof(hdr));
 	for (i = 0; i < 3; i++) {
 		assert_true(raw_closed(&p, fd[i]));
@@ -233,7 +237,10 @@ static void test_peer_closed(void **state)
 		assert_true(stats(p.a).conn_failed == 2 ||
 			    stats(p.a).conn_failed == 3);
 
-	/* B is back on the same port: the next post after the backoff lands */
+	/* B is back on the same port, a new instance (a new id): the old
+	 * endpoint's HELLO names the old one and is refused, nothing lands;
+	 * the broker hand-shakes again and connects the new blob, which
+	 * lands */
 	p.b = topen("127.0.0.1", port, 0, 3000);
 	memset(r.mem, 0, r.len);
 	reg(p.b, &r);
@@ -243,9 +250,23 @@ static void test_peer_closed(void **state)
 	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 8 * MiB, 10);
 	post_all(&p, &op, 1);
 	wait_all(&p);
-	assert_int_equal(p.tr.status[10], 0);
-	assert_memory_equal(l.mem, r.mem, 8 * MiB);
+	assert_true(p.tr.status[10] < 0);
+	assert_int_equal(stats(p.b).refused_auth_failed, 1);
 	assert_true(stats(p.a).reconnects >= 2);
+	{
+		uint8_t blob[KVB_TCP_BLOB_LEN];
+		size_t len = sizeof(blob);
+
+		kvb_tcp_ops.disconnect(p.a, p.ep);
+		assert_int_equal(kvb_tcp_ops.local_info(p.b, blob, &len), 0);
+		assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+		ep_key(p.a, p.ep);
+	}
+	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, 8 * MiB, 11);
+	post_all(&p, &op, 1);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[11], 0);
+	assert_memory_equal(l.mem, r.mem, 8 * MiB);
 	pair_close(&p);
 	region_free(&l);
 	region_free(&r);
@@ -318,6 +339,7 @@ static void test_stalled_peer(void **state)
 					   blob, &len),
 			 0);
 	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+	ep_key(p.a, p.ep);
 	region_init(&l, 1, 16 * MiB, 0);
 	reg(p.a, &l);
 	ops[0] = xop(KVB_XOP_WRITE, &l, 0, 1, 0, 4 * KiB, 0);
@@ -488,6 +510,7 @@ static void test_early_ack(void **state)
 	kvb_tcp_blob_encode(&bl, blob);
 	kvb_tcp_ops.disconnect(p.a, p.ep);
 	assert_int_equal(kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+	ep_key(p.a, p.ep);
 	/* far more than the socket buffers take: most of it stays queued */
 	region_init(&l, 1, 64 * MiB, 0);
 	reg(p.a, &l);
@@ -500,6 +523,8 @@ static void test_early_ack(void **state)
 		pump(&p);
 		if (fd < 0) {
 			fd = accept(lfd, NULL, NULL);
+			if (fd >= 0)
+				fake_auth(&p, fd, bl.nonce);
 			continue;
 		}
 		n = recv(fd, in + got, sizeof(in) - got, MSG_DONTWAIT);
@@ -545,6 +570,7 @@ static int fake_server(struct pair *p)
 	kvb_tcp_blob_encode(&bl, blob);
 	kvb_tcp_ops.disconnect(p->a, p->ep);
 	assert_int_equal(kvb_tcp_ops.connect(p->a, blob, len, &p->ep), 0);
+	ep_key(p->a, p->ep);
 	return lfd;
 }
 
@@ -560,6 +586,8 @@ static void fake_recv(struct pair *p, int lfd, int *fd, uint8_t *buf, size_t n)
 		pump(p);
 		if (*fd < 0) {
 			*fd = accept(lfd, NULL, NULL);
+			if (*fd >= 0)
+				fake_auth(p, *fd, kvb_tcp_id(p->b));
 			continue;
 		}
 		r = recv(*fd, buf + got, n - got, MSG_DONTWAIT);

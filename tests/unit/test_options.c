@@ -12,14 +12,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "ctl.h"
 #include "options.h"
 #include "log.h"
 
-#define MAXARGS 64
+#define MAXARGS 96
 
 /*
  * Parse a NULL-terminated argument list (argv[0] added). getopt permutes
@@ -100,26 +103,56 @@ static void test_defaults(void **state)
 	assert_int_equal(o.gid_index, -1);
 	assert_int_equal(o.qp_per_transfer, 1);
 	assert_int_equal(o.tcp_conns, 4);
+	assert_int_equal(o.tcp_max_conns, 256);
+	assert_int_equal(o.tcp_max_conns_per_host, 32);
+	assert_int_equal(o.tcp_auth_ms, 2000);
+	assert_string_equal(o.cluster_key, "");
 	assert_int_equal(o.gpu_streams, 64);
 	assert_int_equal(o.copy_threads, -1);
 	assert_int_equal(o.copy_plain, 0);
 	assert_int_equal(o.help, 0);
 	assert_int_equal(o.version, 0);
 
-	/* without $KVB_SOCKET: $XDG_RUNTIME_DIR, then /tmp/kvbroker-UID */
+	assert_int_equal(o.hello_timeout_ms, 2000);
+	assert_int_equal(o.max_pending, 64);
+	assert_int_equal(o.max_ring_entries, 1u << 16);
+	assert_int_equal(o.max_xfers_per_worker, 0);
+	assert_int_equal(o.max_inflight_per_worker, 0);
+	assert_int_equal(o.max_undelivered, 16384);
+
+	/* without $KVB_SOCKET: a private directory, $XDG_RUNTIME_DIR/kvbroker,
+	 * then /run/kvbroker for root, /tmp/kvbroker-UID for others */
 	unsetenv("KVB_SOCKET");
 	setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
 	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
-	assert_string_equal(o.socket_path, "/run/user/4242/kvbroker.sock");
+	assert_string_equal(o.socket_path,
+			    "/run/user/4242/kvbroker/kvbroker.sock");
+	assert_string_equal(o.socket_dir, "/run/user/4242/kvbroker");
+	assert_int_equal(o.socket_private, 1);
 	unsetenv("XDG_RUNTIME_DIR");
 	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
 	{
 		char want[64];
 
-		snprintf(want, sizeof(want), "/tmp/kvbroker-%u.sock",
-			 (unsigned) getuid());
+		if (getuid() == 0)
+			snprintf(want, sizeof(want),
+				 "/run/kvbroker/kvbroker.sock");
+		else
+			snprintf(want, sizeof(want),
+				 "/tmp/kvbroker-%u/kvbroker.sock",
+				 (unsigned) getuid());
 		assert_string_equal(o.socket_path, want);
+		assert_int_equal(o.socket_private, 1);
 	}
+	/* --socket: no directory rule (the client checks the peer's uid) */
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--socket", "/tmp/y.sock", NULL),
+		0);
+	assert_int_equal(o.socket_private, 0);
+	setenv("KVB_SOCKET", "/tmp/z.sock", 1);
+	assert_int_equal(parse(&o, err, sizeof(err), NULL), 0);
+	assert_int_equal(o.socket_private, 0);
+	unsetenv("KVB_SOCKET");
 	/* a default too long for a socket: refused (the workers would look
 	 * there), unless --socket says where */
 	{
@@ -176,8 +209,21 @@ static void test_every_option(void **state)
 		      "--read-mode", "--trusted-hosts", "a,b,c", "--rdma-dev",
 		      "mlx5_0", "--ib-port", "2", "--gid-index", "3",
 		      "--qp-per-transfer", "16", "--tcp-conns", "1",
-		      "--gpu-streams", "1", "--copy-threads", "3", NULL),
+		      "--gpu-streams", "1", "--copy-threads", "3",
+		      "--tcp-max-conns", "4096", "--tcp-max-conns-per-host",
+		      "1", "--tcp-auth-timeout", "10", "--cluster-key", "/k",
+		      "--hello-timeout-ms", "150", "--max-pending", "8",
+		      "--max-ring-entries", "1024",
+		      "--max-transfers-per-worker", "100",
+		      "--max-inflight-per-worker", "200", "--max-undelivered",
+		      "300", NULL),
 		0);
+	assert_int_equal(o.hello_timeout_ms, 150);
+	assert_int_equal(o.max_pending, 8);
+	assert_int_equal(o.max_ring_entries, 1024);
+	assert_int_equal(o.max_xfers_per_worker, 100);
+	assert_int_equal(o.max_inflight_per_worker, 200);
+	assert_int_equal(o.max_undelivered, 300);
 	assert_string_equal(err, "");
 	assert_string_equal(o.socket_path, "/tmp/x.sock");
 	assert_int_equal(o.transport, KVB_TR_RDMA);
@@ -202,6 +248,10 @@ static void test_every_option(void **state)
 	assert_int_equal(o.tcp_conns, 1);
 	assert_int_equal(o.gpu_streams, 1);
 	assert_int_equal(o.copy_threads, 3);
+	assert_int_equal(o.tcp_max_conns, 4096);
+	assert_int_equal(o.tcp_max_conns_per_host, 1);
+	assert_int_equal(o.tcp_auth_ms, 10);
+	assert_string_equal(o.cluster_key, "/k");
 	assert_int_equal(
 		parse(&o, err, sizeof(err), "--copy-threads", "0", NULL), 0);
 	assert_int_equal(o.copy_threads, 0);
@@ -304,6 +354,12 @@ static void test_bad_numbers(void **state)
 	refused("--tcp-conns", "--tcp-conns", "0", NULL);
 	refused("--tcp-conns", "--tcp-conns", "17", NULL);
 	refused("--gpu-streams", "--gpu-streams", "0", NULL);
+	refused("--tcp-max-conns", "--tcp-max-conns", "0", NULL);
+	refused("--tcp-max-conns", "--tcp-max-conns", "4097", NULL);
+	refused("--tcp-max-conns-per-host", "--tcp-max-conns-per-host", "0",
+		NULL);
+	refused("--tcp-auth-timeout", "--tcp-auth-timeout", "9", NULL);
+	refused("--tcp-auth-timeout", "--tcp-auth-timeout", "60001", NULL);
 	refused("--copy-threads", "--copy-threads", "65", NULL);
 	refused("--copy-threads", "--copy-threads", "-1", NULL);
 	refused("--copy-threads", "--copy-threads", "Auto", NULL);
@@ -380,16 +436,35 @@ static void test_help_version(void **state)
 	assert_non_null(f);
 	kvb_options_usage(f);
 	fclose(f);
-	static const char *const names[] = {
-		"--socket",	      "--transport",	   "--log-level",
-		"--busy-poll-us",     "--sq-entries",	   "--cq-entries",
-		"--max-workers",      "--burst",	   "--post-batch-size",
-		"--transfer-timeout", "--defer-timeout",   "--host-ip",
-		"--notify-port",      "--handshake-port",  "--read-mode",
-		"--trusted-hosts",    "--rdma-dev",	   "--ib-port",
-		"--gid-index",	      "--qp-per-transfer", "--tcp-conns",
-		"--gpu-streams",      "--copy-threads",	   "--help",
-		"--version"};
+	static const char *const names[] = {"--socket",
+					    "--transport",
+					    "--log-level",
+					    "--busy-poll-us",
+					    "--sq-entries",
+					    "--cq-entries",
+					    "--max-workers",
+					    "--burst",
+					    "--post-batch-size",
+					    "--transfer-timeout",
+					    "--defer-timeout",
+					    "--host-ip",
+					    "--notify-port",
+					    "--handshake-port",
+					    "--read-mode",
+					    "--trusted-hosts",
+					    "--rdma-dev",
+					    "--ib-port",
+					    "--gid-index",
+					    "--qp-per-transfer",
+					    "--tcp-conns",
+					    "--gpu-streams",
+					    "--copy-threads",
+					    "--help",
+					    "--version",
+					    "--tcp-max-conns",
+					    "--tcp-max-conns-per-host",
+					    "--tcp-auth-timeout",
+					    "--cluster-key"};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (!strstr(buf, names[i]))
 			fail_msg("usage does not mention %s", names[i]);
@@ -400,6 +475,60 @@ static void test_help_version(void **state)
 }
 
 /* An error message is truncated to the buffer, never overflows it. */
+/* The directory rule of the default socket (client and broker) and the
+ * peer check: a private directory passes; a symlink to one, group or other
+ * access, another owner, a file do not. */
+static void test_socket_dir(void **state)
+{
+	char dir[64] = "/tmp/kvbo-XXXXXX", sub[96], lnk[96], why[256];
+	int sv[2];
+	uid_t peer = 12345;
+
+	(void) state;
+	assert_non_null(mkdtemp(dir));
+	snprintf(sub, sizeof(sub), "%s/d", dir);
+	snprintf(lnk, sizeof(lnk), "%s/l", dir);
+	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),
+			 -ENOENT);
+	assert_int_equal(mkdir(sub, 0700), 0);
+	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),
+			 0);
+	assert_int_equal(
+		kvb_sock_dir_check(sub, getuid() + 1, why, sizeof(why)),
+		-EACCES);
+	assert_non_null(strstr(why, "owned by uid"));
+	assert_int_equal(chmod(sub, 0750), 0);
+	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),
+			 -EACCES);
+	assert_non_null(strstr(why, "0750"));
+	assert_int_equal(chmod(sub, 0701), 0);
+	assert_int_equal(kvb_sock_dir_check(sub, getuid(), why, sizeof(why)),
+			 -EACCES);
+	assert_int_equal(chmod(sub, 0700), 0);
+	assert_int_equal(symlink(sub, lnk), 0);
+	assert_int_equal(kvb_sock_dir_check(lnk, getuid(), why, sizeof(why)),
+			 -EACCES);
+	assert_non_null(strstr(why, "symlink"));
+	/* the peer check: our own uid is trusted */
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	assert_int_equal(kvb_ctl_check_peer(sv[0], &peer), 0);
+	assert_int_equal(peer, getuid());
+	close(sv[0]);
+	close(sv[1]);
+	unlink(lnk);
+	rmdir(sub);
+	rmdir(dir);
+	/* $KVB_SOCKET: no directory to check */
+	setenv("KVB_SOCKET", "/tmp/z.sock", 1);
+	assert_int_equal(kvb_default_socket_dir(why, sizeof(why)), 0);
+	unsetenv("KVB_SOCKET");
+	setenv("XDG_RUNTIME_DIR", "/run/user/7", 1);
+	assert_int_equal(kvb_default_socket_dir(why, sizeof(why)),
+			 (int) strlen("/run/user/7/kvbroker"));
+	assert_string_equal(why, "/run/user/7/kvbroker");
+	unsetenv("XDG_RUNTIME_DIR");
+}
+
 static void test_small_err_buffer(void **state)
 {
 	struct kvb_options o;
@@ -426,6 +555,7 @@ int main(void)
 		cmocka_unit_test(test_bad_usage),
 		cmocka_unit_test(test_help_version),
 		cmocka_unit_test(test_small_err_buffer),
+		cmocka_unit_test(test_socket_dir),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,6 +10,9 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -99,6 +102,99 @@ static void none_through(void **state)
 	assert_int_equal(kvb_ratelimit_take(&rl, SEC), 3);
 }
 
+/* Capture stderr (the log) into a temporary file; returns the saved fd. */
+static int capture_begin(FILE **f)
+{
+	int saved = dup(2);
+
+	*f = tmpfile();
+	assert_non_null(*f);
+	fflush(stderr);
+	assert_int_equal(dup2(fileno(*f), 2), 2);
+	return saved;
+}
+
+/* Restore stderr; the captured text into buf. */
+static void capture_end(FILE *f, int saved, char *buf, size_t cap)
+{
+	size_t n;
+
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	rewind(f);
+	n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+}
+
+static unsigned lines(const char *s)
+{
+	unsigned n = 0;
+
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* kvb_log_rl_at: one line a second per call site, the next line says how
+ * many were suppressed; sites are independent; lines above the log level
+ * are neither logged nor counted. */
+static void log_per_site(void **state)
+{
+	static struct kvb_ratelimit a, b, dbg;
+	const int64_t t0 = 7 * SEC;
+	char buf[4096];
+	unsigned n = 0;
+	FILE *f;
+	int saved;
+
+	(void) state;
+	kvb_log_level = KVB_LOG_INFO;
+	saved = capture_begin(&f);
+	for (int i = 0; i < 10; i++)
+		n += (unsigned) kvb_log_rl_at(&a, t0 + i, KVB_LOG_WARN,
+					      "site a %d", i);
+	for (int i = 0; i < 5; i++)
+		n += (unsigned) kvb_log_rl_at(&a, t0 + SEC / 2, KVB_LOG_WARN,
+					      "site a late %d", i);
+	n += (unsigned) kvb_log_rl_at(&b, t0 + 1, KVB_LOG_WARN, "site b");
+	n += (unsigned) kvb_log_rl_at(&dbg, t0, KVB_LOG_DEBUG, "hidden");
+	n += (unsigned) kvb_log_rl_at(&a, t0 + SEC, KVB_LOG_WARN,
+				      "site a next");
+	n += (unsigned) kvb_log_rl_at(&a, t0 + SEC + 1, KVB_LOG_WARN,
+				      "site a again");
+	capture_end(f, saved, buf, sizeof(buf));
+	assert_int_equal(n, 3);
+	assert_int_equal(lines(buf), 3);
+	assert_non_null(strstr(buf, "site a 0\n"));
+	assert_non_null(strstr(buf, "site b\n"));
+	assert_non_null(strstr(buf, "site a next [14 more suppressed]\n"));
+	assert_null(strstr(buf, "again"));
+	assert_null(strstr(buf, "hidden"));
+	assert_int_equal(dbg.held, 0);
+}
+
+/* The macro: a static limiter per call site, the real clock. */
+static void log_macro_sites(void **state)
+{
+	char buf[4096];
+	FILE *f;
+	int saved;
+
+	(void) state;
+	saved = capture_begin(&f);
+	for (int i = 0; i < 1000; i++) {
+		log_warn_rl("flood one %d", i);
+		log_warn_rl("flood two %d", i);
+	}
+	capture_end(f, saved, buf, sizeof(buf));
+	/* a 2000-call loop takes far less than a second: one line each */
+	assert_int_equal(lines(buf), 2);
+	assert_non_null(strstr(buf, "flood one 0"));
+	assert_non_null(strstr(buf, "flood two 0"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -106,6 +202,8 @@ int main(void)
 		cmocka_unit_test(ok_rolls_and_keeps),
 		cmocka_unit_test(one_window),
 		cmocka_unit_test(none_through),
+		cmocka_unit_test(log_per_site),
+		cmocka_unit_test(log_macro_sites),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

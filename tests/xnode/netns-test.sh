@@ -10,7 +10,7 @@
 #
 # CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | quiet_tcp | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood | gpu_tcp | bench, bench_split (not tests: measurements,
+#       flood | gpu_tcp | tcp_outsider | tcp_fdflood | cluster_key | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
@@ -67,7 +67,11 @@ TTO=${KVB_XNODE_TTO:-8}
 start_broker() { # node ns ip [extra broker args...]
 	local node=$1 ns=$2 ip=$3
 	shift 3
-	ip netns exec "$ns" "$BROKER" --socket "$T/$node.sock" --host-ip "$ip" \
+	local wrap=()
+	# tcp_fdflood: node B with a small descriptor limit it cannot raise
+	[ "$node" = b ] && [ -n "${B_NOFILE:-}" ] &&
+		wrap=(prlimit --nofile="$B_NOFILE:$B_NOFILE")
+	ip netns exec "$ns" "${wrap[@]}" "$BROKER" --socket "$T/$node.sock" --host-ip "$ip" \
 		--transport tcp --transfer-timeout "$TTO" --defer-timeout "$TTO" \
 		--busy-poll-us 20 "$@" >>"$T/broker-$node.log" 2>&1 &
 	PIDS+=($!)
@@ -138,6 +142,24 @@ B_ARGS=()
 if [ "$CASE" = gpu_tcp ]; then
 	export KVB_GPU_BACKEND=host KVB_GPU_HOST_OPAQUE=1
 	A_ARGS=(--transport auto)
+fi
+# the data port's attackers: 192.0.2.9 (on A's side), no handshake; B's
+# data port on a known port
+if [ "$CASE" = tcp_outsider ] || [ "$CASE" = tcp_fdflood ]; then
+	ip -n "$NA" addr add 192.0.2.9/24 dev "va$TAG" || fail "addr 192.0.2.9"
+	B_ARGS=(--data-port 7010 --trusted-hosts 192.0.2.1)
+	# fdflood: the flooding address is trusted (the worst case: only
+	# the caps and the auth deadline stand in its way)
+	[ "$CASE" = tcp_fdflood ] &&
+		B_ARGS=(--data-port 7010 --trusted-hosts 192.0.2.1,192.0.2.9) &&
+		B_NOFILE=1024
+fi
+# cluster_key: both brokers share a --cluster-key
+if [ "$CASE" = cluster_key ]; then
+	head -c 32 /dev/urandom >"$T/ck" && head -c 32 /dev/urandom >"$T/ck2"
+	chmod 600 "$T/ck" "$T/ck2"
+	A_ARGS=(--cluster-key "$T/ck")
+	B_ARGS=(--cluster-key "$T/ck")
 fi
 start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
 start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
@@ -389,6 +411,112 @@ flood)
 	done
 	grep -Eq "logs suppressed|log lines suppressed" "$T/broker-a.log" ||
 		fail "A did not say how many bad-input lines it suppressed"
+	;;
+tcp_outsider)
+	# the attack on today's data port: READs of region ids 1..256 and
+	# 18-byte WRITEs into each, with no handshake, from an address not in
+	# B's --trusted-hosts (refused at accept) and from a trusted one
+	# (refused: no authentication); a silent connection is closed at the
+	# 2 s deadline. The D worker holding B's regions checks that not one
+	# byte of them changed.
+	PY=${KVB_PYTHON:-/usr/bin/python3}
+	[ -x "$PY" ] || skip "no $PY"
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --layers 4 --xfers 0 --hold-s 60 \
+		--hold-until "$T/atk-done" --check-zero \
+		>>"$T/worker-D-atk.log" 2>&1 &
+	wd=$!
+	PIDS+=($wd)
+	wait_stat b workers 1
+	for src in 192.0.2.9 192.0.2.1; do
+		ip netns exec "$NA" "$PY" "$SRC/tcp_attack.py" frames "$src" \
+			192.0.2.2 7010 >>"$T/attack.log" 2>&1 ||
+			{ touch "$T/atk-done"; fail "attack from $src: $(cat "$T/attack.log")"; }
+	done
+	ip netns exec "$NA" "$PY" "$SRC/tcp_attack.py" silent 192.0.2.1 \
+		192.0.2.2 7010 >>"$T/attack.log" 2>&1 ||
+		{ touch "$T/atk-done"; fail "silent: $(cat "$T/attack.log")"; }
+	cat "$T/attack.log"
+	ms=$(sed -n 's/.*closed after \([0-9]*\) ms.*/\1/p' "$T/attack.log" | tail -n 1)
+	[ "$ms" -ge 1900 ] && [ "$ms" -le 4000 ] ||
+		{ touch "$T/atk-done"; fail "silent connection closed after $ms ms (deadline 2000)"; }
+	touch "$T/atk-done"
+	wait "$wd" || fail "B's regions changed under the attack: $(cat "$T/worker-D-atk.log")"
+	cat "$T/worker-D-atk.log" | grep -E 'non-zero|regions'
+	s=$(stats b)
+	for k in untrusted_host auth_failed auth_timeout; do
+		v=$(json_get "$s" remote.tcp.refusals.$k)
+		echo "B: refusals.$k = $v"
+		[ "$v" -ge 1 ] || fail "B did not count $k"
+	done
+	[ "$(json_get "$s" remote.tcp.frames_rx)" = 0 ] || fail "B parsed an attacker's frame"
+	grep -q "refused: untrusted_host" "$T/broker-b.log" || fail "B did not log the outsider"
+	grep -q "refused: auth_failed" "$T/broker-b.log" || fail "B did not log the unauthenticated one"
+	# the peers still work (and authenticate)
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after || fail "a transfer after the attacks"
+	[ "$(json_get "$(stats b)" remote.tcp.auth_ok)" -ge 1 ] || fail "A's connections were not authenticated"
+	;;
+tcp_fdflood)
+	# 1,100 idle connections from one address (trusted, no handshake) at
+	# B, whose descriptor limit is 1024: B stays up, workers attach, and a
+	# transfer completes during the flood and after it
+	PY=${KVB_PYTHON:-/usr/bin/python3}
+	[ -x "$PY" ] || skip "no $PY"
+	lim=$(awk '/Max open files/ {print $4}' "/proc/$BPID_b/limits")
+	echo "B: open files limit $lim"
+	[ "$lim" = 1024 ] || fail "B's limit is $lim, not 1024"
+	cpu0=$(awk '{print $14 + $15}' "/proc/$BPID_b/stat")
+	ip netns exec "$NA" "$PY" "$SRC/tcp_attack.py" flood 192.0.2.9 \
+		192.0.2.2 7010 1100 8 >"$T/flood.log" 2>&1 &
+	fp=$!
+	PIDS+=($fp)
+	sleep 2
+	kill -0 "$BPID_b" || fail "B died under the flood"
+	t0=$(date +%s%N)
+	run_pair write 1 1 --layers 8 --xfers 4 --conc 2 --prefix during ||
+		fail "a transfer during the flood"
+	echo "transfer during the flood: $((($(date +%s%N) - t0) / 1000000)) ms (attach included)"
+	wait "$fp" || fail "flood: $(cat "$T/flood.log")"
+	cpu1=$(awk '{print $14 + $15}' "/proc/$BPID_b/stat")
+	cat "$T/flood.log"
+	echo "B: CPU during the flood and the transfer: $(((cpu1 - cpu0) * 10)) ms"
+	kill -0 "$BPID_b" || fail "B died"
+	run_pair write 1 1 --layers 8 --xfers 4 --conc 2 --prefix after ||
+		fail "a transfer after the flood"
+	s=$(stats b)
+	cl=$(json_get "$s" remote.tcp.refusals.conn_limit)
+	to=$(json_get "$s" remote.tcp.refusals.auth_timeout)
+	echo "B: refusals conn_limit $cl, auth_timeout $to, accept paused $(json_get "$s" remote.tcp.accept_paused)"
+	[ "$cl" -ge 1000 ] || fail "B refused only $cl connections over the cap"
+	[ "$to" -ge 1 ] || fail "B closed no connection at the auth deadline"
+	grep -q "log lines suppressed" "$T/broker-b.log" || fail "B's refusal lines are not rate-limited"
+	n=$(grep -c "refused: conn_limit" "$T/broker-b.log")
+	echo "B: $n log lines about conn_limit refusals"
+	[ "$n" -le 20 ] || fail "$n lines for the refusals: not rate-limited"
+	;;
+cluster_key)
+	# the same --cluster-key on both: handshakes carry MACs, transfers
+	# work both ways
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix ckw || fail "WRITE with a cluster key"
+	run_pair read 1 1 --layers 4 --xfers 2 --conc 2 --prefix ckr || fail "READ with a cluster key"
+	[ "$(json_get "$(stats b)" remote.tcp.auth_ok)" -ge 1 ] || fail "no authenticated connection at B"
+	# B restarted with another key: its handshake is refused by A
+	# (-EACCES back to B's worker), and A's by B
+	kill -9 "$BPID_b"
+	rm -f "$T/b.sock"
+	start_broker b "$NB" 192.0.2.2 --cluster-key "$T/ck2"
+	r0=$(json_get "$(stats a)" remote.handshakes_refused)
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-D-ck.log" 2>&1 || fail "B (another key) was not refused: $(cat "$T/worker-D-ck.log")"
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 --layers 2 --xfers 0 --expect-peer-error \
+		>>"$T/worker-P-ck.log" 2>&1 || fail "A was not refused by B (another key): $(cat "$T/worker-P-ck.log")"
+	cat "$T"/worker-*-ck.log
+	r1=$(json_get "$(stats a)" remote.handshakes_refused)
+	echo "A: handshakes_refused $r0 -> $r1"
+	[ "$r1" -gt "$r0" ] || fail "A did not count the refusal"
+	grep -q "handshake not authenticated" "$T/broker-a.log" || fail "A did not log why"
 	;;
 bench_split)
 	# Not a test (run by hand): a GQA head split over tcp, P TP 2 with 8

@@ -21,6 +21,7 @@ struct xnode_opts {
 	int notify_port, expect_peer_error;
 	int swap_layer, swap_after, expect_some_fail, swapped;
 	int start_delay_ms;
+	int check_zero;	    /* after holding: every byte of our regions is 0 */
 	int fail_errno;	    /* --expect-fail: every failure is -this */
 	int deadline_ms;    /* --deadline-ms: each transfer's deadline */
 	int quiet_check_ms; /* D: a failed transfer's regions stay as they

@@ -55,6 +55,8 @@ void xnode_usage(void)
 		"  [--plain-release]  D, READ: release with the plain string\n"
 		"  [--fail-errno N]  with --expect-fail: each transfer fails "
 		"with -N\n"
+		"  [--check-zero]  after holding: every byte of the regions is "
+		"still 0\n"
 		"  [--check LIST]  D, after holding: check the bytes of these\n"
 		"                  transfers (opened by nobody here)\n");
 }
@@ -94,6 +96,7 @@ int xnode_parse(int argc, char **argv)
 					   {"hold-until", 1, 0, 'U'},
 					   {"linger-until", 1, 0, 'G'},
 					   {"check", 1, 0, 'K'},
+					   {"check-zero", 0, 0, 'Z'},
 					   {"plain-release", 0, 0, 'Q'},
 					   {"gpu", 1, 0, 'g'},
 					   {"fail-errno", 1, 0, 'f'},
@@ -225,6 +228,9 @@ int xnode_parse(int argc, char **argv)
 			break;
 		case 'K':
 			o.check = optarg;
+			break;
+		case 'Z':
+			o.check_zero = 1;
 			break;
 		case 'g':
 			o.gpu = optarg;

@@ -514,6 +514,20 @@ int main(int argc, char **argv)
 		usleep((useconds_t) o.start_delay_ms * 1000);
 	if (o.hold_s) /* just be there (registered) for a while */
 		stay(o.hold_s, o.hold_until);
+	if (o.check_zero && !o.gpu) { /* nobody wrote here (attackers) */
+		uint64_t nz = 0;
+
+		for (unsigned l = 0; l < o.layers; l++)
+			for (uint64_t k = 0; k < reg[l].size; k++)
+				nz += ((const uint8_t *) reg[l].addr)[k] != 0;
+		printf("xnode_worker %c tp %d: %u regions (ids %u..%u), %llu "
+		       "non-zero bytes\n",
+		       is_p ? 'P' : 'D', o.tp, o.layers, reg[0].id,
+		       reg[o.layers - 1].id, (unsigned long long) nz);
+		fflush(stdout);
+		if (nz)
+			return 1;
+	}
 	if (o.check && !is_p) { /* transfers another process drove here */
 		unsigned nbad = 0, nchk = 0;
 

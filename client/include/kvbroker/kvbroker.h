@@ -55,19 +55,30 @@ struct kvb_attach_opts {
 };
 
 /*
- * Default socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
- * /tmp/kvbroker-<uid>.sock. Writes at most `len` bytes; returns the length or
+ * Default socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker/
+ * kvbroker.sock, else /run/kvbroker/kvbroker.sock for root, else
+ * /tmp/kvbroker-<uid>/kvbroker.sock. The directory of a path not given by
+ * $KVB_SOCKET must be private: kvb_attach() (and the broker, which creates
+ * it 0700) refuses one that is a symlink, not owned by this uid, or open to
+ * group or others. Writes at most `len` bytes; returns the length or
  * -ENAMETOOLONG. Thread-safe.
  */
 int kvb_default_socket(char *buf, unsigned long len);
 
 /*
  * Attach to the broker. On success *out is a new context.
+ * Before sending anything the library checks whom it talks to: the default
+ * path's directory must be private to this uid (see kvb_default_socket),
+ * and the process listening (SO_PEERCRED) must run as this uid, as root,
+ * or as a uid listed in $KVB_BROKER_UIDS (comma-separated, for a broker
+ * run by a dedicated account); else -EACCES and no memory is handed over.
  * Returns 0, -EINVAL (bad role or ranks, ring sizes not a power of two in
- * [2, 2^20]), -ENAMETOOLONG (socket path), -ENOENT/-ECONNREFUSED (no
- * broker; or one that refused the connection: --max-workers reached, or
- * another uid), -EPROTO (version mismatch), -ETIMEDOUT, -ENOMEM.
- * Thread-safe.
+ * [2, 2^20]), -E2BIG (a ring larger than the broker's --max-ring-entries),
+ * -EADDRINUSE (a worker with the same role, dp rank and tp rank is
+ * attached), -EACCES (broker not trusted), -ENAMETOOLONG (socket path),
+ * -ENOENT/-ECONNREFUSED (no broker; or one that refused the connection:
+ * --max-workers reached, or another uid), -EPROTO (version mismatch),
+ * -ETIMEDOUT, -ENOMEM. Thread-safe.
  */
 int kvb_attach(const struct kvb_attach_opts *opts, struct kvb_ctx **out);
 
@@ -372,6 +383,20 @@ int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
 int kvb_submit_layer(struct kvb_ctx *ctx, uint32_t handle, uint16_t layer,
 		     uint64_t tag, uint32_t flags);
 
+/*
+ * kvb_submit_layer for n transfers at once, the same layer: handles[i]'s
+ * layer op completes with tags[i] (flags as kvb_submit_layer's, for all).
+ * One call per layer for a step's requests, as a vLLM connector's
+ * save_kv_layer makes them; one wake-up of the broker. A burst: returns how
+ * many went in (the first ones, 1..n; 0 when n is 0), -EAGAIN when none
+ * fit (ring full), -EINVAL (handles or tags NULL with n, unknown flags),
+ * -EPIPE. Each op is checked by the broker as kvb_submit_layer's is.
+ * Single submitting thread.
+ */
+int kvb_submit_layers(struct kvb_ctx *ctx, const uint32_t *handles,
+		      const uint64_t *tags, unsigned n, uint16_t layer,
+		      uint32_t flags);
+
 enum kvb_comp_kind {
 	KVB_COMP_DESC = 1,     /* one descriptor */
 	KVB_COMP_TRANSFER = 2, /* a whole transfer ended */
@@ -416,6 +441,17 @@ int kvb_wait(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
  */
 int kvb_wait_min(struct kvb_ctx *ctx, struct kvb_completion *c, unsigned max,
 		 unsigned min, int timeout_ms);
+
+/*
+ * The broker's counters, as kvbctl stats prints them: one JSON object
+ * (json != 0) or a table, NUL-terminated in buf (at most len bytes; the
+ * text is under 64 KiB). Asked over this context's control socket (a
+ * control call: within timeout_ms; no second connection, so it works with
+ * --max-workers reached). Returns the text's length (without the NUL),
+ * -EINVAL, -ENOSPC (does not fit: buf holds ""), -ENOMEM, -ETIMEDOUT,
+ * -EPIPE. Thread-safe.
+ */
+int kvb_stats(struct kvb_ctx *ctx, int json, char *buf, unsigned long len);
 
 /* Human-readable text for a status. Thread-safe. */
 const char *kvb_strerror(int status);

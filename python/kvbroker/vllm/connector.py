@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT
+"""KVBrokerConnector: vLLM's V1 KV connector over kvbroker, WRITE mode.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "KVBrokerConnector",
+        "kv_connector_module_path": "kvbroker.vllm",
+        "kv_role": "kv_producer",          # or "kv_consumer"
+        "kv_connector_extra_config": {"broker_socket": "/run/kvbroker.sock",
+            "host_ip": "10.0.0.1", "handshake_port": 6301,
+            "notify_port": 61005}}'
+
+vLLM makes one instance in its scheduler (role SCHEDULER: _scheduler.py)
+and one in each worker (role WORKER: _worker.py); this class only routes
+each call to the half that exists. See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._compat import KVConnectorBase_V1, KVConnectorRole
+from ._params import Config, ParamsError
+from ._scheduler import BrokerScheduler, KVBrokerMetadata
+
+__all__ = ["KVBrokerConnector", "KVBrokerMetadata"]
+
+
+class KVBrokerConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: Any, role: KVConnectorRole,
+                 kv_cache_config: Any = None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        kv_role = getattr(ktc, "kv_role", None)
+        if kv_role not in ("kv_producer", "kv_consumer"):
+            raise ValueError(
+                "KVBrokerConnector: kv_role %r: it runs in WRITE mode as "
+                "kv_producer (prefill) or kv_consumer (decode); kv_both is "
+                "not supported" % (kv_role,))
+        try:
+            self._cfg = Config.parse(getattr(ktc, "kv_connector_extra_config",
+                                             None))
+        except ParamsError as e:
+            raise ValueError("KVBrokerConnector: kv_connector_extra_config: "
+                             "%s" % e) from None
+        self._producer = kv_role == "kv_producer"
+        self._sched: BrokerScheduler | None = None
+        self._worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            pc = vllm_config.parallel_config
+            self._sched = BrokerScheduler(
+                vllm_config, self._cfg, self._producer,
+                int(getattr(pc, "data_parallel_size", 1) or 1),
+                int(getattr(pc, "data_parallel_rank", 0) or 0),
+                int(getattr(pc, "tensor_parallel_size", 1) or 1))
+        else:
+            from ._worker import BrokerWorker
+
+            self._worker = BrokerWorker(vllm_config, self._cfg,
+                                        self._producer)
+
+    # ---------------- scheduler side ----------------
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int):
+        return self._sched.get_num_new_matched_tokens(request,
+                                                      num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int):
+        self._sched.update_state_after_alloc(request, blocks,
+                                             num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVBrokerMetadata:
+        return self._sched.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._sched.update_connector_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        return self._sched.request_finished(request, block_ids)
+
+    def has_pending_push_work(self) -> bool:
+        return self._sched is not None and self._sched.has_pending_push_work()
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
+        # save_kv_layer runs between the layers: a full CUDA graph replay
+        # would skip it
+        return True
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any):
+        # NHD lets heads split across different TP sizes; HND works with
+        # equal heads per rank on both sides (whole blocks move)
+        return None
+
+    # ---------------- worker side ----------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]):
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if isinstance(meta, KVBrokerMetadata):
+            self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # WRITE mode loads between steps (get_num_new_matched_tokens says
+        # async): a request runs only once its transfer has ended
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any,
+                      attn_metadata: Any, **kwargs: Any) -> None:
+        self._worker.save_kv_layer(layer_name, kv_layer)
+
+    def wait_for_save(self):
+        self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]):
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # ---------------- for tests and operators ----------------
+
+    @property
+    def broker_client(self):
+        """The kvbroker.Client this worker attached with (worker role):
+        CPU KV caches must be its memory (Client.alloc + Region.as_torch)."""
+        return self._worker.client if self._worker is not None else None
+
+    def connector_stats(self) -> dict:
+        """Counters of this instance (scheduler: refused params; worker:
+        transfers opened / ok / failed / aborted)."""
+        if self._sched is not None:
+            return {"bad_params": self._sched.bad_params,
+                    "sending": len(self._sched._sending),
+                    "loading": len(self._sched._loading)}
+        d = dict(self._worker.stats)
+        d["live"] = self._worker.live()
+        d["broker_gone"] = self._worker.broker_gone
+        return d

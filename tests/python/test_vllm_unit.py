@@ -1,0 +1,416 @@
+# SPDX-License-Identifier: MIT
+"""KVBrokerConnector piece by piece: geometry from shapes and strides,
+kv_transfer_params and config checks, the scheduler half's bookkeeping (no
+broker), and register_kv_caches against a local broker (what it accepts,
+what it refuses and why)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_doubles as vd  # noqa: E402
+
+from kvbroker.vllm import (  # noqa: E402
+    HAVE_VLLM,
+    KVBrokerConnector,
+    KVBrokerMetadata,
+    LayoutError,
+    VLLM_INTERFACE,
+)
+from kvbroker.vllm._compat import KVConnectorRole  # noqa: E402
+from kvbroker.vllm._layout import BLOCK_FIRST, KV_FIRST, derive  # noqa: E402
+from kvbroker.vllm._params import Config, ParamsError, parse_request  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+
+def dense(shape, order):
+    """Strides of a dense tensor whose dims lie in memory in `order`."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return strides
+
+
+# ------------------------------------------------------------ geometry
+
+
+@pytest.mark.parametrize("shape,order,layout,hnd", [
+    ((2, 10, 16, 4, 64), (0, 1, 2, 3, 4), KV_FIRST, False),  # FA, NHD
+    ((2, 10, 16, 4, 64), (0, 1, 3, 2, 4), KV_FIRST, True),  # FA, HND
+    ((10, 2, 16, 4, 64), (0, 1, 2, 3, 4), BLOCK_FIRST, False),  # FlashInfer
+    ((10, 2, 16, 4, 64), (0, 1, 3, 2, 4), BLOCK_FIRST, True),
+    ((2, 10, 16, 4, 64), (1, 0, 2, 3, 4), BLOCK_FIRST, False),  # stride order
+    ((10, 2, 16, 4, 64), (1, 0, 3, 2, 4), KV_FIRST, True),
+])
+def test_layout_from_strides(shape, order, layout, hnd):
+    lay = derive(shape, dense(shape, order), 2)
+    assert (lay.layout, lay.hnd) == (layout, hnd)
+    nb = shape[1] if shape[0] == 2 else shape[0]
+    assert (lay.num_blocks, lay.block_size, lay.num_heads, lay.head_dim,
+            lay.elem_size) == (nb, 16, 4, 64, 2)
+    assert lay.nbytes == 2 * nb * 16 * 4 * 64 * 2
+
+
+def test_layout_matches_torch_views():
+    t = torch.zeros(2, 8, 4, 16, 32, dtype=torch.bfloat16)  # HND memory
+    v = t.permute(0, 1, 3, 2, 4)  # vLLM's logical NHD view of it
+    lay = derive(v.shape, v.stride(), v.element_size())
+    assert lay.hnd and lay.layout == KV_FIRST and lay.block_size == 16
+    one_head = torch.zeros(2, 8, 1, 16, 32).permute(0, 1, 3, 2, 4)
+    lay = derive(one_head.shape, one_head.stride(), 4)
+    assert lay.num_heads == 1  # a size-1 dim's stride does not matter
+
+
+@pytest.mark.parametrize("shape,strides,why", [
+    ((10, 16, 576), None, "MLA"),  # one latent vector per token
+    ((32, 2, 10, 16, 4, 64), None, "cross-layer"),
+    ((3, 10, 16, 4, 64), None, "no K/V dimension"),
+    ((2, 10, 16, 4, 64), (10 * 16 * 4 * 128, 16 * 4 * 128, 4 * 128, 128, 1),
+     "not dense"),  # padded heads
+    ((2, 10, 16, 4, 64), (64, 2 * 64, 20 * 64, 320 * 64, 1), "not dense"),
+])
+def test_layout_refused(shape, strides, why):
+    if strides is None:
+        strides = dense(shape, tuple(range(len(shape))))
+    with pytest.raises(LayoutError, match=why):
+        derive(shape, strides, 2, "layer x")
+
+
+# ------------------------------------------------------------ params
+
+
+def test_config_defaults_and_errors():
+    c = Config.parse({"host_ip": "10.0.0.1"})
+    assert (c.handshake_port, c.notify_port, c.transfer_timeout_s) == \
+        (6301, 61005, 30.0)
+    for bad in ({"handshake_port": 0}, {"notify_port": "x"},
+                {"transfer_timeout_s": "soon"}, {"broker_socket": 3},
+                {"timeout_ms": True}):
+        with pytest.raises(ParamsError):
+            Config.parse(dict(bad, host_ip="10.0.0.1"))
+
+
+GOOD_D = {"do_remote_prefill": True, "transfer_id": "tx-1",
+          "remote_host": "192.0.2.1", "remote_handshake_port": 6301,
+          "remote_tp_size": 2, "remote_dp_rank": 0}
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"transfer_id": None}, "transfer_id"),
+    ({"transfer_id": "x" * 256}, "transfer_id"),
+    ({"transfer_id": "a\nb"}, "transfer_id"),
+    ({"remote_host": 12}, "remote_host"),
+    ({"remote_handshake_port": "p"}, "remote_handshake_port"),
+    ({"remote_handshake_port": 70000}, "remote_handshake_port"),
+    ({"remote_tp_size": -1}, "remote_tp_size"),
+    ({"remote_dp_rank": 1.5}, "remote_dp_rank"),
+])
+def test_params_refused(change, key):
+    p = dict(GOOD_D, **change)
+    if change.get(key, 0) is None:
+        del p[key]
+    with pytest.raises(ParamsError, match=key):
+        parse_request(p, "r", producer=False)
+    with pytest.raises(ParamsError):
+        parse_request("not a dict", "r", producer=False)
+
+
+def test_params_good():
+    m = parse_request(GOOD_D, "r1", producer=False)
+    assert (m.transfer_id, m.host, m.port, m.remote_tp_size) == \
+        ("tx-1", "192.0.2.1", 6301, 2)
+    m = parse_request({"transfer_id": "t", "remote_host": "h",
+                       "remote_handshake_port": "6301", "tp_size": 4},
+                      "r", producer=True)
+    assert m.port == 6301 and m.remote_tp_size == 4
+
+
+# ------------------------------------------------------------ scheduler
+
+
+def sched(role, **extra):
+    cfg = vd.make_config(role, dict({"host_ip": "192.0.2.1"}, **extra),
+                         tp_size=2)
+    return KVBrokerConnector(cfg, KVConnectorRole.SCHEDULER, None)
+
+
+def test_interface_and_refused_roles():
+    assert "003df29" in VLLM_INTERFACE and not HAVE_VLLM
+    assert KVBrokerConnector.requires_piecewise_for_cudagraph({}) is True
+    assert KVBrokerConnector.get_required_kvcache_layout(None) is None
+    with pytest.raises(ValueError, match="kv_both"):
+        sched("kv_both")
+    with pytest.raises(ValueError, match="handshake_port"):
+        sched("kv_producer", handshake_port="x")
+
+
+def test_producer_saves_on_last_chunk_and_returns_params():
+    c = sched("kv_producer")
+    r = vd.Request("a", 40, {"do_remote_decode": True, "transfer_id": "tx-a",
+                             "remote_host": "192.0.2.2",
+                             "remote_handshake_port": 6301})
+    assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+    c.update_state_after_alloc(r, vd.KVCacheBlocks([7, 3]), 0)
+    # first chunk: 32 of 40 tokens, nothing to save yet
+    m = c.build_connector_meta(vd.SchedulerOutput({"a": 32}))
+    assert isinstance(m, KVBrokerMetadata) and not m.reqs_to_save
+    r.num_computed_tokens = 32
+    so = vd.SchedulerOutput({"a": 8}, vd.CachedRequestData(["a"], [([9],)]))
+    m = c.build_connector_meta(so)
+    assert [(x.req_id, x.transfer_id, x.block_ids) for x in m.reqs_to_save] \
+        == [("a", "tx-a", [7, 3, 9])]
+    assert c.has_pending_push_work()
+    r.status = vd.RequestStatus.FINISHED_LENGTH_CAPPED
+    delay, p = c.request_finished(r, [7, 3, 9])
+    assert delay is True
+    assert p["do_remote_prefill"] and not p["do_remote_decode"]
+    assert p["remote_block_ids"] == [7, 3, 9] and p["transfer_id"] == "tx-a"
+    assert (p["remote_host"], p["remote_handshake_port"],
+            p["remote_notify_port"], p["remote_tp_size"],
+            p["remote_dp_size"]) == ("192.0.2.1", 6301, 61005, 2, 1)
+    # nothing to abort for a request that finished normally
+    assert not c.build_connector_meta(vd.SchedulerOutput()).reqs_to_abort
+    c.update_connector_output(vd.KVConnectorOutput(finished_sending={"a"}))
+    assert not c.has_pending_push_work()
+
+
+def test_producer_abort_and_unsaved():
+    c = sched("kv_producer")
+    params = {"do_remote_decode": True, "transfer_id": "t",
+              "remote_host": "h", "remote_handshake_port": 1}
+    r = vd.Request("a", 16, dict(params))
+    c.update_state_after_alloc(r, vd.KVCacheBlocks([1]), 0)
+    c.build_connector_meta(vd.SchedulerOutput({"a": 16}))
+    r.status = vd.RequestStatus.FINISHED_ABORTED
+    assert c.request_finished(r, [1])[0] is True
+    assert c.build_connector_meta(vd.SchedulerOutput()).reqs_to_abort == ["a"]
+    # finished before its last chunk ran: nothing in flight, free now
+    r2 = vd.Request("b", 64, dict(params))
+    c.update_state_after_alloc(r2, vd.KVCacheBlocks([2, 3, 4, 5]), 0)
+    assert c.request_finished(r2, [2, 3, 4, 5]) == (False, None)
+    # no params, or bad ones: computed, not sent, counted
+    assert c.request_finished(vd.Request("c", 5), [6]) == (False, None)
+    bad = vd.Request("d", 5, {"do_remote_decode": True})
+    c.update_state_after_alloc(bad, vd.KVCacheBlocks([6]), 0)
+    assert c.connector_stats()["bad_params"] == 1
+    assert not c.build_connector_meta(
+        vd.SchedulerOutput({"d": 5})).reqs_to_save
+
+
+def test_consumer_loads_prompt_once():
+    c = sched("kv_consumer")
+    r = vd.Request("a", 33, dict(GOOD_D))
+    assert c.get_num_new_matched_tokens(r, 0) == (33, True)
+    assert c.get_num_new_matched_tokens(r, 16) == (17, True)
+    c.update_state_after_alloc(r, vd.KVCacheBlocks([4, 5, 6, 8]), 33)
+    m = c.build_connector_meta(vd.SchedulerOutput())
+    assert [(x.transfer_id, x.block_ids, x.remote_tp_size)
+            for x in m.reqs_to_load] == [("tx-1", [4, 5, 6], 2)]
+    # one transfer per request: vLLM asks again after the load
+    assert c.get_num_new_matched_tokens(r, 33) == (0, False)
+    assert not c.build_connector_meta(vd.SchedulerOutput()).reqs_to_load
+    c.update_connector_output(vd.KVConnectorOutput(finished_recving={"a"}))
+    assert c.request_finished(r, [4, 5, 6, 8]) == (False, None)
+
+
+def test_consumer_bad_params_and_abort():
+    c = sched("kv_consumer")
+    bad = vd.Request("b", 20, dict(GOOD_D, remote_handshake_port="x"))
+    assert c.get_num_new_matched_tokens(bad, 0) == (0, False)
+    assert c.get_num_new_matched_tokens(bad, 0) == (0, False)
+    assert c.connector_stats()["bad_params"] == 1  # once per request
+    r = vd.Request("a", 16, dict(GOOD_D))
+    c.get_num_new_matched_tokens(r, 0)
+    c.update_state_after_alloc(r, vd.KVCacheBlocks([1]), 16)
+    r.status = vd.RequestStatus.FINISHED_ABORTED
+    # dropped before its load went out: it still goes (P is not left
+    # waiting), and the blocks come back through finished_sending
+    assert c.request_finished(r, [1]) == (True, None)
+    m = c.build_connector_meta(vd.SchedulerOutput())
+    assert [x.req_id for x in m.reqs_to_load] == ["a"]
+    assert m.reqs_to_abort == ["a"]
+
+
+# ------------------------------------------------------------ worker
+
+
+def worker(broker, role="kv_consumer", **extra):
+    cfg = vd.make_config(role, dict({"broker_socket": broker.sock,
+                                     "host_ip": "127.0.0.1"}, **extra))
+    return KVBrokerConnector(cfg, KVConnectorRole.WORKER, None)
+
+
+def test_register_kv_caches(broker):
+    import kvbroker
+
+    c = worker(broker)
+    cl = c.broker_client
+    flags = kvbroker.MEM_REMOTE_WRITE | kvbroker.MEM_REMOTE_READ
+    caches = {}
+    for i in (1, 0):  # out of order: layers are numbered by name
+        r = cl.alloc(2 * 8 * 16 * 2 * 32 * 2, flags, i)
+        t = r.as_torch(torch.float16, (2, 8, 2, 16, 32))
+        caches["model.layers.%d.self_attn.attn" % i] = t.permute(0, 1, 3, 2, 4)
+    c.register_kv_caches(caches)
+    w = c._worker
+    assert w.layer_of == {"model.layers.0.self_attn.attn": 0,
+                          "model.layers.1.self_attn.attn": 1}
+    assert w.hnd and w.local_heads == 2
+    c.shutdown()
+
+
+def test_register_refuses_what_the_broker_cannot_reach(broker):
+    c = worker(broker)
+    with pytest.raises(LayoutError, match="not memory the broker maps"):
+        c.register_kv_caches({"l.0": torch.zeros(2, 4, 16, 2, 32)})
+    r = c.broker_client.alloc(1 << 20)
+    t = r.as_torch(torch.int16, 2 * 4 * 16 * 2 * 32 + 64)
+    inner = t[64:].view(2, 4, 16, 2, 32)
+    with pytest.raises(LayoutError, match="starts 128 bytes into"):
+        c.register_kv_caches({"l.0": inner})
+    mla = r.as_torch(torch.int16, (4, 16, 576))
+    with pytest.raises(LayoutError, match="MLA"):
+        c.register_kv_caches({"l.0": mla})
+    c.shutdown()
+
+
+def test_worker_fails_open_without_host_ip(broker):
+    """A broker without --host-ip cannot reach peers: the load fails with
+    its blocks reported as load errors, at once, not at a timeout."""
+    import kvbroker
+
+    c = worker(broker)
+    r = c.broker_client.alloc(2 * 4 * 16 * 2 * 32 * 2,
+                              kvbroker.MEM_REMOTE_WRITE)
+    c.register_kv_caches({"l.0": r.as_torch(torch.int16, (2, 4, 16, 2, 32))})
+    s = sched("kv_consumer")
+    req = vd.Request("a", 20, dict(GOOD_D))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 20)
+    c.bind_connector_metadata(s.build_connector_meta(vd.SchedulerOutput()))
+    c.start_load_kv(None)
+    c.wait_for_save()
+    assert c.get_finished(set()) == (None, {"a"})
+    assert c.get_block_ids_with_load_errors() == {2, 3}
+    assert c.get_block_ids_with_load_errors() == set()
+    c.clear_connector_metadata()
+    assert c.connector_stats()["open_errors"] == 1
+    c.shutdown()
+
+
+def test_broker_death_ends_everything(broker_factory):
+    """The broker dies with a P transfer in flight (never announced by a
+    D): the worker reports it finished at its next get_finished."""
+    import kvbroker
+
+    peer = broker_factory("--host-ip", "127.0.0.1", "--handshake-port",
+                          "16391", "--notify-port", "16400")
+    b = broker_factory("--host-ip", "127.0.0.2", "--handshake-port", "16392",
+                       "--notify-port", "16500")
+    c = worker(b, "kv_producer")
+    r = c.broker_client.alloc(2 * 4 * 16 * 2 * 32 * 2,
+                              kvbroker.MEM_REMOTE_READ)
+    c.register_kv_caches({"l.0": r.as_torch(torch.int16, (2, 4, 16, 2, 32))})
+    s = sched("kv_producer")
+    req = vd.Request("a", 20, {"do_remote_decode": True, "transfer_id": "t1",
+                               "remote_host": "127.0.0.1",
+                               "remote_handshake_port": 16391})
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 0)
+    c.bind_connector_metadata(s.build_connector_meta(
+        vd.SchedulerOutput({"a": 20})))
+    c.start_load_kv(None)
+    c.save_kv_layer("l.0", None, None)
+    c.wait_for_save()
+    assert c.get_finished({"a"}) == (None, None)  # waiting for D
+    assert c.connector_stats()["live"] == 1
+    b.kill()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3:  # vLLM's steps
+        sending, _ = c.get_finished(set())
+        if sending:
+            break
+        time.sleep(0.01)
+    assert sending == {"a"}
+    assert time.monotonic() - t0 < 1.0  # LIVENESS_S + a step
+    assert "EPIPE" in c.connector_stats()["broker_gone"]
+    c.shutdown()
+    peer.stop()
+
+
+def test_hnd_refused_for_a_heads_split(broker):
+    """An HND cache cannot be split by heads: a load from a P with another
+    TP size (and so other heads per rank) fails at once with that reason,
+    its blocks reported as load errors; one from the same TP is opened."""
+    import kvbroker
+
+    c = worker(broker, total_num_kv_heads=4)  # TP 1 here: 4 heads
+    r = c.broker_client.alloc(2 * 4 * 16 * 4 * 32 * 2,
+                              kvbroker.MEM_REMOTE_WRITE)
+    t = r.as_torch(torch.int16, (2, 4, 4, 16, 32)).permute(0, 1, 3, 2, 4)
+    c.register_kv_caches({"l.0": t})
+    s = sched("kv_consumer")
+    req = vd.Request("a", 20, dict(GOOD_D, remote_tp_size=2))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 20)
+    c.bind_connector_metadata(s.build_connector_meta(vd.SchedulerOutput()))
+    c.start_load_kv(None)
+    assert c.get_finished(set()) == (None, {"a"})
+    assert c.get_block_ids_with_load_errors() == {2, 3}
+    assert c.connector_stats()["opened"] == 0  # refused before opening
+    assert c._worker.remote_heads(2) == 2
+    assert "HND" in c._worker._check_heads(_meta_for(GOOD_D, 2))
+    assert c._worker._check_heads(_meta_for(GOOD_D, 1)) == ""
+    c.shutdown()
+
+
+def _meta_for(params, tp):
+    return parse_request(dict(params, remote_tp_size=tp), "x", False)
+
+
+def test_p_abort_ends_the_save(broker_factory):
+    """P's request is aborted while its save waits for D: the transfer is
+    aborted at the next step and reported sent (blocks freed) at once."""
+    import kvbroker
+
+    broker_factory("--host-ip", "127.0.0.1", "--handshake-port", "16393",
+                   "--notify-port", "16600")
+    b = broker_factory("--host-ip", "127.0.0.2", "--handshake-port", "16394",
+                       "--notify-port", "16700")
+    c = worker(b, "kv_producer")
+    r = c.broker_client.alloc(2 * 4 * 16 * 2 * 32 * 2,
+                              kvbroker.MEM_REMOTE_READ)
+    c.register_kv_caches({"l.0": r.as_torch(torch.int16, (2, 4, 16, 2, 32)),
+                          "l.1": r.as_torch(torch.int16, (2, 4, 16, 2, 32))})
+    s = sched("kv_producer")
+    req = vd.Request("a", 20, {"do_remote_decode": True, "transfer_id": "t2",
+                               "remote_host": "127.0.0.1",
+                               "remote_handshake_port": 16393})
+    s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 0)
+    c.bind_connector_metadata(s.build_connector_meta(
+        vd.SchedulerOutput({"a": 20})))
+    c.start_load_kv(None)
+    for name in ("l.0", "l.1", "l.0"):  # a layer twice: queued once
+        c.save_kv_layer(name, None, None)
+    c.wait_for_save()
+    c.clear_connector_metadata()
+    req.status = vd.RequestStatus.FINISHED_ABORTED
+    assert s.request_finished(req, [2, 3])[0] is True
+    c.bind_connector_metadata(s.build_connector_meta(vd.SchedulerOutput()))
+    c.start_load_kv(None)
+    t0 = time.monotonic()
+    sending = None
+    while not sending and time.monotonic() - t0 < 5:
+        sending, _ = c.get_finished({"a"})
+        time.sleep(0.01)
+    assert sending == {"a"}
+    st = c.connector_stats()
+    assert (st["aborted"], st["failed"], st["live"]) == (1, 1, 0)
+    assert st["layer_errors"] <= 2  # its held layer ops fail with it
+    c.shutdown()
