@@ -157,6 +157,11 @@ _PROTOS = {
     "kvb_submit_read": (c_int, [_P, c_void_p, c_uint], True),
     "kvb_transfer_seal": (c_int, [_P, c_uint32, c_uint32, c_uint64], True),
     "kvb_transfer_abort": (c_int, [_P, c_uint32, c_uint64], True),
+    "kvb_transfer_set_timeouts": (
+        c_int,
+        [_P, c_uint32, c_uint32, c_uint32, c_uint32],
+        False,
+    ),
     "kvb_mem_set_kv": (c_int, [_P, c_uint32, c_uint32, POINTER(CKVGeometry)], True),
     "kvb_peer_connect": (c_int, [_P, c_char_p, c_uint16, POINTER(c_uint32)], True),
     "kvb_transfer_open_remote": (

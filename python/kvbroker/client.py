@@ -662,6 +662,23 @@ class Client:
             self._leave()
         check(rc, "kvb_transfer_abort")
 
+    def set_timeouts(self, handle: int, deadline_ms: int = 0, stall_ms: int = 0,
+                     defer_ms: int = 0) -> None:
+        """A transfer's clocks in ms, 0 = leave as it is (docs/deadlines.md):
+        its deadline (from now), its stall timeout (once it started), its
+        defer timeout (cross-node only). kvb_transfer_set_timeouts; ENOSYS
+        with a library that lacks it."""
+        if not self._lib.has("kvb_transfer_set_timeouts"):
+            raise Error(errno.ENOSYS, "the library has no kvb_transfer_set_timeouts",
+                        "kvb_transfer_set_timeouts")
+        ctx = self._enter("kvb_transfer_set_timeouts")
+        try:
+            rc = self._lib.kvb_transfer_set_timeouts(ctx, handle, deadline_ms, stall_ms,
+                                                     defer_ms)
+        finally:
+            self._leave()
+        check(rc, "kvb_transfer_set_timeouts")
+
     # ---- completion (one completing thread) ----
 
     def _cbuf(self, max: int):

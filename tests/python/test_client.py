@@ -248,6 +248,27 @@ def test_open_batch_per_id_status(client):
     assert e.value.errno == errno.ESTALE and e.value.call == "kvb_transfer_open"
 
 
+def test_set_timeouts(client):
+    # a 300 ms deadline ends a transfer nothing happens to (docs/deadlines.md)
+    h = client.open("tx-deadline")
+    t0 = time.monotonic()
+    client.set_timeouts(h, deadline_ms=300)
+    client.seal(h, 1, tag=5)
+    (c,) = client.wait(timeout_ms=5000)
+    assert c.tag == 5 and c.status == -errno.ETIMEDOUT
+    assert 0.29 <= time.monotonic() - t0 < 0.3 + 2.0
+    with pytest.raises(kvbroker.Error) as e:
+        client.set_timeouts(h, deadline_ms=300)
+    assert e.value.errno == errno.ESTALE
+    h = client.open("tx-defer")
+    with pytest.raises(kvbroker.Error) as e:  # no defer clock on one node
+        client.set_timeouts(h, defer_ms=1000)
+    assert e.value.errno == errno.EINVAL
+    client.abort(h, tag=6)
+    (c,) = client.wait(timeout_ms=5000)
+    assert c.tag == 6 and c.status == -errno.ECANCELED
+
+
 def test_poll_and_wait_timeouts(client):
     assert client.poll() == []
     t0 = time.monotonic()
