@@ -22,7 +22,7 @@
 #include "options.h"
 #include "log.h"
 
-#define MAXARGS 64
+#define MAXARGS 96
 
 /*
  * Parse a NULL-terminated argument list (argv[0] added). getopt permutes
