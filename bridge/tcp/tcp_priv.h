@@ -49,8 +49,9 @@ _Static_assert(TCP_IOV_MAX <= IOV_MAX, "readv/sendmsg iovec limit");
 
 #define TCP_TRUSTED_MAX 64u
 #define TCP_PEERS_MAX	4096u
-#define TCP_FD_RESERVE	64 /* descriptors kept free for the rest of the broker \
-			    */
+#define TCP_FD_RESERVE                                         \
+	64 /* descriptors kept free for the rest of the broker \
+	    */
 #define TCP_ACCEPT_PAUSE_NS (100ull * 1000000ull) /* after EMFILE / ENFILE */
 
 /* kinds of rate-limited log lines (auth.c tcp_rlog) */

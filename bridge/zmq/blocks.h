@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * KV block geometry, block offsets, transfer lists, notify port offsets and
- * heterogeneous-TP rank mapping (PROTOCOL.md "Block offsets", "Sockets and
+ * heterogeneous-TP rank mapping (docs/protocol.md "Block offsets", "Sockets and
  * ports", "Rules").
  *
  * A layer's KV tensor is registered once as one region and assumed dense

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Codec of the MoRIIO notify-port messages (PROTOCOL.md "Messages on the
+ * Codec of the MoRIIO notify-port messages (docs/protocol.md "Messages on the
  * notify port"): remote_blocks, write_done, release and the plain-string form.
  *
  * What is accepted and refused, and why, is in docs/protocol.md. In short:

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The notify-port endpoint of one worker identity, owned by the broker's
- * event loop (PROTOCOL.md "Sockets and ports").
+ * event loop (docs/protocol.md "Sockets and ports").
  *
  * Receiving: ZMQ ROUTER sockets bound on host_ip at notify_port + offset under
  * BOTH offset formulas (one socket when they agree). kvb_notify_recv() drains

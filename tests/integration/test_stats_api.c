@@ -4,8 +4,8 @@
  * socket. The JSON and table forms are kvbctl's; a buffer too small is
  * -ENOSPC with nothing in it; bad arguments are -EINVAL; the request is not
  * a worker's control request (control_requests does not count it); and it
- * needs no second connection: with both --max-workers 2 slots taken a
- * fresh connection (kvbctl's way) is refused, kvb_stats still answers.
+ * works with every --max-workers slot taken (so does kvbctl's fresh
+ * connection, which never takes a worker slot; a third attach is refused).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -98,8 +98,12 @@ static void test_max_workers_reached(void **state)
 	(void) state;
 	second = w_attach(&fx.br, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(second);
-	/* both worker slots are taken: a fresh connection is refused */
-	assert_int_not_equal(broker_stats(&fx.br, other, sizeof(other)), 0);
+	/* both worker slots are taken: a third worker is refused, a stats
+	 * connection (no HELLO, no slot) is still served */
+	errno = 0;
+	assert_null(w_attach(&fx.br, KVB_ROLE_D, 1, 2, 0));
+	assert_int_equal(errno, ECONNREFUSED);
+	assert_int_equal(broker_stats(&fx.br, other, sizeof(other)), 0);
 	assert_true(kvb_stats(fx.ctx, 1, buf, sizeof(buf)) > 0);
 	assert_int_equal(stat_get(buf, "workers"), 2);
 	assert_true(kvb_stats(second, 1, buf, sizeof(buf)) > 0);

@@ -62,8 +62,11 @@ def test_max_workers(broker_factory):
     b = broker_factory("--max-workers", "1")
     with kvbroker.Client(b.sock) as c:
         with pytest.raises(kvbroker.Error) as e:
-            kvbroker.Client(b.sock, timeout_ms=2000)
+            kvbroker.Client(b.sock, tp_rank=1, tp_size=2, timeout_ms=2000)
         assert e.value.errno == errno.ECONNREFUSED
+        with pytest.raises(kvbroker.Error) as e:  # the same identity
+            kvbroker.Client(b.sock, timeout_ms=2000)
+        assert e.value.errno in (errno.ECONNREFUSED, errno.EADDRINUSE)
         assert c.stats()["workers"] == 1  # its own socket: still answers
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""A vLLM MoRIIO D instance, as far as P's broker can tell (PROTOCOL.md).
+"""A vLLM MoRIIO D instance, as far as P's broker can tell (docs/protocol.md).
 
 Run in node B's namespace against the P workers of node A (TP = --p-tp,
 transfers "<prefix>-<i>", layers 0..LAYERS-1). Real D workers on B own the

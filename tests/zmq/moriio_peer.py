@@ -95,7 +95,7 @@ def main():
                 fail("write_done %r on port %d" % key[::-1])
             want[key] += 1
             got += 1
-    # PROTOCOL.md rank mapping: P rank r writes to D rank r (equal TP),
+    # docs/protocol.md rank mapping: P rank r writes to D rank r (equal TP),
     # r * (D/P) (D larger), r // (P/D) (D smaller): one write_done per
     # (transfer, mapped D port), none elsewhere.
     def mapped(r):

@@ -62,7 +62,7 @@ static void test_offsets_kv_first(void **state)
 {
 	uint64_t off;
 
-	/* PROTOCOL.md: K = e*b*s1, V = e*(s1*num_blocks + b*s1) */
+	/* docs/protocol.md: K = e*b*s1, V = e*(s1*num_blocks + b*s1) */
 	assert_int_equal(kvb_kv_block_off(&g_kv, 0, 0, &off), 0);
 	assert_int_equal(off, 0);
 	assert_int_equal(kvb_kv_block_off(&g_kv, 5, 0, &off), 0);
