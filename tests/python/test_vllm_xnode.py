@@ -220,7 +220,7 @@ def test_d_aborts(nodes):
 def test_p_broker_killed(nodes):
     """P's broker is SIGKILLed in the middle of a step: D's loads that can
     no longer finish are reported (their blocks as load errors, so vLLM
-    recomputes them) within the transfer timeout; P's workers fail their
+    recomputes them) within the connector's transfer timeout; P's workers fail their
     transfers and report them; no process hangs."""
     killed_at = []
 
@@ -241,9 +241,13 @@ def test_p_broker_killed(nodes):
     assert d["load_error"], _summary(d)
     assert not d["bad"], d["bad_verify"]
     assert len(d["ok"]) + len(d["load_error"]) == d["seen"], _summary(d)
-    # every failure within the transfer timeout (+ scheduling slack)
+    # every failure within the connector's transfer timeout (TTO + 4: D's
+    # broker no longer fails a load that only waits for P at the stall
+    # timeout, docs/deadlines.md), its 5 s grace after the abort, and
+    # scheduling slack
     for t in d["load_error_t"]:
-        assert t < killed_at[0] - t0 + TTO + 8, (t, killed_at[0] - t0)
+        assert t < killed_at[0] - t0 + TTO + 4 + 5 + 8, (t,
+                                                         killed_at[0] - t0)
 
 
 def test_malformed_params(nodes):
