@@ -89,7 +89,7 @@ def test_layout_refused(shape, strides, why):
 def test_config_defaults_and_errors():
     c = Config.parse({"host_ip": "10.0.0.1"})
     assert (c.handshake_port, c.notify_port, c.transfer_timeout_s) == \
-        (6301, 61005, 30.0)
+        (6301, 61005, 90.0)
     for bad in ({"handshake_port": 0}, {"notify_port": "x"},
                 {"transfer_timeout_s": "soon"}, {"broker_socket": 3},
                 {"timeout_ms": True}):

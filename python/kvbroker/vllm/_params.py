@@ -51,7 +51,7 @@ class Config:
     handshake_port: int = 6301
     notify_port: int = 61005
     timeout_ms: int = 10000
-    transfer_timeout_s: float = 30.0
+    transfer_timeout_s: float = 90.0
     total_num_kv_heads: int = 0
 
     @classmethod
@@ -66,7 +66,7 @@ class Config:
         c.notify_port = _int(extra, "notify_port", 61005, 1, 65535)
         c.timeout_ms = _int(extra, "timeout_ms", 10000, 100, 600000)
         c.total_num_kv_heads = _int(extra, "total_num_kv_heads", 0, 0, 1 << 20)
-        t = extra.get("transfer_timeout_s", 30.0)
+        t = extra.get("transfer_timeout_s", 90.0)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or \
                 not 0.1 <= t <= 3600:
             raise ParamsError("transfer_timeout_s: %r is not in [0.1, 3600]"
