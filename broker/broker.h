@@ -138,7 +138,7 @@ struct kvb_broker {
 		/* control requests with a valid header (STATS not counted):
 		 * each one a round trip that wakes its worker */
 		uint64_t ctl_requests;
-		/* node-side protection (docs/security-node.md) */
+		/* node-side protection (docs/security.md, "On the node") */
 		uint64_t hello_timeouts;  /* closed: no HELLO in time */
 		uint64_t pending_evicted; /* closed for a newer one */
 		uint64_t hello_refused;	  /* bad identity, rings, duplicate */
@@ -172,8 +172,8 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
 
-/* engine.c: quotas (docs/security-node.md). May w take one more transfer
- * table slot (1) or not (0)? */
+/* engine.c: quotas (docs/security.md, "On the node"). May w take one more
+ * transfer table slot (1) or not (0)? */
 int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
 
 /* engine.c */

@@ -53,8 +53,8 @@ void kvb_engine_fini(struct kvb_broker *b)
 }
 
 /*
- * Fair shares (docs/security-node.md): of a table of `total` entries each
- * attached worker is guaranteed total / attached (at least `floor`); past
+ * Fair shares (docs/security.md, "On the node"): of a table of `total` entries
+ * each attached worker is guaranteed total / attached (at least `floor`); past
  * its share a worker borrows free entries only while enough stay free for
  * every other attached worker to reach its own share. `cap` (an option, 0 =
  * none) bounds a worker whatever the table holds. used(b, w) is w's count.

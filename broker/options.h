@@ -60,7 +60,7 @@ struct kvb_options {
 	int gpu_streams;
 	int copy_threads; /* local copy pool, -1 = auto (see options.c) */
 	int copy_plain;	  /* --copy-plain: memcpy only, no streaming stores */
-	/* node-side protection (docs/security-node.md) */
+	/* node-side protection (docs/security.md, "On the node") */
 	uint32_t hello_timeout_ms; /* a connection must say HELLO by then */
 	uint32_t max_pending;	   /* connections that have not said HELLO */
 	uint32_t max_ring_entries; /* largest ring a HELLO may ask for */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The cross-node bridge inside the broker (PROTOCOL.md, issue 3):
+ * The cross-node bridge inside the broker (docs/protocol.md):
  *
  * - every attached worker gets its MoRIIO notify ports (bridge/zmq/notify);
  *   remote_blocks, write_done, release and plain-string messages drive the

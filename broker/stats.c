@@ -70,7 +70,7 @@ static void gpu_stats(struct kvb_broker *b, struct out *o, int json)
 		put(o, "\"gpu\":null,");
 }
 
-/* Node-side protection counters (docs/security-node.md) */
+/* Node-side protection counters (docs/security.md, "On the node") */
 static void guard_stats(struct kvb_broker *b, struct out *o, int json)
 {
 	const struct {

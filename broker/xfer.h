@@ -3,7 +3,7 @@
  * The transfer table: transfer-id strings interned per worker to small
  * handles ((generation << 16) | slot), their state, deadlines, and the LRU of
  * the last KVB_TERMINAL_LRU ids that ended (a late message or re-open for one
- * of them is refused, as PROTOCOL.md asks).
+ * of them is refused, as docs/protocol.md says).
  */
 #ifndef KVB_BROKER_XFER_H
 #define KVB_BROKER_XFER_H

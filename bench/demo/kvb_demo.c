@@ -562,7 +562,7 @@ bad:
  * Requests each D worker keeps open: its fair share of `room` transfers,
  * room / (D + P). The broker guarantees every attached worker that share
  * and lends a worker more only while every other one's share stays free
- * (docs/security-node.md), so a larger window could be refused with
+ * (docs/security.md, "On the node"), so a larger window could be refused with
  * -ENOSPC. A P worker only writes requests its D worker has open.
  */
 static unsigned d_window(const struct cfg *c, uint64_t room)
