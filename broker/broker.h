@@ -172,9 +172,12 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
 
-/* engine.c: quotas (docs/security.md, "On the node"). May w take one more
+/* quota.c (docs/security.md, "On the node"). May w take one more
  * transfer table slot (1) or not (0)? */
 int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
+/* How many of w's descriptors (at most burst) the engine may take now. */
+uint32_t kvb_inflight_room(struct kvb_broker *b, struct kvb_worker *w,
+			   uint32_t burst);
 
 /* engine.c */
 int kvb_engine_init(struct kvb_broker *b);

@@ -52,63 +52,6 @@ void kvb_engine_fini(struct kvb_broker *b)
 	b->dests = NULL;
 }
 
-/*
- * Fair shares (docs/security.md, "On the node"): of a table of `total` entries
- * each attached worker is guaranteed total / attached (at least `floor`); past
- * its share a worker borrows free entries only while enough stay free for
- * every other attached worker to reach its own share. `cap` (an option, 0 =
- * none) bounds a worker whatever the table holds. used(b, w) is w's count.
- * Returns how many more entries w may take now (at most `want`).
- */
-static uint32_t
-fair_room(struct kvb_broker *b, const struct kvb_worker *w, uint32_t total,
-	  uint32_t nfree, uint32_t cap, uint32_t want,
-	  uint32_t (*used)(struct kvb_broker *, const struct kvb_worker *))
-{
-	uint32_t n = b->nlive ? b->nlive : 1;
-	uint32_t share = total / n, mine = used(b, w), room;
-	uint64_t reserve = 0;
-
-	if (cap && mine >= cap)
-		return 0;
-	if (cap && want > cap - mine)
-		want = cap - mine;
-	room = mine < share ? share - mine : 0;
-	if (room >= want)
-		return want;
-	for (uint32_t i = 0; i < b->nlive; i++) {
-		const struct kvb_worker *o = &b->workers[b->live[i]];
-		uint32_t u;
-
-		if (o == w)
-			continue;
-		u = used(b, o);
-		if (u < share)
-			reserve += share - u;
-	}
-	if (nfree > reserve && nfree - reserve > room)
-		room = (uint32_t) (nfree - reserve);
-	return room < want ? room : want;
-}
-
-static uint32_t xfers_used(struct kvb_broker *b, const struct kvb_worker *w)
-{
-	return kvb_xfers_charged(&b->xfers, w->id);
-}
-
-static uint32_t inflight_used(struct kvb_broker *b, const struct kvb_worker *w)
-{
-	(void) b;
-	return w->inf_used;
-}
-
-int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w)
-{
-	return fair_room(b, w, KVB_MAX_XFERS - 1,
-			 KVB_MAX_XFERS - 1 - b->xfers.nactive,
-			 b->opt.max_xfers_per_worker, 1, xfers_used) > 0;
-}
-
 static struct kvb_region_ent *mr_ent(struct kvb_mr *mr)
 {
 	return container_of(mr, struct kvb_region_ent, mr);
@@ -884,26 +827,6 @@ static unsigned reap(struct kvb_broker *b)
 	return total;
 }
 
-/*
- * How many of w's descriptors the round may take: its fair share of the
- * in-flight table (fair_room); at the share its ring waits (and fills: its
- * submissions get -EAGAIN) until its own descriptors complete.
- */
-static uint32_t inflight_room(struct kvb_broker *b, struct kvb_worker *w,
-			      uint32_t burst)
-{
-	uint32_t n;
-
-	if (w->inf_used + burst <= (KVB_INFLIGHT_MAX - 1) / (b->nlive ?: 1) &&
-	    !b->opt.max_inflight_per_worker)
-		return burst; /* the common case: well inside its share */
-	n = fair_room(b, w, KVB_INFLIGHT_MAX - 1, b->inf_nfree,
-		      b->opt.max_inflight_per_worker, burst, inflight_used);
-	if (!n && kvb_ring_count(&w->seg.sq))
-		b->st.inflight_quota_stalls++;
-	return n;
-}
-
 /* Take up to max (<= KVB_BURST_MAX) descriptors from w's ring. */
 static uint32_t drain_burst(struct kvb_broker *b, struct kvb_worker *w,
 			    uint32_t max)
@@ -934,7 +857,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 		}
 		if (b->inf_nfree < burst)
 			break;
-		work += drain_burst(b, w, inflight_room(b, w, burst));
+		work += drain_burst(b, w, kvb_inflight_room(b, w, burst));
 	}
 	b->rr++;
 	if (b->ndirty)
