@@ -307,9 +307,11 @@ static void handle_request(struct kvb_broker *b, struct kvb_mx_conn *c,
 	size_t plen;
 	int om;
 
-	eol = strpbrk(c->req, "\r\n");
+	eol = strpbrk(c->req, "\r\n"); /* the headers are complete */
+	if (sp1 && sp1 > eol)
+		sp1 = NULL;
 	sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t) (eol - sp1 - 1)) : NULL;
-	if (!sp1 || !sp2 || sp1 > eol || (size_t) (eol - sp2 - 1) != 8 ||
+	if (!sp1 || !sp2 || (size_t) (eol - sp2 - 1) != 8 ||
 	    strncmp(sp2 + 1, "HTTP/1.", 7)) {
 		refuse(b, c, idx, KVB_MX_REF_BAD, "400 Bad Request", "");
 		return;
@@ -333,7 +335,7 @@ static void handle_request(struct kvb_broker *b, struct kvb_mx_conn *c,
 			"text/plain; charset=utf-8", "", "out of memory\n");
 		return;
 	}
-	b->mx->scrapes++;
+	b->mx->scrapes[om ? 1 : 0]++;
 	respond(b, c, idx, "200 OK",
 		om ? "application/openmetrics-text; version=1.0.0; "
 		     "charset=utf-8"

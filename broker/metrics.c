@@ -469,8 +469,13 @@ static void render_self(struct mbuf *m, struct kvb_broker *b)
 		       "# TYPE kvbroker_build_info gauge\n");
 	out(m, "kvbroker_build_info{version=\"%s\",protocol=\"%u\"} 1\n",
 	    KVB_VERSION_STRING, KVB_PROTO_VERSION);
-	counter1(m, "kvbroker_metrics_scrapes",
-		 "Scrapes of this endpoint answered.", mx->scrapes);
+	family(m, "kvbroker_metrics_scrapes", COUNTER,
+	       "Scrapes of this endpoint answered, by format.");
+	out(m,
+	    "kvbroker_metrics_scrapes_total{format=\"text\"} %llu\n"
+	    "kvbroker_metrics_scrapes_total{format=\"openmetrics\"} %llu\n",
+	    (unsigned long long) mx->scrapes[0],
+	    (unsigned long long) mx->scrapes[1]);
 	family(m, "kvbroker_metrics_refused", COUNTER,
 	       "Requests to this endpoint refused, by reason.");
 	for (unsigned r = 0; r < KVB_MX_REF_MAX; r++)
