@@ -102,11 +102,13 @@ int http_get(uint16_t port, const char *path, const char *accept, char **resp,
 	if (accept)
 		n = snprintf(req, sizeof(req),
 			     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+			     "Connection: close\r\n"
 			     "Accept: %s\r\n\r\n",
 			     path, accept);
 	else
 		n = snprintf(req, sizeof(req),
-			     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+			     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+			     "Connection: close\r\n\r\n",
 			     path);
 	if (n < 0 || (size_t) n >= sizeof(req))
 		return -EINVAL;
