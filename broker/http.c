@@ -305,7 +305,8 @@ static void handle_request(struct kvb_broker *b, struct kvb_mx_conn *c,
 	char *sp1 = memchr(c->req, ' ', c->rlen), *sp2, *eol;
 	const char *path;
 	size_t plen;
-	int om;
+	int64_t t0;
+	int om, rc;
 
 	eol = strpbrk(c->req, "\r\n"); /* the headers are complete */
 	if (sp1 && sp1 > eol)
@@ -328,7 +329,10 @@ static void handle_request(struct kvb_broker *b, struct kvb_mx_conn *c,
 		return;
 	}
 	om = wants_openmetrics(c->req);
-	if (kvb_metrics_render(b, om, &c->body, &c->blen)) {
+	t0 = kvb_now_ns();
+	rc = kvb_metrics_render(b, om, &c->body, &c->blen);
+	b->mx->render_ns += (uint64_t) (kvb_now_ns() - t0);
+	if (rc) {
 		c->body = NULL;
 		c->blen = 0;
 		respond(b, c, idx, "503 Service Unavailable",

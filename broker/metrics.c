@@ -476,6 +476,11 @@ static void render_self(struct mbuf *m, struct kvb_broker *b)
 	    "kvbroker_metrics_scrapes_total{format=\"openmetrics\"} %llu\n",
 	    (unsigned long long) mx->scrapes[0],
 	    (unsigned long long) mx->scrapes[1]);
+	family(m, "kvbroker_metrics_render_seconds", COUNTER,
+	       "Time the broker loop spent rendering scrapes (before this "
+	       "one).");
+	out(m, "kvbroker_metrics_render_seconds_total %.9f\n",
+	    (double) mx->render_ns / 1e9);
 	family(m, "kvbroker_metrics_refused", COUNTER,
 	       "Requests to this endpoint refused, by reason.");
 	for (unsigned r = 0; r < KVB_MX_REF_MAX; r++)

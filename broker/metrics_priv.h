@@ -43,6 +43,7 @@ struct kvb_metrics {
 	struct kvb_mx_conn conns[KVB_MX_MAX_CONNS];
 	uint32_t nconns;
 	uint64_t scrapes[2]; /* [0] text format 0.0.4, [1] OpenMetrics */
+	uint64_t render_ns;  /* the broker loop's time spent rendering */
 	uint64_t refused[KVB_MX_REF_MAX];
 	/* transfer latency: [0] done, [1] failed; the last bucket is +Inf */
 	uint64_t lat[2][KVB_MX_LAT_BUCKETS + 1];

@@ -807,7 +807,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 
 		NEED(struct kvb_msg_stats);
 		rc = kvb_view_format(b, m.stats.view, m.stats.json,
-				     buf + sizeof(*h), sizeof(buf) - sizeof(*h));
+				     buf + sizeof(*h),
+				     sizeof(buf) - sizeof(*h));
 		len = rc < 0 ? 0 : (size_t) rc;
 		h->type = KVB_MSG_STATS;
 		reply(w, h, sizeof(*h) + len + 1, rc < 0 ? rc : 0, NULL, 0);
