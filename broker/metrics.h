@@ -19,12 +19,12 @@ struct kvb_xfer;
 #define KVB_EP_METRICS_TAG 0x400000000ull
 #define KVB_MX_LISTEN_IDX  0xffffu
 
-/* bounds on what a client of the endpoint can take */
-#define KVB_MX_MAX_CONNS 16u   /* connections at once; more are closed */
-#define KVB_MX_REQ_MAX	 8192u /* request line and headers */
-#define KVB_MX_TIMEOUT_MS                                   \
-	5000 /* to send the request, and to read the answer \
-	      */
+/* bounds on what a client of the endpoint can take: connections at once
+ * (more are closed), bytes of request line and headers, ms to send the
+ * request and again to read the answer */
+#define KVB_MX_MAX_CONNS  16u
+#define KVB_MX_REQ_MAX	  8192u
+#define KVB_MX_TIMEOUT_MS 5000
 
 /* transfer latency histogram: upper bounds in ns (+Inf implied) */
 #define KVB_MX_LAT_BUCKETS 14u
