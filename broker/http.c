@@ -60,7 +60,9 @@ static int parse_listen(const char *s, struct addrinfo **ai)
 		s++;
 		hl -= 2;
 	}
-	if (!hl || hl >= sizeof(host))
+	if (!hl || hl >= sizeof(host) || strlen(colon + 1) > 5 ||
+	    strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+	    atoi(colon + 1) > 65535)
 		return -EINVAL;
 	memcpy(host, s, hl);
 	host[hl] = '\0';

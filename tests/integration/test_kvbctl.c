@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "metrics_client.h"
 
 #define SIZE (64u << 10)
 
@@ -119,10 +120,15 @@ static void test_peers_none(void **state)
  * with a port nobody serves (failed) */
 static void test_peers(void **state)
 {
-	static const char *const a_args[] = {
-		"--host-ip", "127.0.0.1",     "--handshake-port",
-		"17401",     "--notify-port", "17405",
-		NULL};
+	static const char *const a_args[] = {"--host-ip",
+					     "127.0.0.1",
+					     "--handshake-port",
+					     "17401",
+					     "--notify-port",
+					     "17405",
+					     "--metrics-listen",
+					     "127.0.0.1:0",
+					     NULL};
 	static const char *const b_args[] = {
 		"--host-ip", "127.0.0.1",     "--handshake-port",
 		"17411",     "--notify-port", "17415",
@@ -153,6 +159,19 @@ static void test_peers(void **state)
 	assert_non_null(strstr(out, "\"port\":17411,\"state\":\"ready\""));
 	assert_non_null(strstr(out, "\"port\":17499,\"state\":\"failed\""));
 	assert_int_equal(stat_get(out, "workers"), 1); /* B's P worker */
+	/* the peers gauge says the same */
+	{
+		char *r = NULL;
+
+		assert_int_equal(http_get(broker_metrics_port(&ba), "/metrics",
+					  NULL, &r, 5000),
+				 0);
+		assert_true(metric(http_body(r),
+				   "kvbroker_peers{state=\"ready\"}") == 1);
+		assert_true(metric(http_body(r),
+				   "kvbroker_peers{state=\"failed\"}") == 1);
+		free(r);
+	}
 	kvb_detach(ctx);
 	kvb_detach(bctx);
 	assert_int_equal(broker_stop(&ba), 0);

@@ -394,6 +394,39 @@ static void test_limits(void **state)
 					   "refused (timeout)"));
 }
 
+/* a bad --metrics-listen, or a port in use: the broker does not start */
+static void test_bad_listen(void **state)
+{
+	static const char *const bad[][3] = {
+		{"--metrics-listen", "localhost:19476", NULL},
+		{"--metrics-listen", "127.0.0.1", NULL},
+		{"--metrics-listen", "127.0.0.1:http", NULL},
+		{"--metrics-listen", "[::1:19476", NULL},
+		{"--metrics-listen", "127.0.0.1:70000", NULL},
+	};
+	char used[32];
+	const char *const inuse[] = {"--metrics-listen", used, NULL};
+	struct broker b;
+
+	(void) state;
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct broker_opts o = {.args = bad[i]};
+
+		assert_int_equal(broker_run_to_exit(&b, &o, 10000), 1);
+		assert_true(broker_log_has(&b, "not ADDR:PORT"));
+		broker_cleanup(&b);
+	}
+	/* the running broker's port */
+	snprintf(used, sizeof(used), "127.0.0.1:%u", port);
+	{
+		struct broker_opts o = {.args = inuse};
+
+		assert_int_equal(broker_run_to_exit(&b, &o, 10000), 1);
+		assert_true(broker_log_has(&b, "Address already in use"));
+		broker_cleanup(&b);
+	}
+}
+
 static int fixture_setup_metrics(void **state)
 {
 	int rc = fixture_setup(state);
@@ -419,6 +452,7 @@ int main(void)
 		cmocka_unit_test(test_failure_reason),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_limits),
+		cmocka_unit_test(test_bad_listen),
 	};
 
 	fx.args = args;
