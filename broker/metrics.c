@@ -178,11 +178,23 @@ static void gauge1(struct mbuf *m, const char *name, const char *help,
 	out(m, "%s %llu\n", name, (unsigned long long) v);
 }
 
-/* cumulative buckets, then _sum and _count; lbl: labels before "le" */
+/* cumulative buckets, then _sum and _count; lbl: labels before "le";
+ * the sum in units of 10^-scale (ns: 9), printed exactly */
 static void hist_samples(struct mbuf *m, const char *name, const char *lbl,
 			 const char *const *le, const uint64_t *bk, unsigned n,
-			 double sum)
+			 uint64_t sum, unsigned scale)
 {
+	char s[48];
+	uint64_t div = 1;
+
+	for (unsigned i = 0; i < scale; i++)
+		div *= 10;
+	if (scale)
+		snprintf(s, sizeof(s), "%llu.%0*llu",
+			 (unsigned long long) (sum / div), (int) scale,
+			 (unsigned long long) (sum % div));
+	else
+		snprintf(s, sizeof(s), "%llu", (unsigned long long) sum);
 	uint64_t acc = 0;
 
 	for (unsigned i = 0; i < n; i++) {
@@ -191,11 +203,11 @@ static void hist_samples(struct mbuf *m, const char *name, const char *lbl,
 		    lbl[0] ? "," : "", le[i], (unsigned long long) acc);
 	}
 	if (lbl[0]) {
-		out(m, "%s_sum{%s} %.9g\n", name, lbl, sum);
+		out(m, "%s_sum{%s} %s\n", name, lbl, s);
 		out(m, "%s_count{%s} %llu\n", name, lbl,
 		    (unsigned long long) acc);
 	} else {
-		out(m, "%s_sum %.9g\n%s_count %llu\n", name, sum, name,
+		out(m, "%s_sum %s\n%s_count %llu\n", name, s, name,
 		    (unsigned long long) acc);
 	}
 }
@@ -260,10 +272,10 @@ static void render_transfers(struct mbuf *m, struct kvb_broker *b)
 	       "Transfer latency, open to completion, by outcome.");
 	hist_samples(m, "kvbroker_transfer_duration_seconds",
 		     "outcome=\"done\"", le, mx->lat[0], KVB_MX_LAT_BUCKETS + 1,
-		     (double) mx->lat_sum_ns[0] / 1e9);
+		     mx->lat_sum_ns[0], 9);
 	hist_samples(m, "kvbroker_transfer_duration_seconds",
 		     "outcome=\"failed\"", le, mx->lat[1],
-		     KVB_MX_LAT_BUCKETS + 1, (double) mx->lat_sum_ns[1] / 1e9);
+		     KVB_MX_LAT_BUCKETS + 1, mx->lat_sum_ns[1], 9);
 }
 
 /* one labelled counter family over the transports that are open */
@@ -314,7 +326,7 @@ static void render_transports(struct mbuf *m, struct kvb_broker *b)
 			 b->trs[i]->ops->name);
 		hist_samples(m, "kvbroker_wrs_per_doorbell", lbl, le,
 			     b->trs[i]->stats.wr_hist, KVB_WR_HIST_BUCKETS,
-			     (double) b->trs[i]->stats.wrs);
+			     b->trs[i]->stats.wrs, 0);
 	}
 }
 
@@ -479,8 +491,9 @@ static void render_self(struct mbuf *m, struct kvb_broker *b)
 	family(m, "kvbroker_metrics_render_seconds", COUNTER,
 	       "Time the broker loop spent rendering scrapes (before this "
 	       "one).");
-	out(m, "kvbroker_metrics_render_seconds_total %.9f\n",
-	    (double) mx->render_ns / 1e9);
+	out(m, "kvbroker_metrics_render_seconds_total %llu.%09llu\n",
+	    (unsigned long long) (mx->render_ns / 1000000000),
+	    (unsigned long long) (mx->render_ns % 1000000000));
 	family(m, "kvbroker_metrics_refused", COUNTER,
 	       "Requests to this endpoint refused, by reason.");
 	for (unsigned r = 0; r < KVB_MX_REF_MAX; r++)
