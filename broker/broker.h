@@ -89,6 +89,7 @@ enum {
 };
 
 struct kvb_xnode; /* remote.c */
+struct kvb_metrics; /* metrics.h */
 
 /* epoll data of a pre-HELLO connection: tag | index in b->pend */
 #define KVB_EP_PENDING_TAG 0x200000000ull
@@ -123,6 +124,7 @@ struct kvb_broker {
 	uint32_t ndirty;
 	int64_t next_timer_ns;
 	struct kvb_xnode *rm; /* cross-node state, NULL without --host-ip */
+	struct kvb_metrics *mx; /* NULL without --metrics-listen */
 	struct kvb_ratelimit conn_rl; /* connections past --max-workers */
 	struct {
 		uint64_t descriptors_submitted, descriptors_completed;

@@ -16,6 +16,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "metrics.h"
 
 #define POLL_BATCH    256u
 #define MERGE_MAX_LEN (1ull << 30)
@@ -190,6 +191,7 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms * 1000000;
 	struct kvb_xfer copy = *x;
 
+	kvb_metrics_xfer_end(b, x, status);
 	if (status)
 		b->st.transfers_failed++;
 	else

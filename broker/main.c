@@ -25,6 +25,7 @@
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "metrics.h"
 
 #define EP_LISTEN	  1ull
 #define EP_EFD		  2ull
@@ -222,6 +223,9 @@ static int setup(struct kvb_broker *b)
 	rc = kvb_remote_init(b);
 	if (rc)
 		return rc;
+	rc = kvb_metrics_init(b);
+	if (rc)
+		return rc;
 	if ((rc = ep_add(b->epfd, b->listen_fd, EP_LISTEN)) ||
 	    (rc = ep_add(b->epfd, b->efd, EP_EFD)) ||
 	    (rc = ep_add(b->epfd, b->sigfd, EP_SIG)))
@@ -265,6 +269,8 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 			kvb_remote_rdma_events(b);
 		} else if (tag == KVB_EP_REMOTE || tag == EP_XPORT) {
 			/* drained below, or by the next round's reap */
+		} else if (tag & KVB_EP_METRICS_TAG) {
+			kvb_metrics_event(b, tag, ev[i].events);
 		} else if (tag & EP_WORKER_TAG) {
 			struct kvb_worker *w =
 				&b->workers[(uint32_t) (tag & 0xffffffffu)];
@@ -371,6 +377,7 @@ static void run(struct kvb_broker *b)
 		if (now >= b->next_timer_ns) {
 			kvb_engine_timers(b, now);
 			kvb_worker_timers(b, now);
+			kvb_metrics_timers(b, now);
 			b->next_timer_ns = now + TIMER_NS;
 		}
 		/* control sockets while busy: every EPOLL_EVERY rounds, or
@@ -436,6 +443,7 @@ static void teardown(struct kvb_broker *b)
 		unlink(b->opt.socket_path);
 	}
 	kvb_remote_fini(b);
+	kvb_metrics_fini(b);
 	for (int i = 0; i < KVB_TS_MAX; i++)
 		if (b->trs[i])
 			b->trs[i]->ops->close(b->trs[i]);

@@ -172,6 +172,10 @@ void kvb_options_usage(FILE *f)
 	      "                         completion ring before its "
 	      "submissions wait\n"
 	      "                         (default 16384)\n"
+	      "  --metrics-listen ADDR:PORT  serve Prometheus metrics on "
+	      "http://ADDR:PORT/metrics\n"
+	      "                         (default off; 19476 suggested; "
+	      "docs/metrics.md)\n"
 	      "  --help, --version\n",
 	      f);
 }
@@ -248,6 +252,7 @@ enum {
 	O_MAXXPW,
 	O_MAXIPW,
 	O_MAXUNDEL,
+	O_METRICS,
 };
 
 static const struct option longopts[] = {
@@ -288,6 +293,7 @@ static const struct option longopts[] = {
 	{"max-transfers-per-worker", required_argument, NULL, O_MAXXPW},
 	{"max-inflight-per-worker", required_argument, NULL, O_MAXIPW},
 	{"max-undelivered", required_argument, NULL, O_MAXUNDEL},
+	{"metrics-listen", required_argument, NULL, O_METRICS},
 	{"help", no_argument, NULL, O_HELP},
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
@@ -558,6 +564,12 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 				o->max_inflight_per_worker = (uint32_t) v;
 			else
 				o->max_undelivered = (uint32_t) v;
+			break;
+		case O_METRICS: /* checked when it binds (metrics.h) */
+			if (copy_str(o->metrics_listen,
+				     sizeof(o->metrics_listen), a))
+				return fail(err, err_len,
+					    "--metrics-listen: too long");
 			break;
 		case O_HELP:
 			o->help = 1;

@@ -67,6 +67,7 @@ struct kvb_options {
 	uint32_t max_xfers_per_worker;	  /* 0 = fair share only */
 	uint32_t max_inflight_per_worker; /* 0 = fair share only */
 	uint32_t max_undelivered; /* completions queued past a full CQ */
+	char metrics_listen[80]; /* --metrics-listen ADDR:PORT, "" = off */
 	int help, version;
 };
 

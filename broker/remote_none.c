@@ -13,6 +13,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "metrics.h"
 
 int kvb_remote_init(struct kvb_broker *b)
 {
@@ -140,4 +141,10 @@ uint64_t kvb_remote_rejected(struct kvb_broker *b)
 size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
 	return 0;
+}
+
+int kvb_remote_peer_info(struct kvb_broker *b, uint32_t i,
+			 struct kvb_peer_info *pi)
+{
+	return -ERANGE;
 }

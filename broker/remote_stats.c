@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node counters for `kvbctl stats` (see remote.c). */
 #include "remote_priv.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -377,4 +378,35 @@ uint64_t kvb_remote_rejected(struct kvb_broker *b)
 		rej += st.messages_rejected;
 	}
 	return rej;
+}
+
+int kvb_remote_peer_info(struct kvb_broker *b, uint32_t i,
+			 struct kvb_peer_info *pi)
+{
+	static const char *const sn[] = {"free", "handshaking", "ready",
+					 "failed"};
+	struct kvb_xnode *rm = b->rm;
+	const struct kvb_peer *p;
+	unsigned ts;
+
+	if (!rm || !i || i >= rm->npeers_max)
+		return -ERANGE;
+	p = &rm->peers[i];
+	if (p->state == PEER_FREE || p->state > PEER_FAILED)
+		return -ENOENT;
+	ts = peer_ts(p);
+	memset(pi, 0, sizeof(*pi));
+	pi->id = i;
+	snprintf(pi->host, sizeof(pi->host), "%s", p->host);
+	pi->port = p->port;
+	pi->state = sn[p->state];
+	pi->stale = p->stale;
+	if (p->have_desc)
+		snprintf(pi->node, sizeof(pi->node), "%s", p->desc.node_id);
+	pi->nworkers = p->have_desc ? p->desc.nworkers : 0;
+	pi->transport = ts ? b->trs[ts]->ops->name : "none";
+	pi->handshakes = p->handshakes;
+	pi->failures = p->failures;
+	pi->last_err = p->last_err;
+	return 0;
 }

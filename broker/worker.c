@@ -18,6 +18,7 @@
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "metrics.h"
 
 #define EP_WORKER_TAG 0x100000000ull /* epoll data: tag | slot */
 
@@ -805,10 +806,12 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		size_t len;
 
 		NEED(struct kvb_msg_stats);
-		len = kvb_stats_format(b, m.stats.json, buf + sizeof(*h),
-				       sizeof(buf) - sizeof(*h));
+		rc = kvb_view_format(b, m.stats.view, m.stats.json,
+				     buf + sizeof(*h),
+				     sizeof(buf) - sizeof(*h));
+		len = rc < 0 ? 0 : (size_t) rc;
 		h->type = KVB_MSG_STATS;
-		reply(w, h, sizeof(*h) + len + 1, 0, NULL, 0);
+		reply(w, h, sizeof(*h) + len + 1, rc < 0 ? rc : 0, NULL, 0);
 		return;
 	}
 	case KVB_MSG_MEM_KV:

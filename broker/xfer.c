@@ -5,6 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /*
  * The slot table (~7.5 MiB) is faulted in up front: slots are handed out
@@ -200,6 +209,7 @@ struct kvb_xfer *kvb_xfer_open(struct kvb_xfers *t, uint32_t worker,
 	x->hash = h;
 	x->worker = worker;
 	x->deadline_ns = deadline_ns;
+	x->opened_ns = mono_ns();
 	b = (uint32_t) (h % t->nbuckets);
 	x->hnext = t->buckets[b];
 	t->buckets[b] = s;

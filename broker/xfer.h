@@ -32,6 +32,7 @@ struct kvb_xfer {
 	int32_t first_err;
 	uint64_t seal_tag;
 	int64_t deadline_ns;
+	int64_t opened_ns; /* created at (CLOCK_MONOTONIC): age, latency */
 	uint32_t ndests; /* workers whose regions this transfer wrote */
 	uint32_t dests[KVB_XFER_MAX_DESTS];
 	uint8_t opened;	      /* the owner opened it (not only a message) */

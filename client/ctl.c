@@ -401,6 +401,12 @@ int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
 int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 		  int timeout_ms)
 {
+	return kvb_ctl_view(socket_path, 0, json, buf, cap, timeout_ms);
+}
+
+int kvb_ctl_view(const char *socket_path, uint32_t view, int json, char *buf,
+		 size_t cap, int timeout_ms)
+{
 	struct kvb_msg_stats req;
 	int64_t deadline;
 	size_t len;
@@ -422,6 +428,7 @@ int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 	kvb_msg_init(&req.h, KVB_MSG_STATS, sizeof(req));
 	req.h.seq = 1;
 	req.json = json ? 1 : 0;
+	req.view = view;
 	n = kvb_ctl_send_by(fd, &req, sizeof(req), NULL, 0, deadline);
 	if (!n)
 		n = kvb_ctl_recv_by(fd, msg, KVB_MSG_MAX, NULL, NULL, deadline);

@@ -75,5 +75,9 @@ int kvb_ctl_check_reply(const struct kvb_msg_hdr *h, int n, uint16_t type,
  */
 int kvb_ctl_stats(const char *socket_path, int json, char *buf, size_t cap,
 		  int timeout_ms);
+/* The same for one of kvbctl's views (1 = workers, 2 = transfers, 3 =
+ * peers; 0 = the counters): -EINVAL from a broker that has no such view. */
+int kvb_ctl_view(const char *socket_path, uint32_t view, int json, char *buf,
+		 size_t cap, int timeout_ms);
 
 #endif

@@ -112,7 +112,7 @@ struct kvb_msg_open_reply {
 struct kvb_msg_stats {
 	struct kvb_msg_hdr h;
 	uint32_t json;
-	uint32_t pad;
+	uint32_t view; /* 0 = counters, 1 = workers, 2 = transfers, 3 = peers */
 };
 /* stats reply: header + NUL-terminated text */
 

@@ -303,11 +303,14 @@ static void do_stats(int ci)
 
 	kvb_msg_init(&m.h, KVB_MSG_STATS, sizeof(m));
 	m.json = chance(50) ? below(2) : edge32();
-	m.pad = (uint32_t) rnd();
+	/* views 0..3 (counters, workers, transfers, peers); others -EINVAL */
+	m.view = chance(50) ? below(4) : (uint32_t) rnd();
 	send_msg(ci, &m.h, NULL, 0);
 	n = await_reply(ci, KVB_MSG_STATS, sizeof(m.h) + 1);
-	tracef("conn %d: STATS json %u -> %d bytes", ci, m.json, n);
-	expect_status(ci, "STATS", ((struct kvb_msg_hdr *) rbuf)->status, 0);
+	tracef("conn %d: STATS json %u view %u -> %d bytes", ci, m.json,
+	       m.view, n);
+	expect_status(ci, "STATS", ((struct kvb_msg_hdr *) rbuf)->status,
+		      m.view <= 3 ? 0 : -EINVAL);
 	CHECK(rbuf[n - 1] == '\0' && strlen(rbuf + sizeof(m.h)) ==
 					     (size_t) n - sizeof(m.h) - 1,
 	      "STATS text not one NUL-terminated string");
