@@ -278,8 +278,7 @@ int kvb_remote_init(struct kvb_broker *b)
 		if (!rc)
 			log_info("transport rdma ready (%s%s): peers that "
 				 "offer rdma use it",
-				 b->opt.rdma_dev[0] ? b->opt.rdma_dev
-						    : "first device",
+				 p.dev_name ? p.dev_name : "first device",
 				 b->opt.transport == KVB_TR_RDMA
 					 ? ", no tcp"
 					 : ", tcp for "

@@ -160,9 +160,12 @@ static void load_ports(const struct kvb_topo *t, struct kvb_topo_nic *nic)
 static int load_dev(struct kvb_topo *t, struct topo_dev *d, const char *name)
 {
 	char rel[PATH_MAX], p[PATH_MAX];
+	size_t nl = strlen(name);
 	const char *slash;
 
-	snprintf(d->pub.name, sizeof(d->pub.name), "%s", name);
+	if (nl >= sizeof(d->pub.name))
+		return -ENAMETOOLONG;
+	memcpy(d->pub.name, name, nl + 1);
 	if (pathf(rel, sizeof(rel), "class/infiniband/%s/device", name))
 		return -ENAMETOOLONG;
 	d->path = pci_path(t, rel);
@@ -213,7 +216,8 @@ static int scan(struct kvb_topo *t, DIR *d)
 		if (err)
 			return err;
 	}
-	qsort(t->devs, (size_t) t->n, sizeof(*t->devs), cmp_dev);
+	if (t->n > 1)
+		qsort(t->devs, (size_t) t->n, sizeof(*t->devs), cmp_dev);
 	return 0;
 }
 
@@ -466,8 +470,9 @@ static void explain(const struct kvb_topo *t, const struct target *g,
 		    struct kvb_topo_pick *p)
 {
 	const struct topo_dev *d = &t->devs[p->nic];
-	char anc[KVB_TOPO_NAME_LEN], where[176], tie[48] = "";
+	char anc[KVB_TOPO_NAME_LEN], where[176];
 	enum kvb_topo_near near;
+	int n;
 
 	score(d, g, &near, anc, sizeof(anc));
 	if (anc[0])
@@ -481,11 +486,11 @@ static void explain(const struct kvb_topo *t, const struct target *g,
 		snprintf(where, sizeof(where), "%s (NIC node %d, %s node %d)%s",
 			 near_text(near), d->pub.numa, g->what, g->numa,
 			 g->path ? "; no NIC on its root complex" : "");
-	if (p->ties > 1)
-		snprintf(tie, sizeof(tie), "; %d equally near, least used",
-			 p->ties);
-	snprintf(p->why, sizeof(p->why), "%s port %d: %s%s", p->dev, p->port,
-		 where, tie);
+	n = snprintf(p->why, sizeof(p->why), "%s port %d: %s", p->dev, p->port,
+		     where);
+	if (p->ties > 1 && n > 0 && (size_t) n < sizeof(p->why))
+		snprintf(p->why + n, sizeof(p->why) - (size_t) n,
+			 "; %d equally near, least used", p->ties);
 }
 
 /* Among the nearest devices the active port with the fewest uses. */

@@ -6,17 +6,19 @@
 # address, the device whose netdev holds it and the GID index whose gid
 # file holds ::ffff:<address> with type "RoCE v2" (read here from sysfs
 # with the shell, not with the code under test). In the guest it also adds
-# a second device (rxe1 on dummy1, 192.0.2.2/32) and checks that its
-# address resolves to rxe1, that a peer address on dummy0's subnet resolves
-# through rxe0, and that a broker started with --host-ip 192.0.2.2 and no
-# --gid-index / --rdma-dev says it took rxe1 and that GID. Exit 77 without
-# a device or rdma_cm.
+# a second device (rxe1 on dummy1, 192.0.2.2/32 and 192.0.2.3/32) and
+# checks that its addresses resolve to rxe1, each to its own GID index,
+# that a peer address on dummy0's subnet resolves through rxe0, and that a
+# broker started with --host-ip 192.0.2.3 and no --gid-index / --rdma-dev
+# says it took rxe1 and 192.0.2.3's GID (not the first IPv4 one, the
+# transport's own default). Exit 77 without a device or rdma_cm.
 set -u
 BUILD=${1:?build dir}
 WHERE=$BUILD/tests/rdma/rdma_where
 BROKER=$BUILD/broker/kvbroker
 IP1=${KVB_PAIR_IP:-192.0.2.1}
 IP2=192.0.2.2
+IP3=192.0.2.3
 PEER=192.0.2.9
 
 skip() { echo "SKIP: $*"; exit 77; }
@@ -90,10 +92,20 @@ for _ in $(seq 200); do # the GID table fills asynchronously
 	[ -n "$(want_index rxe1 1 $IP2)" ] && break
 	sleep 0.1
 done
+ip addr add $IP3/32 dev dummy1 || fail "cannot add $IP3"
+for _ in $(seq 200); do
+	[ -n "$(want_index rxe1 1 $IP3)" ] && break
+	sleep 0.1
+done
 echo "== $IP2 (on rxe1)"
 check "$IP2"
 [ "$DEV" = rxe1 ] || fail "$IP2 resolved to $DEV, not rxe1"
 GID2=$GID
+echo "== $IP3 (on rxe1 too, after $IP2)"
+check "$IP3"
+[ "$DEV" = rxe1 ] || fail "$IP3 resolved to $DEV, not rxe1"
+GID3=$GID
+[ "$GID3" != "$GID2" ] || fail "$IP2 and $IP3 share GID index $GID2"
 echo "== $IP1 again (still $DEV1 with rxe1 there)"
 check "$IP1"
 [ "$DEV" = "$DEV1" ] || fail "$IP1 moved to $DEV"
@@ -102,8 +114,8 @@ echo "== $PEER (a peer on dummy0's subnet: the route's device)"
 check $PEER 2000
 [ "$DEV" = "$DEV1" ] || fail "$PEER resolved through $DEV, not $DEV1"
 
-echo "== broker --host-ip $IP2, no --rdma-dev / --gid-index"
-"$BROKER" --socket "$T/b.sock" --host-ip $IP2 --transport rdma \
+echo "== broker --host-ip $IP3, no --rdma-dev / --gid-index"
+"$BROKER" --socket "$T/b.sock" --host-ip $IP3 --transport rdma \
 	--handshake-port 6511 --notify-port 61511 >"$T/broker.log" 2>&1 &
 BPID=$!
 for _ in $(seq 1200); do # 60 s: the emulated guest is slow
@@ -113,6 +125,8 @@ for _ in $(seq 1200); do # 60 s: the emulated guest is slow
 done
 grep "transport rdma" "$T/broker.log"
 [ -S "$T/b.sock" ] || { cat "$T/broker.log"; fail "broker did not start"; }
-grep -q "transport rdma: $IP2: rxe1 port 1 GID index $GID2 (RoCE v2)" \
-	"$T/broker.log" || fail "broker did not log rxe1 GID index $GID2"
+grep -q "transport rdma: $IP3: rxe1 port 1 GID index $GID3 (RoCE v2)" \
+	"$T/broker.log" || fail "broker did not log rxe1 GID index $GID3"
+grep -q "transport rdma ready (rxe1," "$T/broker.log" ||
+	fail "broker did not open rxe1"
 echo "PASS"

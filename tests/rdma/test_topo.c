@@ -99,7 +99,7 @@ static void test_h100_gpus(void **state)
 		"0000:97:00.0", "0000:a8:00.0", "0000:b9:00.0", "0000:da:00.0"};
 	struct fx *f = *state;
 	struct kvb_topo_pick p;
-	char dev[16], want[160];
+	char dev[24], want[160];
 	int i, r, idx[4];
 
 	assert_int_equal(kvb_topo_count(f->t), 8);
