@@ -25,6 +25,7 @@
 #endif
 #ifdef KVB_HAVE_RDMA
 #include "rdma/rdma.h"
+#include "rdma/resolve.h"
 #endif
 
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
@@ -240,7 +241,11 @@ int kvb_remote_init(struct kvb_broker *b)
 			.qp_per_peer = b->opt.qp_per_transfer,
 		};
 		char why[256] = "";
+		struct kvb_rdma_where w; /* p.dev_name may point into it */
 
+		/* no --gid-index: the device, port and GID holding --host-ip */
+		if (kvb_rdma_params_resolve(&p, b->opt.host_ip, &w) != 1)
+			log_info("transport rdma: %s", w.why);
 		rc = kvb_rdma_ops.open(&p, &b->trs[KVB_TS_RDMA], why,
 				       sizeof(why));
 		if (rc && b->opt.transport == KVB_TR_RDMA) {
@@ -273,8 +278,7 @@ int kvb_remote_init(struct kvb_broker *b)
 		if (!rc)
 			log_info("transport rdma ready (%s%s): peers that "
 				 "offer rdma use it",
-				 b->opt.rdma_dev[0] ? b->opt.rdma_dev
-						    : "first device",
+				 p.dev_name ? p.dev_name : "first device",
 				 b->opt.transport == KVB_TR_RDMA
 					 ? ", no tcp"
 					 : ", tcp for "

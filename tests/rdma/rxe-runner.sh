@@ -7,8 +7,8 @@
 #   tests/rdma/rxe-runner.sh [--] command [args...]
 #
 # The guest runs a Debian kernel (fetched once with `apt-get download`, cached
-# under /var/tmp) and a tiny busybox initramfs that loads rdma_rxe and the 9p
-# modules, mounts the host's / read-only and KVB_RXE_RW read-write at the same
+# under /var/tmp) and a tiny busybox initramfs that loads rdma_rxe, rdma_ucm
+# and the 9p modules, mounts the host's / read-only and KVB_RXE_RW read-write at the same
 # path, creates dummy0 = 192.0.2.1/24 with rxe0 on top, then runs the command
 # from the caller's working directory.
 #
@@ -101,7 +101,7 @@ vmlinuz=$kdir/boot/vmlinuz-$kver
 [ -r "$vmlinuz" ] || die "no kernel image in $kdir"
 
 # --- 2. initramfs: busybox, modules in dependency order, /init --------------
-initrd=$cache/initramfs-$kver-v4.cpio.gz
+initrd=$cache/initramfs-$kver-v5.cpio.gz
 if [ ! -e "$initrd" ]; then
 	root=$(mktemp -d) || die "mktemp failed"
 	trap 'rm -rf "$root"' EXIT
@@ -113,8 +113,9 @@ if [ ! -e "$initrd" ]; then
 	done
 	# crc32 providers first: rdma_rxe asks the crypto API for "crc32" and
 	# nothing in the initramfs could autoload it.
+	# rdma_ucm: /dev/infiniband/rdma_cm for librdmacm (address resolution)
 	for m in crc32_generic crc32-pclmul dummy virtio_pci 9pnet_virtio 9p \
-		ib_uverbs rdma_rxe; do
+		ib_uverbs rdma_rxe rdma_ucm; do
 		modprobe -d "$kdir" -S "$kver" --show-depends "$m" 2>/dev/null |
 			awk '$1 == "insmod" { print $2 }'
 	done | awk '!seen[$0]++' >"$root/order.tmp"
