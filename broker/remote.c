@@ -322,6 +322,8 @@ void rx_opened(struct kvb_rxfer *rx)
 void rx_free(struct kvb_rxfer *rx)
 {
 	rx_opened(rx);
+	if (rx->granted && g_b)
+		kvb_grant_drop(g_b, rx->granted, rx->lb, rx->nlb);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -491,6 +493,11 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	if (m->nblocks && !rx->lb)
 		goto nomem;
+	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE) {
+		if (kvb_grant_take(b, w, rx->lb, rx->nlb))
+			goto nomem;
+		rx->granted = w->id;
+	}
 	rx->acks_needed = 1;
 	if (w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ && p &&
 	    p->have_desc) {
