@@ -3,9 +3,9 @@
 """Offered-load sweep of `kvbench workload --rate`: direct vs broker.
 
 For each transport (local, tcp) and each offered load (requests/s over all
-P workers), one `kvbench workload --mode both` run: its direct and its broker
-trial run back to back at the same offered load, so the two modes of a point
-see the same machine. Requests arrive on a fixed schedule (open loop: an
+P workers), one `kvbench workload --mode both --repeat N` run: N trials of
+each mode at the same offered load, direct and broker alternating (ABBA),
+so the two modes of a point see the same machine; figures are the medians. Requests arrive on a fixed schedule (open loop: an
 arrival never waits for a completion); a request that arrives while its
 worker is busy waits, up to --requests of them join the worker's next step,
 and the wait counts in its latency (kvbench measures from the scheduled
@@ -47,7 +47,7 @@ def run_point(a, transport, offered, tmp):
            "--blocks", str(a.blocks), "--block-bytes", str(a.block_bytes),
            "--requests", str(a.requests), "--iters", str(iters),
            "--rate", f"{per_worker:g}", "--no-verify", "--mode", "both",
-           "--json", js]
+           "--repeat", str(a.repeat), "--json", js]
     t0 = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        text=True, timeout=a.timeout)
@@ -140,8 +140,9 @@ def write_md(a, rows, knees, cmds, started, took, out_png, argv):
         "the modes of one run). Requests arrive on a fixed schedule (open "
         "loop), spread evenly over the P workers; latency counts from a "
         "request's scheduled arrival, so waiting behind earlier requests "
-        "shows. Each point is one `kvbench workload --mode both` run: its "
-        "direct and broker trials back to back. "
+        "shows. Each point is one `kvbench workload --mode both --repeat "
+        f"{a.repeat}` run: {a.repeat} trials of each mode, direct and broker "
+        "alternating (ABBA), and the figures are the medians of the trials. "
         f"{a.workers} P + {a.workers} D workers, {a.layers} layers x "
         f"{a.blocks} blocks x {a.block_bytes} B per request "
         f"({a.layers * a.blocks * a.block_bytes // 1024} KiB, "
@@ -197,7 +198,10 @@ def main():
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--block-bytes", type=int, default=8192)
     ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=1.5,
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="trials of each mode per point, alternating (ABBA);"
+                    " the figures are the medians")
+    ap.add_argument("--seconds", type=float, default=1.0,
                     help="arrivals per point, in seconds at its load")
     ap.add_argument("--timeout", type=float, default=120,
                     help="seconds one kvbench run may take")
