@@ -323,7 +323,7 @@ void rx_free(struct kvb_rxfer *rx)
 {
 	rx_opened(rx);
 	if (rx->granted && g_b)
-		kvb_grant_drop(g_b, rx->granted, rx->lb, rx->nlb);
+		kvb_grant_drop(g_b, rx->granted, rx->lb, rx->nlb, rx->failed);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -410,6 +410,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		return -EHOSTUNREACH;
 	}
 	rx->announced = 1;
+	kvb_grant_unfence(b, w->dp_rank, rx->lb, rx->nlb);
 	return 0;
 }
 
@@ -653,6 +654,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	struct kvb_zmsg m;
 
+	rx->failed = status != 0; /* its blocks are fenced (grants.c) */
 	/* layers that never went out fail with the transfer */
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag,

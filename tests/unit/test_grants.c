@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Unit tests for broker/grants.c, the tcp write gate: a write into a KV block
- * that a transfer held and none holds now is refused (and counted), one
- * into a block never held or held now lands; both layouts (the V half of
- * KV_FIRST, the K and V of a BLOCK_FIRST block), writes spanning blocks,
- * two transfers holding one block, a region that is not a KV region.
+ * that a failed transfer held and none holds now is refused (and counted);
+ * one into a block never held, held now, left by a transfer that succeeded,
+ * or announced again by another D rank of the same DP rank lands; both
+ * layouts (the V half of KV_FIRST, the K and V of a BLOCK_FIRST block),
+ * writes spanning blocks, two transfers holding one block, a region that is
+ * not a KV region.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -18,6 +20,7 @@
 #include <cmocka.h>
 
 #include "broker.h"
+#include "kvbroker/kvbroker.h"
 
 #define WID 0x2003u /* worker id, slot 3 */
 
@@ -102,7 +105,7 @@ static uint64_t at(struct fix *f, uint32_t i, int v)
 	return off;
 }
 
-static void held_then_let_go(void **state)
+static void fenced_after_failure(void **state)
 {
 	struct fix *f = *state;
 	struct kvb_worker *w = &f->b.workers[3];
@@ -110,6 +113,11 @@ static void held_then_let_go(void **state)
 
 	/* nothing held yet: every write lands */
 	assert_int_equal(gate(f, 0, 2 * f->bl), 0);
+	/* a transfer that succeeded fences nothing */
+	assert_int_equal(kvb_grant_take(&f->b, w, a, 2), 0);
+	kvb_grant_drop(&f->b, WID, a, 2, 0);
+	assert_int_equal(gate(f, at(f, 2, 0), f->bl), 0);
+	/* two transfers hold block 3 */
 	assert_int_equal(kvb_grant_take(&f->b, w, a, 2), 0);
 	assert_int_equal(kvb_grant_take(&f->b, w, b, 2), 0);
 	for (int v = 0; v < 2; v++) {
@@ -118,8 +126,8 @@ static void held_then_let_go(void **state)
 		/* block 7: never held */
 		assert_int_equal(gate(f, at(f, 7, v), f->bl), 0);
 	}
-	/* the first transfer ends: 2 is late, 3 still held by the second */
-	kvb_grant_drop(&f->b, WID, a, 2);
+	/* the first fails: 2 is late, 3 still held by the second */
+	kvb_grant_drop(&f->b, WID, a, 2, 1);
 	for (int v = 0; v < 2; v++) {
 		assert_int_equal(gate(f, at(f, 2, v), f->bl), -ECANCELED);
 		assert_int_equal(gate(f, at(f, 2, v) + f->bl - 1, 1),
@@ -132,18 +140,53 @@ static void held_then_let_go(void **state)
 	 * or K and V of 1 and K of 2) touches a late block */
 	assert_int_equal(gate(f, at(f, 1, 0), 3 * f->bl), -ECANCELED);
 	assert_int_equal(gate(f, at(f, 1, 0), f->bl), 0);
-	kvb_grant_drop(&f->b, WID, b, 2);
+	/* the second succeeds: 3 was fenced by the first, none holds it now */
+	kvb_grant_drop(&f->b, WID, b, 2, 0);
 	assert_int_equal(gate(f, at(f, 3, 1), 1), -ECANCELED);
-	assert_int_equal(gate(f, at(f, 5, 0), f->bl), -ECANCELED);
-	/* held again by a new transfer: lands again */
+	assert_int_equal(gate(f, at(f, 5, 0), f->bl), 0);
+	/* held again by a new transfer: lands again, and after it */
 	assert_int_equal(kvb_grant_take(&f->b, w, a, 2), 0);
 	assert_int_equal(gate(f, at(f, 2, 1), f->bl), 0);
-	assert_int_equal(f->b.st.late_writes_refused, 7);
+	assert_int_equal(f->b.st.late_writes_refused, 6);
+	kvb_grant_drop(&f->b, WID, a, 2, 0);
+	assert_int_equal(gate(f, at(f, 2, 1), f->bl), 0);
 	/* a second drop of the same blocks does not go below zero */
-	kvb_grant_drop(&f->b, WID, a, 2);
-	kvb_grant_drop(&f->b, WID, a, 2);
+	kvb_grant_drop(&f->b, WID, a, 2, 1);
+	kvb_grant_drop(&f->b, WID, a, 2, 1);
+	assert_int_equal(gate(f, at(f, 2, 0), f->bl), -ECANCELED);
 	assert_int_equal(kvb_grant_take(&f->b, w, a, 1), 0);
 	assert_int_equal(gate(f, at(f, 2, 0), f->bl), 0);
+}
+
+/* Another D rank of the same DP rank announced the blocks: P may write
+ * this rank before it opened; the fence lifts (not for another DP rank). */
+static void unfenced_by_announce(void **state)
+{
+	struct fix *f = *state;
+	struct kvb_worker *w = &f->b.workers[3];
+	const uint32_t a[] = {4, 6};
+
+	w->role = KVB_ROLE_D;
+	w->dp_rank = 1;
+	assert_int_equal(kvb_grant_take(&f->b, w, a, 2), 0);
+	kvb_grant_drop(&f->b, WID, a, 2, 1);
+	assert_int_equal(gate(f, at(f, 6, 0), f->bl), -ECANCELED);
+	kvb_grant_unfence(&f->b, 1, a, 2); /* not live: not looked at */
+	assert_int_equal(gate(f, at(f, 6, 0), f->bl), -ECANCELED);
+	f->b.live = calloc(1, sizeof(*f->b.live));
+	assert_non_null(f->b.live);
+	f->b.live[0] = 3;
+	f->b.nlive = 1;
+	kvb_grant_unfence(&f->b, 0, a, 2);
+	assert_int_equal(gate(f, at(f, 6, 0), f->bl), -ECANCELED);
+	kvb_grant_unfence(&f->b, 1, a, 1);
+	assert_int_equal(gate(f, at(f, 4, 1), f->bl), 0);
+	assert_int_equal(gate(f, at(f, 6, 0), f->bl), -ECANCELED);
+	kvb_grant_unfence(&f->b, 1, a + 1, 1);
+	assert_int_equal(gate(f, at(f, 6, 0), f->bl), 0);
+	free(f->b.live);
+	f->b.live = NULL;
+	f->b.nlive = 0;
 }
 
 /* Block ids past the region's blocks are not held (no memory of them); a
@@ -157,11 +200,11 @@ static void out_of_range(void **state)
 
 	assert_int_equal(kvb_grant_take(&f->b, w, big, 3), 0);
 	assert_int_equal(w->ngrant, 16);
-	kvb_grant_drop(&f->b, WID, big, 3);
+	kvb_grant_drop(&f->b, WID, big, 3, 1);
 	assert_int_equal(gate(f, at(f, 0, 0), f->bl), -ECANCELED);
 	/* a zero-length write touches nothing */
 	assert_int_equal(gate(f, at(f, 0, 0), 0), 0);
-	kvb_grant_drop(&f->b, WID + 0x1000, big, 3); /* not that worker */
+	kvb_grant_drop(&f->b, WID + 0x1000, big, 3, 1); /* not that worker */
 	r->has_kv = 0;
 	assert_int_equal(gate(f, at(f, 0, 0), f->bl), 0);
 	r->has_kv = 1;
@@ -173,10 +216,12 @@ static void out_of_range(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(held_then_let_go,
+		cmocka_unit_test_setup_teardown(fenced_after_failure,
 						setup_kv_first, teardown),
-		cmocka_unit_test_setup_teardown(held_then_let_go,
+		cmocka_unit_test_setup_teardown(fenced_after_failure,
 						setup_block_first, teardown),
+		cmocka_unit_test_setup_teardown(unfenced_by_announce,
+						setup_kv_first, teardown),
 		cmocka_unit_test_setup_teardown(out_of_range, setup_kv_first,
 						teardown),
 	};

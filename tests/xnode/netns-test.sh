@@ -289,7 +289,7 @@ late_tcp)
 	[ "$(json_get "$sb" fences_expired)" -ge 1 ] ||
 		fail "B's fence did not expire: no write came late"
 	[ "$late" -ge 1 ] || fail "B refused no late write"
-	grep -q "came after the transfer holding it ended" "$T/broker-b.log" ||
+	grep -q "came after the transfer holding it failed" "$T/broker-b.log" ||
 		fail "B did not log the late writes"
 	;;
 scale)
