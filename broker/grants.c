@@ -156,7 +156,10 @@ int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
 	w = kvb_worker_by_id(b, r->owner);
 	if (!w || !w->grant)
 		return 0;
-	bl = kvb_kv_block_len(&r->geom);
+	/* kvb_kv_block_len(), here so that a broker built without the bridge
+	 * (remote_none.c) links */
+	bl = (uint64_t) r->geom.block_size * r->geom.num_heads *
+	     r->geom.head_dim * r->geom.elem_size;
 	nb = r->geom.num_blocks;
 	half = nb * bl; /* KV_FIRST: where the V blocks start */
 	while (x < end) {
