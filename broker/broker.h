@@ -49,6 +49,8 @@ struct kvb_worker {
 	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
 	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
 	uint32_t nkv;
+	uint16_t *grant; /* per KV block: holders, fenced (grants.c) */
+	uint32_t ngrant;
 };
 
 /* A descriptor between drain and completion. */
@@ -173,6 +175,21 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
+
+/* grants.c: the KV blocks a cross-node D transfer holds (WRITE mode) and
+ * those a failed one left (fenced), so that tcp writes arriving after it
+ * failed are refused. take (its open; lifts the fence): 0 or -ENOMEM; drop
+ * (its end; failed: fence them); unfence (another D rank of DP rank dp
+ * announced them: P may write every such rank now). */
+int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
+		   const uint32_t *ids, uint32_t n);
+void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
+		    uint32_t n, int failed);
+void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
+		       uint32_t n);
+/* the tcp transport's write gate (kvb_tcp_set_write_gate), arg = b */
+int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
+void kvb_grant_free(struct kvb_worker *w);
 
 /* quota.c (docs/security.md, "On the node"). May w take one more
  * transfer table slot (1) or not (0)? */

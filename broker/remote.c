@@ -322,6 +322,8 @@ void rx_opened(struct kvb_rxfer *rx)
 void rx_free(struct kvb_rxfer *rx)
 {
 	rx_opened(rx);
+	if (rx->granted && g_b)
+		kvb_grant_drop(g_b, rx->granted, rx->lb, rx->nlb, rx->failed);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -408,6 +410,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		return -EHOSTUNREACH;
 	}
 	rx->announced = 1;
+	kvb_grant_unfence(b, w->dp_rank, rx->lb, rx->nlb);
 	return 0;
 }
 
@@ -491,6 +494,11 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	if (m->nblocks && !rx->lb)
 		goto nomem;
+	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE) {
+		if (kvb_grant_take(b, w, rx->lb, rx->nlb))
+			goto nomem;
+		rx->granted = w->id;
+	}
 	rx->acks_needed = 1;
 	if (w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ && p &&
 	    p->have_desc) {
@@ -646,6 +654,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	struct kvb_zmsg m;
 
+	rx->failed = status != 0; /* its blocks are fenced (grants.c) */
 	/* layers that never went out fail with the transfer */
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag,

@@ -100,6 +100,8 @@ struct kvb_rxfer {
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;  /* this worker's block ids */
+	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
+	uint8_t failed;	    /* ... and it ended with a failure */
 	uint32_t *rb, nrb;  /* the other side's */
 	uint32_t acks_needed, acks_got;
 	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */

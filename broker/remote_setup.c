@@ -218,6 +218,8 @@ int kvb_remote_init(struct kvb_broker *b)
 					why[0] ? why : strerror(-rc));
 				return rc;
 			}
+			kvb_tcp_set_write_gate(b->trs[KVB_TS_TCP],
+					       kvb_grant_gate, b);
 			if (b->trs[KVB_TS_TCP]->ops->wait_fd) {
 				int fd = b->trs[KVB_TS_TCP]->ops->wait_fd(
 					b->trs[KVB_TS_TCP]);

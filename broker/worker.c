@@ -902,6 +902,7 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	free(w->ovf);
 	free(w->kv_layer);
+	kvb_grant_free(w);
 	w->kv_layer = NULL;
 	w->nkv = 0;
 	w->id = 0;

@@ -688,6 +688,13 @@ EOF
 		cat bench/results/save_kv_layer.md
 		echo
 	fi
+	# measured by hand too (bench/rate_sweep.py, bench/rate_workers.py)
+	for f in bench/results/rate-sweep.md bench/results/rate-workers.md; do
+		if [ -f "$f" ]; then
+			cat "$f"
+			echo
+		fi
+	done
 	cat <<EOF
 ## Commands
 

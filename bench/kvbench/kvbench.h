@@ -397,6 +397,7 @@ void *wl_memfd_map(const char *name, uint64_t len);
  * mapping (m->map), holding the warm-up pattern. 0 or -1 (printed). */
 int wl_src_mem(struct wl_mem *m, const struct wl_cfg *c, unsigned rank);
 int wl_sync_start(int ready_fd, int go_fd);
+int64_t wl_req_start_ns(const struct wl_cfg *c, uint64_t q, int64_t go_ns);
 unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
 		      int64_t go_ns);
 /* kvb_attach as P or D rank `rank` of `size` (timeout_ms 0: default) */

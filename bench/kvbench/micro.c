@@ -219,7 +219,9 @@ static void micro_usage(FILE *f, int lat)
 		      "run. Writes are\n"
 		      "strided so none merge: one descriptor = one WR. Target: "
 		      ">= 10 M/s.\n"
-		      "  --workers N        P worker processes (default 1)\n"
+		      "  --workers N        P worker processes (default 1, at "
+		      "most "
+		      "64)\n"
 		      "  --burst N          descriptors per kvb_submit_write "
 		      "(default 64)\n"
 		      "  --bytes N          write size (default 64)\n"
@@ -289,7 +291,8 @@ static int micro_parse(struct micro_cfg *c, int lat, int argc, char **argv)
 		}
 		switch (o) {
 		case O_WORKERS:
-			if (kvb_bench_parse_u64("--workers", a, 1, 16, &v))
+			if (kvb_bench_parse_u64("--workers", a, 1,
+						KVB_BENCH_MAX_WORKERS, &v))
 				return -1;
 			c->workers = (unsigned) v;
 			break;
@@ -399,14 +402,48 @@ static int stats(const struct bench_broker *br, int lat, char *buf, size_t cap)
 	return rc ? -1 : 0;
 }
 
-static int wait_children(const pid_t *pids, unsigned n)
+/*
+ * Reap the workers; every run ends: a worker not gone within limit_s (one
+ * stuck in the library or starved for minutes) is killed and counts as a
+ * failure, named on stderr. limit_s 0: no limit (lat: each round trip has
+ * its own --timeout).
+ */
+static int wait_children(pid_t *pids, unsigned n, unsigned limit_s)
 {
+	int64_t end =
+		limit_s ? kvb_bench_now_ns() + (int64_t) limit_s * 1000000000
+			: INT64_MAX;
+	unsigned left = 0;
 	int st, fails = 0;
 
 	for (unsigned i = 0; i < n; i++)
-		if (pids[i] > 0 && (waitpid(pids[i], &st, 0) != pids[i] ||
-				    !WIFEXITED(st) || WEXITSTATUS(st)))
-			fails++;
+		left += pids[i] > 0;
+	while (left) {
+		int late = kvb_bench_now_ns() > end;
+
+		for (unsigned i = 0; i < n; i++) {
+			pid_t r;
+
+			if (pids[i] <= 0)
+				continue;
+			if (late) {
+				fprintf(stderr,
+					"kvbench: worker %u did not stop "
+					"within %u s: killed\n",
+					i, limit_s);
+				kill(pids[i], SIGKILL);
+			}
+			r = waitpid(pids[i], &st, late ? 0 : WNOHANG);
+			if (r == 0)
+				continue;
+			if (r != pids[i] || !WIFEXITED(st) || WEXITSTATUS(st))
+				fails++;
+			pids[i] = 0;
+			left--;
+		}
+		if (left)
+			usleep(10000);
+	}
 	return fails;
 }
 
@@ -476,7 +513,8 @@ static int micro_run(struct micro_cfg *c, int lat)
 out_wait:
 	if (!lat)
 		sh->stop = 1; /* lat: the worker stops after --samples */
-	fails = wait_children(pids, lat ? 1 : c->workers);
+	/* rate: the workers see stop at once (a control call has 5 s) */
+	fails = wait_children(pids, lat ? 1 : c->workers, lat ? 0 : 60);
 	if (fails) {
 		fprintf(stderr, "kvbench %s: %d worker(s) failed\n",
 			lat ? "lat" : "rate", fails);

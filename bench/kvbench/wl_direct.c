@@ -223,7 +223,8 @@ static int measured(struct prun *s, struct kvb_xop *ops, int64_t go_ns)
 		for (unsigned l = 0; l < c->layers; l++)
 			for (unsigned i = 0; i < n; i++) {
 				if (l == 0) {
-					s->t0[i] = kvb_bench_now_ns();
+					s->t0[i] = wl_req_start_ns(c, next + i,
+								   go_ns);
 					s->left[i] = c->layers * c->blocks;
 				}
 				make_chain(s->d, ops, l, next + i, i);

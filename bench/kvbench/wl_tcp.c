@@ -328,7 +328,8 @@ static int bp_phase(struct kvb_ctx *ctx, const struct wl_cfg *c, unsigned rank,
 				int e;
 
 				if (l == 0)
-					t0[i] = kvb_bench_now_ns();
+					t0[i] = wl_req_start_ns(c, next + i,
+								go_ns);
 				for (;;) {
 					if (measure)
 						wl_post_begin(&pt);

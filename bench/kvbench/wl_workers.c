@@ -182,6 +182,17 @@ unsigned wl_next_step(const struct wl_cfg *c, uint64_t next, uint64_t total,
 	return (unsigned) k;
 }
 
+/* When request q's latency starts: with --rate its arrival (go + q / rate),
+ * so that the time it waited behind earlier requests counts (an open
+ * loop: arrivals do not wait for completions); else now (its first
+ * write). */
+int64_t wl_req_start_ns(const struct wl_cfg *c, uint64_t q, int64_t go_ns)
+{
+	if (c->rate <= 0)
+		return kvb_bench_now_ns();
+	return go_ns + (int64_t) ((double) q * 1e9 / c->rate);
+}
+
 int wl_mem_fill(struct wl_mem *m, const struct wl_cfg *c, unsigned rank,
 		uint64_t salt)
 {
@@ -637,7 +648,7 @@ int wl_broker_p(const struct wl_cfg *c, unsigned rank, const char *sock,
 				unsigned sent = 0;
 
 				if (l == 0)
-					t0[i] = kvb_bench_now_ns();
+					t0[i] = wl_req_start_ns(c, q, go_ns);
 				for (unsigned j = 0; j < c->blocks; j++)
 					d[j] = (struct kvb_desc){
 						.transfer = h[i],

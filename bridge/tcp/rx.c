@@ -127,6 +127,25 @@ void _kvb_tcp_rx_drop_mr(struct tcp_rx *rx, struct kvb_mr *mr)
 	}
 }
 
+unsigned _kvb_tcp_rx_drop_if(struct tcp_rx *rx,
+			     int (*ok)(void *arg, const struct tcp_item *it),
+			     void *arg, int status)
+{
+	unsigned i, n = 0;
+
+	if (rx->st != RX_PAY)
+		return 0;
+	for (i = rx->cur; i < rx->n; i++) {
+		struct tcp_item *it = &rx->items[i];
+
+		if (!it->dst || it->got == it->rec.len || ok(arg, it))
+			continue;
+		item_discard(rx, it, status);
+		n++;
+	}
+	return n;
+}
+
 /* Fill tt->iov with what comes next in the stream; returns the count. */
 static unsigned rx_iov(struct tcp_transport *tt, struct tcp_rx *rx,
 		       uint64_t budget)

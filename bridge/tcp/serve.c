@@ -408,11 +408,40 @@ static int conn_on_recs(struct tcp_conn *c)
 			tt->st.refused_ops++;
 			continue;
 		}
+		if (tt->gate) {
+			it->rec.status = tt->gate(tt->gate_arg, it->rec.region,
+						  it->rec.off, it->rec.len);
+			if (it->rec.status) {
+				tt->st.refused_ops++;
+				tt->st.refused_gate++;
+				continue;
+			}
+		}
 		it->mr = mr;
 		it->dst = (char *) mr->addr + it->rec.off;
 	}
 	_kvb_tcp_rx_begin_pay(rx, rx->h.count, 0);
 	return 0;
+}
+
+static int gate_ok(void *arg, const struct tcp_item *it)
+{
+	struct tcp_transport *tt = arg;
+
+	return !tt->gate(tt->gate_arg, it->rec.region, it->rec.off,
+			 it->rec.len);
+}
+
+void _kvb_tcp_conn_gate_recheck(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = c->tt;
+	unsigned n;
+
+	if (!tt->gate || c->state != C_OPEN || c->rx.h.type != KVB_TCP_F_WRITE)
+		return;
+	n = _kvb_tcp_rx_drop_if(&c->rx, gate_ok, tt, -ECANCELED);
+	tt->st.refused_ops += n;
+	tt->st.refused_gate += n;
 }
 
 static int conn_on(void *owner, enum tcp_rx_ev ev, unsigned idx)

@@ -611,6 +611,23 @@ void kvb_tcp_get_stats(struct kvb_transport *t, struct kvb_tcp_stats *out)
 	*out = to_tcp(t)->st;
 }
 
+void kvb_tcp_set_write_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
+			    void *arg)
+{
+	struct tcp_transport *tt = to_tcp(t);
+
+	tt->gate = fn;
+	tt->gate_arg = arg;
+}
+
+void kvb_tcp_gate_recheck(struct kvb_transport *t)
+{
+	struct tcp_transport *tt = to_tcp(t);
+
+	for (struct tcp_conn *c = tt->conns; c; c = c->next)
+		_kvb_tcp_conn_gate_recheck(c);
+}
+
 uint64_t kvb_tcp_id(struct kvb_transport *t)
 {
 	return to_tcp(t)->nonce;

@@ -65,6 +65,7 @@ struct kvb_tcp_stats {
 	uint64_t conns_unauth;	   /* accepted, not yet authenticated, now */
 	uint64_t auth_ok;	   /* connections authenticated (served) */
 	uint64_t dial_auth_failed; /* our dials whose server failed its MAC */
+	uint64_t refused_gate;	   /* WRITEs the write gate refused */
 };
 
 /* Per-peer key (HMAC-SHA512-256, libsodium crypto_auth) */
@@ -134,6 +135,25 @@ int kvb_tcp_peer_allow(struct kvb_transport *t, uint64_t id,
  * a broker never uses it.
  */
 extern const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN];
+
+/*
+ * Serving side: an optional check of every WRITE record that passed the
+ * region checks, before a byte of its payload lands: fn(arg, region, off,
+ * len) returns 0 (it lands) or the negative status the op is answered with
+ * (its payload is read into the discard buffer; counted in refused_ops and
+ * refused_gate). The broker refuses writes into KV blocks no live transfer
+ * holds. NULL fn: none (the default). Same thread as poll().
+ */
+typedef int (*kvb_tcp_gate_fn)(void *arg, uint32_t region, uint64_t off,
+			       uint64_t len);
+void kvb_tcp_set_write_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
+			    void *arg);
+/*
+ * Ask the gate again about the WRITE records whose payload is still being
+ * received (the frame's header came before the gate changed its mind): the
+ * rest of a refused one is discarded. Same thread as poll().
+ */
+void kvb_tcp_gate_recheck(struct kvb_transport *t);
 
 /* Drop the entry of `id` and close the connections it authenticated. */
 void kvb_tcp_peer_forget(struct kvb_transport *t, uint64_t id);

@@ -292,6 +292,8 @@ struct tcp_transport {
 	uint64_t accept_resume;		/* paused after EMFILE until, 0 = not */
 	void (*log_fn)(void *arg, const char *line);
 	void *log_arg;
+	kvb_tcp_gate_fn gate; /* kvb_tcp_set_write_gate() */
+	void *gate_arg;
 	struct tcp_rl {
 		uint64_t since; /* start of the current one-second window */
 		uint64_t suppressed;
@@ -353,6 +355,11 @@ void _kvb_tcp_rx_reset(struct tcp_rx *rx);
 void _kvb_tcp_rx_begin_recs(struct tcp_rx *rx);
 void _kvb_tcp_rx_begin_pay(struct tcp_rx *rx, unsigned n, int trailer);
 void _kvb_tcp_rx_drop_mr(struct tcp_rx *rx, struct kvb_mr *mr);
+/* Items not yet whole for which ok(arg, item) says no: the rest of each is
+ * discarded, the item answered with `status`; returns how many. */
+unsigned _kvb_tcp_rx_drop_if(struct tcp_rx *rx,
+			     int (*ok)(void *arg, const struct tcp_item *it),
+			     void *arg, int status);
 /*
  * Read from fd within the transport's budget, feeding `on` every event
  * (`on` returns 0, 1 to stop reading after this readv, or -errno).
@@ -418,5 +425,7 @@ void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events);
 void _kvb_tcp_conn_flush_all(struct tcp_transport *tt);
 void _kvb_tcp_conn_destroy(struct tcp_conn *c);
 void _kvb_tcp_conn_drop_mr(struct tcp_conn *c, struct kvb_mr *mr);
+/* kvb_tcp_gate_recheck() for one served connection */
+void _kvb_tcp_conn_gate_recheck(struct tcp_conn *c);
 
 #endif /* KVB_BRIDGE_TCP_PRIV_H */

@@ -3,7 +3,8 @@
  * No worker or local client takes the node's broker down or hurts other
  * workers: connections that never say HELLO (closed at the deadline, kept
  * apart from the worker slots), a worker hogging the transfer table (its
- * share, -ENOSPC at once, a log line a second), a worker that never reaps
+ * share, -ENOSPC at once, a log line a second; one trying 100,000 ids
+ * while the others keep their share), a worker that never reaps
  * (the broker's memory bounded, its submissions wait, nothing lost), a
  * worker completing another's transfer by its id (not counted), a second
  * worker with an identity that is attached (-EADDRINUSE), rings too large
@@ -256,6 +257,48 @@ static void test_transfer_hog(void **state)
 	stop();
 }
 
+/* An open storm: one of three workers tries 100,000 ids; it gets its share
+ * (16383 / 3), every other try is refused, and each other worker still
+ * opens its whole share. */
+static void test_open_storm(void **state)
+{
+	struct kvb_ctx *hog, *a, *b;
+	unsigned opened, refused, oa, ob, ra, rb;
+	const unsigned share = 16383 / 3;
+	const unsigned tries = (100000 + 63) / 64 * 64; /* batches of 64 */
+	int64_t t0;
+
+	(void) state;
+	start(NULL);
+	hog = attach(KVB_ROLE_P, 0, 0, NULL);
+	a = attach(KVB_ROLE_D, 0, 0, NULL);
+	b = attach(KVB_ROLE_P, 1, 0, NULL);
+	assert_non_null(hog);
+	assert_non_null(a);
+	assert_non_null(b);
+	t0 = now_ns();
+	opened = open_until_refused(hog, "storm", tries, tries, 0, &refused);
+	fprintf(stderr, "storm: %u opens in %.2f s: %u opened, %u refused; ",
+		tries, ms_since(t0) / 1000, opened, refused);
+	oa = open_until_refused(a, "a", share, 1, 0, &ra);
+	ob = open_until_refused(b, "b", share, 1, 0, &rb);
+	fprintf(stderr, "the others: %u and %u of %u opened\n", oa, ob, share);
+	assert_int_equal(opened, share);
+	assert_int_equal(opened + refused, tries);
+	assert_int_equal(oa, share);
+	assert_int_equal(ob, share);
+	/* their batches of 64 go past the share: only those tries refused */
+	assert_int_equal(ra, (share + 63) / 64 * 64 - share);
+	assert_int_equal(rb, ra);
+	assert_int_equal(broker_stat(&br, "xfer_quota_refused"),
+			 refused + ra + rb);
+	assert_int_equal(log_count("transfer table full"), 0);
+	kvb_detach(hog);
+	kvb_detach(a);
+	kvb_detach(b);
+	stop();
+}
+
 /* A worker that fills its ring and never reaps, while its control calls
  * (a region allocated and freed) make the broker take its ring: the
  * broker's memory stays bounded, its ring waits (-EAGAIN) past
@@ -493,6 +536,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_silent_connections, teardown),
 		cmocka_unit_test_teardown(test_transfer_hog, teardown),
+		cmocka_unit_test_teardown(test_open_storm, teardown),
 		cmocka_unit_test_teardown(test_never_reaps, teardown),
 		cmocka_unit_test_teardown(test_transfer_spoof, teardown),
 		cmocka_unit_test_teardown(test_duplicate_identity, teardown),

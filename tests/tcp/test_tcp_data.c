@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tcp transport: data paths (WRITE, READ, chains, credits, blobs,
- * connect_host, IPv6, registration), byte-verified.
+ * connect_host, IPv6, registration, the write gate), byte-verified.
  */
 #include "tcp_harness.h"
 
@@ -371,6 +371,117 @@ static void test_write_gather_errors(void **state)
 	region_free(&r);
 }
 
+/* The write gate: refuses WRITEs that touch [lo, hi) of region 2. */
+struct gate_arg {
+	uint64_t lo, hi;
+	unsigned calls;
+};
+
+static int test_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
+{
+	struct gate_arg *g = arg;
+
+	g->calls++;
+	if (region != 2 || off + len <= g->lo || off >= g->hi)
+		return 0;
+	return -ECANCELED;
+}
+
+/* WRITEs the gate refuses: answered -ECANCELED, not a byte landed; the
+ * others land. */
+static void test_write_gate(void **state)
+{
+	struct gate_arg g = {.lo = 64 * KiB, .hi = 192 * KiB};
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop ops[4];
+	uint8_t *orig;
+
+	(void) state;
+	pair_open(&p, 0, 5000, 4);
+	region_init(&l, 1, 256 * KiB, 0);
+	region_init(&r, 2, 256 * KiB, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 5);
+	region_fill(&r, 6);
+	orig = malloc(r.len);
+	assert_non_null(orig);
+	memcpy(orig, r.mem, r.len);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	kvb_tcp_set_write_gate(p.b, test_gate, &g);
+	/* 32 KiB at each 64 KiB: not contiguous, no record shared */
+	for (unsigned i = 0; i < 4; i++)
+		ops[i] = xop(KVB_XOP_WRITE, &l, i * 64 * KiB, 2, i * 64 * KiB,
+			     32 * KiB, i);
+	post_all(&p, ops, 4);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], 0);
+	assert_int_equal(p.tr.status[1], -ECANCELED);
+	assert_int_equal(p.tr.status[2], -ECANCELED);
+	assert_int_equal(p.tr.status[3], 0);
+	assert_memory_equal(r.mem, l.mem, 32 * KiB);
+	assert_memory_equal(r.mem + 32 * KiB, orig + 32 * KiB, 160 * KiB);
+	assert_memory_equal(r.mem + 192 * KiB, l.mem + 192 * KiB, 32 * KiB);
+	assert_memory_equal(r.mem + 224 * KiB, orig + 224 * KiB, 32 * KiB);
+	assert_true(g.calls >= 4);
+	assert_int_equal(stats(p.b).refused_gate, 2);
+	assert_true(guards_ok(&r));
+	pair_close(&p);
+	free(orig);
+	region_free(&l);
+	region_free(&r);
+}
+
+/* The gate changes its mind while a WRITE's payload is being received:
+ * after kvb_tcp_gate_recheck() not another byte of it lands, and it is
+ * answered -ECANCELED. */
+static void test_write_gate_recheck(void **state)
+{
+	const uint64_t len = 32 * MiB;
+	struct gate_arg g = {.lo = 0, .hi = 0}; /* refuses nothing yet */
+	double end = now_s() + DEADLINE;
+	struct kvb_xcqe c[8];
+	struct pair p;
+	struct region l, r;
+	struct kvb_xop op;
+	uint64_t at;
+	uint8_t *orig;
+
+	(void) state;
+	pair_open(&p, 0, 5000, 1);
+	region_init(&l, 1, len, 0);
+	region_init(&r, 2, len, KVB_MEM_REMOTE_WRITE);
+	region_fill(&l, 7);
+	region_fill(&r, 8);
+	orig = malloc(len);
+	assert_non_null(orig);
+	memcpy(orig, r.mem, len);
+	reg(p.a, &l);
+	reg(p.b, &r);
+	kvb_tcp_set_write_gate(p.b, test_gate, &g);
+	op = xop(KVB_XOP_WRITE, &l, 0, 2, 0, len, 0);
+	post_all(&p, &op, 1);
+	/* until some of the payload, not all, came in */
+	do {
+		assert_true(now_s() < end);
+		reap(&p);
+		assert_int_equal(kvb_tcp_ops.poll(p.b, c, 8), 0);
+		at = stats(p.b).bytes_rx;
+	} while (at < MiB);
+	assert_true(at < len / 2);
+	g.hi = len; /* now it refuses the whole region */
+	kvb_tcp_gate_recheck(p.b);
+	wait_all(&p);
+	assert_int_equal(p.tr.status[0], -ECANCELED);
+	/* what landed came before `at` bytes were received */
+	assert_memory_equal(r.mem + at, orig + at, len - at);
+	assert_int_equal(stats(p.b).refused_gate, 1);
+	pair_close(&p);
+	free(orig);
+	region_free(&l);
+	region_free(&r);
+}
+
 static void test_reg(void **state)
 {
 	struct kvb_transport *a;
@@ -405,6 +516,8 @@ int main(void)
 		cmocka_unit_test(test_mixed_chain),
 		cmocka_unit_test(test_write_gather),
 		cmocka_unit_test(test_write_gather_errors),
+		cmocka_unit_test(test_write_gate),
+		cmocka_unit_test(test_write_gate_recheck),
 		cmocka_unit_test(test_chain_over_depth),
 		cmocka_unit_test(test_connect_host),
 		cmocka_unit_test(test_ipv6),

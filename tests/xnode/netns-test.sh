@@ -8,7 +8,7 @@
 #
 #   netns-test.sh BUILD_DIR CASE
 #
-# CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | quiet_tcp | read_hetero | read_narrow |
+# CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | quiet_tcp | late_tcp | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
 #       flood | gpu_tcp | tcp_outsider | tcp_fdflood | cluster_key | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
@@ -64,6 +64,8 @@ TTO=${KVB_XNODE_TTO:-8}
 # later, or until the transfer timeout; under a loaded CI run (ASan, the
 # soft-RoCE guest's qemu on the same cores) 8 s was once not enough
 [ "$CASE" = late_rank ] && TTO=${KVB_XNODE_TTO:-30}
+# late_tcp: D's broker waits 2 s (its stall timeout) for P to say it stopped
+[ "$CASE" = late_tcp ] && TTO=${KVB_XNODE_TTO:-2}
 start_broker() { # node ns ip [extra broker args...]
 	local node=$1 ns=$2 ip=$3
 	shift 3
@@ -250,6 +252,45 @@ quiet_tcp)
 	[ "$(json_get "$sb" fences_expired)" = 0 ] || fail "B waited in vain for P"
 	[ "$(json_get "$sa" remote.write_failed_sent)" -ge 1 ] ||
 		fail "A did not say its writes ended"
+	;;
+late_tcp)
+	# P's writes are posted and on their way but crawl (A's side of the
+	# link shaped to 2 Mbit/s: 32 layers of 96 KiB take about 13 s); D's
+	# transfer times out (its 1.5 s deadline), D's broker asks P to stop,
+	# P's broker cannot say so before its writes on the wire ended, so D's
+	# broker stops waiting after its stall timeout (2 s: fences_expired)
+	# and D gets its failure. The writes still arriving name blocks no
+	# transfer holds any more: refused at B's receiver (late_writes_refused),
+	# and D's regions do not change for the 3 s after its failure.
+	tc -n "$NA" qdisc add dev "va$TAG" root tbf rate 2mbit burst 16kb \
+		latency 400ms || skip "no tbf qdisc (tc)"
+	rm -rf "$T/bar" && mkdir -p "$T/bar"
+	common=(--mode write --tp 0 --tp-size 1 --peer-tp-size 1
+		--barrier "$T/bar" --layers 32 --xfers 1 --conc 1 --prefix late)
+	ip netns exec "$NA" "$WORKER" --role P --socket "$T/a.sock" \
+		--peer 192.0.2.2:6301 "${common[@]}" --expect-fail \
+		>>"$T/worker-P0.log" 2>&1 &
+	pp=$!
+	t0=$(date +%s.%N)
+	ip netns exec "$NB" "$WORKER" --role D --socket "$T/b.sock" \
+		--peer 192.0.2.1:6301 "${common[@]}" --deadline-ms 1500 \
+		--quiet-check-ms 3000 --expect-fail --fail-errno 110 \
+		>>"$T/worker-D0.log" 2>&1 || fail "D: a late write landed, or no timeout"
+	t1=$(date +%s.%N)
+	sb=$(stats b)
+	late=$(json_get "$sb" late_writes_refused)
+	echo "B: D's failure and 3 s quiet check took $(echo "$t1 - $t0" | bc) s;" \
+		"fences_expired $(json_get "$sb" fences_expired)," \
+		"late_writes_refused $late," \
+		"tcp refused_ops $(json_get "$sb" remote.tcp.refused_ops)," \
+		"tcp bytes received $(json_get "$sb" remote.tcp.bytes_rx)"
+	wait "$pp"
+	grep -h '^xnode_worker' "$T"/worker-*.log
+	[ "$(json_get "$sb" fences_expired)" -ge 1 ] ||
+		fail "B's fence did not expire: no write came late"
+	[ "$late" -ge 1 ] || fail "B refused no late write"
+	grep -q "came after the transfer holding it failed" "$T/broker-b.log" ||
+		fail "B did not log the late writes"
 	;;
 scale)
 	# 2000 transfers open at once on each side, 2 layers of 2 blocks each:

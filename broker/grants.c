@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Which of a D worker's KV blocks a failed transfer left behind, so that a
+ * tcp WRITE that arrives for a transfer D has finished with is refused at
+ * D's receiver (docs/deadlines.md, "Cross-node").
+ *
+ * A cross-node D transfer in WRITE mode holds the blocks it announced
+ * (remote_blocks) from its open until it ends. When it fails (a clock, an
+ * abort, a peer's failure), its blocks are fenced: a WRITE into a fenced
+ * block that no live transfer of the worker holds is late, refused
+ * (-ECANCELED, counted in late_writes_refused), its payload discarded. A
+ * fence lifts when a transfer takes the block again: the worker's own open
+ * of it, or an announce of it by another D rank of the same DP rank here
+ * (P then writes every such rank, maybe before that rank opened: the
+ * late_rank case). A transfer that succeeded fences nothing: its writes all
+ * landed before its write_done. When a block becomes late, the tcp frames
+ * already being received are checked again, so no payload whose header
+ * came earlier lands after the transfer ended.
+ *
+ * The data plane names no transfer; this needs none. Its limit: a late
+ * write that arrives after the block was taken again lands. rdma writes
+ * are one-sided and not seen here: they are fenced by the release / answer
+ * exchange only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#ifdef KVB_HAVE_TCP
+#include "tcp/tcp.h"
+#endif
+
+#define FENCED	  0x8000u    /* a transfer that held it failed */
+#define HOLDERS	  0x7fffu    /* transfers holding it now */
+#define GRANT_MAX (1u << 24) /* blocks tracked per worker at most */
+
+/* The most blocks any KV region of w has (0: none declared). */
+static uint32_t kv_blocks(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	uint32_t n = 0;
+
+	for (uint32_t l = 0; l < w->nkv; l++) {
+		struct kvb_region_ent *r =
+			w->kv_layer[l]
+				? kvb_region_get(&b->regions, w->kv_layer[l])
+				: NULL;
+
+		if (r && r->has_kv && r->geom.num_blocks > n)
+			n = r->geom.num_blocks;
+	}
+	return n < GRANT_MAX ? n : GRANT_MAX;
+}
+
+/* Make room for w's blocks (as many as its KV regions have). */
+static int grow(struct kvb_broker *b, struct kvb_worker *w)
+{
+	uint32_t nb = kv_blocks(b, w);
+	uint16_t *v;
+
+	if (nb <= w->ngrant)
+		return 0;
+	v = realloc(w->grant, nb * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	memset(v + w->ngrant, 0, (nb - w->ngrant) * sizeof(*v));
+	w->grant = v;
+	w->ngrant = nb;
+	return 0;
+}
+
+int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
+		   const uint32_t *ids, uint32_t n)
+{
+	if (grow(b, w))
+		return -ENOMEM;
+	/* ids past the regions' blocks name no memory: nothing to hold */
+	for (uint32_t i = 0; i < n; i++) {
+		uint16_t *g = ids[i] < w->ngrant ? &w->grant[ids[i]] : NULL;
+
+		if (g && (*g & HOLDERS) < HOLDERS)
+			*g = (uint16_t) (((*g & HOLDERS) + 1) & HOLDERS);
+	}
+	return 0;
+}
+
+static void recheck(struct kvb_broker *b)
+{
+#ifdef KVB_HAVE_TCP
+	if (b->trs[KVB_TS_TCP])
+		kvb_tcp_gate_recheck(b->trs[KVB_TS_TCP]);
+#else
+	(void) b;
+#endif
+}
+
+void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
+		    uint32_t n, int failed)
+{
+	struct kvb_worker *w = kvb_worker_by_id(b, worker);
+	int late = 0;
+
+	if (!w || !w->grant)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		uint16_t *g = ids[i] < w->ngrant ? &w->grant[ids[i]] : NULL;
+
+		if (!g)
+			continue;
+		if (*g & HOLDERS)
+			(*g)--;
+		if (failed)
+			*g |= FENCED;
+		late |= *g == FENCED;
+	}
+	if (late)
+		recheck(b);
+}
+
+void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
+		       uint32_t n)
+{
+	for (uint32_t k = 0; k < b->nlive; k++) {
+		struct kvb_worker *w = &b->workers[b->live[k]];
+
+		if (w->role != KVB_ROLE_D || w->dp_rank != dp || !w->grant)
+			continue;
+		for (uint32_t i = 0; i < n; i++)
+			if (ids[i] < w->ngrant)
+				w->grant[ids[i]] &= (uint16_t) ~FENCED;
+	}
+}
+
+/* Did a transfer holding block bi of w fail, and none holds it now? */
+static int late(const struct kvb_worker *w, uint64_t bi)
+{
+	return bi < w->ngrant && w->grant[bi] == FENCED;
+}
+
+/*
+ * The tcp write gate: 0, or -ECANCELED when [off, off + len) of region
+ * `region` touches a block that is late. Only KV regions are looked at.
+ */
+int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
+{
+	struct kvb_broker *b = arg;
+	struct kvb_region_ent *r = kvb_region_get(&b->regions, region);
+	struct kvb_worker *w;
+	uint64_t bl, nb, half, bi, end = off + len, x = off;
+
+	if (!r || !r->has_kv || !len)
+		return 0;
+	w = kvb_worker_by_id(b, r->owner);
+	if (!w || !w->grant)
+		return 0;
+	/* kvb_kv_block_len(), here so that a broker built without the bridge
+	 * (remote_none.c) links */
+	bl = (uint64_t) r->geom.block_size * r->geom.num_heads *
+	     r->geom.head_dim * r->geom.elem_size;
+	nb = r->geom.num_blocks;
+	half = nb * bl; /* KV_FIRST: where the V blocks start */
+	while (x < end) {
+		uint64_t base = 0, step = bl;
+
+		if (r->geom.layout == KVB_KV_LAYOUT_BLOCK_FIRST)
+			step = 2 * bl;
+		else if (x >= half)
+			base = half;
+		bi = (x - base) / step;
+		if (bi >= nb)
+			break;
+		if (late(w, bi))
+			goto refuse;
+		x = base + (bi + 1) * step;
+	}
+	return 0;
+refuse:
+	b->st.late_writes_refused++;
+	log_warn_rl("tcp: a write into block %llu of worker %u's region %#x "
+		    "(layer %u) came after the transfer holding it failed: "
+		    "refused (late_writes_refused)",
+		    (unsigned long long) bi, w->id, region, r->layer);
+	return -ECANCELED;
+}
+
+void kvb_grant_free(struct kvb_worker *w)
+{
+	free(w->grant);
+	w->grant = NULL;
+	w->ngrant = 0;
+}
