@@ -226,6 +226,40 @@ static void test_entries(void **state)
 	kvb_config_free(ent, n);
 }
 
+/* The example config: all comments as shipped; every setting it shows,
+ * uncommented, is accepted as it stands. */
+static void test_example(void **state)
+{
+	char **ent = NULL, err[256] = "", line[512];
+	FILE *in, *out;
+	int n = -1, shown = 0;
+
+	(void) state;
+	assert_int_equal(kvb_config_read(KVB_CONF_EXAMPLE, &ent, &n, err,
+					 sizeof(err)),
+			 0);
+	assert_int_equal(n, 0);
+	kvb_config_free(ent, n);
+	in = fopen(KVB_CONF_EXAMPLE, "r");
+	out = fopen(path, "w");
+	assert_non_null(in);
+	assert_non_null(out);
+	while (fgets(line, sizeof(line), in)) {
+		/* "#key = value": a setting; "# text": prose */
+		if (line[0] == '#' && line[1] >= 'a' && line[1] <= 'z') {
+			fputs(line + 1, out);
+			shown++;
+		}
+	}
+	fclose(in);
+	fclose(out);
+	if (kvb_config_read(path, &ent, &n, err, sizeof(err)))
+		fail_msg("the example, uncommented: %s", err);
+	assert_int_equal(n, shown - 1); /* copy-plain = false: no entry */
+	assert_true(shown >= 30);
+	kvb_config_free(ent, n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -234,6 +268,7 @@ int main(void)
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_entries),
+		cmocka_unit_test(test_example),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
