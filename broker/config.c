@@ -108,8 +108,8 @@ static int check_entry(char *entry, char *why, size_t why_len)
  * One line of the file (line `ln`) into e: nothing for a blank line or a
  * comment, "--key=value" or "--flag". 0 or -EINVAL with err set.
  */
-static int config_line(const char *path, int ln, char *line,
-		       struct entries *e, char *err, size_t err_len)
+static int config_line(const char *path, int ln, char *line, struct entries *e,
+		       char *err, size_t err_len)
 {
 	char *s = trim(line), *eq, *key, *val, *entry;
 	char why[256];
@@ -191,8 +191,10 @@ int kvb_config_read(const char *path, char ***entries, int *n, char *err,
 	while ((len = getline(&line, &cap, f)) >= 0) {
 		ln++;
 		if (len > CONFIG_LINE_MAX) {
-			rc = fail(err, err_len, "%s:%d: line longer than %d "
-				  "bytes", path, ln, CONFIG_LINE_MAX);
+			rc = fail(err, err_len,
+				  "%s:%d: line longer than %d "
+				  "bytes",
+				  path, ln, CONFIG_LINE_MAX);
 			goto out;
 		}
 		if ((size_t) len != strlen(line)) {

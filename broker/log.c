@@ -64,34 +64,34 @@ size_t kvb_log_iso8601(char *buf, size_t cap, const struct timespec *ts)
 	return n > 0 && (size_t) n < cap ? (size_t) n : 0;
 }
 
-/* Append a string JSON-escaped, at most up to end (exclusive). */
+/* Append a string JSON-escaped, at most up to end (exclusive); an escape
+ * that does not fit whole is left out. */
 static char *json_str(char *p, char *end, const char *s)
 {
-	static const char hex[] = "0123456789abcdef";
-
 	for (; *s; s++) {
 		unsigned char c = (unsigned char) *s;
+		char esc[8];
+		size_t k;
 
-		if (c == '"' || c == '\\' || c < 0x20) {
-			const char *esc = c == '"'    ? "\\\""
-					  : c == '\\' ? "\\\\"
-					  : c == '\n'  ? "\\n"
-					  : c == '\t'  ? "\\t"
-							: NULL;
-			char u[7] = {'\\', 'u', '0', '0', hex[c >> 4],
-				     hex[c & 15], 0};
-
-			if (!esc)
-				esc = u;
-			if (end - p < (ptrdiff_t) strlen(esc))
-				break;
-			memcpy(p, esc, strlen(esc));
-			p += strlen(esc);
-		} else {
+		if (c != '"' && c != '\\' && c >= 0x20) {
 			if (p >= end)
 				break;
 			*p++ = (char) c;
+			continue;
 		}
+		if (c == '\n')
+			snprintf(esc, sizeof(esc), "\\n");
+		else if (c == '\t')
+			snprintf(esc, sizeof(esc), "\\t");
+		else if (c < 0x20)
+			snprintf(esc, sizeof(esc), "\\u%04x", c);
+		else
+			snprintf(esc, sizeof(esc), "\\%c", c);
+		k = strlen(esc);
+		if (end - p < (ptrdiff_t) k)
+			break;
+		memcpy(p, esc, k);
+		p += k;
 	}
 	return p;
 }
@@ -112,8 +112,9 @@ size_t kvb_log_format_line(char *buf, size_t cap, int fmt, int level,
 	if (fmt == KVB_LOG_FMT_JSON) {
 		char *p = buf, *end = buf + cap - sizeof(tail) - 4;
 
-		k = snprintf(p, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"",
-			     iso, names[level]);
+		k = snprintf(p, cap,
+			     "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", iso,
+			     names[level]);
 		p = json_str(p + k, end, msg);
 		if (suppressed)
 			snprintf(tail, sizeof(tail), ",\"suppressed\":%llu",

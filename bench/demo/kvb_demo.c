@@ -897,7 +897,7 @@ int main(int argc, char **argv)
 		unsigned infl = c.inflight < c.window ? c.inflight : c.window;
 		char who[32];
 
-		/* the words of `kvbctl stats`: doorbells, wrs, wr_per_doorbell */
+		/* the words of kvbctl stats: doorbells, wrs, wr_per_doorbell */
 		snprintf(who, sizeof(who), "%uP+%uD", c.p, c.d);
 		printf("\n%-8s %-10s %-12s %-10s %-10s %-16s %-8s %-10s %s\n",
 		       "workers", "writes", "bytes", "doorbells", "wrs",

@@ -93,8 +93,7 @@ static void test_settings(void **state)
 		   "socket = \"/tmp/kvb conf.sock\"\n"
 		   "trusted-hosts = 192.0.2.2,192.0.2.3\n"
 		   "stall-timeout = 12\n");
-	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL),
-			 0);
+	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL), 0);
 	assert_int_equal(o.transport, KVB_TR_TCP);
 	assert_string_equal(o.host_ip, "192.0.2.1");
 	assert_int_equal(o.cross_node, 1);
@@ -120,16 +119,15 @@ static void test_command_line_wins(void **state)
 
 	(void) state;
 	write_conf("burst = 8\nbusy-poll-us = 7\nlog-level = debug\n");
-	assert_int_equal(load(&o, err, sizeof(err), "--burst", "16",
-			      "--config", path, "--log-level=warn", NULL),
+	assert_int_equal(load(&o, err, sizeof(err), "--burst", "16", "--config",
+			      path, "--log-level=warn", NULL),
 			 0);
 	assert_int_equal(o.burst, 16);
 	assert_int_equal(o.log_level, KVB_LOG_WARN);
 	assert_int_equal(o.busy_poll_us, 7);
 	/* an empty file (comments only): the defaults */
 	write_conf("# nothing\n\n");
-	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL),
-			 0);
+	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL), 0);
 	assert_int_equal(o.burst, 64);
 	/* without --config no file is read */
 	assert_int_equal(load(&o, err, sizeof(err), NULL), 0);
@@ -179,14 +177,14 @@ static void test_refusals(void **state)
 		struct kvb_options o;
 		char err[256] = "";
 
-		assert_int_equal(load(&o, err, sizeof(err), "--config", path,
-				      NULL),
-				 -ENOENT);
+		assert_int_equal(
+			load(&o, err, sizeof(err), "--config", path, NULL),
+			-ENOENT);
 		snprintf(want, sizeof(want), "%s: No such file", path);
 		assert_non_null(strstr(err, want));
-		assert_int_equal(load(&o, err, sizeof(err), "--config", "/tmp",
-				      NULL),
-				 -EISDIR);
+		assert_int_equal(
+			load(&o, err, sizeof(err), "--config", "/tmp", NULL),
+			-EISDIR);
 		assert_non_null(strstr(err, "/tmp: Is a directory"));
 		/* the command line's own errors come first, as before */
 		assert_int_equal(load(&o, err, sizeof(err), "--config", path,
@@ -235,9 +233,9 @@ static void test_example(void **state)
 	int n = -1, shown = 0;
 
 	(void) state;
-	assert_int_equal(kvb_config_read(KVB_CONF_EXAMPLE, &ent, &n, err,
-					 sizeof(err)),
-			 0);
+	assert_int_equal(
+		kvb_config_read(KVB_CONF_EXAMPLE, &ent, &n, err, sizeof(err)),
+		0);
 	assert_int_equal(n, 0);
 	kvb_config_free(ent, n);
 	in = fopen(KVB_CONF_EXAMPLE, "r");

@@ -69,8 +69,8 @@ static void test_journal(void **state)
 				    &T, 0, "m");
 		assert_string_equal(buf, want[l]);
 	}
-	kvb_log_format_line(buf, sizeof(buf), KVB_LOG_FMT_JOURNAL,
-			    KVB_LOG_WARN, &T, 3, "m");
+	kvb_log_format_line(buf, sizeof(buf), KVB_LOG_FMT_JOURNAL, KVB_LOG_WARN,
+			    &T, 3, "m");
 	assert_string_equal(buf, "<4>warn: m [3 more suppressed]\n");
 }
 
@@ -176,9 +176,12 @@ static void test_journal_stream(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_iso8601), cmocka_unit_test(test_text),
-		cmocka_unit_test(test_journal), cmocka_unit_test(test_json),
-		cmocka_unit_test(test_cut),	cmocka_unit_test(test_parse),
+		cmocka_unit_test(test_iso8601),
+		cmocka_unit_test(test_text),
+		cmocka_unit_test(test_journal),
+		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_cut),
+		cmocka_unit_test(test_parse),
 		cmocka_unit_test(test_journal_stream),
 	};
 

@@ -124,8 +124,10 @@ static void test_notify(void **state)
 
 	/* the config file was read: json lines */
 	assert_true(broker_log_has(&b, "{\"ts\":\"20"));
-	assert_true(broker_log_has(&b, "\"level\":\"info\",\"msg\":\"listening"));
-	assert_true(broker_log_has(&b, "systemd watchdog: a ping every 200 ms"));
+	assert_true(
+		broker_log_has(&b, "\"level\":\"info\",\"msg\":\"listening"));
+	assert_true(
+		broker_log_has(&b, "systemd watchdog: a ping every 200 ms"));
 	/* broker_start's stats query is kvbctl's: not at info */
 	if (broker_log_has(&b, "closed: disconnected")) {
 		broker_log_dump(&b);
@@ -138,7 +140,7 @@ static void test_notify(void **state)
  * no notification and no watchdog. */
 static void test_debug_no_notify(void **state)
 {
-	const char *args[] = {"--config", conf, "--log-level", "debug",
+	const char *args[] = {"--config",     conf,   "--log-level", "debug",
 			      "--log-format", "text", NULL};
 	struct broker_opts o = {.args = args};
 	struct broker b;
