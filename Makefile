@@ -80,8 +80,14 @@ bench: build
 # /etc, man pages gzipped, no RPATH, no DPDK (kvbench ring: kvbroker's ring
 # only), no tests; then lintian when installed.
 DEB_BUILD ?= build-deb
+# Debian's hardening flags (all: fortify, bindnow, PIE, ...) from
+# dpkg-buildflags.
+deb: export DEB_BUILD_MAINT_OPTIONS = hardening=+all
 deb: deps-layers
 	cmake -S . -B $(DEB_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_FLAGS="$$(dpkg-buildflags --get CPPFLAGS) $$(dpkg-buildflags --get CFLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="$$(dpkg-buildflags --get LDFLAGS)" \
+	  -DCMAKE_SHARED_LINKER_FLAGS="$$(dpkg-buildflags --get LDFLAGS)" \
 	  -DCMAKE_INSTALL_PREFIX=/usr -DKVB_CONF_DIR=/etc -DKVB_MAN_GZIP=ON \
 	  -DKVB_INSTALL_RPATH=OFF -DKVB_DPDK=OFF -DBUILD_TESTING=OFF $(CMAKE_FLAGS)
 	cmake --build $(DEB_BUILD) -j$(JOBS)
