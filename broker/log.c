@@ -64,34 +64,78 @@ size_t kvb_log_iso8601(char *buf, size_t cap, const struct timespec *ts)
 	return n > 0 && (size_t) n < cap ? (size_t) n : 0;
 }
 
-/* Append a string JSON-escaped, at most up to end (exclusive); an escape
- * that does not fit whole is left out. */
-static char *json_str(char *p, char *end, const char *s)
+/* Length of the well-formed UTF-8 sequence at s (2..4), 0 if there is none
+ * (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF,
+ * a cut sequence). */
+static int utf8_len(const unsigned char *s)
 {
-	for (; *s; s++) {
-		unsigned char c = (unsigned char) *s;
-		char esc[8];
-		size_t k;
+	unsigned c = s[0], n, v, i;
 
-		if (c != '"' && c != '\\' && c >= 0x20) {
+	if (c >= 0xc2 && c <= 0xdf)
+		n = 2, v = c & 0x1f;
+	else if (c >= 0xe0 && c <= 0xef)
+		n = 3, v = c & 0x0f;
+	else if (c >= 0xf0 && c <= 0xf4)
+		n = 4, v = c & 0x07;
+	else
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		v = v << 6 | (s[i] & 0x3f);
+	}
+	if ((n == 3 && (v < 0x800 || (v >= 0xd800 && v <= 0xdfff))) ||
+	    (n == 4 && (v < 0x10000 || v > 0x10ffff)))
+		return 0;
+	return (int) n;
+}
+
+/* Append a string JSON-escaped, at most up to end (exclusive); an escape
+ * or a character that does not fit whole is left out. Bytes that are not
+ * UTF-8 (a peer's garbage in a message) become U+FFFD: the line stays
+ * valid JSON. */
+static char *json_str(char *p, char *end, const char *str)
+{
+	const unsigned char *s = (const unsigned char *) str;
+
+	while (*s) {
+		unsigned char c = *s;
+		char esc[8];
+		size_t k = 1;
+		int u;
+
+		if (c >= 0x80) {
+			u = utf8_len(s);
+			if (u) {
+				if (end - p < u)
+					break;
+				memcpy(p, s, (size_t) u);
+				p += u;
+				s += u;
+				continue;
+			}
+			snprintf(esc, sizeof(esc), "\\ufffd");
+		} else if (c != '"' && c != '\\' && c >= 0x20) {
 			if (p >= end)
 				break;
 			*p++ = (char) c;
+			s++;
 			continue;
-		}
-		if (c == '\n')
+		} else if (c == '\n') {
 			snprintf(esc, sizeof(esc), "\\n");
-		else if (c == '\t')
+		} else if (c == '\t') {
 			snprintf(esc, sizeof(esc), "\\t");
-		else if (c < 0x20)
+		} else if (c < 0x20) {
 			snprintf(esc, sizeof(esc), "\\u%04x", c);
-		else
+		} else {
 			snprintf(esc, sizeof(esc), "\\%c", c);
+		}
 		k = strlen(esc);
 		if (end - p < (ptrdiff_t) k)
 			break;
 		memcpy(p, esc, k);
 		p += k;
+		s++;
 	}
 	return p;
 }

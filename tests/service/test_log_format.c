@@ -91,6 +91,34 @@ static void test_json(void **state)
 			    "\\u0001e\",\"suppressed\":12}\n");
 }
 
+/* UTF-8 passes; bytes that are not UTF-8 become U+FFFD escapes. */
+static void test_json_utf8(void **state)
+{
+	char buf[256];
+
+	(void) state;
+	kvb_log_format_line(buf, sizeof(buf), KVB_LOG_FMT_JSON, KVB_LOG_INFO,
+			    &T, 0, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+	assert_non_null(strstr(buf, "\"msg\":\"caf\xc3\xa9 \xe2\x82\xac "
+				    "\xf0\x9f\x98\x80\"}"));
+	/* stray continuation, overlong '/', a surrogate, a cut sequence */
+	kvb_log_format_line(buf, sizeof(buf), KVB_LOG_FMT_JSON, KVB_LOG_INFO,
+			    &T, 0,
+			    "a\x80"
+			    "b\xc0\xaf"
+			    "c\xed\xa0\x80"
+			    "d\xe2\x82");
+	assert_non_null(strstr(buf, "\"msg\":\"a\\ufffdb\\ufffd\\ufffdc"
+				    "\\ufffd\\ufffd\\ufffdd\\ufffd\\ufffd\"}"));
+	/* text lines keep the bytes as they are */
+	kvb_log_format_line(buf, sizeof(buf), KVB_LOG_FMT_TEXT, KVB_LOG_INFO,
+			    &T, 0,
+			    "a\x80"
+			    "b");
+	assert_non_null(strstr(buf, "info: a\x80"
+				    "b\n"));
+}
+
 /* A message longer than the line: cut, but the line still ends (the
  * suppressed count and the newline kept; json still closes, and no escape
  * is cut in half). */
@@ -180,6 +208,7 @@ int main(void)
 		cmocka_unit_test(test_text),
 		cmocka_unit_test(test_journal),
 		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_json_utf8),
 		cmocka_unit_test(test_cut),
 		cmocka_unit_test(test_parse),
 		cmocka_unit_test(test_journal_stream),
