@@ -249,7 +249,8 @@ int kvb_options_load(struct kvb_options *o, int argc, char **argv, char *err,
 	/* argv[0], the file's entries, then the command line's: the parser
 	 * takes the last value of each option */
 	all[0] = argv[0];
-	memcpy(all + 1, ent, (size_t) n * sizeof(*all));
+	if (n) /* ent is NULL for a file without settings */
+		memcpy(all + 1, ent, (size_t) n * sizeof(*all));
 	memcpy(all + 1 + n, argv + 1, (size_t) (argc - 1) * sizeof(*all));
 	rc = kvb_options_parse(o, argc + n, all, err, err_len);
 	free(all);
