@@ -8,7 +8,7 @@
 # the config; the programs run without LD_LIBRARY_PATH (RPATH); the
 # unpacked broker starts, and tests/install/consumer.c, built against the
 # unpacked header and library (the unpacked kvbroker.pc), moves and checks
-# 1 MiB through it. 77 without dpkg-deb, dpkg-shlibdeps or cpack.
+# 1 MiB through it; the unpacked Python package loads the unpacked library. 77 without dpkg-deb, dpkg-shlibdeps or cpack.
 #
 # Usage: deb-test.sh SOURCE_DIR BUILD_DIR
 set -u
@@ -81,4 +81,13 @@ for _ in $(seq 200); do [ -S "$T/b.sock" ] && break; sleep 0.05; done
 timeout 60 "$T/consumer" "$T/b.sock" || fail "consumer"
 "$R/bin/kvbctl" --socket "$T/b.sock" stats | grep -E "^(transfers_done|bytes) " ||
 	fail "kvbctl stats"
-echo "PASS: the package unpacked, its broker and library move 1 MiB"
+# the unpacked Python package finds the unpacked library (its prefix's)
+if [ -x /usr/bin/python3 ]; then
+	PYDIR=$(dirname "$(find "$T/root" -path '*dist-packages/kvbroker/__init__.py' | head -1)")
+	lib=$(cd / && PYTHONPATH=$(dirname "$PYDIR") /usr/bin/python3 -c \
+		'import kvbroker; print(kvbroker.library_path())') ||
+		fail "the unpacked Python package: import or library not found"
+	case $lib in "$T/root"/*) echo "python: kvbroker loads $lib" ;;
+	*) fail "the unpacked Python package loaded $lib, not the package's" ;; esac
+fi
+echo "PASS: the package unpacked, its broker, library and Python package work"
