@@ -12,17 +12,21 @@
 set -eu
 BUILD_PKGS="build-essential cmake pkg-config libibverbs-dev librdmacm-dev \
 libzmq3-dev libmsgpack-dev libsodium-dev libsystemd-dev"
-# python3-*: the pytest suites and their MoRIIO/vLLM stand-ins; qemu,
-# busybox, cpio, kmod, xz, zstd, rdma-core and the ibverbs tools: the
-# soft-RoCE guest of the rdma tests; iproute2 and iperf3: the network
-# namespace tests; mandoc, systemd (systemd-analyze) and dpkg-dev: the man
-# page, unit and package tests; libamdhip64-dev: the HIP ABI check
+# the soft-RoCE guest of the rdma tests and benchmarks (rxe-runner.sh):
+# qemu, its initramfs tools, rdma-core and the ibverbs tools
+GUEST_PKGS="qemu-system-x86 busybox-static cpio kmod xz-utils zstd rdma-core \
+ibverbs-providers ibverbs-utils rdmacm-utils"
+# python3-*: the pytest suites and their MoRIIO/vLLM stand-ins; iproute2 and
+# iperf3: the network namespace tests; mandoc, systemd (systemd-analyze)
+# and dpkg-dev: the man page, unit and package tests; libamdhip64-dev: the
+# HIP ABI check
 TEST_PKGS="libcmocka-dev python3 python3-zmq python3-msgpack python3-pytest \
 python3-numpy python3-torch python3-cffi python3-pip python3-setuptools \
-iproute2 iperf3 procps qemu-system-x86 busybox-static cpio kmod xz-utils zstd \
-rdma-core ibverbs-providers ibverbs-utils rdmacm-utils libamdhip64-dev \
-mandoc systemd dpkg-dev"
-BENCH_PKGS="perftest dpdk-dev gnuplot-nox iperf3 python3 python3-numpy"
+iproute2 iperf3 procps libamdhip64-dev mandoc systemd dpkg-dev $GUEST_PKGS"
+# scripts/bench.sh: the guest (rdma), network namespaces and iperf3 (tcp),
+# perftest (ib_write_bw), dpdk-dev (kvbench ring against rte_ring),
+# gnuplot, python3 (the summary tables)
+BENCH_PKGS="perftest dpdk-dev gnuplot-nox iperf3 iproute2 python3 $GUEST_PKGS"
 FUZZ_PKGS="clang"
 DEB_PKGS="dpkg-dev lintian"
 
