@@ -29,6 +29,7 @@ struct kvb_worker {
 	uint16_t gen;
 	uint8_t attached; /* HELLO done */
 	uint8_t closing;
+	uint8_t asked_stats; /* a STATS request before HELLO (kvbctl) */
 	int sock;
 	int efd; /* worker's eventfd: we write it to wake kvb_wait */
 	uid_t uid;

@@ -2,11 +2,50 @@
 #ifndef KVB_BROKER_LOG_H
 #define KVB_BROKER_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 enum kvb_log_level { KVB_LOG_ERROR, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
 
 extern int kvb_log_level;
+
+/*
+ * Line formats (--log-format): text "kvbroker 2026-12-03T12:00:00.123Z
+ * info: msg"; json, one object a line {"ts":..,"level":..,"msg":..}; journal,
+ * the sd-daemon priority prefix "<6>info: msg" (journald adds the time).
+ * AUTO: journal when stderr is the journal's stream ($JOURNAL_STREAM), else
+ * text.
+ */
+enum kvb_log_format {
+	KVB_LOG_FMT_AUTO = 0,
+	KVB_LOG_FMT_TEXT,
+	KVB_LOG_FMT_JSON,
+	KVB_LOG_FMT_JOURNAL,
+};
+
+extern int kvb_log_format;
+
+/* Parse "auto|text|json|journal"; returns the format or -EINVAL. */
+int kvb_log_format_parse(const char *s);
+/* Set kvb_log_format; AUTO is resolved here (kvb_log_journal_stream). */
+void kvb_log_set_format(int fmt);
+/* Is stderr the journal's stream ($JOURNAL_STREAM names its device and
+ * inode, set by systemd for StandardError=journal)? 1 or 0. */
+int kvb_log_journal_stream(void);
+
+/*
+ * One log line, newline included, into buf (cap bytes; longer lines are
+ * cut, the newline kept). ts is CLOCK_REALTIME; suppressed, when not 0, is
+ * how many lines of this kind were left out before ("[N more suppressed]",
+ * in json a "suppressed" field). Returns the length. Thread-safe.
+ */
+size_t kvb_log_format_line(char *buf, size_t cap, int fmt, int level,
+			   const struct timespec *ts, uint64_t suppressed,
+			   const char *msg);
+/* ISO 8601 UTC with milliseconds, "2026-12-03T12:00:00.123Z" (24 chars and
+ * the NUL: cap >= 25). Returns the length, 0 when it did not fit. */
+size_t kvb_log_iso8601(char *buf, size_t cap, const struct timespec *ts);
 
 void kvb_log(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

@@ -22,10 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
 #include "metrics.h"
+#include "sdnotify.h"
 
 #define EP_LISTEN	  1ull
 #define EP_EFD		  2ull
@@ -339,6 +341,7 @@ static int try_sleep(struct kvb_broker *b)
 
 		if (ms < 1)
 			ms = 1;
+		ms = kvb_sd_sleep_ms(ms, kvb_now_ns()); /* systemd watchdog */
 		/* async copies or transfers in flight, ops waiting for
 		 * credit: keep polling (completions that signal a wait fd
 		 * end the sleep sooner) */
@@ -378,6 +381,7 @@ static void run(struct kvb_broker *b)
 			kvb_engine_timers(b, now);
 			kvb_worker_timers(b, now);
 			kvb_metrics_timers(b, now);
+			kvb_sd_tick(now);
 			b->next_timer_ns = now + TIMER_NS;
 		}
 		/* control sockets while busy: every EPOLL_EVERY rounds, or
@@ -486,7 +490,7 @@ int main(int argc, char **argv)
 	char err[256];
 	int rc;
 
-	if (kvb_options_parse(&b.opt, argc, argv, err, sizeof(err))) {
+	if (kvb_options_load(&b.opt, argc, argv, err, sizeof(err))) {
 		fprintf(stderr, "kvbroker: %s\n", err);
 		return 2;
 	}
@@ -500,6 +504,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	kvb_log_level = b.opt.log_level;
+	kvb_log_set_format(b.opt.log_format);
 	raise_nofile();
 	rc = setup(&b);
 	if (rc) {
@@ -508,7 +513,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	log_info("listening on %s (pid %d)", b.opt.socket_path, (int) getpid());
+	kvb_sd_ready(b.opt.socket_path);
 	run(&b);
+	kvb_sd_stopping();
 	shutdown_all(&b);
 	teardown(&b);
 	log_info("stopped");

@@ -75,6 +75,14 @@ void kvb_options_usage(FILE *f)
 	      "  --transport NAME       local|tcp|rdma|gpu|auto (default "
 	      "local)\n"
 	      "  --log-level LEVEL      error|warn|info|debug (default info)\n"
+	      "  --log-format FMT       text|json|journal|auto (default auto: "
+	      "journal\n"
+	      "                         under systemd's journal, else text)\n"
+	      "  --config FILE          read options from FILE first "
+	      "(\"key = value\" lines,\n"
+	      "                         keys the long options without --); "
+	      "the command\n"
+	      "                         line wins\n"
 	      "  --busy-poll-us N       spin N us idle before sleeping "
 	      "(default 50)\n"
 	      "  --sq-entries N         submission ring slots per worker "
@@ -253,12 +261,16 @@ enum {
 	O_MAXIPW,
 	O_MAXUNDEL,
 	O_METRICS,
+	O_LOGFMT,
+	O_CONFIG,
 };
 
 static const struct option longopts[] = {
 	{"socket", required_argument, NULL, O_SOCKET},
 	{"transport", required_argument, NULL, O_TRANSPORT},
 	{"log-level", required_argument, NULL, O_LOG},
+	{"log-format", required_argument, NULL, O_LOGFMT},
+	{"config", required_argument, NULL, O_CONFIG},
 	{"busy-poll-us", required_argument, NULL, O_BUSY},
 	{"sq-entries", required_argument, NULL, O_SQ},
 	{"cq-entries", required_argument, NULL, O_CQ},
@@ -298,6 +310,14 @@ static const struct option longopts[] = {
 	{"version", no_argument, NULL, O_VER},
 	{NULL, 0, NULL, 0},
 };
+
+int kvb_option_kind(const char *name)
+{
+	for (const struct option *p = longopts; p->name; p++)
+		if (!strcmp(p->name, name))
+			return p->has_arg == required_argument;
+	return -ENOENT;
+}
 
 static int is_pow2(long v)
 {
@@ -346,6 +366,19 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 					    "--log-level: '%s' is not error, "
 					    "warn, info or debug",
 					    a);
+			break;
+		case O_LOGFMT:
+			o->log_format = kvb_log_format_parse(a);
+			if (o->log_format < 0)
+				return fail(err, err_len,
+					    "--log-format: '%s' is not text, "
+					    "json, journal or auto",
+					    a);
+			break;
+		case O_CONFIG:
+			if (copy_str(o->config_path, sizeof(o->config_path), a))
+				return fail(err, err_len,
+					    "--config: path too long");
 			break;
 		case O_BUSY:
 			if (parse_int(a, 0, 10000000, &v))

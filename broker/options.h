@@ -31,6 +31,8 @@ struct kvb_options {
 	char socket_dir[108];
 	enum kvb_transport_kind transport;
 	int log_level;
+	int log_format;	       /* enum kvb_log_format (log.h) */
+	char config_path[256]; /* --config FILE ("" = none; config.c) */
 	uint32_t busy_poll_us; /* spin this long idle before sleeping */
 	uint32_t sq_entries;   /* per worker, power of two */
 	uint32_t cq_entries;
@@ -82,6 +84,9 @@ int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		      size_t err_len);
 
 void kvb_options_usage(FILE *f);
+/* Is `name` (a long option without "--") one of the broker's options:
+ * 1 when it takes a value, 0 when it is a flag, -ENOENT when unknown. */
+int kvb_option_kind(const char *name);
 const char *kvb_transport_name(enum kvb_transport_kind k);
 
 #endif

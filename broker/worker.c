@@ -812,6 +812,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 		len = rc < 0 ? 0 : (size_t) rc;
 		h->type = KVB_MSG_STATS;
 		reply(w, h, sizeof(*h) + len + 1, rc < 0 ? rc : 0, NULL, 0);
+		w->asked_stats = !w->attached;
 		return;
 	}
 	case KVB_MSG_MEM_KV:
@@ -889,7 +890,10 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		munmap(w->seg_mem, w->seg_size);
 		close(w->efd);
 	} else {
-		kvb_log_rl_keyed(why, KVB_LOG_INFO,
+		/* kvbctl's routine query and hang-up: debug, not info */
+		int quiet = w->asked_stats && !strcmp(why, "disconnected");
+
+		kvb_log_rl_keyed(why, quiet ? KVB_LOG_DEBUG : KVB_LOG_INFO,
 				 "connection from pid %d closed: %s",
 				 (int) w->pid, why);
 	}

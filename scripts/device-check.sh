@@ -54,7 +54,7 @@ echo "=== part 2: through the broker"
 CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter -Ishm -Iclient -Iclient/include -Ibridge -Ibroker"
 # shellcheck disable=SC2086
 gcc $CF shm/ring.c shm/segment.c client/ctl.c bridge/local/local.c bridge/gpu/*.c \
-	broker/log.c broker/options.c broker/regions.c broker/xfer.c broker/worker.c \
+	broker/log.c broker/options.c broker/config.c broker/sdnotify.c broker/regions.c broker/xfer.c broker/worker.c \
 	broker/engine.c broker/quota.c broker/grants.c broker/stats.c broker/gpu.c broker/remote_none.c broker/main.c \
 	broker/metrics.c broker/http.c broker/views.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }

@@ -894,20 +894,30 @@ int main(int argc, char **argv)
 		double p50 = nlat ? lat[nlat / 2] : 0;
 		double p99 = nlat ? lat[(size_t) (nlat * 0.99)] : 0;
 
-		printf("\n%-10s %-12s %-12s %-10s %-10s %-11s %-12s %-11s "
-		       "%-11s\n",
-		       "workers", "writes", "bytes", "flushes", "wrs",
-		       "wr/flush", "GB/s", "p50[us]", "p99[us]");
-		printf("%-10s %-12" PRIu64 " %-12" PRIu64
-		       " %-10.0f %-10.0f %-11.2f %-12.3f %-11.1f %-11.1f\n",
-		       "", writes, bytes, db, wrs, db > 0 ? wrs / db : 0,
+		unsigned infl = c.inflight < c.window ? c.inflight : c.window;
+		char who[32];
+
+		/* the words of kvbctl stats: doorbells, wrs, wr_per_doorbell */
+		snprintf(who, sizeof(who), "%uP+%uD", c.p, c.d);
+		printf("\n%-8s %-10s %-12s %-10s %-10s %-16s %-8s %-10s %s\n",
+		       "workers", "writes", "bytes", "doorbells", "wrs",
+		       "wr_per_doorbell", "GB/s", "p50[us]", "p99[us]");
+		printf("%-8s %-10" PRIu64 " %-12" PRIu64
+		       " %-10.0f %-10.0f %-16.2f %-8.3f %-10.1f %.1f\n",
+		       who, writes, bytes, db, wrs, db > 0 ? wrs / db : 0,
 		       elapsed > 0 ? (double) bytes / elapsed / 1e9 : 0, p50,
 		       p99);
 		printf("(%u P + %u D workers, %u layers x %u blocks x %" PRIu64
-		       " B, %u requests, up to %u open per D; flushes/wrs are "
-		       "the broker's totals since it started)\n",
+		       " B, %u requests, up to %u open per D;\n doorbells and "
+		       "wrs are the broker's totals since it started)\n",
 		       c.p, c.d, c.layers, c.blocks, c.block_bytes, c.requests,
 		       c.window);
+		printf("(latency: a request's first write to its completion. "
+		       "Each P keeps up to %u\n requests going, so a request "
+		       "also waits behind the up to %u ahead of it in the\n "
+		       "broker's queue (%u writes each): latency under "
+		       "queueing; --inflight 1 for one\n request alone)\n",
+		       infl, infl - 1, c.layers * c.blocks);
 		if (jf) {
 			fprintf(jf,
 				"{\"writes\":%" PRIu64 ",\"bytes\":%" PRIu64

@@ -221,8 +221,9 @@ int kvb_bench_progress_wanted(int forced)
 	return forced || isatty(STDERR_FILENO);
 }
 
-/* The broker binary: --broker, $KVBROKER, or ../../broker/kvbroker from
- * this executable (bench/kvbench/kvbench in the build tree). */
+/* The broker binary: --broker, $KVBROKER, kvbroker next to this
+ * executable (installed: both in <prefix>/bin), or ../../broker/kvbroker
+ * from it (bench/kvbench/kvbench in the build tree). */
 static int find_broker(const char *given, char *out, size_t cap)
 {
 	const char *env = getenv("KVBROKER");
@@ -240,7 +241,9 @@ static int find_broker(const char *given, char *out, size_t cap)
 		slash = strrchr(self, '/');
 		if (slash)
 			*slash = '\0';
-		snprintf(out, cap, "%s/../../broker/kvbroker", self);
+		snprintf(out, cap, "%s/kvbroker", self);
+		if (access(out, X_OK))
+			snprintf(out, cap, "%s/../../broker/kvbroker", self);
 	}
 	if (access(out, X_OK)) {
 		fprintf(stderr,
