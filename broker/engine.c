@@ -63,7 +63,7 @@ static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 
 	if (t)
 		t->ops->dereg_mr(t, &r->mr);
-	kvb_remote_dereg(b, r);
+	kvb_hook_region_gone(b, r);
 	if (r->mr.kind == KVB_MEM_GPU)
 		kvb_broker_gpu_unimport(r);
 	else if (r->map_base)
@@ -197,8 +197,7 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	if (status && status != -ECANCELED && !x->closing)
 		log_info_rl("transfer '%s' of worker %u failed: %s", x->id,
 			    x->worker, kvb_strerror(status));
-	if (x->rx)
-		kvb_remote_xfer_end(b, x, status);
+	kvb_hook_xfer_end(b, x, status);
 	kvb_xfer_end(&b->xfers, x);
 	if (copy.opened) /* nobody to tell about an id it never opened */
 		kvb_post_cqe(b, copy.worker, KVB_CQ_TRANSFER, copy.seal_tag,
@@ -293,8 +292,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 
 	if (x->closing)
 		return; /* its drain ends it */
-	if (!status || (kvb_xfer_drained(x) &&
-			!(x->rx && kvb_remote_xfer_writers(b, x)))) {
+	if (!status || (kvb_xfer_drained(x) && !kvb_hook_xfer_writers(b, x))) {
 		finish_now(b, x, status);
 		return;
 	}
@@ -307,8 +305,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	b->st.transfers_fenced++;
 	x->closing = 1;
 	x->close_err = status;
-	if (x->rx)
-		kvb_remote_xfer_fence(b, x, status);
+	kvb_hook_xfer_fence(b, x, status);
 	h = kvb_xfer_handle(&b->xfers, x);
 	wid = x->worker;
 	drop_queued(b, h, wid);
@@ -324,7 +321,7 @@ void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 			finish_now(b, x, x->close_err);
 		return;
 	}
-	if (x->rx ? kvb_remote_xfer_complete(x) : kvb_xfer_complete(x))
+	if (kvb_hook_xfer_complete(b, x))
 		kvb_xfer_finish(b, x, x->first_err);
 }
 
@@ -384,7 +381,7 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		if (!status)
 			b->st.bytes += e->bytes;
 		if (e->group) {
-			kvb_remote_group_done(b, e->group, status, e->bytes);
+			kvb_hook_group_done(b, e->group, status, e->bytes);
 		} else if (w) {
 			if (w->inf_used)
 				w->inf_used--;
@@ -644,7 +641,7 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	case KVB_OP_LAYER:
 		b->st.descriptors_submitted++;
 		w->st.submitted++;
-		kvb_remote_layer(b, w, e);
+		kvb_hook_layer_op(b, w, e);
 		return;
 	default:
 		break;
@@ -863,7 +860,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	if (b->ndirty)
 		work += flush(b);
 	work += reap(b);
-	kvb_remote_retry_starved(b);
+	kvb_hook_round(b);
 	kvb_wake_workers(b);
 	return work;
 }
@@ -913,7 +910,7 @@ static const char *xfer_expired(struct kvb_broker *b, struct kvb_xfer *x,
 		x->progress_ns = now;
 		return NULL;
 	}
-	if (!x->progress_ns || (x->rx && kvb_remote_xfer_deferred(x)))
+	if (!x->progress_ns || kvb_hook_xfer_deferred(b, x))
 		return NULL;
 	if (now - x->progress_ns >= (int64_t) stall * 1000000)
 		return "no progress within its stall timeout";
@@ -922,7 +919,7 @@ static const char *xfer_expired(struct kvb_broker *b, struct kvb_xfer *x,
 
 void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 {
-	kvb_remote_timers(b, now);
+	kvb_hook_timers(b, now);
 	/* backwards: kvb_xfer_end() swaps the last active entry into place */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
@@ -961,7 +958,7 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
 	uint32_t id = w->id;
 
-	kvb_remote_worker_gone(b, w);
+	kvb_hook_worker_gone(b, w);
 	/* ops not yet posted that read or write its memory: cancel them */
 	for (uint32_t k = 0; k < b->ndirty; k++) {
 		struct kvb_dest *d = &b->dests[b->dirty[k]];

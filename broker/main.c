@@ -25,6 +25,9 @@
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#ifdef KVB_HAVE_XNODE
+#include "xnode/xnode.h"
+#endif
 
 #define EP_LISTEN	  1ull
 #define EP_EFD		  2ull
@@ -176,6 +179,27 @@ static int ep_add(int epfd, int fd, uint64_t tag)
 	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/*
+ * The cross-node module (bridge/xnode) extends the engine through its
+ * hooks; a broker built without it (no libzmq or msgpack-c at build time)
+ * registers none and serves same-node transfers only: --host-ip is
+ * refused, and so is a worker's KV layout (kvb_mem_set_kv), which only
+ * cross-node layer ops use.
+ */
+static int open_cross_node(struct kvb_broker *b)
+{
+#ifdef KVB_HAVE_XNODE
+	return kvb_remote_init(b);
+#else
+	if (!b->opt.cross_node)
+		return 0;
+	log_err("--host-ip: this kvbroker was built without the cross-node "
+		"layer (no libzmq/msgpack-c at build time); same-node "
+		"transfers only");
+	return -ENOTSUP;
+#endif
+}
+
 static int setup(struct kvb_broker *b)
 {
 	sigset_t set;
@@ -219,7 +243,7 @@ static int setup(struct kvb_broker *b)
 	rc = open_listener(b);
 	if (rc)
 		return rc;
-	rc = kvb_remote_init(b);
+	rc = open_cross_node(b);
 	if (rc)
 		return rc;
 	if ((rc = ep_add(b->epfd, b->listen_fd, EP_LISTEN)) ||
@@ -262,7 +286,7 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 				b->stop = 1;
 			}
 		} else if (tag == KVB_EP_RDMA_EVENTS) {
-			kvb_remote_rdma_events(b);
+			kvb_hook_event(b, tag);
 		} else if (tag == KVB_EP_REMOTE || tag == EP_XPORT) {
 			/* drained below, or by the next round's reap */
 		} else if (tag & EP_WORKER_TAG) {
@@ -279,7 +303,7 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 				kvb_worker_ctl(b, w);
 		}
 	}
-	kvb_remote_service(b);
+	kvb_hook_service(b);
 	return n;
 }
 
@@ -435,7 +459,7 @@ static void teardown(struct kvb_broker *b)
 		close(b->listen_fd);
 		unlink(b->opt.socket_path);
 	}
-	kvb_remote_fini(b);
+	kvb_engine_hooks_fini(b);
 	for (int i = 0; i < KVB_TS_MAX; i++)
 		if (b->trs[i])
 			b->trs[i]->ops->close(b->trs[i]);

@@ -188,7 +188,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) b->st.late_writes_refused,
 		    (unsigned long long) b->st.fences_expired,
 		    (unsigned long long) (b->st.messages_rejected +
-					  kvb_remote_rejected(b)),
+					  kvb_hook_rejected(b)),
 		    (unsigned long long) b->st.ctl_requests,
 		    (unsigned long long) b->st.workers_lost,
 		    (unsigned long long) b->st.late_wakeups,
@@ -214,7 +214,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		}
 		put(&o, "],");
 		gpu_stats(b, &o, 1);
-		o.len += kvb_remote_stats(b, 1, o.buf + o.len, o.cap - o.len);
+		o.len += kvb_hook_stats(b, 1, o.buf + o.len, o.cap - o.len);
 		guard_stats(b, &o, 1);
 		put(&o, "\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
@@ -282,7 +282,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) b->st.fences_expired);
 	put(&o, "messages_rejected      %llu\n",
 	    (unsigned long long) (b->st.messages_rejected +
-				  kvb_remote_rejected(b)));
+				  kvb_hook_rejected(b)));
 	put(&o, "control_requests       %llu\n",
 	    (unsigned long long) b->st.ctl_requests);
 	put(&o, "workers_lost           %llu\n",
@@ -292,7 +292,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) wlate);
 	guard_stats(b, &o, 0);
 	gpu_stats(b, &o, 0);
-	o.len += kvb_remote_stats(b, 0, o.buf + o.len, o.cap - o.len);
+	o.len += kvb_hook_stats(b, 0, o.buf + o.len, o.cap - o.len);
 	put(&o, "wr_per_doorbell histogram:\n");
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 		if (t->wr_hist[i])

@@ -338,7 +338,7 @@ static void hello(struct kvb_broker *b, struct kvb_worker *p,
 	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
 	close(fds[0]);
 	b->st.workers_attached++;
-	kvb_remote_worker_attached(b, w);
+	kvb_hook_worker_attached(b, w);
 	log_info_rl("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
 		    (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
 		    w->tp_rank, w->tp_size);
@@ -439,7 +439,7 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	rc = t->ops->reg_mr(t, &r->mr);
 	if (rc)
 		goto err_import;
-	kvb_remote_reg(b, r);
+	kvb_hook_region_added(b, r);
 	rep->region = r->mr.id;
 	rep->flags = r->mr.flags;
 	rep->size = r->mr.len;
@@ -578,7 +578,7 @@ static int xfer_timeouts(struct kvb_broker *b, struct kvb_worker *w,
 		return -EINVAL;
 	if (!x || x->closing)
 		return -ESTALE;
-	if (m->defer_ms && kvb_remote_set_defer(x, m->defer_ms))
+	if (m->defer_ms && kvb_hook_set_defer(b, x, m->defer_ms))
 		return -EINVAL; /* a same-node transfer has no defer clock */
 	if (m->deadline_ms)
 		x->deadline_ns =
@@ -813,7 +813,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 	}
 	case KVB_MSG_MEM_KV:
 		NEED(struct kvb_msg_mem_kv);
-		rc = kvb_remote_mem_kv(b, w, &m.kv);
+		rc = kvb_hook_mem_kv(b, w, &m.kv);
 		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
 		return;
 	case KVB_MSG_PEER: {
@@ -821,7 +821,7 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 
 		NEED(struct kvb_msg_peer);
 		peer_seq[KVB_WSLOT(w->id)] = m.h.seq;
-		rc = kvb_remote_peer_req(b, w, &m.peer);
+		rc = kvb_hook_peer_req(b, w, &m.peer);
 		if (rc != 1) /* 1: the handshake answers later */
 			reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
@@ -843,8 +843,8 @@ void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
 			rc = -ENOSPC;
 		}
 		if (!rc)
-			rc = kvb_remote_xopen(b, w, &m.xopen, (uint32_t) n,
-					      &rep.handle);
+			rc = kvb_hook_xopen(b, w, &m.xopen, (uint32_t) n,
+					    &rep.handle);
 		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 		return;
 	}

@@ -7,7 +7,7 @@
 #     processes sharing device memory by IPC handle, byte-verified, and copy
 #     bandwidth against plain cudaMemcpy/hipMemcpy;
 #  2. the whole path through the broker: kvbroker --transport gpu built here
-#     with gcc (without the cross-node layer, broker/remote_none.c: no zmq
+#     with gcc (without the cross-node module, bridge/xnode: no zmq
 #     there), a P and a D worker process registering device memory with
 #     kvb_mem_register_gpu(), P writing scattered blocks into D through the
 #     broker, D checking every byte (tests/gpu/gpu_broker_test.c);
@@ -55,7 +55,7 @@ CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter
 # shellcheck disable=SC2086
 gcc $CF shm/ring.c shm/segment.c client/ctl.c bridge/local/local.c bridge/gpu/*.c \
 	broker/log.c broker/options.c broker/regions.c broker/xfer.c broker/worker.c \
-	broker/engine.c broker/quota.c broker/stats.c broker/gpu.c broker/remote_none.c broker/main.c \
+	broker/engine.c broker/quota.c broker/stats.c broker/gpu.c broker/ext.c broker/main.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }
 # shellcheck disable=SC2086
 gcc $CF tests/gpu/gpu_broker_test.c client/*.c shm/ring.c \

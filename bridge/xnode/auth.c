@@ -84,7 +84,7 @@ static void tcp_log(void *arg, const char *line)
 static void tcp_setup(struct kvb_broker *b)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	const char *hosts[MAX_TRUSTED];
 	unsigned n = 0;
 
@@ -118,7 +118,7 @@ static void tcp_setup(struct kvb_broker *b)
 
 int auth_init(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	int rc;
 
 	if (sodium_init() < 0)
@@ -244,7 +244,7 @@ void auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
 				 p->host, p->port);
 		return;
 	}
-	if (derive(b->rm, p->desc.kx, kvb_tcp_id(t), id, key)) {
+	if (derive(kvb_xn(b), p->desc.kx, kvb_tcp_id(t), id, key)) {
 		log_warn("peer %s:%u: unusable kx public key: no tcp data "
 			 "plane with it",
 			 p->host, p->port);

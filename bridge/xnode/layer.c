@@ -82,7 +82,7 @@ static int conn_error(int status)
 void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 			   uint64_t bytes)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_group *g;
 	struct kvb_peer *p;
 
@@ -132,15 +132,16 @@ static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
 /* Remote ranks a layer op of this transfer touches (sets rx->targets). */
 /* Do w's KV regions and the peer worker's (role, dp, tp) hold different
  * heads (a head split)? Compares the first layer both declared. */
-static int heads_differ(const struct kvb_worker *w, const struct kvb_peer *p,
-			uint32_t role, uint32_t dp, uint32_t tp)
+static int heads_differ(struct kvb_broker *b, const struct kvb_worker *w,
+			const struct kvb_peer *p, uint32_t role, uint32_t dp,
+			uint32_t tp)
 {
 	const struct kvb_hs_worker *hw = desc_worker(&p->desc, role, dp, tp);
 
 	for (uint32_t l = 0; hw && l < w->nkv; l++) {
 		const struct kvb_region_ent *r =
 			w->kv_layer[l]
-				? kvb_region_get(&g_b->regions, w->kv_layer[l])
+				? kvb_region_get(&b->regions, w->kv_layer[l])
 				: NULL;
 		const struct kvb_hs_region *hr =
 			r && !r->dead ? desc_layer(hw, l) : NULL;
@@ -151,8 +152,8 @@ static int heads_differ(const struct kvb_worker *w, const struct kvb_peer *p,
 	return 0;
 }
 
-int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
-		    struct kvb_rxfer *rx)
+int compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+		    struct kvb_peer *p, struct kvb_rxfer *rx)
 {
 	uint32_t L = w->tp_size, r = w->tp_rank, R;
 
@@ -168,7 +169,7 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 			     d++)
 				rx->targets[rx->ntargets++] = d;
 		} else if (r % (L / R) == 0 ||
-			   heads_differ(w, p, KVB_HS_ROLE_D, rx->remote_dp,
+			   heads_differ(b, w, p, KVB_HS_ROLE_D, rx->remote_dp,
 					r / (L / R))) {
 			/* replicated heads: one P rank of each group writes;
 			 * split: each writes its heads into D's rows */
@@ -194,7 +195,7 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		       const char **why)
 {
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
 
 	if (rx->role == KVB_ROLE_P && !rx->have_rblocks) {
 		*why = "waiting for remote_blocks";
@@ -208,7 +209,7 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		*why = "peer reconnecting";
 		return 1;
 	}
-	if (peer_wants_rdma(p) && !rdma_ready(p)) {
+	if (peer_wants_rdma(b, p) && !rdma_ready(b, p)) {
 		int rc = rdma_offer(b, p);
 
 		if (rc < 0) {
@@ -298,7 +299,7 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 
 void kvb_remote_retry_starved(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	if (!rm || !rm->starved_need || b->inf_nfree < rm->starved_need)
 		return;
@@ -318,7 +319,7 @@ void kvb_remote_retry_starved(struct kvb_broker *b)
 static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			uint16_t layer, uint64_t tag, uint8_t flags)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
 	struct kvb_peer *p = peer_get(rm, rx->peer);
@@ -344,7 +345,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			   layer);
 		return;
 	}
-	ts = peer_ts(p);
+	ts = peer_ts(b, p);
 	if (!ts || !b->trs[ts]) {
 		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
 			   layer);
@@ -357,7 +358,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			   layer);
 		return;
 	}
-	rc = compute_targets(w, p, rx);
+	rc = compute_targets(b, w, p, rx);
 	if (rc) {
 		fail_layer(b, x, tag, rc,
 			   "the peer has no workers of that DP rank with a "
@@ -536,7 +537,7 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 						: b->opt.defer_timeout_ms) *
 				1000000;
 	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
-	b->rm->st.layers_deferred++;
+	kvb_xn(b)->st.layers_deferred++;
 	return 0;
 }
 
@@ -580,7 +581,7 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 	const char *why = NULL;
 	int rc;
 
-	if (!rx || !b->rm) {
+	if (!rx || !kvb_xn(b)) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer op for an unknown or local transfer");
 		return;
@@ -612,7 +613,7 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		return;
 	}
 	if (rc == 1 || rx->ndef) { /* keep the order of deferred layers */
-		struct kvb_peer *p = peer_get(b->rm, rx->peer);
+		struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
 
 		if (defer_layer(b, rx, e->layer, e->tag, e->flags) < 0)
 			fail_layer(b, x, e->tag, -ENOMEM, "out of memory",

@@ -36,7 +36,7 @@ static int reject(struct kvb_broker *b, struct kvb_worker *w,
 	/* counted and logged once, rate-limited, by the notify endpoint
 	 * that called on_notify (messages_rejected) */
 	(void) m;
-	b->rm->st.rejected++;
+	kvb_xn(b)->st.rejected++;
 	kvb_notify_reject_why(w->notify, why);
 	return rc;
 }
@@ -58,7 +58,7 @@ static struct kvb_xfer *find_or_terminal(struct kvb_broker *b,
 /* The unopened transfer a FIFO entry names, or NULL (opened or ended). */
 static struct kvb_xfer *ufifo_xfer(struct kvb_broker *b, uint32_t i)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_xfer *x;
 
 	i &= UNOPENED_FIFO - 1;
@@ -73,7 +73,7 @@ static struct kvb_xfer *ufifo_xfer(struct kvb_broker *b, uint32_t i)
  */
 static int unopened_evict(struct kvb_broker *b, uint32_t keep, uint64_t ids)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	while (rm->nunopened > keep ||
 	       rm->unopened_ids + ids > UNOPENED_IDS_ALL) {
@@ -110,7 +110,7 @@ static int ufifo_push(struct kvb_xnode *rm, uint32_t handle, uint32_t worker)
 		uint32_t j = rm->ufifo_head;
 
 		for (uint32_t i = rm->ufifo_head; i != rm->ufifo_tail; i++)
-			if (ufifo_xfer(g_b, i))
+			if (ufifo_xfer(rm->b, i))
 				rm->ufifo[j++ & (UNOPENED_FIFO - 1)] =
 					rm->ufifo[i & (UNOPENED_FIFO - 1)];
 		rm->ufifo_tail = j;
@@ -135,7 +135,7 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 				      uint32_t timeout_ms, int *err)
 {
 	static const char full[] = "too many transfers not opened yet";
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_xfer *x;
 	int rc = 0;
 
@@ -184,7 +184,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 	struct kvb_peer *p;
 	int rc, err = 0;
 
-	b->rm->st.remote_blocks_rx++;
+	kvb_xn(b)->st.remote_blocks_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -218,7 +218,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 		return reject(b, w, m, -EINVAL,
 			      "block_notify_list length differs from P's "
 			      "blocks");
-	p = peer_get(b->rm, rx->peer);
+	p = peer_get(kvb_xn(b), rx->peer);
 	if (x->opened && p && p->have_desc) {
 		const struct kvb_hs_worker *hw = NULL;
 
@@ -242,7 +242,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 		return -ENOMEM;
 	rx->nrb = m->nblocks;
 	if (rx->unopened)
-		b->rm->unopened_ids += rx->nrb;
+		kvb_xn(b)->unopened_ids += rx->nrb;
 	rx->remote_dp = m->decode_rank;
 	rx->have_rblocks = 1;
 	if (x->opened && rx->ndef)
@@ -257,7 +257,7 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 	struct kvb_rxfer *rx;
 	int rc, err = 0;
 
-	b->rm->st.releases_rx++;
+	kvb_xn(b)->st.releases_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -310,9 +310,9 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	int rc;
 
 	if (failed)
-		b->rm->st.write_failed_rx++;
+		kvb_xn(b)->st.write_failed_rx++;
 	else
-		b->rm->st.write_done_rx++;
+		kvb_xn(b)->st.write_done_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -337,7 +337,7 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->closing && x->inbound)
 		x->inbound--; /* a writer we asked to stop has stopped */
 	if (failed) {
-		if (rlog_ok(b->rm))
+		if (rlog_ok(kvb_xn(b)))
 			log_warn("transfer '%s': the P side's writes failed "
 				 "(%s)",
 				 x->id, strerror(-m->status));
@@ -353,8 +353,9 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 
 static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 {
-	struct kvb_broker *b = g_b;
-	struct kvb_worker *w = kvb_worker_by_id(b, (uint32_t) (uintptr_t) arg);
+	const struct kvb_xn_wctx *c = arg;
+	struct kvb_broker *b = c->rm->b;
+	struct kvb_worker *w = kvb_worker_by_id(b, c->wid);
 
 	if (!w || !w->attached)
 		return -ENXIO;
@@ -383,12 +384,12 @@ static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 
 static void on_notify_log(void *arg, int level, const char *line)
 {
+	const struct kvb_xn_wctx *c = arg;
+
 	if (level == KVB_NOTIFY_LOG_WARN)
-		log_warn("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
-			 line);
+		log_warn("notify (worker %u): %s", c->wid, line);
 	else
-		log_info("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
-			 line);
+		log_info("notify (worker %u): %s", c->wid, line);
 }
 
 void notify_close(struct kvb_broker *b, struct kvb_worker *w)
@@ -402,10 +403,10 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
 	for (int i = 0; i < n; i++)
 		ep_del(b, fds[i]);
 	kvb_notify_get_stats(w->notify, &st);
-	b->rm->st.notify_rejected_closed += st.messages_rejected;
-	b->rm->st.notify_received_closed += st.messages_received;
-	b->rm->st.notify_sent_closed += st.messages_sent;
-	b->rm->st.send_errors_closed += st.send_errors;
+	kvb_xn(b)->st.notify_rejected_closed += st.messages_rejected;
+	kvb_xn(b)->st.notify_received_closed += st.messages_received;
+	kvb_xn(b)->st.notify_sent_closed += st.messages_sent;
+	kvb_xn(b)->st.send_errors_closed += st.send_errors;
 	kvb_notify_close(w->notify);
 	w->notify = NULL;
 }
@@ -414,12 +415,14 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
  * IPv4-mapped IPv6 sender compares as its IPv4 address) */
 static bool notify_sender_ok(void *arg, const char *addr)
 {
-	(void) arg;
-	if (!g_b || !g_b->rm || !g_b->rm->ntrusted)
+	const struct kvb_xn_wctx *c = arg;
+	struct kvb_xnode *rm = c->rm;
+
+	if (!rm->ntrusted)
 		return true;
 	if (!strncmp(addr, "::ffff:", 7) && strchr(addr + 7, '.'))
 		addr += 7;
-	return trusted(g_b->rm, addr);
+	return trusted(rm, addr);
 }
 
 static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
@@ -435,11 +438,13 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 		.on_msg = on_notify,
 		.on_log = on_notify_log,
 		.sender_ok = notify_sender_ok,
-		.arg = (void *) (uintptr_t) w->id,
-		.zmq_ctx = b->rm->zctx,
+		.arg = &kvb_xn(b)->wctx[KVB_WSLOT(w->id)],
+		.zmq_ctx = kvb_xn(b)->zctx,
 	};
 	int fds[KVB_NOTIFY_MAX_SOCKS], n, rc;
 
+	kvb_xn(b)->wctx[KVB_WSLOT(w->id)] =
+		(struct kvb_xn_wctx){.rm = kvb_xn(b), .wid = w->id};
 	rc = kvb_notify_open(&w->notify, &c);
 	if (rc) {
 		w->notify = NULL;
@@ -474,7 +479,7 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 	int rc;
 	uint16_t ports[2];
 
-	if (!b->rm || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
+	if (!kvb_xn(b) || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
 		return 0;
 	rc = notify_open(b, w, 1);
 	if (rc == -EADDRINUSE) {
@@ -510,7 +515,7 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 
 void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
-	if (!b->rm)
+	if (!kvb_xn(b))
 		return;
 	notify_close(b, w);
 }

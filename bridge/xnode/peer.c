@@ -31,7 +31,7 @@
 
 static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	uint32_t nw = 0;
 
 	memset(d, 0, sizeof(*d));
@@ -146,7 +146,7 @@ void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status)
 
 void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
 {
-	uint32_t pid = peer_id(b->rm, p);
+	uint32_t pid = peer_id(kvb_xn(b), p);
 
 	auth_tcp_forget(b, p); /* its connections to us close too */
 	for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++) {
@@ -196,14 +196,14 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 	}
 	auth_tcp_peer(b, p);
 #endif
-	if (peer_wants_rdma(p)) {
+	if (peer_wants_rdma(b, p)) {
 		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
 			 "pairs connect on first use)",
-			 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
-			 p->desc.nworkers);
+			 peer_id(kvb_xn(b), p), p->host, p->port,
+			 p->desc.node_id, p->desc.nworkers);
 		return 0;
 	}
-	if (!peer_ts(p)) {
+	if (!peer_ts(b, p)) {
 		char names[128] = "";
 
 		for (uint32_t i = 0; i < p->desc.ntransports; i++)
@@ -216,8 +216,8 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 		return rc ? rc : -EPROTONOSUPPORT;
 	}
 	log_info("peer %u %s:%u (node %s, %u workers) connected over %s",
-		 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
-		 p->desc.nworkers, b->trs[peer_ts(p)]->ops->name);
+		 peer_id(kvb_xn(b), p), p->host, p->port, p->desc.node_id,
+		 p->desc.nworkers, b->trs[peer_ts(b, p)]->ops->name);
 	return 0;
 }
 
@@ -229,9 +229,9 @@ void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status)
 
 		if (!w || !w->attached)
 			continue;
-		rep.peer = status ? 0 : peer_id(b->rm, p);
+		rep.peer = status ? 0 : peer_id(kvb_xn(b), p);
 		if (!status)
-			peer_ref(p, w->id);
+			peer_ref(b, p, w->id);
 		kvb_worker_reply(w, &rep.h, sizeof(rep), status);
 	}
 	p->nwaiters = 0;
@@ -247,7 +247,7 @@ void close_dealer(struct kvb_broker *b, struct kvb_peer *p)
 	p->dealer_fd = -1;
 }
 
-static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply(struct kvb_xnode *rm, zmq_msg_t *id, int32_t status,
 		     const void *body, size_t len);
 
 void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
@@ -255,7 +255,7 @@ void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 	p->last_err = status;
 	if (status) {
 		p->failures++;
-		b->rm->st.hs_failed++;
+		kvb_xn(b)->st.hs_failed++;
 		p->state = p->have_desc ? PEER_READY : PEER_FAILED;
 		p->stale = 1;
 		close_dealer(b, p); /* drop what is queued for a dead peer */
@@ -265,7 +265,7 @@ void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 	}
 	peer_reply_waiters(b, p, status);
 	if (!status)
-		issue_deferred_of_peer(b, peer_id(b->rm, p));
+		issue_deferred_of_peer(b, peer_id(kvb_xn(b), p));
 }
 
 static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
@@ -277,7 +277,7 @@ static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
 
 	if (p->dealer)
 		return 0;
-	p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
+	p->dealer = zmq_socket(kvb_xn(b)->zctx, ZMQ_DEALER);
 	if (!p->dealer)
 		return -errno;
 	snprintf(ep, sizeof(ep),
@@ -321,9 +321,10 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 		return rc;
 	}
 	auth_tcp_peer(b, p); /* what we offer now */
-	if (b->rm->has_ck) {
+	if (kvb_xn(b)->has_ck) {
 		/* [descriptor][MAC]: the reply's MAC is bound to this one */
-		auth_hs_mac(b->rm, "kvb-hs-req1", NULL, buf, len, p->req_mac);
+		auth_hs_mac(kvb_xn(b), "kvb-hs-req1", NULL, buf, len,
+			    p->req_mac);
 		rc = zmq_send(p->dealer, buf, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) <
 					     0 ||
 				     zmq_send(p->dealer, p->req_mac,
@@ -338,7 +339,7 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 	free(buf);
 	if (rc)
 		return rc;
-	b->rm->st.hs_sent++;
+	kvb_xn(b)->st.hs_sent++;
 	p->state = PEER_HS;
 	p->hs_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
 	p->next_refresh = kvb_now_ns() + REFRESH_NS;
@@ -373,7 +374,7 @@ int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 			return rc;
 		}
 	}
-	if (rdma_ready(p))
+	if (rdma_ready(b, p))
 		return 0;
 	memset(&m, 0, sizeof(m));
 	snprintf(m.host, sizeof(m.host), "%s", b->opt.host_ip);
@@ -414,13 +415,14 @@ static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
 		return rc;
 	if (p->ep[KVB_TS_RDMA] && p->ep[KVB_TS_RDMA] != ep) {
 		/* the peer's endpoint of an older life: drop ours */
-		fail_dest_ops(b, peer_id(b->rm, p), KVB_TS_RDMA, -ECONNRESET);
+		fail_dest_ops(b, peer_id(kvb_xn(b), p), KVB_TS_RDMA,
+			      -ECONNRESET);
 		t->ops->disconnect(t, p->ep[KVB_TS_RDMA]);
 	}
 	p->ep[KVB_TS_RDMA] = ep;
-	if (rdma_ready(p)) {
+	if (rdma_ready(b, p)) {
 		log_info("peer %u %s:%u: rdma queue pairs ready",
-			 peer_id(b->rm, p), p->host, p->port);
+			 peer_id(kvb_xn(b), p), p->host, p->port);
 		p->stale = 0;
 	}
 	return 0;
@@ -447,14 +449,14 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 			rc = 0;
 	}
 	if (rc) {
-		b->rm->st.hs_refused++;
-		hs_reply(b->rm->router, id, rc, why_bad, sizeof(why_bad) - 1);
+		kvb_xn(b)->st.hs_refused++;
+		hs_reply(kvb_xn(b), id, rc, why_bad, sizeof(why_bad) - 1);
 		return;
 	}
-	p = peer_find(b->rm, m.host, (uint16_t) m.port, 0);
+	p = peer_find(kvb_xn(b), m.host, (uint16_t) m.port, 0);
 	if (!p || !p->have_desc) {
-		b->rm->st.hs_refused++;
-		hs_reply(b->rm->router, id, -ENOENT, why_peer,
+		kvb_xn(b)->st.hs_refused++;
+		hs_reply(kvb_xn(b), id, -ENOENT, why_peer,
 			 sizeof(why_peer) - 1);
 		return;
 	}
@@ -476,27 +478,28 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 			a.len = (uint32_t) len;
 			zmq_msg_init(&idc);
 			if (zmq_msg_copy(&idc, id) ||
-			    zmq_msg_send(&idc, b->rm->router,
+			    zmq_msg_send(&idc, kvb_xn(b)->router,
 					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 				zmq_msg_close(&idc);
-			else if (zmq_send(b->rm->router, &ok, sizeof(ok),
+			else if (zmq_send(kvb_xn(b)->router, &ok, sizeof(ok),
 					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-				 zmq_send(b->rm->router, "ep", 2,
+				 zmq_send(kvb_xn(b)->router, "ep", 2,
 					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-				 zmq_send(b->rm->router, &a,
+				 zmq_send(kvb_xn(b)->router, &a,
 					  offsetof(struct ep_msg, blob) + len,
 					  ZMQ_DONTWAIT) < 0)
-				b->rm->st.send_errors++;
+				kvb_xn(b)->st.send_errors++;
 			p->ep_answers++;
-			if (rdma_ready(p))
-				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			if (rdma_ready(b, p))
+				issue_deferred_of_peer(b,
+						       peer_id(kvb_xn(b), p));
 			return;
 		}
 	}
 #endif
 	log_warn("peer %s:%u: rdma endpoint refused: %s", m.host, m.port,
 		 strerror(-rc));
-	hs_reply(b->rm->router, id, rc, "rdma endpoint refused", 21);
+	hs_reply(kvb_xn(b), id, rc, "rdma endpoint refused", 21);
 }
 
 /*
@@ -584,8 +587,9 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 					 p->port, strerror(-rc));
 				continue;
 			}
-			if (rdma_ready(p))
-				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			if (rdma_ready(b, p))
+				issue_deferred_of_peer(b,
+						       peer_id(kvb_xn(b), p));
 			continue;
 		}
 		/* a descriptor is followed by its MAC with --cluster-key, only
@@ -593,10 +597,10 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 		if (!rc && n >= 2 && zmq_msg_size(&f[0]) == sizeof(status)) {
 			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
 			if (!status &&
-			    (n == 3) != !!b->rm->has_ck) /* 2 or 3 frames */
+			    (n == 3) != !!kvb_xn(b)->has_ck) /* 2 or 3 frames */
 				rc = -EBADMSG;
 			else if (!status && n == 3 &&
-				 !auth_hs_mac_ok(b->rm, "kvb-hs-rep1",
+				 !auth_hs_mac_ok(kvb_xn(b), "kvb-hs-rep1",
 						 p->req_mac,
 						 zmq_msg_data(&f[1]),
 						 zmq_msg_size(&f[1]),
@@ -607,7 +611,7 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 				rc = -EBADMSG;
 			if (rc == -EACCES) {
 				close_frames(f, n);
-				b->rm->st.hs_bad_replies++;
+				kvb_xn(b)->st.hs_bad_replies++;
 				log_warn("peer %s:%u: handshake reply with a "
 					 "wrong MAC (another --cluster-key?)",
 					 p->host, p->port);
@@ -626,8 +630,8 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 		}
 		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
 			close_frames(f, n);
-			b->rm->st.hs_bad_replies++;
-			if (rlog_ok(b->rm))
+			kvb_xn(b)->st.hs_bad_replies++;
+			if (rlog_ok(kvb_xn(b)))
 				log_warn("peer %s:%u: malformed handshake "
 					 "reply",
 					 p->host, p->port);
@@ -653,7 +657,7 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 		if (rc) {
 			log_warn("peer %s:%u: bad engine descriptor: %s",
 				 p->host, p->port, reason ? reason : "?");
-			b->rm->st.hs_bad_replies++;
+			kvb_xn(b)->st.hs_bad_replies++;
 			peer_done(b, p, rc);
 			continue;
 		}
@@ -665,9 +669,10 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 
 /* [identity][status][body] (and [MAC] when mac) to a ROUTER peer; a
  * reply that cannot be queued is dropped (the peer times out) */
-static void hs_reply_mac(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply_mac(struct kvb_xnode *rm, zmq_msg_t *id, int32_t status,
 			 const void *body, size_t len, const uint8_t *mac)
 {
+	void *router = rm->router;
 	zmq_msg_t idc;
 	int more = mac ? ZMQ_SNDMORE : 0;
 
@@ -684,19 +689,19 @@ static void hs_reply_mac(void *router, zmq_msg_t *id, int32_t status,
 		     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
 	    zmq_send(router, body, len, more | ZMQ_DONTWAIT) < 0 ||
 	    (mac && zmq_send(router, mac, 32, ZMQ_DONTWAIT) < 0))
-		g_b->rm->st.send_errors++;
+		rm->st.send_errors++;
 }
 
-static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply(struct kvb_xnode *rm, zmq_msg_t *id, int32_t status,
 		     const void *body, size_t len)
 {
-	hs_reply_mac(router, id, status, body, len, NULL);
+	hs_reply_mac(rm, id, status, body, len, NULL);
 }
 
 /* Requests on the handshake port: [identity][descriptor]. */
 void hs_serve(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	for (unsigned k = 0; k < HS_DRAIN; k++) {
 		zmq_msg_t f[3];
@@ -717,7 +722,7 @@ void hs_serve(struct kvb_broker *b)
 			addr = zmq_msg_gets(&f[2], "Peer-Address");
 			if (!trusted(rm, addr ? addr : "?")) {
 				rm->st.hs_refused++;
-				hs_reply(rm->router, &f[0], -EACCES,
+				hs_reply(rm, &f[0], -EACCES,
 					 "not in --trusted-hosts", 22);
 			} else {
 				hs_serve_ep(b, &f[0], &f[2]);
@@ -731,7 +736,7 @@ void hs_serve(struct kvb_broker *b)
 			/* f[0] is the sender's identity whenever a frame
 			 * came (ROUTER), even for too many frames */
 			if (n)
-				hs_reply(rm->router, &f[0], -EBADMSG, why,
+				hs_reply(rm, &f[0], -EBADMSG, why,
 					 sizeof(why) - 1);
 			close_frames(f, n);
 			rm->st.hs_refused++;
@@ -750,8 +755,7 @@ void hs_serve(struct kvb_broker *b)
 			if (rlog_ok(rm))
 				log_warn("handshake from %s refused: %s", host,
 					 why);
-			hs_reply(rm->router, &f[0], -EACCES, why,
-				 sizeof(why) - 1);
+			hs_reply(rm, &f[0], -EACCES, why, sizeof(why) - 1);
 			close_frames(f, n);
 			continue;
 		}
@@ -773,7 +777,7 @@ void hs_serve(struct kvb_broker *b)
 			if (rlog_ok(rm))
 				log_warn("handshake from %s refused: %s", host,
 					 why);
-			hs_reply(rm->router, &f[0], -EACCES, why, strlen(why));
+			hs_reply(rm, &f[0], -EACCES, why, strlen(why));
 			close_frames(f, n);
 			continue;
 		}
@@ -790,7 +794,7 @@ void hs_serve(struct kvb_broker *b)
 				log_warn("peer %s speaks handshake version %u, "
 					 "this broker %u",
 					 host, d.version, KVB_HS_VERSION);
-			hs_reply(rm->router, &f[0], rc,
+			hs_reply(rm, &f[0], rc,
 				 reason ? reason : "bad descriptor",
 				 strlen(reason ? reason : "bad descriptor"));
 			close_frames(f, n);
@@ -805,8 +809,7 @@ void hs_serve(struct kvb_broker *b)
 				log_warn("handshake from %s (declaring host "
 					 "%s) refused: %s",
 					 host, d.host, why);
-			hs_reply(rm->router, &f[0], -EACCES, why,
-				 sizeof(why) - 1);
+			hs_reply(rm, &f[0], -EACCES, why, sizeof(why) - 1);
 			kvb_hs_fini(&d);
 			close_frames(f, n);
 			continue;
@@ -833,14 +836,14 @@ void hs_serve(struct kvb_broker *b)
 			auth_tcp_peer(b, p); /* what this reply offers */
 		kvb_hs_fini(&mine);
 		if (rc) {
-			hs_reply(rm->router, &f[0], rc, "internal error", 14);
+			hs_reply(rm, &f[0], rc, "internal error", 14);
 		} else {
 			uint8_t mac[32];
 
 			if (rm->has_ck)
 				auth_hs_mac(rm, "kvb-hs-rep1", reqmac, buf, len,
 					    mac);
-			hs_reply_mac(rm->router, &f[0], 0, buf, len,
+			hs_reply_mac(rm, &f[0], 0, buf, len,
 				     rm->has_ck ? mac : NULL);
 			rm->st.hs_served++;
 		}

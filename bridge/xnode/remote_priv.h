@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "broker.h"
+#include "xnode.h"
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 
@@ -114,7 +115,15 @@ struct kvb_rxfer {
 	uint32_t targets[MAX_TARGETS];
 };
 
+/* What a worker's notify endpoint hands its callbacks. */
+struct kvb_xn_wctx {
+	struct kvb_xnode *rm;
+	uint32_t wid;
+};
+
 struct kvb_xnode {
+	struct kvb_broker *b;	  /* the engine it extends */
+	struct kvb_xn_wctx *wctx; /* [worker slot] */
 	void *zctx;
 	void *router;
 	int router_fd;
@@ -163,13 +172,50 @@ struct kvb_xnode {
 	struct kvb_ratelimit log_rl; /* rlog_ok() */
 };
 
-extern struct kvb_broker *g_b; /* one broker per process */
+/* The module's state: registered with the engine's hooks (NULL when the
+ * broker runs without --host-ip). */
+static inline struct kvb_xnode *kvb_xn(const struct kvb_broker *b)
+{
+	return (struct kvb_xnode *) kvb_engine_ctx(b);
+}
 
 /* remote.c */
 int ep_add(struct kvb_broker *b, int fd);
 int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
 /* remote.c */
 void ep_del(struct kvb_broker *b, int fd);
+/* The hooks the module registers with the engine (broker.h, struct
+ * kvb_engine_hooks, says when each runs); setup.c holds the table. */
+void kvb_remote_service(struct kvb_broker *b);
+void kvb_remote_retry_starved(struct kvb_broker *b);
+void kvb_remote_rdma_events(struct kvb_broker *b);
+void kvb_remote_timers(struct kvb_broker *b, int64_t now);
+int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_msg_mem_kv *m);
+int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_msg_peer *m);
+int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_msg_xopen *m, uint32_t len,
+		     uint32_t *handle);
+void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_sqe *e);
+void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
+void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
+			   int status);
+uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
+				 const struct kvb_xfer *x);
+int kvb_remote_xfer_deferred(const struct kvb_xfer *x);
+int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
+int kvb_remote_xfer_complete(const struct kvb_xfer *x);
+void kvb_remote_group_done(struct kvb_broker *b, uint32_t group, int status,
+			   uint64_t bytes);
+void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
+uint64_t kvb_remote_rejected(struct kvb_broker *b);
+size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
+
 #define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
 
 /* remote.c: whether a line about bad input may be logged now (at most
@@ -189,16 +235,16 @@ uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p);
 struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 			   uint16_t port, int create);
 /* remote.c: remember that worker wid was told p's id (p is then kept) */
-void peer_ref(struct kvb_peer *p, uint32_t wid);
+void peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid);
 /* remote.c */
 const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
 					      const char *name);
 /* remote.c */
-int peer_wants_rdma(const struct kvb_peer *p);
+int peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote.c */
-int rdma_ready(const struct kvb_peer *p);
+int rdma_ready(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote.c */
-unsigned peer_ts(const struct kvb_peer *p);
+unsigned peer_ts(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote_layer.c */
 void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
 /* remote_peer.c */
@@ -226,14 +272,14 @@ struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id);
 void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
 /* remote_layer.c: remote ranks a layer op of this transfer touches (sets
  * rx->targets); 0 or -errno */
-int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
-		    struct kvb_rxfer *rx);
+int compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+		    struct kvb_peer *p, struct kvb_rxfer *rx);
 /* remote.c */
 uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
-/* Free a cross-node transfer state (kvb_xfer_rx_free, set at init). */
-void rx_free(struct kvb_rxfer *rx);
+/* Free a cross-node transfer state (the rx_free hook; ctx: rm). */
+void rx_free(void *ctx, struct kvb_rxfer *rx);
 /* remote.c: a worker opened it, or it goes: out of the unopened count */
-void rx_opened(struct kvb_rxfer *rx);
+void rx_opened(struct kvb_xnode *rm, struct kvb_rxfer *rx);
 /* remote_notify.c */
 void notify_close(struct kvb_broker *b, struct kvb_worker *w);
 

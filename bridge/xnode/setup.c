@@ -28,6 +28,7 @@
 #endif
 
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+static void xn_fini(struct kvb_broker *b);
 
 void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
@@ -151,6 +152,38 @@ static void parse_trusted(struct kvb_xnode *rm, const char *list)
 	}
 }
 
+static void xn_event(struct kvb_broker *b, uint64_t tag)
+{
+	if (tag == KVB_EP_RDMA_EVENTS)
+		kvb_remote_rdma_events(b);
+}
+
+static const struct kvb_engine_hooks xn_hooks = {
+	.region_added = kvb_remote_reg,
+	.region_gone = kvb_remote_dereg,
+	.worker_attached = kvb_remote_worker_attached,
+	.worker_gone = kvb_remote_worker_gone,
+	.layer_op = kvb_remote_layer,
+	.group_done = kvb_remote_group_done,
+	.xfer_complete = kvb_remote_xfer_complete,
+	.xfer_end = kvb_remote_xfer_end,
+	.xfer_fence = kvb_remote_xfer_fence,
+	.xfer_writers = kvb_remote_xfer_writers,
+	.xfer_deferred = kvb_remote_xfer_deferred,
+	.set_defer = kvb_remote_set_defer,
+	.rx_free = rx_free,
+	.round = kvb_remote_retry_starved,
+	.timers = kvb_remote_timers,
+	.mem_kv = kvb_remote_mem_kv,
+	.peer_req = kvb_remote_peer_req,
+	.xopen = kvb_remote_xopen,
+	.event = xn_event,
+	.service = kvb_remote_service,
+	.rejected = kvb_remote_rejected,
+	.stats = kvb_remote_stats,
+	.fini = xn_fini,
+};
+
 int kvb_remote_init(struct kvb_broker *b)
 {
 	struct kvb_xnode *rm;
@@ -159,14 +192,19 @@ int kvb_remote_init(struct kvb_broker *b)
 	int zero = 0, rc, hwm = 4, hsivl = 2000;
 	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
 
-	kvb_xfer_rx_free = rx_free;
-	g_b = b;
+	/* registered with or without --host-ip: a worker's KV layout is kept
+	 * all the same (rm NULL: every other request is refused) */
+	kvb_engine_set_hooks(b, &xn_hooks, NULL);
 	if (!b->opt.cross_node)
 		return 0;
 	rm = calloc(1, sizeof(*rm));
 	if (!rm)
 		return -ENOMEM;
-	b->rm = rm;
+	rm->b = b;
+	kvb_engine_set_hooks(b, &xn_hooks, rm);
+	rm->wctx = calloc(b->opt.max_workers, sizeof(*rm->wctx));
+	if (!rm->wctx)
+		return -ENOMEM;
 	rm->router_fd = -1;
 	kvb_ratelimit_init(&rm->log_rl, RLOG_BURST, 1000000000);
 	rm->npeers_max =
@@ -324,9 +362,9 @@ int kvb_remote_init(struct kvb_broker *b)
 	return 0;
 }
 
-void kvb_remote_fini(struct kvb_broker *b)
+static void xn_fini(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	if (!rm)
 		return;
@@ -352,6 +390,6 @@ void kvb_remote_fini(struct kvb_broker *b)
 	free(rm->groups);
 	free(rm->gfree);
 	free(rm->ufifo);
+	free(rm->wctx);
 	free(rm);
-	b->rm = NULL;
 }

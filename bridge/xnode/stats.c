@@ -231,7 +231,7 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 
 size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
 	size_t len = 0;
 
@@ -323,7 +323,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		struct kvb_peer *p = &rm->peers[i];
 		static const char *const sn[] = {"free", "handshaking", "ready",
 						 "failed"};
-		unsigned ts = peer_ts(p);
+		unsigned ts = peer_ts(b, p);
 
 		if (p->state == PEER_FREE)
 			continue;
@@ -361,7 +361,7 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 
 uint64_t kvb_remote_rejected(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	uint64_t rej;
 
 	if (!rm)

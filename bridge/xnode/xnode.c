@@ -44,27 +44,22 @@
 #include "rdma/rdma.h"
 #endif
 
-struct kvb_broker *g_b;
-
 /* ------------------------------------------------------------------ */
 /* small helpers */
 
 int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
-
-	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+	return kvb_engine_watch_fd(b, fd, tag);
 }
 
 int ep_add(struct kvb_broker *b, int fd)
 {
-	return ep_add_tag(b, fd, KVB_EP_REMOTE);
+	return kvb_engine_watch_fd(b, fd, KVB_EP_REMOTE);
 }
 
 void ep_del(struct kvb_broker *b, int fd)
 {
-	if (fd >= 0)
-		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
+	kvb_engine_unwatch_fd(b, fd);
 }
 
 /* Say how many lines the windows that ended suppressed. */
@@ -114,14 +109,14 @@ uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p)
 	return p->gen * MAX_PEERS + (uint32_t) (p - rm->peers);
 }
 
-void peer_ref(struct kvb_peer *p, uint32_t wid)
+void peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid)
 {
 	uint32_t k = PEER_REFS;
 
 	for (uint32_t i = 0; i < PEER_REFS; i++) {
 		if (p->refs[i] == wid)
 			return;
-		if (k == PEER_REFS && !kvb_worker_by_id(g_b, p->refs[i]))
+		if (k == PEER_REFS && !kvb_worker_by_id(b, p->refs[i]))
 			k = i; /* empty, or a worker that is gone */
 	}
 	if (k < PEER_REFS)
@@ -129,11 +124,11 @@ void peer_ref(struct kvb_peer *p, uint32_t wid)
 	/* else PEER_REFS live workers hold it already: it is kept anyway */
 }
 
-static int peer_referenced(const struct kvb_peer *p)
+static int peer_referenced(struct kvb_broker *b, const struct kvb_peer *p)
 {
 	for (uint32_t i = 0; i < PEER_REFS; i++) {
 		struct kvb_worker *w =
-			p->refs[i] ? kvb_worker_by_id(g_b, p->refs[i]) : NULL;
+			p->refs[i] ? kvb_worker_by_id(b, p->refs[i]) : NULL;
 
 		if (w && w->attached)
 			return 1;
@@ -144,7 +139,7 @@ static int peer_referenced(const struct kvb_peer *p)
 /* The least recently used peer nothing holds, or NULL. */
 static struct kvb_peer *peer_victim(struct kvb_xnode *rm)
 {
-	struct kvb_broker *b = g_b;
+	struct kvb_broker *b = rm->b;
 	uint8_t busy[MAX_PEERS] = {0};
 	struct kvb_peer *v = NULL;
 
@@ -167,7 +162,7 @@ static struct kvb_peer *peer_victim(struct kvb_xnode *rm)
 		struct kvb_peer *p = &rm->peers[i];
 
 		if (busy[i] || p->state == PEER_HS || p->nwaiters ||
-		    peer_referenced(p))
+		    peer_referenced(b, p))
 			continue;
 		if (!v || p->last_use < v->last_use)
 			v = p;
@@ -185,8 +180,8 @@ static void peer_reclaim(struct kvb_xnode *rm, struct kvb_peer *p)
 		log_info("peer %u %s:%u: idle, dropped to make room for "
 			 "another",
 			 peer_id(rm, p), p->host, p->port);
-	close_dealer(g_b, p);
-	peer_disconnect(g_b, p);
+	close_dealer(rm->b, p);
+	peer_disconnect(rm->b, p);
 	kvb_hs_fini(&p->desc);
 	free(p->offer);
 	memset(p, 0, sizeof(*p));
@@ -260,27 +255,27 @@ const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
 }
 
 /* Both sides speak rdma: it is the transport for this peer. */
-int peer_wants_rdma(const struct kvb_peer *p)
+int peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p)
 {
-	return g_b->trs[KVB_TS_RDMA] && p->have_desc &&
+	return b->trs[KVB_TS_RDMA] && p->have_desc &&
 	       desc_transport(&p->desc, "rdma");
 }
 
-int rdma_ready(const struct kvb_peer *p)
+int rdma_ready(struct kvb_broker *b, const struct kvb_peer *p)
 {
 #ifdef KVB_HAVE_RDMA
 	return p->ep[KVB_TS_RDMA] &&
-	       kvb_rdma_ep_state(g_b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA]) ==
+	       kvb_rdma_ep_state(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA]) ==
 		       KVB_RDMA_EP_READY;
 #else
 	return 0;
 #endif
 }
 
-unsigned peer_ts(const struct kvb_peer *p)
+unsigned peer_ts(struct kvb_broker *b, const struct kvb_peer *p)
 {
-	if (peer_wants_rdma(p))
-		return rdma_ready(p) ? KVB_TS_RDMA : 0;
+	if (peer_wants_rdma(b, p))
+		return rdma_ready(b, p) ? KVB_TS_RDMA : 0;
 	if (p->ep[KVB_TS_TCP])
 		return KVB_TS_TCP;
 	return 0;
@@ -295,8 +290,8 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 	 * by the endpoint itself */
 	if (w && w->notify)
 		return kvb_notify_send(w->notify, host, port, m);
-	b->rm->st.send_errors++;
-	if (rlog_ok(b->rm))
+	kvb_xn(b)->st.send_errors++;
+	if (rlog_ok(kvb_xn(b)))
 		log_warn("worker %u: cannot send %s for '%s' to %s:%u: %s",
 			 w ? w->id : 0, kvb_zmsg_type_name(m->type),
 			 m->transfer_id, host, port, strerror(-rc));
@@ -306,9 +301,8 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 /* ------------------------------------------------------------------ */
 /* transfers */
 
-void rx_opened(struct kvb_rxfer *rx)
+void rx_opened(struct kvb_xnode *rm, struct kvb_rxfer *rx)
 {
-	struct kvb_xnode *rm = g_b ? g_b->rm : NULL;
 
 	if (!rx->unopened)
 		return;
@@ -319,9 +313,9 @@ void rx_opened(struct kvb_rxfer *rx)
 	rm->unopened_ids -= rx->nrb;
 }
 
-void rx_free(struct kvb_rxfer *rx)
+void rx_free(void *ctx, struct kvb_rxfer *rx)
 {
-	rx_opened(rx);
+	rx_opened(ctx, rx);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -345,7 +339,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		    struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
 	struct kvb_zmsg m;
 	uint32_t sent = 0;
 	int rc;
@@ -396,7 +390,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		if (!send_msg(b, w, peer_notify_host(p, rx), (uint32_t) port,
 			      &m)) {
 			sent++;
-			b->rm->st.remote_blocks_sent++;
+			kvb_xn(b)->st.remote_blocks_sent++;
 		}
 	}
 	kvb_zmsg_fini(&m);
@@ -415,7 +409,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		     const struct kvb_msg_xopen *m, uint32_t len,
 		     uint32_t *handle)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	const uint32_t *ids = (const uint32_t *) (m + 1);
 	struct kvb_peer *p;
 	struct kvb_xfer *x;
@@ -473,7 +467,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_xfer_end(&b->xfers, x);
 		return -EINVAL;
 	}
-	rx_opened(rx);
+	rx_opened(rm, rx);
 	rx->peer = m->peer;
 	rx->role = (uint8_t) w->role;
 	rx->mode = (uint8_t) m->mode;
@@ -547,7 +541,7 @@ uint32_t kvb_remote_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 	const struct kvb_rxfer *rx = x->rx;
 	uint32_t ended = x->completed + x->failed;
 
-	if (!b->rm || !rx || rx->role != KVB_ROLE_D ||
+	if (!kvb_xn(b) || !rx || rx->role != KVB_ROLE_D ||
 	    rx->mode != KVB_XFER_WRITE || !x->opened || rx->notify_host[0] ||
 	    rx->notify_port)
 		return 0;
@@ -568,7 +562,7 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
 	struct kvb_zmsg m;
 	uint32_t sent = 0;
 
@@ -586,7 +580,7 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
 					  (uint32_t) port, &m)) {
 			sent++;
-			b->rm->st.releases_sent++;
+			kvb_xn(b)->st.releases_sent++;
 		}
 	}
 	kvb_zmsg_fini(&m);
@@ -608,8 +602,8 @@ void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	}
 
 	/* layers that never went out fail now: they count as ended ops */
-	if (rx->ndef && status == -ETIMEDOUT && b->rm)
-		b->rm->st.defer_expired++;
+	if (rx->ndef && status == -ETIMEDOUT && kvb_xn(b))
+		kvb_xn(b)->st.defer_expired++;
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
 			     0, handle);
@@ -639,7 +633,7 @@ int kvb_remote_xfer_complete(const struct kvb_xfer *x)
 
 void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
 	struct kvb_peer *p = rm ? peer_get(rm, rx->peer) : NULL;
@@ -669,7 +663,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		 * an override, which may be a MoRIIO engine) */
 		if (status && (rx->notify_host[0] || rx->notify_port))
 			return;
-		if (!rx->ntargets && compute_targets(w, p, rx))
+		if (!rx->ntargets && compute_targets(b, w, p, rx))
 			return;
 		if (kvb_zmsg_init(&m,
 				  status ? KVB_ZMSG_WRITE_FAILED
@@ -696,7 +690,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		uint32_t n;
 		int port;
 
-		if (!rx->ntargets && compute_targets(w, p, rx))
+		if (!rx->ntargets && compute_targets(b, w, p, rx))
 			return;
 		if (kvb_zmsg_init(&m,
 				  rx->flags & KVB_XFER_F_PLAIN_RELEASE
@@ -789,7 +783,7 @@ static void waiters_compact(struct kvb_broker *b, struct kvb_peer *p)
 int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 			const struct kvb_msg_peer *m)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 	struct kvb_peer *p;
 	int rc;
 
@@ -823,7 +817,7 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 
 void kvb_remote_service(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	if (!rm)
 		return;
@@ -843,7 +837,7 @@ void kvb_remote_service(struct kvb_broker *b)
 
 void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xnode *rm = kvb_xn(b);
 
 	if (!rm)
 		return;

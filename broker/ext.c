@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The engine's extension point: the hooks a module that extends the
+ * engine registers (broker.h, struct kvb_engine_hooks), and the fds it
+ * adds to the daemon's epoll set.
+ */
+#include <errno.h>
+#include <sys/epoll.h>
+
+#include "broker.h"
+
+void kvb_engine_set_hooks(struct kvb_broker *b,
+			  const struct kvb_engine_hooks *h, void *ctx)
+{
+	b->hooks = h;
+	b->hooks_ctx = h ? ctx : NULL;
+	b->xfers.rx_free = h ? h->rx_free : NULL;
+	b->xfers.rx_ctx = h ? ctx : NULL;
+}
+
+int kvb_engine_watch_fd(struct kvb_broker *b, int fd, uint64_t tag)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+
+	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+void kvb_engine_unwatch_fd(struct kvb_broker *b, int fd)
+{
+	if (fd >= 0)
+		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+void kvb_engine_hooks_fini(struct kvb_broker *b)
+{
+	if (b->hooks && b->hooks->fini)
+		b->hooks->fini(b);
+	b->hooks = NULL;
+	b->hooks_ctx = NULL;
+	b->xfers.rx_ctx = NULL;
+}
