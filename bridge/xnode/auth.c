@@ -19,7 +19,7 @@
  * refused, and a man in the middle cannot substitute public keys; the
  * cluster key also goes into K.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>

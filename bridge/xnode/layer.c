@@ -7,7 +7,7 @@
  * any other op; the group of pieces completes as one descriptor. Layers
  * submitted before the peer is ready are deferred and issued when it is.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdio.h>

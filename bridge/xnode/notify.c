@@ -2,7 +2,7 @@
 /* Cross-node: MoRIIO notify messages received on the workers' notify ports
  * (remote_blocks, release, write_done, plain strings) and the ports
  * themselves (see remote.c). */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node: this node's engine descriptor, peer brokers, the handshake
  * port, and rdma endpoint offers/answers (see remote.c). */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>

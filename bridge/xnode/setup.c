@@ -6,7 +6,7 @@
  * both, GPU regions with rdma only). The state machines that use them are
  * in remote.c.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node counters for `kvbctl stats` (see remote.c). */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>

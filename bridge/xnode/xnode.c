@@ -19,7 +19,7 @@
  * handshake: remote_peer.c; notify messages: remote_notify.c; layer ops:
  * remote_layer.c.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>
