@@ -189,7 +189,7 @@ static int ep_add(int epfd, int fd, uint64_t tag)
 static int open_cross_node(struct kvb_broker *b)
 {
 #ifdef KVB_HAVE_XNODE
-	return kvb_remote_init(b);
+	return kvb_xn_init(b);
 #else
 	if (!b->opt.cross_node)
 		return 0;

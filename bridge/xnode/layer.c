@@ -55,15 +55,15 @@ static const struct kvb_hs_region *desc_layer(const struct kvb_hs_worker *w,
 /* ------------------------------------------------------------------ */
 /* layer ops */
 
-static uint32_t group_alloc(struct kvb_xnode *rm)
+static uint32_t group_alloc(struct kvb_xn *xn)
 {
-	return rm->ngfree ? rm->gfree[--rm->ngfree] : 0;
+	return xn->ngfree ? xn->gfree[--xn->ngfree] : 0;
 }
 
-static void group_free(struct kvb_xnode *rm, uint32_t gi)
+static void group_free(struct kvb_xn *xn, uint32_t gi)
 {
-	rm->groups[gi].used = 0;
-	rm->gfree[rm->ngfree++] = gi;
+	xn->groups[gi].used = 0;
+	xn->gfree[xn->ngfree++] = gi;
 }
 
 /* A completion status that says the peer (or what we know of it) changed:
@@ -79,17 +79,17 @@ static int conn_error(int status)
 	       status == -ENETUNREACH;
 }
 
-void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
-			   uint64_t bytes)
+void kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
+		       uint64_t bytes)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_group *g;
 	struct kvb_peer *p;
 
-	if (!rm || !gi || gi >= MAX_GROUPS || !rm->groups[gi].used)
+	if (!xn || !gi || gi >= MAX_GROUPS || !xn->groups[gi].used)
 		return;
-	g = &rm->groups[gi];
-	p = peer_get(rm, g->peer);
+	g = &xn->groups[gi];
+	p = kvb_xn_peer_get(xn, g->peer);
 	if (status && !g->err)
 		g->err = status;
 	if (!status)
@@ -101,7 +101,7 @@ void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 		if (err || !(g->flags & KVB_SQE_F_UNSIGNALED))
 			kvb_post_cqe(b, worker, KVB_CQ_DESC, g->tag, err,
 				     err ? 0 : g->bytes, xfer);
-		group_free(rm, gi);
+		group_free(xn, gi);
 		kvb_xfer_account(b, xfer, worker, err);
 	}
 	/*
@@ -113,7 +113,8 @@ void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 	if (status && conn_error(status) && p && !p->stale) {
 		p->stale = 1;
 		for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++)
-			fail_dest_ops(b, peer_id(rm, p), ts, -ECONNRESET);
+			kvb_xn_fail_dest_ops(b, kvb_xn_peer_id(xn, p), ts,
+					     -ECONNRESET);
 	}
 }
 
@@ -152,8 +153,8 @@ static int heads_differ(struct kvb_broker *b, const struct kvb_worker *w,
 	return 0;
 }
 
-int compute_targets(struct kvb_broker *b, struct kvb_worker *w,
-		    struct kvb_peer *p, struct kvb_rxfer *rx)
+int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+			   struct kvb_peer *p, struct kvb_rxfer *rx)
 {
 	uint32_t L = w->tp_size, r = w->tp_rank, R;
 
@@ -195,7 +196,7 @@ int compute_targets(struct kvb_broker *b, struct kvb_worker *w,
 static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		       const char **why)
 {
-	struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
 	if (rx->role == KVB_ROLE_P && !rx->have_rblocks) {
 		*why = "waiting for remote_blocks";
@@ -209,8 +210,8 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		*why = "peer reconnecting";
 		return 1;
 	}
-	if (peer_wants_rdma(b, p) && !rdma_ready(b, p)) {
-		int rc = rdma_offer(b, p);
+	if (kvb_xn_peer_wants_rdma(b, p) && !kvb_xn_rdma_ready(b, p)) {
+		int rc = kvb_xn_rdma_offer(b, p);
 
 		if (rc < 0) {
 			*why = "rdma queue pairs cannot connect";
@@ -297,19 +298,19 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 	return need;
 }
 
-void kvb_remote_retry_starved(struct kvb_broker *b)
+void kvb_xn_retry_starved(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!rm || !rm->starved_need || b->inf_nfree < rm->starved_need)
+	if (!xn || !xn->starved_need || b->inf_nfree < xn->starved_need)
 		return;
-	rm->starved_need = 0; /* set again by what still does not fit */
+	xn->starved_need = 0; /* set again by what still does not fit */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->rx && x->rx->starved) {
 			x->rx->starved = 0;
-			issue_deferred(b, x);
+			kvb_xn_issue_deferred(b, x);
 		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
@@ -319,10 +320,10 @@ void kvb_remote_retry_starved(struct kvb_broker *b)
 static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			uint16_t layer, uint64_t tag, uint8_t flags)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = peer_get(rm, rx->peer);
+	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
 	struct kvb_region_ent *r = NULL;
 	struct kvb_kv_xfer *ents = NULL;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi, slice;
@@ -345,7 +346,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			   layer);
 		return;
 	}
-	ts = peer_ts(b, p);
+	ts = kvb_xn_peer_ts(b, p);
 	if (!ts || !b->trs[ts]) {
 		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
 			   layer);
@@ -358,7 +359,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			   layer);
 		return;
 	}
-	rc = compute_targets(b, w, p, rx);
+	rc = kvb_xn_compute_targets(b, w, p, rx);
 	if (rc) {
 		fail_layer(b, x, tag, rc,
 			   "the peer has no workers of that DP rank with a "
@@ -380,7 +381,7 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		p->stale = 1;
 		if (defer_layer(b, rx, layer, tag, flags) == 0) {
 			if (p->state != PEER_HS)
-				peer_start_hs(b, p);
+				kvb_xn_peer_start_hs(b, p);
 			return;
 		}
 		break;
@@ -400,19 +401,19 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 			fail_layer(b, x, tag, -ENOMEM, "out of memory", layer);
 			return;
 		}
-		rm->st.layers_starved++;
+		xn->st.layers_starved++;
 		rx->starved = 1;
-		if (!rm->starved_need || need < rm->starved_need)
-			rm->starved_need = need;
+		if (!xn->starved_need || need < xn->starved_need)
+			xn->starved_need = need;
 		return;
 	}
-	gi = group_alloc(rm);
+	gi = group_alloc(xn);
 	if (!gi) {
 		fail_layer(b, x, tag, -ENOBUFS, "too many layer ops in flight",
 			   layer);
 		return;
 	}
-	g = &rm->groups[gi];
+	g = &xn->groups[gi];
 	memset(g, 0, sizeof(*g));
 	g->used = 1;
 	g->worker = w->id;
@@ -514,8 +515,8 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 	}
 out:
 	free(ents);
-	rm->st.layer_ops++;
-	kvb_remote_group_done(b, gi, 0, 0); /* drop the building hold */
+	xn->st.layer_ops++;
+	kvb_xn_group_done(b, gi, 0, 0); /* drop the building hold */
 }
 
 static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
@@ -537,11 +538,11 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 						: b->opt.defer_timeout_ms) *
 				1000000;
 	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
-	kvb_xn(b)->st.layers_deferred++;
+	kvb_xn_of(b)->st.layers_deferred++;
 	return 0;
 }
 
-void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
+void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
 	const char *why;
@@ -561,27 +562,27 @@ void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
 	free(d);
 }
 
-void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
+void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
 {
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->rx && x->rx->peer == pid && x->rx->ndef)
-			issue_deferred(b, x);
+			kvb_xn_issue_deferred(b, x);
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
 }
 
-void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e)
+void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_sqe *e)
 {
 	struct kvb_xfer *x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 	struct kvb_rxfer *rx = x ? x->rx : NULL;
 	const char *why = NULL;
 	int rc;
 
-	if (!rx || !kvb_xn(b)) {
+	if (!rx || !kvb_xn_of(b)) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer op for an unknown or local transfer");
 		return;
@@ -613,14 +614,14 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		return;
 	}
 	if (rc == 1 || rx->ndef) { /* keep the order of deferred layers */
-		struct kvb_peer *p = peer_get(kvb_xn(b), rx->peer);
+		struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
 		if (defer_layer(b, rx, e->layer, e->tag, e->flags) < 0)
 			fail_layer(b, x, e->tag, -ENOMEM, "out of memory",
 				   e->layer);
 		else if (p && p->stale && p->state != PEER_HS &&
 			 kvb_now_ns() >= p->next_refresh)
-			peer_start_hs(b, p);
+			kvb_xn_peer_start_hs(b, p);
 		return;
 	}
 	issue_layer(b, x, e->layer, e->tag, e->flags);

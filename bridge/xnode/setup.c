@@ -30,7 +30,7 @@
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
 static void xn_fini(struct kvb_broker *b);
 
-void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r)
+void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
@@ -114,7 +114,7 @@ static void rdma_event_log(void *arg, int level, const char *line)
 }
 #endif
 
-void kvb_remote_rdma_events(struct kvb_broker *b)
+void kvb_xn_rdma_events(struct kvb_broker *b)
 {
 #ifdef KVB_HAVE_RDMA
 	if (b->trs[KVB_TS_RDMA])
@@ -123,7 +123,7 @@ void kvb_remote_rdma_events(struct kvb_broker *b)
 #endif
 }
 
-void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
+void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
@@ -136,16 +136,16 @@ void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
 	r->rdma_reg = 0;
 }
 
-static void parse_trusted(struct kvb_xnode *rm, const char *list)
+static void parse_trusted(struct kvb_xn *xn, const char *list)
 {
 	const char *s = list;
 
-	while (*s && rm->ntrusted < MAX_TRUSTED) {
+	while (*s && xn->ntrusted < MAX_TRUSTED) {
 		size_t n = strcspn(s, ", ");
 
-		if (n && n < sizeof(rm->trusted[0])) {
-			memcpy(rm->trusted[rm->ntrusted], s, n);
-			rm->trusted[rm->ntrusted++][n] = '\0';
+		if (n && n < sizeof(xn->trusted[0])) {
+			memcpy(xn->trusted[xn->ntrusted], s, n);
+			xn->trusted[xn->ntrusted++][n] = '\0';
 		}
 		s += n;
 		s += strspn(s, ", ");
@@ -155,78 +155,78 @@ static void parse_trusted(struct kvb_xnode *rm, const char *list)
 static void xn_event(struct kvb_broker *b, uint64_t tag)
 {
 	if (tag == KVB_EP_RDMA_EVENTS)
-		kvb_remote_rdma_events(b);
+		kvb_xn_rdma_events(b);
 }
 
 static const struct kvb_engine_hooks xn_hooks = {
-	.region_added = kvb_remote_reg,
-	.region_gone = kvb_remote_dereg,
-	.worker_attached = kvb_remote_worker_attached,
-	.worker_gone = kvb_remote_worker_gone,
-	.layer_op = kvb_remote_layer,
-	.group_done = kvb_remote_group_done,
-	.xfer_complete = kvb_remote_xfer_complete,
-	.xfer_end = kvb_remote_xfer_end,
-	.xfer_fence = kvb_remote_xfer_fence,
-	.xfer_writers = kvb_remote_xfer_writers,
-	.xfer_deferred = kvb_remote_xfer_deferred,
-	.set_defer = kvb_remote_set_defer,
-	.rx_free = rx_free,
-	.round = kvb_remote_retry_starved,
-	.timers = kvb_remote_timers,
-	.mem_kv = kvb_remote_mem_kv,
-	.peer_req = kvb_remote_peer_req,
-	.xopen = kvb_remote_xopen,
+	.region_added = kvb_xn_reg,
+	.region_gone = kvb_xn_dereg,
+	.worker_attached = kvb_xn_worker_attached,
+	.worker_gone = kvb_xn_worker_gone,
+	.layer_op = kvb_xn_layer,
+	.group_done = kvb_xn_group_done,
+	.xfer_complete = kvb_xn_xfer_complete,
+	.xfer_end = kvb_xn_xfer_end,
+	.xfer_fence = kvb_xn_xfer_fence,
+	.xfer_writers = kvb_xn_xfer_writers,
+	.xfer_deferred = kvb_xn_xfer_deferred,
+	.set_defer = kvb_xn_set_defer,
+	.rx_free = kvb_xn_rx_free,
+	.round = kvb_xn_retry_starved,
+	.timers = kvb_xn_timers,
+	.mem_kv = kvb_xn_mem_kv,
+	.peer_req = kvb_xn_peer_req,
+	.xopen = kvb_xn_xopen,
 	.event = xn_event,
-	.service = kvb_remote_service,
-	.rejected = kvb_remote_rejected,
-	.stats = kvb_remote_stats,
+	.service = kvb_xn_service,
+	.rejected = kvb_xn_rejected,
+	.stats = kvb_xn_stats,
 	.fini = xn_fini,
 };
 
-int kvb_remote_init(struct kvb_broker *b)
+int kvb_xn_init(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm;
+	struct kvb_xn *xn;
 	char ep[96];
 	size_t sz = sizeof(int);
 	int zero = 0, rc, hwm = 4, hsivl = 2000;
 	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
 
 	/* registered with or without --host-ip: a worker's KV layout is kept
-	 * all the same (rm NULL: every other request is refused) */
+	 * all the same (xn NULL: every other request is refused) */
 	kvb_engine_set_hooks(b, &xn_hooks, NULL);
 	if (!b->opt.cross_node)
 		return 0;
-	rm = calloc(1, sizeof(*rm));
-	if (!rm)
+	xn = calloc(1, sizeof(*xn));
+	if (!xn)
 		return -ENOMEM;
-	rm->b = b;
-	kvb_engine_set_hooks(b, &xn_hooks, rm);
-	rm->wctx = calloc(b->opt.max_workers, sizeof(*rm->wctx));
-	if (!rm->wctx)
+	xn->b = b;
+	kvb_engine_set_hooks(b, &xn_hooks, xn);
+	xn->wctx = calloc(b->opt.max_workers, sizeof(*xn->wctx));
+	if (!xn->wctx)
 		return -ENOMEM;
-	rm->router_fd = -1;
-	kvb_ratelimit_init(&rm->log_rl, RLOG_BURST, 1000000000);
-	rm->npeers_max =
+	xn->router_fd = -1;
+	kvb_ratelimit_init(&xn->log_rl, RLOG_BURST, 1000000000);
+	xn->npeers_max =
 		b->opt.max_workers < MAX_PEERS ? b->opt.max_workers : MAX_PEERS;
-	if (getrandom(&rm->instance, sizeof(rm->instance), 0) !=
-	    sizeof(rm->instance))
-		rm->instance = (uint64_t) kvb_now_ns() ^ (uint64_t) getpid();
-	parse_trusted(rm, b->opt.trusted_hosts);
-	rm->groups = calloc(MAX_GROUPS, sizeof(*rm->groups));
-	rm->gfree = calloc(MAX_GROUPS, sizeof(*rm->gfree));
-	if (!rm->groups || !rm->gfree)
+	if (getrandom(&xn->instance, sizeof(xn->instance), 0) !=
+	    sizeof(xn->instance))
+		xn->instance = (uint64_t) kvb_now_ns() ^ (uint64_t) getpid();
+	parse_trusted(xn, b->opt.trusted_hosts);
+	xn->groups = calloc(MAX_GROUPS, sizeof(*xn->groups));
+	xn->gfree = calloc(MAX_GROUPS, sizeof(*xn->gfree));
+	if (!xn->groups || !xn->gfree)
 		return -ENOMEM;
 	for (uint32_t i = MAX_GROUPS - 1; i >= 1; i--)
-		rm->gfree[rm->ngfree++] = i;
-	rm->zctx = zmq_ctx_new();
-	if (!rm->zctx)
+		xn->gfree[xn->ngfree++] = i;
+	xn->zctx = zmq_ctx_new();
+	if (!xn->zctx)
 		return -errno;
 	/* ZMQ sockets: two notify ports per worker and its DEALERs to the
 	 * notify ports it sends to, a DEALER per peer, the handshake port:
 	 * never fewer than libzmq's default 1023, more with many workers */
 	rc = zmq_ctx_set(
-		rm->zctx, ZMQ_MAX_SOCKETS,
+		xn->zctx, ZMQ_MAX_SOCKETS,
 		4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64 > 1023
 			? 4 * (int) b->opt.max_workers + (int) MAX_PEERS + 64
 			: 1023);
@@ -260,7 +260,7 @@ int kvb_remote_init(struct kvb_broker *b)
 					b->trs[KVB_TS_TCP]);
 
 				if (fd >= 0)
-					ep_add(b, fd);
+					kvb_xn_ep_add(b, fd);
 			}
 			log_info("transport tcp ready on %s:%d", b->opt.host_ip,
 				 kvb_tcp_port(b->trs[KVB_TS_TCP]));
@@ -300,10 +300,11 @@ int kvb_remote_init(struct kvb_broker *b)
 				b->trs[KVB_TS_RDMA]);
 
 			if (fd >= 0)
-				ep_add(b, fd);
+				kvb_xn_ep_add(b, fd);
 			/* device events: port down / up, QP errors */
 			fd = kvb_rdma_async_fd(b->trs[KVB_TS_RDMA]);
-			if (fd < 0 || ep_add_tag(b, fd, KVB_EP_RDMA_EVENTS))
+			if (fd < 0 ||
+			    kvb_xn_ep_add_tag(b, fd, KVB_EP_RDMA_EVENTS))
 				log_warn("transport rdma: device events "
 					 "(port down, QP errors) will not be "
 					 "read");
@@ -324,11 +325,11 @@ int kvb_remote_init(struct kvb_broker *b)
 		return -ENOTSUP;
 	}
 #endif
-	rc = auth_init(b);
+	rc = kvb_xn_auth_init(b);
 	if (rc)
 		return rc;
-	rm->router = zmq_socket(rm->zctx, ZMQ_ROUTER);
-	if (!rm->router)
+	xn->router = zmq_socket(xn->zctx, ZMQ_ROUTER);
+	if (!xn->router)
 		return -errno;
 	snprintf(ep, sizeof(ep),
 		 strchr(b->opt.host_ip, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
@@ -336,60 +337,60 @@ int kvb_remote_init(struct kvb_broker *b)
 	if (strchr(b->opt.host_ip, ':')) {
 		int one = 1;
 
-		zmq_setsockopt(rm->router, ZMQ_IPV6, &one, sizeof(one));
+		zmq_setsockopt(xn->router, ZMQ_IPV6, &one, sizeof(one));
 	}
 	/* what a stranger can make the handshake port hold: messages of at
 	 * most one descriptor, a few queued per connection, and a connection
 	 * that does not finish the ZMTP greeting within 2 s is dropped */
-	if (zmq_setsockopt(rm->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
-	    zmq_setsockopt(rm->router, ZMQ_MAXMSGSIZE, &maxmsg,
+	if (zmq_setsockopt(xn->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_setsockopt(xn->router, ZMQ_MAXMSGSIZE, &maxmsg,
 			   sizeof(maxmsg)) ||
-	    zmq_setsockopt(rm->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) ||
-	    zmq_setsockopt(rm->router, ZMQ_HANDSHAKE_IVL, &hsivl,
+	    zmq_setsockopt(xn->router, ZMQ_RCVHWM, &hwm, sizeof(hwm)) ||
+	    zmq_setsockopt(xn->router, ZMQ_HANDSHAKE_IVL, &hsivl,
 			   sizeof(hsivl)) ||
-	    zmq_bind(rm->router, ep) ||
-	    zmq_getsockopt(rm->router, ZMQ_FD, &rm->router_fd, &sz)) {
+	    zmq_bind(xn->router, ep) ||
+	    zmq_getsockopt(xn->router, ZMQ_FD, &xn->router_fd, &sz)) {
 		rc = -errno;
 		log_err("handshake port %s: %s", ep, zmq_strerror(-rc));
 		return rc;
 	}
-	ep_add(b, rm->router_fd);
+	kvb_xn_ep_add(b, xn->router_fd);
 	log_info("cross-node bridge on %s: handshake port %u, notify ports "
 		 "from %u%s%s",
 		 b->opt.host_ip, b->opt.handshake_port, b->opt.notify_port,
-		 rm->ntrusted ? ", trusted hosts " : "",
-		 rm->ntrusted ? b->opt.trusted_hosts : "");
+		 xn->ntrusted ? ", trusted hosts " : "",
+		 xn->ntrusted ? b->opt.trusted_hosts : "");
 	return 0;
 }
 
 static void xn_fini(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!rm)
+	if (!xn)
 		return;
 	for (uint32_t i = 0; i < b->opt.max_workers && b->workers; i++)
 		if (b->workers[i].notify)
-			notify_close(b, &b->workers[i]);
-	for (uint32_t i = 1; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
+			kvb_xn_notify_close(b, &b->workers[i]);
+	for (uint32_t i = 1; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
 
 		if (p->state == PEER_FREE)
 			continue;
-		peer_reply_waiters(b, p, -ESHUTDOWN);
-		close_dealer(b, p);
-		peer_disconnect(b, p);
+		kvb_xn_peer_reply_waiters(b, p, -ESHUTDOWN);
+		kvb_xn_close_dealer(b, p);
+		kvb_xn_peer_disconnect(b, p);
 		kvb_hs_fini(&p->desc);
 		free(p->offer);
 	}
-	auth_fini(rm);
-	if (rm->router)
-		zmq_close(rm->router);
-	if (rm->zctx)
-		zmq_ctx_term(rm->zctx);
-	free(rm->groups);
-	free(rm->gfree);
-	free(rm->ufifo);
-	free(rm->wctx);
-	free(rm);
+	kvb_xn_auth_fini(xn);
+	if (xn->router)
+		zmq_close(xn->router);
+	if (xn->zctx)
+		zmq_ctx_term(xn->zctx);
+	free(xn->groups);
+	free(xn->gfree);
+	free(xn->ufifo);
+	free(xn->wctx);
+	free(xn);
 }

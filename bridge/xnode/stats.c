@@ -229,19 +229,19 @@ static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
 #endif
 }
 
-size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
+size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
 	size_t len = 0;
 
-	if (!rm || !cap)
+	if (!xn || !cap)
 		return 0;
-	rx = rm->st.notify_received_closed;
-	rej = rm->st.notify_rejected_closed;
-	sent = rm->st.notify_sent_closed;
-	serr = rm->st.send_errors_closed + rm->st.send_errors;
-	rej += rm->st.hs_bad_replies;
+	rx = xn->st.notify_received_closed;
+	rej = xn->st.notify_rejected_closed;
+	sent = xn->st.notify_sent_closed;
+	serr = xn->st.send_errors_closed + xn->st.send_errors;
+	rej += xn->st.hs_bad_replies;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 		struct kvb_notify_stats st;
@@ -271,26 +271,26 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    "\"peers_reclaimed\":%llu,",
 		    (unsigned long long) rx, (unsigned long long) rej,
 		    (unsigned long long) sent, (unsigned long long) serr,
-		    (unsigned long long) rm->st.hs_served,
-		    (unsigned long long) rm->st.hs_refused,
-		    (unsigned long long) rm->st.hs_sent,
-		    (unsigned long long) rm->st.hs_failed,
-		    (unsigned long long) rm->st.layer_ops,
-		    (unsigned long long) rm->st.layers_deferred,
-		    (unsigned long long) rm->st.defer_expired,
-		    (unsigned long long) rm->st.remote_blocks_sent,
-		    (unsigned long long) rm->st.write_done_sent,
-		    (unsigned long long) rm->st.releases_sent,
-		    (unsigned long long) rm->st.remote_blocks_rx,
-		    (unsigned long long) rm->st.write_done_rx,
-		    (unsigned long long) rm->st.releases_rx,
-		    (unsigned long long) rm->st.write_failed_sent,
-		    (unsigned long long) rm->st.write_failed_rx,
-		    (unsigned long long) rm->st.layers_starved,
-		    (unsigned long long) rm->st.hs_bad_replies,
-		    (unsigned long long) rm->st.logs_suppressed,
-		    (unsigned long long) rm->st.unopened_evicted,
-		    (unsigned long long) rm->st.peers_reclaimed);
+		    (unsigned long long) xn->st.hs_served,
+		    (unsigned long long) xn->st.hs_refused,
+		    (unsigned long long) xn->st.hs_sent,
+		    (unsigned long long) xn->st.hs_failed,
+		    (unsigned long long) xn->st.layer_ops,
+		    (unsigned long long) xn->st.layers_deferred,
+		    (unsigned long long) xn->st.defer_expired,
+		    (unsigned long long) xn->st.remote_blocks_sent,
+		    (unsigned long long) xn->st.write_done_sent,
+		    (unsigned long long) xn->st.releases_sent,
+		    (unsigned long long) xn->st.remote_blocks_rx,
+		    (unsigned long long) xn->st.write_done_rx,
+		    (unsigned long long) xn->st.releases_rx,
+		    (unsigned long long) xn->st.write_failed_sent,
+		    (unsigned long long) xn->st.write_failed_rx,
+		    (unsigned long long) xn->st.layers_starved,
+		    (unsigned long long) xn->st.hs_bad_replies,
+		    (unsigned long long) xn->st.logs_suppressed,
+		    (unsigned long long) xn->st.unopened_evicted,
+		    (unsigned long long) xn->st.peers_reclaimed);
 		rdma_events(b, json, buf, cap, &len);
 		tcp_counters(b, json, buf, cap, &len);
 		PUT("\"peers\":[");
@@ -301,29 +301,29 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) sent, (unsigned long long) serr);
 		PUT("handshakes             %llu served, %llu refused, %llu "
 		    "sent, %llu failed\n",
-		    (unsigned long long) rm->st.hs_served,
-		    (unsigned long long) rm->st.hs_refused,
-		    (unsigned long long) rm->st.hs_sent,
-		    (unsigned long long) rm->st.hs_failed);
+		    (unsigned long long) xn->st.hs_served,
+		    (unsigned long long) xn->st.hs_refused,
+		    (unsigned long long) xn->st.hs_sent,
+		    (unsigned long long) xn->st.hs_failed);
 		PUT("layer ops              %llu (%llu deferred, %llu expired "
 		    "waiting)\n",
-		    (unsigned long long) rm->st.layer_ops,
-		    (unsigned long long) rm->st.layers_deferred,
-		    (unsigned long long) rm->st.defer_expired);
+		    (unsigned long long) xn->st.layer_ops,
+		    (unsigned long long) xn->st.layers_deferred,
+		    (unsigned long long) xn->st.defer_expired);
 		PUT("sent                   %llu remote_blocks, %llu "
 		    "write_done, %llu release, %llu kvb_write_failed\n",
-		    (unsigned long long) rm->st.remote_blocks_sent,
-		    (unsigned long long) rm->st.write_done_sent,
-		    (unsigned long long) rm->st.releases_sent,
-		    (unsigned long long) rm->st.write_failed_sent);
+		    (unsigned long long) xn->st.remote_blocks_sent,
+		    (unsigned long long) xn->st.write_done_sent,
+		    (unsigned long long) xn->st.releases_sent,
+		    (unsigned long long) xn->st.write_failed_sent);
 		rdma_events(b, json, buf, cap, &len);
 		tcp_counters(b, json, buf, cap, &len);
 	}
-	for (uint32_t i = 1, k = 0; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
+	for (uint32_t i = 1, k = 0; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
 		static const char *const sn[] = {"free", "handshaking", "ready",
 						 "failed"};
-		unsigned ts = peer_ts(b, p);
+		unsigned ts = kvb_xn_peer_ts(b, p);
 
 		if (p->state == PEER_FREE)
 			continue;
@@ -359,15 +359,15 @@ size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 	return len;
 }
 
-uint64_t kvb_remote_rejected(struct kvb_broker *b)
+uint64_t kvb_xn_rejected(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = kvb_xn(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 	uint64_t rej;
 
-	if (!rm)
+	if (!xn)
 		return 0;
-	rej = rm->st.notify_rejected_closed + rm->st.hs_refused +
-	      rm->st.hs_bad_replies;
+	rej = xn->st.notify_rejected_closed + xn->st.hs_refused +
+	      xn->st.hs_bad_replies;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_notify_stats st;
 

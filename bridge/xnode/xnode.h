@@ -15,6 +15,6 @@ struct kvb_broker;
  * transports, ZMQ context and handshake port. 0 or -errno (the daemon then
  * tears down: the fini hook undoes what was done).
  */
-int kvb_remote_init(struct kvb_broker *b);
+int kvb_xn_init(struct kvb_broker *b);
 
 #endif

@@ -5,8 +5,8 @@
  * descriptor, peers, handshake port, rdma endpoints; remote_stats.c).
  * One broker thread owns all of it.
  */
-#ifndef KVB_BROKER_REMOTE_PRIV_H
-#define KVB_BROKER_REMOTE_PRIV_H
+#ifndef KVB_BRIDGE_XNODE_PRIV_H
+#define KVB_BRIDGE_XNODE_PRIV_H
 
 #include <stdint.h>
 #include <zmq.h>
@@ -58,7 +58,7 @@ struct kvb_peer {
 	int64_t ep_deadline;
 	uint64_t ep_offers, ep_answers;
 	uint32_t gen;		  /* of the slot: ids of a freed peer die */
-	uint64_t last_use;	  /* rm->tick when last found or adopted */
+	uint64_t last_use;	  /* xn->tick when last found or adopted */
 	uint32_t refs[PEER_REFS]; /* workers told this peer's id */
 	/* data-port authentication (remote_auth.c): the region ids offered
 	 * to the peer in our last descriptor to it, the tcp id it is
@@ -96,7 +96,7 @@ struct kvb_rxfer {
 	uint32_t peer;
 	uint8_t role, mode, flags;
 	uint8_t have_rblocks, announced, refreshed;
-	uint8_t unopened; /* created by a message, counted in rm->nunopened */
+	uint8_t unopened; /* created by a message, counted in xn->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
@@ -117,11 +117,11 @@ struct kvb_rxfer {
 
 /* What a worker's notify endpoint hands its callbacks. */
 struct kvb_xn_wctx {
-	struct kvb_xnode *rm;
+	struct kvb_xn *xn;
 	uint32_t wid;
 };
 
-struct kvb_xnode {
+struct kvb_xn {
 	struct kvb_broker *b;	  /* the engine it extends */
 	struct kvb_xn_wctx *wctx; /* [worker slot] */
 	void *zctx;
@@ -169,62 +169,59 @@ struct kvb_xnode {
 	uint8_t kx_pk[32], kx_sk[32];
 	uint8_t ck[32], hs_key[32];
 	int has_ck;
-	struct kvb_ratelimit log_rl; /* rlog_ok() */
+	struct kvb_ratelimit log_rl; /* kvb_xn_rlog_ok() */
 };
 
 /* The module's state: registered with the engine's hooks (NULL when the
  * broker runs without --host-ip). */
-static inline struct kvb_xnode *kvb_xn(const struct kvb_broker *b)
+static inline struct kvb_xn *kvb_xn_of(const struct kvb_broker *b)
 {
-	return (struct kvb_xnode *) kvb_engine_ctx(b);
+	return (struct kvb_xn *) kvb_engine_ctx(b);
 }
 
 /* remote.c */
-int ep_add(struct kvb_broker *b, int fd);
-int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
+int kvb_xn_ep_add(struct kvb_broker *b, int fd);
+int kvb_xn_ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
 /* remote.c */
-void ep_del(struct kvb_broker *b, int fd);
+void kvb_xn_ep_del(struct kvb_broker *b, int fd);
 /* The hooks the module registers with the engine (broker.h, struct
  * kvb_engine_hooks, says when each runs); setup.c holds the table. */
-void kvb_remote_service(struct kvb_broker *b);
-void kvb_remote_retry_starved(struct kvb_broker *b);
-void kvb_remote_rdma_events(struct kvb_broker *b);
-void kvb_remote_timers(struct kvb_broker *b, int64_t now);
-int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
-void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
-int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_msg_mem_kv *m);
-int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
-			const struct kvb_msg_peer *m);
-int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
-		     const struct kvb_msg_xopen *m, uint32_t len,
-		     uint32_t *handle);
-void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e);
-void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
-void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status);
-uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
-				 const struct kvb_xfer *x);
-int kvb_remote_xfer_deferred(const struct kvb_xfer *x);
-int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
-int kvb_remote_xfer_complete(const struct kvb_xfer *x);
-void kvb_remote_group_done(struct kvb_broker *b, uint32_t group, int status,
-			   uint64_t bytes);
-void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r);
-void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
-uint64_t kvb_remote_rejected(struct kvb_broker *b);
-size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
+void kvb_xn_service(struct kvb_broker *b);
+void kvb_xn_retry_starved(struct kvb_broker *b);
+void kvb_xn_rdma_events(struct kvb_broker *b);
+void kvb_xn_timers(struct kvb_broker *b, int64_t now);
+int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_msg_mem_kv *m);
+int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+		    const struct kvb_msg_peer *m);
+int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle);
+void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_sqe *e);
+void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
+void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status);
+uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x);
+int kvb_xn_xfer_deferred(const struct kvb_xfer *x);
+int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
+int kvb_xn_xfer_complete(const struct kvb_xfer *x);
+void kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
+		       uint64_t bytes);
+void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
+uint64_t kvb_xn_rejected(struct kvb_broker *b);
+size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
 
 #define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
 
 /* remote.c: whether a line about bad input may be logged now (at most
  * RLOG_BURST a second, the rest counted and summed up a second later) */
-int rlog_ok(struct kvb_xnode *rm);
+int kvb_xn_rlog_ok(struct kvb_xn *xn);
 /* remote.c */
-int trusted(struct kvb_xnode *rm, const char *host);
+int kvb_xn_trusted(struct kvb_xn *xn, const char *host);
 /* remote.c */
-uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p);
+uint32_t kvb_xn_peer_id(struct kvb_xn *xn, struct kvb_peer *p);
 /*
  * remote.c: the peer at host:port; with create, a new one when there is
  * none, in a free slot or else in the slot of the least recently used idle
@@ -232,76 +229,79 @@ uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p);
  * transfer or layer op): that one is disconnected and its id stops naming
  * anything. NULL when none is found (or every slot is busy).
  */
-struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
-			   uint16_t port, int create);
+struct kvb_peer *kvb_xn_peer_find(struct kvb_xn *xn, const char *host,
+				  uint16_t port, int create);
 /* remote.c: remember that worker wid was told p's id (p is then kept) */
-void peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid);
+void kvb_xn_peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid);
 /* remote.c */
-const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
-					      const char *name);
+const struct kvb_hs_transport *
+kvb_xn_desc_transport(const struct kvb_hs_desc *d, const char *name);
 /* remote.c */
-int peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p);
+int kvb_xn_peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote.c */
-int rdma_ready(struct kvb_broker *b, const struct kvb_peer *p);
+int kvb_xn_rdma_ready(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote.c */
-unsigned peer_ts(struct kvb_broker *b, const struct kvb_peer *p);
+unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p);
 /* remote_layer.c */
-void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
+void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
 /* remote_peer.c */
-void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status);
+void kvb_xn_fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts,
+			  int status);
 /* remote_peer.c */
-void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_peer_disconnect(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_peer.c */
-void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status);
+void kvb_xn_peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p,
+			       int status);
 /* remote_peer.c */
-void close_dealer(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_close_dealer(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_peer.c */
-void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status);
+void kvb_xn_peer_done(struct kvb_broker *b, struct kvb_peer *p, int status);
 /* remote_peer.c */
-int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p);
+int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_peer.c */
-int rdma_offer(struct kvb_broker *b, struct kvb_peer *p);
+int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_peer.c */
-void peer_poll(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_peer.c */
-void hs_serve(struct kvb_broker *b);
+void kvb_xn_hs_serve(struct kvb_broker *b);
 
 /* remote.c */
-struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id);
+struct kvb_peer *kvb_xn_peer_get(struct kvb_xn *xn, uint32_t id);
 /* remote_layer.c */
-void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
+void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
 /* remote_layer.c: remote ranks a layer op of this transfer touches (sets
  * rx->targets); 0 or -errno */
-int compute_targets(struct kvb_broker *b, struct kvb_worker *w,
-		    struct kvb_peer *p, struct kvb_rxfer *rx);
+int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+			   struct kvb_peer *p, struct kvb_rxfer *rx);
 /* remote.c */
-uint32_t *copy_ids(const uint32_t *ids, uint32_t n);
-/* Free a cross-node transfer state (the rx_free hook; ctx: rm). */
-void rx_free(void *ctx, struct kvb_rxfer *rx);
+uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n);
+/* Free a cross-node transfer state (the rx_free hook; ctx: xn). */
+void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx);
 /* remote.c: a worker opened it, or it goes: out of the unopened count */
-void rx_opened(struct kvb_xnode *rm, struct kvb_rxfer *rx);
+void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx);
 /* remote_notify.c */
-void notify_close(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w);
 
 /* remote_auth.c: key pair, cluster key, the tcp data port's caps, trusted
  * hosts and log; 0 or -errno */
-int auth_init(struct kvb_broker *b);
+int kvb_xn_auth_init(struct kvb_broker *b);
 /* remote_auth.c: wipe the secrets */
-void auth_fini(struct kvb_xnode *rm);
+void kvb_xn_auth_fini(struct kvb_xn *xn);
 /* remote_auth.c: the regions of `mine` are what p was offered */
-int auth_offer(struct kvb_broker *b, struct kvb_peer *p,
-	       const struct kvb_hs_desc *mine);
+int kvb_xn_auth_offer(struct kvb_broker *b, struct kvb_peer *p,
+		      const struct kvb_hs_desc *mine);
 /* remote_auth.c: p's key (from its descriptor's kx): allow it on the data
  * port with its offered regions, and prove it on our endpoint to it */
-void auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_auth.c: p may no longer connect; its connections close */
-void auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
 /* remote_auth.c: the handshake MAC of a descriptor (label "req"/"rep",
  * a reply bound to the request's MAC `pre`) */
-void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
-		 const void *desc, size_t len, uint8_t mac[32]);
-int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
-		   const void *desc, size_t len, const void *mac,
-		   size_t mac_len);
+void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
+			const uint8_t *pre, const void *desc, size_t len,
+			uint8_t mac[32]);
+int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
+			  const uint8_t *pre, const void *desc, size_t len,
+			  const void *mac, size_t mac_len);
 
 #endif
