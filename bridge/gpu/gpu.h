@@ -31,7 +31,9 @@
 
 extern const struct kvb_transport_ops kvb_gpu_ops;
 
-#define KVB_GPU_TPRIV		 3 /* slot of kvb_mr.tpriv[] this transport owns */
+/* the slot of kvb_mr.tpriv[] this transport owns (kvb_transport_tpriv) */
+int kvb_gpu_tpriv(void);
+#define KVB_GPU_TPRIV		 kvb_gpu_tpriv()
 #define KVB_GPU_STREAMS_DEFAULT	 64
 #define KVB_GPU_INFLIGHT_DEFAULT 16384
 

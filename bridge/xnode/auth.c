@@ -31,9 +31,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
 
 #define CK_MIN 16    /* bytes of a cluster key file, at least */
 #define CK_MAX 4096u /* and at most */
@@ -74,7 +71,6 @@ static int read_cluster_key(struct kvb_xn *xn, const char *path)
 	return 0;
 }
 
-#ifdef KVB_HAVE_TCP
 static void tcp_log(void *arg, const char *line)
 {
 	(void) arg;
@@ -85,19 +81,20 @@ static void tcp_setup(struct kvb_broker *b)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 	struct kvb_xn *xn = kvb_xn_of(b);
+	const struct kvb_transport_auth_ops *a = t ? t->ops->auth : NULL;
 	const char *hosts[MAX_TRUSTED];
 	unsigned n = 0;
 
-	if (!t)
+	if (!a)
 		return;
-	kvb_tcp_set_limits(t, b->opt.tcp_max_conns,
-			   b->opt.tcp_max_conns_per_host, b->opt.tcp_auth_ms);
-	kvb_tcp_set_log(t, tcp_log, NULL);
+	a->set_limits(t, b->opt.tcp_max_conns, b->opt.tcp_max_conns_per_host,
+		      b->opt.tcp_auth_ms);
+	a->set_log(t, tcp_log, NULL);
 	for (uint32_t i = 0; i < xn->ntrusted; i++) {
 		const char *h = xn->trusted[i];
 
 		/* the handshake compares strings; the data port addresses */
-		if (kvb_tcp_set_trusted(t, &h, 1)) {
+		if (a->set_trusted(t, &h, 1)) {
 			log_warn("--trusted-hosts: '%s' is not a numeric "
 				 "address: no tcp connection from it",
 				 h);
@@ -109,12 +106,11 @@ static void tcp_setup(struct kvb_broker *b)
 	if (xn->ntrusted && !n) {
 		static const char *const none[] = {"::"};
 
-		kvb_tcp_set_trusted(t, none, 1);
+		a->set_trusted(t, none, 1);
 		return;
 	}
-	kvb_tcp_set_trusted(t, hosts, n);
+	a->set_trusted(t, hosts, n);
 }
-#endif
 
 int kvb_xn_auth_init(struct kvb_broker *b)
 {
@@ -129,9 +125,7 @@ int kvb_xn_auth_init(struct kvb_broker *b)
 		if (rc)
 			return rc;
 	}
-#ifdef KVB_HAVE_TCP
 	tcp_setup(b);
-#endif
 	return 0;
 }
 
@@ -193,10 +187,9 @@ int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
 	return ok;
 }
 
-#ifdef KVB_HAVE_TCP
 /* K of this pair (see the top of the file); 0 or -EINVAL (a bad key) */
 static int derive(struct kvb_xn *xn, const uint8_t *peer_pk, uint64_t own,
-		  uint64_t peer, uint8_t key[KVB_TCP_KEY_LEN])
+		  uint64_t peer, uint8_t key[KVB_TRANSPORT_KEY_LEN])
 {
 	uint8_t q[crypto_scalarmult_BYTES];
 	crypto_generichash_state st;
@@ -212,31 +205,30 @@ static int derive(struct kvb_xn *xn, const uint8_t *peer_pk, uint64_t own,
 	}
 	crypto_generichash_init(&st, xn->has_ck ? xn->ck : NULL,
 				xn->has_ck ? sizeof(xn->ck) : 0,
-				KVB_TCP_KEY_LEN);
+				KVB_TRANSPORT_KEY_LEN);
 	crypto_generichash_update(&st, (const uint8_t *) "kvb-tcp-key-v1", 14);
 	crypto_generichash_update(&st, q, sizeof(q));
 	crypto_generichash_update(&st, lo, 32);
 	crypto_generichash_update(&st, hi, 32);
 	crypto_generichash_update(&st, (const uint8_t *) ids, sizeof(ids));
-	crypto_generichash_final(&st, key, KVB_TCP_KEY_LEN);
+	crypto_generichash_final(&st, key, KVB_TRANSPORT_KEY_LEN);
 	sodium_memzero(q, sizeof(q));
 	return 0;
 }
-#endif
 
 void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_TCP
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
+	const struct kvb_transport_auth_ops *a = t ? t->ops->auth : NULL;
 	const struct kvb_hs_transport *ht;
-	uint8_t key[KVB_TCP_KEY_LEN];
+	uint8_t key[KVB_TRANSPORT_KEY_LEN];
 	uint64_t id;
 	int rc;
 
-	if (!t || !p->have_desc)
+	if (!a || !p->have_desc)
 		return;
 	ht = kvb_xn_desc_transport(&p->desc, "tcp");
-	if (!ht || kvb_tcp_blob_id(ht->conn, ht->conn_len, &id))
+	if (!ht || a->blob_id(ht->conn, ht->conn_len, &id))
 		return;
 	if (!p->desc.has_kx) {
 		if (!p->no_kx_logged++)
@@ -245,36 +237,30 @@ void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
 				 p->host, p->port);
 		return;
 	}
-	if (derive(kvb_xn_of(b), p->desc.kx, kvb_tcp_id(t), id, key)) {
+	if (derive(kvb_xn_of(b), p->desc.kx, a->id(t), id, key)) {
 		log_warn("peer %s:%u: unusable kx public key: no tcp data "
 			 "plane with it",
 			 p->host, p->port);
 		return;
 	}
 	if (p->tcp_id && p->tcp_id != id)
-		kvb_tcp_peer_forget(t, p->tcp_id);
-	rc = kvb_tcp_peer_allow(t, id, key, p->offer, (int) p->noffer);
+		a->peer_forget(t, p->tcp_id);
+	rc = a->peer_allow(t, id, key, p->offer, (int) p->noffer);
 	if (rc)
 		log_warn("peer %s:%u: tcp data port: cannot allow it: %s",
 			 p->host, p->port, strerror(-rc));
 	else
 		p->tcp_id = id;
 	if (p->ep[KVB_TS_TCP])
-		kvb_tcp_ep_set_key(t, p->ep[KVB_TS_TCP], key);
+		a->ep_set_key(t, p->ep[KVB_TS_TCP], key);
 	sodium_memzero(key, sizeof(key));
-#else
-	(void) b;
-	(void) p;
-#endif
 }
 
 void kvb_xn_auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_TCP
-	if (p->tcp_id && b->trs[KVB_TS_TCP])
-		kvb_tcp_peer_forget(b->trs[KVB_TS_TCP], p->tcp_id);
-#else
-	(void) b;
-#endif
+	struct kvb_transport *t = b->trs[KVB_TS_TCP];
+
+	if (p->tcp_id && t && t->ops->auth)
+		t->ops->auth->peer_forget(t, p->tcp_id);
 	p->tcp_id = 0;
 }

@@ -19,12 +19,6 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 /* ------------------------------------------------------------------ */
 /* engine descriptor of this node */
@@ -178,7 +172,6 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 		return 0;
 	}
 	kvb_xn_peer_disconnect(b, p);
-#ifdef KVB_HAVE_TCP
 	for (uint32_t i = 0; i < p->desc.ntransports; i++) {
 		struct kvb_hs_transport *ht = &p->desc.transports[i];
 		struct kvb_transport *t = b->trs[KVB_TS_TCP];
@@ -190,14 +183,16 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 			kvb_xn_auth_tcp_peer(b, p); /* says why */
 			continue;
 		}
-		rc = kvb_tcp_connect_host(t, ht->conn, ht->conn_len, p->host,
-					  &p->ep[KVB_TS_TCP]);
+		rc = t->ops->connect_host
+			     ? t->ops->connect_host(t, ht->conn, ht->conn_len,
+						    p->host, &p->ep[KVB_TS_TCP])
+			     : t->ops->connect(t, ht->conn, ht->conn_len,
+					       &p->ep[KVB_TS_TCP]);
 		if (rc)
 			log_warn("peer %s:%u: tcp connect: %s", p->host,
 				 p->port, strerror(-rc));
 	}
 	kvb_xn_auth_tcp_peer(b, p);
-#endif
 	if (kvb_xn_peer_wants_rdma(b, p)) {
 		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
 			 "pairs connect on first use)",
@@ -358,9 +353,17 @@ int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
  * connects it and answers with its own; both QP sets are then in RTS (the
  * rdma transport pairs crossing offers itself, see rdma.h).
  */
+/* An endpoint's blob (ops->ep_info): 0 or -errno */
+static int ep_blob(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
+		   size_t *len)
+{
+	if (!t || !t->ops->ep_info)
+		return -EPROTONOSUPPORT;
+	return t->ops->ep_info(t, ep, blob, len);
+}
+
 int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_RDMA
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	const struct kvb_hs_transport *ht =
 		kvb_xn_desc_transport(&p->desc, "rdma");
@@ -368,7 +371,7 @@ int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 	size_t len = sizeof(m.blob);
 	int rc;
 
-	if (!t || !ht)
+	if (!t || !ht || !t->ops->ep_info)
 		return -EPROTONOSUPPORT;
 	if (p->ep_pending)
 		return 0;
@@ -386,7 +389,7 @@ int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 	memset(&m, 0, sizeof(m));
 	snprintf(m.host, sizeof(m.host), "%s", b->opt.host_ip);
 	m.port = b->opt.handshake_port;
-	rc = kvb_rdma_ep_info(t, p->ep[KVB_TS_RDMA], m.blob, &len);
+	rc = ep_blob(t, p->ep[KVB_TS_RDMA], m.blob, &len);
 	if (rc)
 		return rc;
 	m.len = (uint32_t) len;
@@ -401,16 +404,12 @@ int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 	p->ep_offers++;
 	p->ep_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
 	return 0;
-#else
-	return -EPROTONOSUPPORT;
-#endif
 }
 
 /* An rdma blob from the peer (offer or answer): connect it. */
 static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
 		     size_t len)
 {
-#ifdef KVB_HAVE_RDMA
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	struct kvb_ep *ep = NULL;
 	int rc;
@@ -433,9 +432,6 @@ static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
 		p->stale = 0;
 	}
 	return 0;
-#else
-	return -EPROTONOSUPPORT;
-#endif
 }
 
 /* "ep" request on the handshake port: [id]["ep"][struct ep_msg]. */
@@ -468,7 +464,6 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 		return;
 	}
 	rc = rdma_take(b, p, m.blob, m.len);
-#ifdef KVB_HAVE_RDMA
 	if (!rc) {
 		static struct ep_msg a;
 		size_t len = sizeof(a.blob);
@@ -476,8 +471,8 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 		memset(&a, 0, sizeof(a));
 		snprintf(a.host, sizeof(a.host), "%s", b->opt.host_ip);
 		a.port = b->opt.handshake_port;
-		rc = kvb_rdma_ep_info(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA],
-				      a.blob, &len);
+		rc = ep_blob(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], a.blob,
+			     &len);
 		if (!rc) {
 			zmq_msg_t idc;
 			int32_t ok = 0;
@@ -503,7 +498,6 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 			return;
 		}
 	}
-#endif
 	log_warn("peer %s:%u: rdma endpoint refused: %s", m.host, m.port,
 		 strerror(-rc));
 	hs_reply(kvb_xn_of(b), id, rc, "rdma endpoint refused", 21);

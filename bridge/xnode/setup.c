@@ -20,12 +20,6 @@
 #include "log.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
 static void xn_fini(struct kvb_broker *b);
@@ -58,14 +52,15 @@ void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r)
  * backend's "device memory" is host memory). Returns 0 or -errno. */
 static int rdma_reg_gpu(struct kvb_transport *t, struct kvb_region_ent *r)
 {
-#ifdef KVB_HAVE_RDMA
 	char why[160] = "";
 	uint64_t off = 0;
 	int fd = -1, rc;
 
+	if (!t->ops->reg_dmabuf)
+		return -ENOTSUP; /* a transport without it */
 	if (kvb_broker_gpu_dmabuf(r, &fd, &off, why, sizeof(why)))
 		fd = -1;
-	rc = kvb_rdma_reg_dmabuf(t, &r->mr, fd, off);
+	rc = t->ops->reg_dmabuf(t, &r->mr, fd, off);
 	if (fd >= 0)
 		close(fd);
 	if (rc >= 0)
@@ -75,9 +70,6 @@ static int rdma_reg_gpu(struct kvb_transport *t, struct kvb_region_ent *r)
 			rc == 0 ? "as a dmabuf" : "by address (peer memory)",
 			fd < 0 ? ": no dmabuf: " : "", fd < 0 ? why : "");
 	return rc < 0 ? rc : 0;
-#else
-	return -ENOTSUP; /* no rdma transport in this build */
-#endif
 }
 
 static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
@@ -101,26 +93,23 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 		r->rdma_reg = 1;
 }
 
-#ifdef KVB_HAVE_RDMA
 static void rdma_event_log(void *arg, int level, const char *line)
 {
 	(void) arg;
-	if (level == KVB_RDMA_LOG_ERR)
+	if (level == KVB_TLOG_ERR)
 		log_err("%s", line);
-	else if (level == KVB_RDMA_LOG_WARN)
+	else if (level == KVB_TLOG_WARN)
 		log_warn("%s", line);
 	else
 		log_info("%s", line);
 }
-#endif
 
 void kvb_xn_rdma_events(struct kvb_broker *b)
 {
-#ifdef KVB_HAVE_RDMA
-	if (b->trs[KVB_TS_RDMA])
-		kvb_rdma_async_service(b->trs[KVB_TS_RDMA], rdma_event_log,
-				       NULL);
-#endif
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+
+	if (t && t->ops->events)
+		t->ops->events(t, rdma_event_log, NULL);
 }
 
 void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
@@ -150,6 +139,105 @@ static void parse_trusted(struct kvb_xn *xn, const char *list)
 		s += n;
 		s += strspn(s, ", ");
 	}
+}
+
+/* The tcp transport's data port (unless --transport rdma). */
+static int open_tcp(struct kvb_broker *b)
+{
+	const struct kvb_transport_ops *ops = kvb_transport_find("tcp");
+	struct kvb_transport_params p = {
+		.post_batch_size = b->opt.post_batch_size,
+		.host_ip = b->opt.host_ip,
+		.tcp_port = b->opt.data_port,
+		.timeout_ms = 10000,
+		.qp_per_peer = b->opt.tcp_conns,
+	};
+	char why[256] = "";
+	struct kvb_transport *t;
+	int rc;
+
+	if (!ops || b->opt.transport == KVB_TR_RDMA)
+		return 0;
+	rc = ops->open(&p, &b->trs[KVB_TS_TCP], why, sizeof(why));
+	if (rc) {
+		log_err("transport tcp: cannot listen on %s:%u: %s",
+			b->opt.host_ip, b->opt.data_port,
+			why[0] ? why : strerror(-rc));
+		return rc;
+	}
+	t = b->trs[KVB_TS_TCP];
+	if (t->ops->wait_fd) {
+		int fd = t->ops->wait_fd(t);
+
+		if (fd >= 0)
+			kvb_xn_ep_add(b, fd);
+	}
+	log_info("transport tcp ready on %s:%d", b->opt.host_ip,
+		 t->ops->port ? t->ops->port(t) : -1);
+	return 0;
+}
+
+/* The rdma transport's fds: completions, the device's events. */
+static void rdma_watch(struct kvb_broker *b, struct kvb_transport *t)
+{
+	/* completion events wake a sleeping broker */
+	int fd = t->ops->wait_fd ? t->ops->wait_fd(t) : -1;
+
+	if (fd >= 0)
+		kvb_xn_ep_add(b, fd);
+	/* device events: port down / up, QP errors */
+	fd = t->ops->events_fd ? t->ops->events_fd(t) : -1;
+	if (fd < 0 || kvb_xn_ep_add_tag(b, fd, KVB_EP_RDMA_EVENTS))
+		log_warn("transport rdma: device events (port down, QP "
+			 "errors) will not be read");
+}
+
+/* The rdma transport (--transport rdma or auto): a device, or tcp only. */
+static int open_rdma(struct kvb_broker *b)
+{
+	const struct kvb_transport_ops *ops = kvb_transport_find("rdma");
+	struct kvb_transport_params p = {
+		.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
+		.ib_port = b->opt.ib_port,
+		.gid_index = b->opt.gid_index,
+		.post_batch_size = b->opt.post_batch_size,
+		.qp_per_peer = b->opt.qp_per_transfer,
+	};
+	char why[256] = "";
+	struct kvb_transport *t;
+	int rc;
+
+	if (!ops) {
+		if (b->opt.transport != KVB_TR_RDMA)
+			return 0;
+		log_err("transport rdma: this build has no libibverbs");
+		return -ENOTSUP;
+	}
+	if (b->opt.transport != KVB_TR_RDMA && b->opt.transport != KVB_TR_AUTO)
+		return 0;
+	rc = ops->open(&p, &b->trs[KVB_TS_RDMA], why, sizeof(why));
+	if (rc && b->opt.transport == KVB_TR_RDMA) {
+		log_err("transport rdma: unavailable: %s",
+			why[0] ? why : strerror(-rc));
+		return rc;
+	}
+	if (rc) {
+		log_info("transport auto: rdma unavailable (%s); across "
+			 "nodes: tcp",
+			 why[0] ? why : strerror(-rc));
+		return 0;
+	}
+	t = b->trs[KVB_TS_RDMA];
+	/* time inside ibv_post_send (stats post_ns): two clock reads per
+	 * doorbell */
+	if (t->ops->time_posts)
+		t->ops->time_posts(t, 1);
+	rdma_watch(b, t);
+	log_info("transport rdma ready (%s%s): peers that offer rdma use it",
+		 b->opt.rdma_dev[0] ? b->opt.rdma_dev : "first device",
+		 b->opt.transport == KVB_TR_RDMA ? ", no tcp"
+						 : ", tcp for the others");
+	return 0;
 }
 
 static void xn_event(struct kvb_broker *b, uint64_t tag)
@@ -233,98 +321,12 @@ int kvb_xn_init(struct kvb_broker *b)
 	if (rc)
 		log_warn("zmq: cannot set ZMQ_MAX_SOCKETS: %s",
 			 zmq_strerror(errno));
-#ifdef KVB_HAVE_TCP
-	{
-		struct kvb_transport_params p = {
-			.post_batch_size = b->opt.post_batch_size,
-			.host_ip = b->opt.host_ip,
-			.tcp_port = b->opt.data_port,
-			.timeout_ms = 10000,
-			.qp_per_peer = b->opt.tcp_conns,
-		};
-		char why[256] = "";
-
-		if (b->opt.transport != KVB_TR_RDMA) {
-			rc = kvb_tcp_ops.open(&p, &b->trs[KVB_TS_TCP], why,
-					      sizeof(why));
-			if (rc) {
-				log_err("transport tcp: cannot listen on "
-					"%s:%u: "
-					"%s",
-					b->opt.host_ip, b->opt.data_port,
-					why[0] ? why : strerror(-rc));
-				return rc;
-			}
-			if (b->trs[KVB_TS_TCP]->ops->wait_fd) {
-				int fd = b->trs[KVB_TS_TCP]->ops->wait_fd(
-					b->trs[KVB_TS_TCP]);
-
-				if (fd >= 0)
-					kvb_xn_ep_add(b, fd);
-			}
-			log_info("transport tcp ready on %s:%d", b->opt.host_ip,
-				 kvb_tcp_port(b->trs[KVB_TS_TCP]));
-		}
-	}
-#endif
-#ifdef KVB_HAVE_RDMA
-	if (b->opt.transport == KVB_TR_RDMA ||
-	    b->opt.transport == KVB_TR_AUTO) {
-		struct kvb_transport_params p = {
-			.dev_name = b->opt.rdma_dev[0] ? b->opt.rdma_dev : NULL,
-			.ib_port = b->opt.ib_port,
-			.gid_index = b->opt.gid_index,
-			.post_batch_size = b->opt.post_batch_size,
-			.qp_per_peer = b->opt.qp_per_transfer,
-		};
-		char why[256] = "";
-
-		rc = kvb_rdma_ops.open(&p, &b->trs[KVB_TS_RDMA], why,
-				       sizeof(why));
-		if (rc && b->opt.transport == KVB_TR_RDMA) {
-			log_err("transport rdma: unavailable: %s",
-				why[0] ? why : strerror(-rc));
-			return rc;
-		}
-		if (rc)
-			log_info("transport auto: rdma unavailable (%s); "
-				 "across nodes: tcp",
-				 why[0] ? why : strerror(-rc));
-		else
-			/* time inside ibv_post_send (stats post_ns): two
-			 * clock reads per doorbell */
-			kvb_rdma_time_posts(b->trs[KVB_TS_RDMA], 1);
-		if (!rc) {
-			/* completion events wake a sleeping broker */
-			int fd = b->trs[KVB_TS_RDMA]->ops->wait_fd(
-				b->trs[KVB_TS_RDMA]);
-
-			if (fd >= 0)
-				kvb_xn_ep_add(b, fd);
-			/* device events: port down / up, QP errors */
-			fd = kvb_rdma_async_fd(b->trs[KVB_TS_RDMA]);
-			if (fd < 0 ||
-			    kvb_xn_ep_add_tag(b, fd, KVB_EP_RDMA_EVENTS))
-				log_warn("transport rdma: device events "
-					 "(port down, QP errors) will not be "
-					 "read");
-		}
-		if (!rc)
-			log_info("transport rdma ready (%s%s): peers that "
-				 "offer rdma use it",
-				 b->opt.rdma_dev[0] ? b->opt.rdma_dev
-						    : "first device",
-				 b->opt.transport == KVB_TR_RDMA
-					 ? ", no tcp"
-					 : ", tcp for "
-					   "the others");
-	}
-#else
-	if (b->opt.transport == KVB_TR_RDMA) {
-		log_err("transport rdma: this build has no libibverbs");
-		return -ENOTSUP;
-	}
-#endif
+	rc = open_tcp(b);
+	if (rc)
+		return rc;
+	rc = open_rdma(b);
+	if (rc)
+		return rc;
 	rc = kvb_xn_auth_init(b);
 	if (rc)
 		return rc;

@@ -18,12 +18,6 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 /* ------------------------------------------------------------------ */
 /* stats */
@@ -67,166 +61,13 @@ static void put_jstr(char *buf, size_t cap, size_t *lenp, const char *s)
 	*lenp = len;
 }
 
-/* Per-QP counters of a peer's rdma endpoint (kvbctl stats). */
-static void qp_stats(struct kvb_broker *b, const struct kvb_peer *p, int json,
+/* A transport's section (ep NULL) or one endpoint's, if it has one. */
+static void tr_stats(struct kvb_transport *t, struct kvb_ep *ep, int json,
 		     char *buf, size_t cap, size_t *lenp)
 {
-#ifdef KVB_HAVE_RDMA
-	struct kvb_rdma_qp_stats q;
-	size_t len = *lenp;
-
-	for (unsigned i = 0;
-	     p->ep[KVB_TS_RDMA] &&
-	     !kvb_rdma_qp_stats(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], i, &q);
-	     i++) {
-		if (json)
-			PUT("%s{\"qpn\":%u,\"credits\":%u,\"depth\":%u,"
-			    "\"in_flight\":%u,\"doorbells\":%llu,\"wrs\":%llu,"
-			    "\"ops\":%llu,\"bytes\":%llu,\"cqes\":%llu,"
-			    "\"credit_stalls\":%llu,\"wc_errors\":%llu,"
-			    "\"resets\":%llu}",
-			    i ? "," : "", q.qpn, q.credits, q.depth,
-			    q.in_flight, (unsigned long long) q.chain.chains,
-			    (unsigned long long) q.chain.wrs,
-			    (unsigned long long) q.chain.ops,
-			    (unsigned long long) q.chain.bytes,
-			    (unsigned long long) q.chain.cqes,
-			    (unsigned long long) q.chain.credit_stalls,
-			    (unsigned long long) q.chain.wc_errors,
-			    (unsigned long long) q.chain.resets);
-		else
-			PUT("  qp %-6u            %llu WRs in %llu doorbells "
-			    "(%.1f per doorbell), %llu CQEs, %llu credit "
-			    "stalls, %llu WC errors, %u/%u in flight\n",
-			    q.qpn, (unsigned long long) q.chain.wrs,
-			    (unsigned long long) q.chain.chains,
-			    q.chain.chains ? (double) q.chain.wrs /
-						     (double) q.chain.chains
-					   : 0.0,
-			    (unsigned long long) q.chain.cqes,
-			    (unsigned long long) q.chain.credit_stalls,
-			    (unsigned long long) q.chain.wc_errors, q.in_flight,
-			    q.depth);
-	}
-	*lenp = len;
-#else
-	(void) b, (void) p, (void) json, (void) buf, (void) cap, (void) lenp;
-#endif
-}
-
-/* The rdma device's state and events ("rdma_device" object / a line). */
-static void rdma_events(struct kvb_broker *b, int json, char *buf, size_t cap,
-			size_t *lenp)
-{
-#ifdef KVB_HAVE_RDMA
-	struct kvb_rdma_async_stats s;
-	const char *state;
-	size_t len = *lenp;
-
-	if (!b->trs[KVB_TS_RDMA])
-		return;
-	kvb_rdma_async_get_stats(b->trs[KVB_TS_RDMA], &s);
-	state = s.device_dead ? "dead" : s.port_down ? "down" : "active";
-	if (json)
-		PUT("\"rdma_device\":{\"port\":\"%s\",\"events\":%llu,"
-		    "\"port_errors\":%llu,\"port_active\":%llu,"
-		    "\"qp_errors\":%llu,\"cq_errors\":%llu,"
-		    "\"device_fatal\":%llu},",
-		    state, (unsigned long long) s.events,
-		    (unsigned long long) s.port_errors,
-		    (unsigned long long) s.port_active,
-		    (unsigned long long) s.qp_errors,
-		    (unsigned long long) s.cq_errors,
-		    (unsigned long long) s.device_fatal);
-	else
-		PUT("rdma port              %s (%llu device events: %llu port "
-		    "down, %llu up, %llu QP errors, %llu CQ errors)\n",
-		    state, (unsigned long long) s.events,
-		    (unsigned long long) s.port_errors,
-		    (unsigned long long) s.port_active,
-		    (unsigned long long) s.qp_errors,
-		    (unsigned long long) s.cq_errors);
-	*lenp = len;
-#else
-	(void) b;
-	(void) json;
-	(void) buf;
-	(void) cap;
-	(void) lenp;
-#endif
-}
-
-/* The tcp transport's counters ("tcp" object / a line). */
-static void tcp_counters(struct kvb_broker *b, int json, char *buf, size_t cap,
-			 size_t *lenp)
-{
-#ifdef KVB_HAVE_TCP
-	struct kvb_tcp_stats s;
-	size_t len = *lenp;
-
-	if (!b->trs[KVB_TS_TCP])
-		return;
-	kvb_tcp_get_stats(b->trs[KVB_TS_TCP], &s);
-	if (json)
-		PUT("\"tcp\":{\"bytes_tx\":%llu,\"bytes_rx\":%llu,"
-		    "\"frames_tx\":%llu,\"frames_rx\":%llu,\"rejected\":%llu,"
-		    "\"refused_ops\":%llu,\"conn_failed\":%llu,"
-		    "\"conns_open\":%llu,\"eps_open\":%llu,"
-		    "\"gpu_tx_bytes\":%llu,\"gpu_rx_bytes\":%llu,"
-		    "\"gpu_copy_errors\":%llu,\"ops_merged\":%llu,"
-		    "\"conns_unauth\":%llu,\"auth_ok\":%llu,"
-		    "\"accept_paused\":%llu,\"dial_auth_failed\":%llu,"
-		    "\"refusals\":{\"untrusted_host\":%llu,"
-		    "\"auth_failed\":%llu,\"auth_timeout\":%llu,"
-		    "\"conn_limit\":%llu,\"region_refused\":%llu}},",
-		    (unsigned long long) s.bytes_tx,
-		    (unsigned long long) s.bytes_rx,
-		    (unsigned long long) s.frames_tx,
-		    (unsigned long long) s.frames_rx,
-		    (unsigned long long) s.rejected,
-		    (unsigned long long) s.refused_ops,
-		    (unsigned long long) s.conn_failed,
-		    (unsigned long long) s.conns_open,
-		    (unsigned long long) s.eps_open,
-		    (unsigned long long) s.gpu_tx_bytes,
-		    (unsigned long long) s.gpu_rx_bytes,
-		    (unsigned long long) s.gpu_copy_errors,
-		    (unsigned long long) s.ops_merged,
-		    (unsigned long long) s.conns_unauth,
-		    (unsigned long long) s.auth_ok,
-		    (unsigned long long) s.accept_paused,
-		    (unsigned long long) s.dial_auth_failed,
-		    (unsigned long long) s.refused_untrusted,
-		    (unsigned long long) s.refused_auth_failed,
-		    (unsigned long long) s.refused_auth_timeout,
-		    (unsigned long long) s.refused_conn_limit,
-		    (unsigned long long) s.refused_region);
-	else
-		PUT("tcp                    %llu bytes sent, %llu received, "
-		    "%llu refused ops, %llu malformed frames; GPU staged %llu "
-		    "out, %llu in, %llu copy errors; refused: %llu "
-		    "untrusted_host, %llu auth_failed, %llu auth_timeout, "
-		    "%llu conn_limit, %llu region_refused\n",
-		    (unsigned long long) s.bytes_tx,
-		    (unsigned long long) s.bytes_rx,
-		    (unsigned long long) s.refused_ops,
-		    (unsigned long long) s.rejected,
-		    (unsigned long long) s.gpu_tx_bytes,
-		    (unsigned long long) s.gpu_rx_bytes,
-		    (unsigned long long) s.gpu_copy_errors,
-		    (unsigned long long) s.refused_untrusted,
-		    (unsigned long long) s.refused_auth_failed,
-		    (unsigned long long) s.refused_auth_timeout,
-		    (unsigned long long) s.refused_conn_limit,
-		    (unsigned long long) s.refused_region);
-	*lenp = len;
-#else
-	(void) b;
-	(void) json;
-	(void) buf;
-	(void) cap;
-	(void) lenp;
-#endif
+	if (t && t->ops->stats_format && *lenp < cap)
+		*lenp += t->ops->stats_format(t, ep, json, buf + *lenp,
+					      cap - *lenp);
 }
 
 size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
@@ -291,8 +132,8 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) xn->st.logs_suppressed,
 		    (unsigned long long) xn->st.unopened_evicted,
 		    (unsigned long long) xn->st.peers_reclaimed);
-		rdma_events(b, json, buf, cap, &len);
-		tcp_counters(b, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
 		PUT("\"peers\":[");
 	} else {
 		PUT("notify messages        %llu received, %llu rejected, %llu "
@@ -316,8 +157,8 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) xn->st.write_done_sent,
 		    (unsigned long long) xn->st.releases_sent,
 		    (unsigned long long) xn->st.write_failed_sent);
-		rdma_events(b, json, buf, cap, &len);
-		tcp_counters(b, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
 	}
 	for (uint32_t i = 1, k = 0; i < xn->npeers_max; i++) {
 		struct kvb_peer *p = &xn->peers[i];
@@ -349,7 +190,9 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 			    p->have_desc ? p->desc.node_id : "-",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none");
-		qp_stats(b, p, json, buf, cap, &len);
+		if (p->ep[KVB_TS_RDMA])
+			tr_stats(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], json,
+				 buf, cap, &len);
 		if (json)
 			PUT("]}");
 	}

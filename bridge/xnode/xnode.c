@@ -37,12 +37,6 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 /* ------------------------------------------------------------------ */
 /* small helpers */
@@ -265,13 +259,10 @@ int kvb_xn_peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p)
 
 int kvb_xn_rdma_ready(struct kvb_broker *b, const struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_RDMA
-	return p->ep[KVB_TS_RDMA] &&
-	       kvb_rdma_ep_state(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA]) ==
-		       KVB_RDMA_EP_READY;
-#else
-	return 0;
-#endif
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+
+	return p->ep[KVB_TS_RDMA] && t->ops->ep_state &&
+	       t->ops->ep_state(t, p->ep[KVB_TS_RDMA]) == KVB_EP_STATE_READY;
 }
 
 unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p)
