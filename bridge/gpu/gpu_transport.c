@@ -23,7 +23,7 @@
  * list, so the steady state allocates nothing but the batch record.
  */
 #include "gpu.h"
-#include "gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include <errno.h>
 #include <stdio.h>
