@@ -13,7 +13,7 @@
 
 #include "proto.h"
 
-#define KVB_MAX_XFERS	   16384u
+/* KVB_MAX_XFERS: proto.h */
 #define KVB_TERMINAL_LRU   4096u
 #define KVB_XFER_MAX_DESTS 32u
 #define KVB_XFER_WSLOTS	   4096u /* worker slots (id & 0xfff) */

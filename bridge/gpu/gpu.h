@@ -77,6 +77,11 @@ int kvb_gpu_transport_open(const struct kvb_transport_params *p,
 /* GPU counters for kvbctl. Returns 0, or -EINVAL if t is not a gpu one. */
 int kvb_gpu_transport_stats(struct kvb_transport *t, struct kvb_gpu_stats *s);
 
+/* ops->stats_format: the counters above ("gpu" object / a line); 0 when
+ * there are none (ep given, or no stats) */
+size_t kvb_gpu_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
+			    int json, char *buf, size_t cap);
+
 /*
  * Copies issued on stream `idx` of device `dev` so far (round-robin check).
  * Returns 0, -ENOENT if that device has no pool yet, -EINVAL.

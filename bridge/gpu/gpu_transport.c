@@ -766,4 +766,5 @@ const struct kvb_transport_ops kvb_gpu_ops = {
 	.disconnect = gpu_disconnect,
 	.post = gpu_post,
 	.poll = gpu_poll,
+	.stats_format = kvb_gpu_stats_format,
 };
