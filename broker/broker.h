@@ -166,6 +166,7 @@ struct kvb_broker {
 	} st;
 };
 
+/* ext.c: CLOCK_MONOTONIC in ns */
 int64_t kvb_now_ns(void);
 
 /* worker.c */

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The engine's extension point: the hooks a module that extends the
- * engine registers (broker.h, struct kvb_engine_hooks), and the fds it
- * adds to the daemon's epoll set.
+ * engine registers (broker.h, struct kvb_engine_hooks), the fds it adds to
+ * the daemon's epoll set; and the engine's clock.
  */
 #include <errno.h>
 #include <sys/epoll.h>
+#include <time.h>
 
 #include "broker.h"
 
@@ -38,4 +39,12 @@ void kvb_engine_hooks_fini(struct kvb_broker *b)
 	b->hooks = NULL;
 	b->hooks_ctx = NULL;
 	b->xfers.rx_ctx = NULL;
+}
+
+int64_t kvb_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }

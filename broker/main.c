@@ -39,14 +39,6 @@
 #define EVENTS_NS	  200000ll /* ... or this long, whichever comes first */
 #define KVB_LATE_SLEEP_MS 50 /* shorter sleeps: not counted as late wakeups */
 
-int64_t kvb_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static int open_transport(struct kvb_broker *b)
 {
 	struct kvb_transport_params p = {
