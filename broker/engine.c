@@ -574,66 +574,136 @@ static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
 	return 0;
 }
 
+/* KVB_OP_SEAL (the transfer expects e->len ops in all) or KVB_OP_ABORT. */
+static void seal_or_abort(struct kvb_broker *b, struct kvb_worker *w,
+			  const struct kvb_sqe *e)
+{
+	struct kvb_xfer *x;
+
+	x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+	if (!x) {
+		kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
+			     e->transfer);
+		return;
+	}
+	if (x->closing) {
+		/* failed, its ops draining: its one completion takes
+		 * the first seal's or abort's tag; another is told
+		 * at once that the transfer ended */
+		if (x->tag_set) {
+			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE,
+				     0, e->transfer);
+			return;
+		}
+		x->tag_set = 1;
+		x->seal_tag = e->tag;
+		return;
+	}
+	x->tag_set = 1;
+	if (e->opcode == KVB_OP_ABORT) {
+		x->seal_tag = e->tag;
+		kvb_xfer_finish(b, x, -ECANCELED);
+		return;
+	}
+	if (e->len > UINT32_MAX) {
+		/* only a raw ring writer gets here (the library's
+		 * count is 32 bits): the transfer fails with -EINVAL,
+		 * its one completion carrying the seal's tag */
+		b->st.messages_rejected++;
+		if (!w->seal_logged) {
+			w->seal_logged = 1;
+			log_warn_rl("worker %u: seal of transfer %#x "
+				    "refused: count %llu too large "
+				    "(further ones counted only)",
+				    w->id, e->transfer,
+				    (unsigned long long) e->len);
+		}
+		x->seal_tag = e->tag;
+		kvb_xfer_finish(b, x, -EINVAL);
+		return;
+	}
+	x->sealed = 1;
+	x->expected = (uint32_t) e->len;
+	x->seal_tag = e->tag;
+	kvb_xfer_maybe_finish(b, x);
+}
+
+/* Take a valid descriptor into the in-flight table and queue its op for
+ * its destination (merged with the last one there where contiguous). */
+static void queue_desc(struct kvb_broker *b, struct kvb_worker *w,
+		       const struct kvb_sqe *e, struct kvb_region_ent *l,
+		       struct kvb_region_ent *r, struct kvb_xfer *x,
+		       struct kvb_xfer *y)
+{
+	struct kvb_inflight *f;
+	struct kvb_xop op;
+	uint32_t idx;
+
+	idx = b->inf_free[--b->inf_nfree];
+	f = &b->inf[idx];
+	f->worker = w->id;
+	f->xfer = e->transfer;
+	f->tag = e->tag;
+	f->bytes = e->len;
+	f->next = 0;
+	f->tail = idx;
+	f->lreg = l->mr.id;
+	f->rreg = r->mr.id;
+	f->flags = e->flags;
+	f->group = 0;
+	f->dxfer = y ? kvb_xfer_handle(&b->xfers, y) : 0;
+	f->downer = y ? y->worker : 0;
+	f->used = 1;
+	w->inf_used++;
+	l->refs++;
+	r->refs++;
+	if (x) {
+		x->submitted++;
+		x->progress++;
+	}
+	if (y) {
+		y->inbound++;
+		y->progress++;
+	}
+	memset(&op, 0, sizeof(op));
+	op.opcode = e->opcode == KVB_OP_WRITE ? KVB_XOP_WRITE : KVB_XOP_READ;
+	op.local = &l->mr;
+	op.local_off = e->offset;
+	op.remote.mr = &r->mr;
+	op.remote.region = r->mr.id;
+	op.remote_off = e->peer_offset;
+	op.len = e->len;
+	op.cookie = idx;
+	{
+		/* GPU memory on either side: GPU copy engines; else memcpy */
+		unsigned ts =
+			(l->mr.kind == KVB_MEM_GPU || r->mr.kind == KVB_MEM_GPU)
+				? KVB_TS_GPU
+				: KVB_TS_HOST;
+		uint32_t di = ts * b->opt.max_workers + KVB_WSLOT(r->owner);
+
+		if (!b->trs[ts]) {
+			kvb_complete_inflight(b, idx, -EOPNOTSUPP);
+			return;
+		}
+		b->dests[di].tr = b->trs[ts];
+		if (kvb_dest_append(b, di, &op))
+			kvb_complete_inflight(b, idx, -ENOMEM);
+	}
+}
+
 static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			const struct kvb_sqe *e)
 {
 	struct kvb_region_ent *l, *r;
-	struct kvb_inflight *f;
 	struct kvb_xfer *x = NULL, *y;
-	struct kvb_xop op;
 	const char *why = NULL;
-	uint32_t idx;
 	int rc;
 
 	switch (e->opcode) {
 	case KVB_OP_SEAL:
 	case KVB_OP_ABORT:
-		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
-		if (!x) {
-			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE,
-				     0, e->transfer);
-			return;
-		}
-		if (x->closing) {
-			/* failed, its ops draining: its one completion takes
-			 * the first seal's or abort's tag; another is told
-			 * at once that the transfer ended */
-			if (x->tag_set) {
-				kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag,
-					     -ESTALE, 0, e->transfer);
-				return;
-			}
-			x->tag_set = 1;
-			x->seal_tag = e->tag;
-			return;
-		}
-		x->tag_set = 1;
-		if (e->opcode == KVB_OP_ABORT) {
-			x->seal_tag = e->tag;
-			kvb_xfer_finish(b, x, -ECANCELED);
-			return;
-		}
-		if (e->len > UINT32_MAX) {
-			/* only a raw ring writer gets here (the library's
-			 * count is 32 bits): the transfer fails with -EINVAL,
-			 * its one completion carrying the seal's tag */
-			b->st.messages_rejected++;
-			if (!w->seal_logged) {
-				w->seal_logged = 1;
-				log_warn_rl("worker %u: seal of transfer %#x "
-					    "refused: count %llu too large "
-					    "(further ones counted only)",
-					    w->id, e->transfer,
-					    (unsigned long long) e->len);
-			}
-			x->seal_tag = e->tag;
-			kvb_xfer_finish(b, x, -EINVAL);
-			return;
-		}
-		x->sealed = 1;
-		x->expected = (uint32_t) e->len;
-		x->seal_tag = e->tag;
-		kvb_xfer_maybe_finish(b, x);
+		seal_or_abort(b, w, e);
 		return;
 	case KVB_OP_NOP:
 		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
@@ -686,57 +756,7 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 			return;
 		}
 	}
-	idx = b->inf_free[--b->inf_nfree];
-	f = &b->inf[idx];
-	f->worker = w->id;
-	f->xfer = e->transfer;
-	f->tag = e->tag;
-	f->bytes = e->len;
-	f->next = 0;
-	f->tail = idx;
-	f->lreg = l->mr.id;
-	f->rreg = r->mr.id;
-	f->flags = e->flags;
-	f->group = 0;
-	f->dxfer = y ? kvb_xfer_handle(&b->xfers, y) : 0;
-	f->downer = y ? y->worker : 0;
-	f->used = 1;
-	w->inf_used++;
-	l->refs++;
-	r->refs++;
-	if (x) {
-		x->submitted++;
-		x->progress++;
-	}
-	if (y) {
-		y->inbound++;
-		y->progress++;
-	}
-	memset(&op, 0, sizeof(op));
-	op.opcode = e->opcode == KVB_OP_WRITE ? KVB_XOP_WRITE : KVB_XOP_READ;
-	op.local = &l->mr;
-	op.local_off = e->offset;
-	op.remote.mr = &r->mr;
-	op.remote.region = r->mr.id;
-	op.remote_off = e->peer_offset;
-	op.len = e->len;
-	op.cookie = idx;
-	{
-		/* GPU memory on either side: GPU copy engines; else memcpy */
-		unsigned ts =
-			(l->mr.kind == KVB_MEM_GPU || r->mr.kind == KVB_MEM_GPU)
-				? KVB_TS_GPU
-				: KVB_TS_HOST;
-		uint32_t di = ts * b->opt.max_workers + KVB_WSLOT(r->owner);
-
-		if (!b->trs[ts]) {
-			kvb_complete_inflight(b, idx, -EOPNOTSUPP);
-			return;
-		}
-		b->dests[di].tr = b->trs[ts];
-		if (kvb_dest_append(b, di, &op))
-			kvb_complete_inflight(b, idx, -ENOMEM);
-	}
+	queue_desc(b, w, e, l, r, x, y);
 }
 
 /* Post each dirty destination as chains of at most post_batch_size ops. */

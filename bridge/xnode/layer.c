@@ -317,206 +317,266 @@ void kvb_xn_retry_starved(struct kvb_broker *b)
 	}
 }
 
-static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
-			uint16_t layer, uint64_t tag, uint8_t flags)
-{
-	struct kvb_xn *xn = kvb_xn_of(b);
-	struct kvb_rxfer *rx = x->rx;
-	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
-	struct kvb_region_ent *r = NULL;
-	struct kvb_kv_xfer *ents = NULL;
-	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi, slice;
-	uint64_t need;
-	uint64_t ncap;
-	unsigned ts;
+/* One layer op being issued: what issue_layer's steps share. */
+struct layer_op {
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	struct kvb_worker *w;
+	struct kvb_peer *p;
+	struct kvb_region_ent *r; /* this worker's KV region of the layer */
 	struct kvb_group *g;
+	uint32_t handle, gi;
+	unsigned ts; /* the peer's transport slot */
+	uint16_t layer;
+	uint8_t flags;
+	uint64_t tag;
+};
+
+/* Can it go out: worker, peer, region, transport, targets? 0, or -1 when
+ * it failed (completed with the reason). */
+static int layer_check(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_worker *w = o->w;
 	int rc;
 
-	if (!w || !p) {
-		fail_layer(b, x, tag, -EHOSTUNREACH, "peer gone", layer);
-		return;
+	if (!w || !o->p) {
+		fail_layer(b, o->x, o->tag, -EHOSTUNREACH, "peer gone",
+			   o->layer);
+		return -1;
 	}
-	if (layer < w->nkv && w->kv_layer[layer])
-		r = kvb_region_get(&b->regions, w->kv_layer[layer]);
-	if (!r || r->dead || !r->has_kv) {
-		fail_layer(b, x, tag, -ENOENT,
+	if (o->layer < w->nkv && w->kv_layer[o->layer])
+		o->r = kvb_region_get(&b->regions, w->kv_layer[o->layer]);
+	if (!o->r || o->r->dead || !o->r->has_kv) {
+		fail_layer(b, o->x, o->tag, -ENOENT,
 			   "no KV region declared for this layer "
 			   "(kvb_mem_set_kv)",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	ts = kvb_xn_peer_ts(b, p);
-	if (!ts || !b->trs[ts]) {
-		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
-			   layer);
-		return;
+	o->ts = kvb_xn_peer_ts(b, o->p);
+	if (!o->ts || !b->trs[o->ts]) {
+		fail_layer(b, o->x, o->tag, -EHOSTUNREACH,
+			   "no transport to the peer", o->layer);
+		return -1;
 	}
-	if (!(ts == KVB_TS_RDMA ? r->rdma_reg : r->tcp_reg)) {
-		fail_layer(b, x, tag, -EOPNOTSUPP,
+	if (!(o->ts == KVB_TS_RDMA ? o->r->rdma_reg : o->r->tcp_reg)) {
+		fail_layer(b, o->x, o->tag, -EOPNOTSUPP,
 			   "region not registered with the peer's transport "
 			   "(see the broker log)",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	rc = kvb_xn_compute_targets(b, w, p, rx);
+	rc = kvb_xn_compute_targets(b, w, o->p, o->rx);
 	if (rc) {
-		fail_layer(b, x, tag, rc,
+		fail_layer(b, o->x, o->tag, rc,
 			   "the peer has no workers of that DP rank with a "
 			   "compatible TP size",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	/* a region the peer's descriptor lacks: its worker may have come
-	 * after our handshake; ask again once, then give up */
+	return 0;
+}
+
+/* A region the peer's descriptor lacks: its worker may have come after
+ * our handshake; ask again once, then give up. 1: deferred until then. */
+static int layer_refresh(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_rxfer *rx = o->rx;
+	struct kvb_peer *p = o->p;
+
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
 		const struct kvb_hs_worker *hw = desc_worker(
 			&p->desc,
 			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P,
 			rx->remote_dp, rx->targets[t]);
 
-		if ((hw && desc_layer(hw, layer)) || rx->refreshed)
+		if ((hw && desc_layer(hw, o->layer)) || rx->refreshed)
 			continue;
 		rx->refreshed = 1;
 		p->stale = 1;
-		if (defer_layer(b, rx, layer, tag, flags) == 0) {
+		if (defer_layer(b, rx, o->layer, o->tag, o->flags) == 0) {
 			if (p->state != PEER_HS)
 				kvb_xn_peer_start_hs(b, p);
-			return;
+			return 1;
 		}
 		break;
 	}
-	/* room for every entry it can make, or wait for it (a layer op
-	 * never goes out in part: it would fail for want of room) */
-	need = layer_entries_max(p, rx, r, layer, &ncap);
+	return 0;
+}
+
+/* Room for every entry it can make (*ncap), or wait for it: a layer op
+ * never goes out in part (it would fail for want of room). 0: room; 1:
+ * deferred; -1: failed. */
+static int layer_room(struct kvb_broker *b, struct layer_op *o, uint64_t *ncap)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	uint64_t need = layer_entries_max(o->p, o->rx, o->r, o->layer, ncap);
+
 	if (need >= KVB_INFLIGHT_MAX) {
-		fail_layer(b, x, tag, -ENOBUFS,
+		fail_layer(b, o->x, o->tag, -ENOBUFS,
 			   "more entries than the broker's in-flight table "
 			   "holds (65,536): fewer blocks per layer op",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	if (need > b->inf_nfree) {
-		if (defer_layer(b, rx, layer, tag, flags) < 0) {
-			fail_layer(b, x, tag, -ENOMEM, "out of memory", layer);
-			return;
-		}
-		xn->st.layers_starved++;
-		rx->starved = 1;
-		if (!xn->starved_need || need < xn->starved_need)
-			xn->starved_need = need;
-		return;
+	if (need <= b->inf_nfree)
+		return 0;
+	if (defer_layer(b, o->rx, o->layer, o->tag, o->flags) < 0) {
+		fail_layer(b, o->x, o->tag, -ENOMEM, "out of memory", o->layer);
+		return -1;
 	}
-	gi = group_alloc(xn);
-	if (!gi) {
-		fail_layer(b, x, tag, -ENOBUFS, "too many layer ops in flight",
-			   layer);
-		return;
+	xn->st.layers_starved++;
+	o->rx->starved = 1;
+	if (!xn->starved_need || need < xn->starved_need)
+		xn->starved_need = need;
+	return 1;
+}
+
+/* The group of in-flight entries the layer op completes as, held while it
+ * is built (remaining = 1). 0 or -1 (failed: none free). */
+static int layer_group(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_group *g;
+
+	o->gi = group_alloc(xn);
+	if (!o->gi) {
+		fail_layer(b, o->x, o->tag, -ENOBUFS,
+			   "too many layer ops in flight", o->layer);
+		return -1;
 	}
-	g = &xn->groups[gi];
+	g = o->g = &xn->groups[o->gi];
 	memset(g, 0, sizeof(*g));
 	g->used = 1;
-	g->worker = w->id;
-	g->xfer = handle;
-	g->peer = rx->peer;
-	g->tag = tag;
-	g->flags = flags;
-	g->remaining = 1; /* held while building */
+	g->worker = o->w->id;
+	g->xfer = o->handle;
+	g->peer = o->rx->peer;
+	g->tag = o->tag;
+	g->flags = o->flags;
+	g->remaining = 1;
+	return 0;
+}
+
+/* Queue the n entries for one peer region hr to the peer's destination. */
+static void layer_queue(struct kvb_broker *b, struct layer_op *o,
+			const struct kvb_hs_region *hr,
+			const struct kvb_kv_xfer *ents, int n)
+{
+	uint32_t di = o->ts * b->opt.max_workers + PEER_SLOT(o->rx->peer);
+
+	for (int i = 0; i < n; i++) {
+		uint32_t idx = kvb_inflight_alloc(b);
+		struct kvb_inflight *f;
+		struct kvb_xop op;
+
+		if (!idx) {
+			if (!o->g->err)
+				o->g->err = -ENOBUFS;
+			break;
+		}
+		f = &b->inf[idx];
+		f->worker = o->w->id;
+		f->xfer = o->handle;
+		f->tag = o->tag;
+		f->bytes = ents[i].len;
+		f->lreg = o->r->mr.id;
+		f->group = o->gi;
+		o->r->refs++;
+		o->g->remaining++;
+		memset(&op, 0, sizeof(op));
+		op.opcode = o->rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
+						      : KVB_XOP_READ;
+		op.local = &o->r->mr;
+		op.local_off = ents[i].local_off;
+		op.remote.region = hr->id;
+		op.remote.addr = hr->addr;
+		op.remote.rkey = hr->rkey;
+		op.remote_off = ents[i].remote_off;
+		op.len = ents[i].len;
+		op.cookie = idx;
+		b->dests[di].tr = b->trs[o->ts];
+		b->dests[di].ep = o->p->ep[o->ts];
+		if (kvb_dest_append(b, di, &op))
+			kvb_complete_inflight(b, idx, -ENOMEM);
+	}
+}
+
+/* The entries for the peer's rank rank (ents: room for ncap). */
+static void layer_target(struct kvb_broker *b, struct layer_op *o,
+			 uint32_t rank, struct kvb_kv_xfer *ents, uint64_t ncap)
+{
+	struct kvb_rxfer *rx = o->rx;
+	struct kvb_region_ent *r = o->r;
+	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
+	const struct kvb_hs_worker *hw =
+		desc_worker(&o->p->desc, role, rx->remote_dp, rank);
+	const struct kvb_hs_region *hr = hw ? desc_layer(hw, o->layer) : NULL;
+	uint32_t slice;
+	int n;
+
+	if (!hr) {
+		log_warn("transfer '%s' layer %u: peer %s has no region for "
+			 "%s dp %u tp %u",
+			 o->x->id, o->layer, o->p->desc.node_id,
+			 role == KVB_HS_ROLE_D ? "D" : "P", rx->remote_dp,
+			 rank);
+		if (!o->g->err)
+			o->g->err = -ENOENT;
+		return;
+	}
+	if (head_slice(o->w, rx, rank, &r->geom, &hr->geom, &slice)) {
+		log_warn("transfer '%s' layer %u: %u heads here, %u at the "
+			 "peer's rank %u: not a head split (one side's TP m "
+			 "times the other's, its ranks holding 1/m of the "
+			 "heads; READ only with more D ranks)",
+			 o->x->id, o->layer, r->geom.num_heads,
+			 hr->geom.num_heads, rank);
+		if (!o->g->err)
+			o->g->err = -EINVAL;
+		return;
+	}
+	n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb, rx->rb,
+				     rx->nlb, ents, (uint32_t) ncap);
+	if (n < 0) {
+		log_warn("transfer '%s' layer %u: block list refused: %s",
+			 o->x->id, o->layer,
+			 n == -ERANGE ? "a block id is out of range"
+				      : "geometry mismatch");
+		if (!o->g->err)
+			o->g->err = n;
+		return;
+	}
+	layer_queue(b, o, hr, ents, n);
+}
+
+static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
+			uint16_t layer, uint64_t tag, uint8_t flags)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct layer_op o = {
+		.x = x,
+		.rx = x->rx,
+		.w = kvb_worker_by_id(b, x->worker),
+		.p = kvb_xn_peer_get(xn, x->rx->peer),
+		.handle = kvb_xfer_handle(&b->xfers, x),
+		.layer = layer,
+		.flags = flags,
+		.tag = tag,
+	};
+	struct kvb_kv_xfer *ents;
+	uint64_t ncap;
+
+	if (layer_check(b, &o) || layer_refresh(b, &o) ||
+	    layer_room(b, &o, &ncap) || layer_group(b, &o))
+		return;
 	ents = malloc((ncap ? ncap : 1) * sizeof(*ents)); /* 0: no target */
-	if (!ents) {
-		g->err = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t t = 0; t < rx->ntargets; t++) {
-		uint32_t role =
-			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
-		const struct kvb_hs_worker *hw = desc_worker(
-			&p->desc, role, rx->remote_dp, rx->targets[t]);
-		const struct kvb_hs_region *hr =
-			hw ? desc_layer(hw, layer) : NULL;
-		int n;
-
-		if (!hr) {
-			log_warn("transfer '%s' layer %u: peer %s has no "
-				 "region for %s dp %u tp %u",
-				 x->id, layer, p->desc.node_id,
-				 role == KVB_HS_ROLE_D ? "D" : "P",
-				 rx->remote_dp, rx->targets[t]);
-			if (!g->err)
-				g->err = -ENOENT;
-			continue;
-		}
-		if (head_slice(w, rx, rx->targets[t], &r->geom, &hr->geom,
-			       &slice)) {
-			log_warn("transfer '%s' layer %u: %u heads here, %u "
-				 "at the peer's rank %u: not a head split "
-				 "(one side's TP m times the other's, its "
-				 "ranks holding 1/m of the heads; READ only "
-				 "with more D ranks)",
-				 x->id, layer, r->geom.num_heads,
-				 hr->geom.num_heads, rx->targets[t]);
-			if (!g->err)
-				g->err = -EINVAL;
-			continue;
-		}
-		n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb,
-					     rx->rb, rx->nlb, ents,
-					     (uint32_t) ncap);
-		if (n < 0) {
-			log_warn("transfer '%s' layer %u: block list refused: "
-				 "%s",
-				 x->id, layer,
-				 n == -ERANGE ? "a block id is out of range"
-					      : "geometry mismatch");
-			if (!g->err)
-				g->err = n;
-			continue;
-		}
-		for (int i = 0; i < n; i++) {
-			uint32_t idx = kvb_inflight_alloc(b);
-			struct kvb_inflight *f;
-			struct kvb_xop op;
-
-			if (!idx) {
-				if (!g->err)
-					g->err = -ENOBUFS;
-				break;
-			}
-			f = &b->inf[idx];
-			f->worker = w->id;
-			f->xfer = handle;
-			f->tag = tag;
-			f->bytes = ents[i].len;
-			f->lreg = r->mr.id;
-			f->group = gi;
-			r->refs++;
-			g->remaining++;
-			memset(&op, 0, sizeof(op));
-			op.opcode = rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
-							   : KVB_XOP_READ;
-			op.local = &r->mr;
-			op.local_off = ents[i].local_off;
-			op.remote.region = hr->id;
-			op.remote.addr = hr->addr;
-			op.remote.rkey = hr->rkey;
-			op.remote_off = ents[i].remote_off;
-			op.len = ents[i].len;
-			op.cookie = idx;
-			{
-				uint32_t di = ts * b->opt.max_workers +
-					      PEER_SLOT(rx->peer);
-
-				b->dests[di].tr = b->trs[ts];
-				b->dests[di].ep = p->ep[ts];
-				if (kvb_dest_append(b, di, &op))
-					kvb_complete_inflight(b, idx, -ENOMEM);
-			}
-		}
-	}
-out:
+	if (!ents)
+		o.g->err = -ENOMEM;
+	for (uint32_t t = 0; ents && t < o.rx->ntargets; t++)
+		layer_target(b, &o, o.rx->targets[t], ents, ncap);
 	free(ents);
 	xn->st.layer_ops++;
-	kvb_xn_group_done(b, gi, 0, 0); /* drop the building hold */
+	kvb_xn_group_done(b, o.gi, 0, 0); /* drop the building hold */
 }
 
 static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
