@@ -179,7 +179,7 @@ static void send_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		log_dbg("worker %u: reply failed", w->id);
 }
 
-/* A deferred reply (remote.c): only PEER requests are answered later. */
+/* A deferred reply (xnode.c): only PEER requests are answered later. */
 void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		      int status)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Layer ops of cross-node transfers (remote.c has the state machines): a
+ * Layer ops of cross-node transfers (xnode.c has the state machines): a
  * KVB_OP_LAYER becomes the transfer list of that layer's blocks on each
  * target peer (bridge/zmq/blocks: offsets from block ids, runs contiguous
  * on both sides merged), queued on the peer's transport destination like

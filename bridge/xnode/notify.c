@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node: MoRIIO notify messages received on the workers' notify ports
  * (remote_blocks, release, write_done, plain strings) and the ports
- * themselves (see remote.c). */
+ * themselves (see xnode.c). */
 #include "xnode_priv.h"
 
 #include <errno.h>

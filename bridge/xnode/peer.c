@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node: this node's engine descriptor, peer brokers, the handshake
- * port, and rdma endpoint offers/answers (see remote.c). */
+ * port, and rdma endpoint offers/answers (see xnode.c). */
 #include "xnode_priv.h"
 
 #include <errno.h>

@@ -4,7 +4,7 @@
  * rdma device), the ZMQ context and handshake port, --trusted-hosts, and
  * the registration of regions with those transports (host regions with
  * both, GPU regions with rdma only). The state machines that use them are
- * in remote.c.
+ * in xnode.c.
  */
 #include "xnode_priv.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Cross-node counters for `kvbctl stats` (see remote.c). */
+/* Cross-node counters for `kvbctl stats` (see xnode.c). */
 #include "xnode_priv.h"
 
 #include <errno.h>

@@ -15,9 +15,9 @@
  *
  * Everything runs on the broker thread and never blocks: ZMQ sockets are
  * drained without waiting, peers that do not answer time out. Set-up,
- * teardown and region registration: remote_setup.c; peers and the
- * handshake: remote_peer.c; notify messages: remote_notify.c; layer ops:
- * remote_layer.c.
+ * teardown and region registration: setup.c; peers and the
+ * handshake: peer.c; notify messages: notify.c; layer ops:
+ * layer.c.
  */
 #include "xnode_priv.h"
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Private to the cross-node bridge of the broker (remote.c: notify
- * messages, WRITE/READ state machines, layer ops; remote_peer.c: engine
- * descriptor, peers, handshake port, rdma endpoints; remote_stats.c).
+ * Private to the cross-node module (bridge/xnode) (xnode.c: notify
+ * messages, WRITE/READ state machines, layer ops; peer.c: engine
+ * descriptor, peers, handshake port, rdma endpoints; stats.c).
  * One broker thread owns all of it.
  */
 #ifndef KVB_BRIDGE_XNODE_PRIV_H
@@ -60,7 +60,7 @@ struct kvb_peer {
 	uint32_t gen;		  /* of the slot: ids of a freed peer die */
 	uint64_t last_use;	  /* xn->tick when last found or adopted */
 	uint32_t refs[PEER_REFS]; /* workers told this peer's id */
-	/* data-port authentication (remote_auth.c): the region ids offered
+	/* data-port authentication (auth.c): the region ids offered
 	 * to the peer in our last descriptor to it, the tcp id it is
 	 * allowed under (0: none), our last request's MAC (--cluster-key) */
 	uint32_t *offer, noffer;
@@ -164,7 +164,7 @@ struct kvb_xn {
 	} * ufifo;
 	uint32_t ufifo_head, ufifo_tail;
 	uint64_t tick; /* peer LRU clock */
-	/* remote_auth.c: this instance's X25519 key pair, the cluster key
+	/* auth.c: this instance's X25519 key pair, the cluster key
 	 * (--cluster-key) and the handshake MAC key derived from it */
 	uint8_t kx_pk[32], kx_sk[32];
 	uint8_t ck[32], hs_key[32];
@@ -179,10 +179,10 @@ static inline struct kvb_xn *kvb_xn_of(const struct kvb_broker *b)
 	return (struct kvb_xn *) kvb_engine_ctx(b);
 }
 
-/* remote.c */
+/* xnode.c */
 int kvb_xn_ep_add(struct kvb_broker *b, int fd);
 int kvb_xn_ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
-/* remote.c */
+/* xnode.c */
 void kvb_xn_ep_del(struct kvb_broker *b, int fd);
 /* The hooks the module registers with the engine (broker.h, struct
  * kvb_engine_hooks, says when each runs); setup.c holds the table. */
@@ -215,15 +215,15 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
 
 #define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
 
-/* remote.c: whether a line about bad input may be logged now (at most
+/* xnode.c: whether a line about bad input may be logged now (at most
  * RLOG_BURST a second, the rest counted and summed up a second later) */
 int kvb_xn_rlog_ok(struct kvb_xn *xn);
-/* remote.c */
+/* xnode.c */
 int kvb_xn_trusted(struct kvb_xn *xn, const char *host);
-/* remote.c */
+/* xnode.c */
 uint32_t kvb_xn_peer_id(struct kvb_xn *xn, struct kvb_peer *p);
 /*
- * remote.c: the peer at host:port; with create, a new one when there is
+ * xnode.c: the peer at host:port; with create, a new one when there is
  * none, in a free slot or else in the slot of the least recently used idle
  * peer (not handshaking, no worker waiting for or told its id, no live
  * transfer or layer op): that one is disconnected and its id stops naming
@@ -231,71 +231,71 @@ uint32_t kvb_xn_peer_id(struct kvb_xn *xn, struct kvb_peer *p);
  */
 struct kvb_peer *kvb_xn_peer_find(struct kvb_xn *xn, const char *host,
 				  uint16_t port, int create);
-/* remote.c: remember that worker wid was told p's id (p is then kept) */
+/* xnode.c: remember that worker wid was told p's id (p is then kept) */
 void kvb_xn_peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid);
-/* remote.c */
+/* xnode.c */
 const struct kvb_hs_transport *
 kvb_xn_desc_transport(const struct kvb_hs_desc *d, const char *name);
-/* remote.c */
+/* xnode.c */
 int kvb_xn_peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p);
-/* remote.c */
+/* xnode.c */
 int kvb_xn_rdma_ready(struct kvb_broker *b, const struct kvb_peer *p);
-/* remote.c */
+/* xnode.c */
 unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p);
-/* remote_layer.c */
+/* layer.c */
 void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts,
 			  int status);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_peer_disconnect(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p,
 			       int status);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_close_dealer(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_peer_done(struct kvb_broker *b, struct kvb_peer *p, int status);
-/* remote_peer.c */
+/* peer.c */
 int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_peer.c */
+/* peer.c */
 int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_peer.c */
+/* peer.c */
 void kvb_xn_hs_serve(struct kvb_broker *b);
 
-/* remote.c */
+/* xnode.c */
 struct kvb_peer *kvb_xn_peer_get(struct kvb_xn *xn, uint32_t id);
-/* remote_layer.c */
+/* layer.c */
 void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
-/* remote_layer.c: remote ranks a layer op of this transfer touches (sets
+/* layer.c: remote ranks a layer op of this transfer touches (sets
  * rx->targets); 0 or -errno */
 int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
 			   struct kvb_peer *p, struct kvb_rxfer *rx);
-/* remote.c */
+/* xnode.c */
 uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n);
 /* Free a cross-node transfer state (the rx_free hook; ctx: xn). */
 void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx);
-/* remote.c: a worker opened it, or it goes: out of the unopened count */
+/* xnode.c: a worker opened it, or it goes: out of the unopened count */
 void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx);
-/* remote_notify.c */
+/* notify.c */
 void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w);
 
-/* remote_auth.c: key pair, cluster key, the tcp data port's caps, trusted
+/* auth.c: key pair, cluster key, the tcp data port's caps, trusted
  * hosts and log; 0 or -errno */
 int kvb_xn_auth_init(struct kvb_broker *b);
-/* remote_auth.c: wipe the secrets */
+/* auth.c: wipe the secrets */
 void kvb_xn_auth_fini(struct kvb_xn *xn);
-/* remote_auth.c: the regions of `mine` are what p was offered */
+/* auth.c: the regions of `mine` are what p was offered */
 int kvb_xn_auth_offer(struct kvb_broker *b, struct kvb_peer *p,
 		      const struct kvb_hs_desc *mine);
-/* remote_auth.c: p's key (from its descriptor's kx): allow it on the data
+/* auth.c: p's key (from its descriptor's kx): allow it on the data
  * port with its offered regions, and prove it on our endpoint to it */
 void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_auth.c: p may no longer connect; its connections close */
+/* auth.c: p may no longer connect; its connections close */
 void kvb_xn_auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
-/* remote_auth.c: the handshake MAC of a descriptor (label "req"/"rep",
+/* auth.c: the handshake MAC of a descriptor (label "req"/"rep",
  * a reply bound to the request's MAC `pre`) */
 void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
 			const uint8_t *pre, const void *desc, size_t len,
