@@ -238,6 +238,25 @@ void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 
 /* engine.c: the engine API its extension (bridge/xnode) uses */
 uint32_t kvb_inflight_alloc(struct kvb_broker *b);
+/* An entry kvb_inflight_alloc() gave (to fill in), and the free entries. */
+static inline struct kvb_inflight *kvb_inflight_get(struct kvb_broker *b,
+						    uint32_t idx)
+{
+	return &b->inf[idx];
+}
+static inline uint32_t kvb_inflight_free(const struct kvb_broker *b)
+{
+	return b->inf_nfree;
+}
+/* ext.c: the destination of transport slot ts and index slot (a worker
+ * slot, or the extension's peer slot), bound to tr and ep; its index for
+ * kvb_dest_append */
+uint32_t kvb_dest_bind(struct kvb_broker *b, unsigned ts, uint32_t slot,
+		       struct kvb_transport *tr, struct kvb_ep *ep);
+/* ext.c: complete the ops queued for that destination (not yet posted)
+ * with status */
+void kvb_dest_fail(struct kvb_broker *b, unsigned ts, uint32_t slot,
+		   int status);
 void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status);
 int kvb_dest_append(struct kvb_broker *b, uint32_t di,
 		    const struct kvb_xop *op);

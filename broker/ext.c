@@ -19,6 +19,25 @@ void kvb_engine_set_hooks(struct kvb_broker *b,
 	b->xfers.rx_ctx = h ? ctx : NULL;
 }
 
+uint32_t kvb_dest_bind(struct kvb_broker *b, unsigned ts, uint32_t slot,
+		       struct kvb_transport *tr, struct kvb_ep *ep)
+{
+	uint32_t di = ts * b->opt.max_workers + slot;
+
+	b->dests[di].tr = tr;
+	b->dests[di].ep = ep;
+	return di;
+}
+
+void kvb_dest_fail(struct kvb_broker *b, unsigned ts, uint32_t slot, int status)
+{
+	struct kvb_dest *d = &b->dests[ts * b->opt.max_workers + slot];
+
+	for (uint32_t i = 0; i < d->n; i++)
+		kvb_complete_inflight(b, (uint32_t) d->ops[i].cookie, status);
+	d->n = 0;
+}
+
 int kvb_engine_watch_fd(struct kvb_broker *b, int fd, uint64_t tag)
 {
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};

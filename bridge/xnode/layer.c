@@ -302,7 +302,7 @@ void kvb_xn_retry_starved(struct kvb_broker *b)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!xn || !xn->starved_need || b->inf_nfree < xn->starved_need)
+	if (!xn || !xn->starved_need || kvb_inflight_free(b) < xn->starved_need)
 		return;
 	xn->starved_need = 0; /* set again by what still does not fit */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
@@ -419,7 +419,7 @@ static int layer_room(struct kvb_broker *b, struct layer_op *o, uint64_t *ncap)
 			   o->layer);
 		return -1;
 	}
-	if (need <= b->inf_nfree)
+	if (need <= kvb_inflight_free(b))
 		return 0;
 	if (defer_layer(b, o->rx, o->layer, o->tag, o->flags) < 0) {
 		fail_layer(b, o->x, o->tag, -ENOMEM, "out of memory", o->layer);
@@ -462,7 +462,7 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 			const struct kvb_hs_region *hr,
 			const struct kvb_kv_xfer *ents, int n)
 {
-	uint32_t di = o->ts * b->opt.max_workers + PEER_SLOT(o->rx->peer);
+	uint32_t di = UINT32_MAX; /* bound at the first entry */
 
 	for (int i = 0; i < n; i++) {
 		uint32_t idx = kvb_inflight_alloc(b);
@@ -474,7 +474,7 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 				o->g->err = -ENOBUFS;
 			break;
 		}
-		f = &b->inf[idx];
+		f = kvb_inflight_get(b, idx);
 		f->worker = o->w->id;
 		f->xfer = o->handle;
 		f->tag = o->tag;
@@ -494,8 +494,9 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 		op.remote_off = ents[i].remote_off;
 		op.len = ents[i].len;
 		op.cookie = idx;
-		b->dests[di].tr = b->trs[o->ts];
-		b->dests[di].ep = o->p->ep[o->ts];
+		if (di == UINT32_MAX)
+			di = kvb_dest_bind(b, o->ts, PEER_SLOT(o->rx->peer),
+					   b->trs[o->ts], o->p->ep[o->ts]);
 		if (kvb_dest_append(b, di, &op))
 			kvb_complete_inflight(b, idx, -ENOMEM);
 	}

@@ -131,12 +131,7 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 void kvb_xn_fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts,
 			  int status)
 {
-	struct kvb_dest *d =
-		&b->dests[ts * b->opt.max_workers + PEER_SLOT(pid)];
-
-	for (uint32_t i = 0; i < d->n; i++)
-		kvb_complete_inflight(b, (uint32_t) d->ops[i].cookie, status);
-	d->n = 0;
+	kvb_dest_fail(b, ts, PEER_SLOT(pid), status);
 }
 
 void kvb_xn_peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
