@@ -695,20 +695,151 @@ static void hs_reply(struct kvb_xn *xn, zmq_msg_t *id, int32_t status,
 	hs_reply_mac(xn, id, status, body, len, NULL);
 }
 
-/* Requests on the handshake port: [identity][descriptor]. */
+/* Refuse a handshake request from host: counted, logged (a few a second),
+ * answered with rc and why. */
+static void hs_refuse(struct kvb_xn *xn, zmq_msg_t *id, int rc,
+		      const char *host, const char *why)
+{
+	xn->st.hs_refused++;
+	if (kvb_xn_rlog_ok(xn))
+		log_warn("handshake from %s refused: %s", host, why);
+	hs_reply(xn, id, rc, why, strlen(why));
+}
+
+/* A request's sender and MAC: 0, or -1 when it was refused. */
+static int hs_check(struct kvb_xn *xn, zmq_msg_t *f, int n, const char *host)
+{
+	if (!kvb_xn_trusted(xn, host)) {
+		hs_refuse(xn, &f[0], -EACCES, host, "not in --trusted-hosts");
+		return -1;
+	}
+	/* --cluster-key: [descriptor][MAC], else [descriptor] */
+	if (xn->has_ck
+		    ? n != 3 || !kvb_xn_auth_hs_mac_ok(xn, "kvb-hs-req1", NULL,
+						       zmq_msg_data(&f[1]),
+						       zmq_msg_size(&f[1]),
+						       zmq_msg_data(&f[2]),
+						       zmq_msg_size(&f[2]))
+		    : n != 2) {
+		hs_refuse(xn, &f[0], -EACCES, host,
+			  xn->has_ck ? "handshake not authenticated "
+				       "(--cluster-key differs or is missing)"
+				     : "this broker has no --cluster-key");
+		return -1;
+	}
+	return 0;
+}
+
+/* The requester's descriptor: 0, or -1 when it was refused. */
+static int hs_decode_req(struct kvb_xn *xn, zmq_msg_t *f, const char *host,
+			 struct kvb_hs_desc *d)
+{
+	const char *reason = NULL;
+	int rc = kvb_hs_decode(d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+			       &reason);
+
+	if (rc) {
+		xn->st.hs_refused++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("handshake from %s refused: %s", host,
+				 reason ? reason : strerror(-rc));
+		if (rc == -EPROTONOSUPPORT && kvb_xn_rlog_ok(xn))
+			log_warn("peer %s speaks handshake version %u, this "
+				 "broker %u",
+				 host, d->version, KVB_HS_VERSION);
+		hs_reply(xn, &f[0], rc, reason ? reason : "bad descriptor",
+			 strlen(reason ? reason : "bad descriptor"));
+		return -1;
+	}
+	if (d->host[0] && !kvb_xn_trusted(xn, d->host)) {
+		static const char why[] =
+			"declared host not in --trusted-hosts";
+
+		xn->st.hs_refused++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("handshake from %s (declaring host %s) "
+				 "refused: %s",
+				 host, d->host, why);
+		hs_reply(xn, &f[0], -EACCES, why, sizeof(why) - 1);
+		kvb_hs_fini(d);
+		return -1;
+	}
+	return 0;
+}
+
+/* Answer with our descriptor (and its MAC, bound to the request's). */
+static void hs_answer(struct kvb_broker *b, zmq_msg_t *id, struct kvb_peer *p,
+		      const uint8_t reqmac[32])
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_hs_desc mine;
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = own_desc(b, &mine);
+	if (!rc)
+		rc = kvb_hs_encode(&mine, &buf, &len);
+	if (!rc && p && !kvb_xn_auth_offer(b, p, &mine))
+		kvb_xn_auth_tcp_peer(b, p); /* what this reply offers */
+	kvb_hs_fini(&mine);
+	if (rc) {
+		hs_reply(xn, id, rc, "internal error", 14);
+	} else {
+		uint8_t mac[32];
+
+		if (xn->has_ck)
+			kvb_xn_auth_hs_mac(xn, "kvb-hs-rep1", reqmac, buf, len,
+					   mac);
+		hs_reply_mac(xn, id, 0, buf, len, xn->has_ck ? mac : NULL);
+		xn->st.hs_served++;
+	}
+	free(buf);
+}
+
+/* One handshake request, [identity][descriptor]([MAC]): the requester
+ * becomes (or refreshes) a peer of ours, and gets our descriptor. */
+static void hs_serve_one(struct kvb_broker *b, zmq_msg_t *f, int n)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	const char *addr = zmq_msg_gets(&f[1], "Peer-Address");
+	uint8_t reqmac[32] = {0};
+	struct kvb_hs_desc d;
+	struct kvb_peer *p;
+	char host[64];
+	int rc;
+
+	snprintf(host, sizeof(host), "%s", addr ? addr : "?");
+	if (hs_check(xn, f, n, host))
+		return;
+	if (n == 3)
+		memcpy(reqmac, zmq_msg_data(&f[2]), sizeof(reqmac));
+	if (hs_decode_req(xn, f, host, &d))
+		return;
+	p = kvb_xn_peer_find(xn, d.host[0] ? d.host : host,
+			     (uint16_t) d.hs_port, 1);
+	if (p) {
+		rc = peer_adopt(b, p, &d);
+		if (!rc && p->state != PEER_HS)
+			p->state = PEER_READY;
+		if (!rc)
+			kvb_xn_issue_deferred_of_peer(b, kvb_xn_peer_id(xn, p));
+	} else if (kvb_xn_rlog_ok(xn)) {
+		log_warn("handshake from %s: peer table full (%u, all in use)",
+			 host, xn->npeers_max - 1);
+	}
+	kvb_hs_fini(&d);
+	hs_answer(b, &f[0], p, reqmac);
+}
+
+/* Requests on the handshake port, HS_DRAIN at most a call. */
 void kvb_xn_hs_serve(struct kvb_broker *b)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 
 	for (unsigned k = 0; k < HS_DRAIN; k++) {
 		zmq_msg_t f[3];
-		struct kvb_hs_desc d, mine;
-		const char *reason = NULL, *addr;
-		uint8_t reqmac[32] = {0};
-		char host[64];
-		char *buf = NULL;
-		size_t len = 0;
-		struct kvb_peer *p;
+		const char *addr;
 		int n = 0, rc;
 
 		rc = recv_frames(xn->router, f, 3, &n);
@@ -743,109 +874,7 @@ void kvb_xn_hs_serve(struct kvb_broker *b)
 					 n, rc == -EBADMSG ? "+" : "");
 			continue;
 		}
-		addr = zmq_msg_gets(&f[1], "Peer-Address");
-		snprintf(host, sizeof(host), "%s", addr ? addr : "?");
-		if (!kvb_xn_trusted(xn, host)) {
-			static const char why[] = "not in --trusted-hosts";
-
-			xn->st.hs_refused++;
-			if (kvb_xn_rlog_ok(xn))
-				log_warn("handshake from %s refused: %s", host,
-					 why);
-			hs_reply(xn, &f[0], -EACCES, why, sizeof(why) - 1);
-			close_frames(f, n);
-			continue;
-		}
-		/* --cluster-key: [descriptor][MAC], else [descriptor] */
-		if (xn->has_ck ? n != 3 || !kvb_xn_auth_hs_mac_ok(
-						   xn, "kvb-hs-req1", NULL,
-						   zmq_msg_data(&f[1]),
-						   zmq_msg_size(&f[1]),
-						   zmq_msg_data(&f[2]),
-						   zmq_msg_size(&f[2]))
-			       : n != 2) {
-			const char *why =
-				xn->has_ck ? "handshake not authenticated "
-					     "(--cluster-key differs or is "
-					     "missing)"
-					   : "this broker has no --cluster-key";
-
-			xn->st.hs_refused++;
-			if (kvb_xn_rlog_ok(xn))
-				log_warn("handshake from %s refused: %s", host,
-					 why);
-			hs_reply(xn, &f[0], -EACCES, why, strlen(why));
-			close_frames(f, n);
-			continue;
-		}
-		if (n == 3)
-			memcpy(reqmac, zmq_msg_data(&f[2]), sizeof(reqmac));
-		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
-				   &reason);
-		if (rc) {
-			xn->st.hs_refused++;
-			if (kvb_xn_rlog_ok(xn))
-				log_warn("handshake from %s refused: %s", host,
-					 reason ? reason : strerror(-rc));
-			if (rc == -EPROTONOSUPPORT && kvb_xn_rlog_ok(xn))
-				log_warn("peer %s speaks handshake version %u, "
-					 "this broker %u",
-					 host, d.version, KVB_HS_VERSION);
-			hs_reply(xn, &f[0], rc,
-				 reason ? reason : "bad descriptor",
-				 strlen(reason ? reason : "bad descriptor"));
-			close_frames(f, n);
-			continue;
-		}
-		if (d.host[0] && !kvb_xn_trusted(xn, d.host)) {
-			static const char why[] =
-				"declared host not in --trusted-hosts";
-
-			xn->st.hs_refused++;
-			if (kvb_xn_rlog_ok(xn))
-				log_warn("handshake from %s (declaring host "
-					 "%s) refused: %s",
-					 host, d.host, why);
-			hs_reply(xn, &f[0], -EACCES, why, sizeof(why) - 1);
-			kvb_hs_fini(&d);
-			close_frames(f, n);
-			continue;
-		}
-		/* the requester becomes (or refreshes) a peer of ours */
-		p = kvb_xn_peer_find(xn, d.host[0] ? d.host : host,
-				     (uint16_t) d.hs_port, 1);
-		if (p) {
-			rc = peer_adopt(b, p, &d);
-			if (!rc && p->state != PEER_HS)
-				p->state = PEER_READY;
-			if (!rc)
-				kvb_xn_issue_deferred_of_peer(
-					b, kvb_xn_peer_id(xn, p));
-		} else if (kvb_xn_rlog_ok(xn)) {
-			log_warn("handshake from %s: peer table full (%u, all "
-				 "in use)",
-				 host, xn->npeers_max - 1);
-		}
-		kvb_hs_fini(&d);
-		rc = own_desc(b, &mine);
-		if (!rc)
-			rc = kvb_hs_encode(&mine, &buf, &len);
-		if (!rc && p && !kvb_xn_auth_offer(b, p, &mine))
-			kvb_xn_auth_tcp_peer(b, p); /* what this reply offers */
-		kvb_hs_fini(&mine);
-		if (rc) {
-			hs_reply(xn, &f[0], rc, "internal error", 14);
-		} else {
-			uint8_t mac[32];
-
-			if (xn->has_ck)
-				kvb_xn_auth_hs_mac(xn, "kvb-hs-rep1", reqmac,
-						   buf, len, mac);
-			hs_reply_mac(xn, &f[0], 0, buf, len,
-				     xn->has_ck ? mac : NULL);
-			xn->st.hs_served++;
-		}
-		free(buf);
+		hs_serve_one(b, f, n);
 		close_frames(f, n);
 	}
 }
