@@ -398,18 +398,13 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
-int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
-		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle)
+/* Is an XOPEN request well formed for w (its block lists as its role and
+ * mode need them), with a peer where it needs one? 0 or -errno. */
+static int xopen_check(struct kvb_xn *xn, struct kvb_worker *w,
+		       const struct kvb_msg_xopen *m, uint32_t len)
 {
-	struct kvb_xn *xn = kvb_xn_of(b);
-	const uint32_t *ids = (const uint32_t *) (m + 1);
 	struct kvb_peer *p;
-	struct kvb_xfer *x;
-	struct kvb_rxfer *rx;
-	int err = 0, created;
 
-	if (!xn)
-		return -ENOTCONN;
 	if ((uint64_t) len !=
 		    sizeof(*m) + ((uint64_t) m->nblocks + m->nremote) *
 					 sizeof(uint32_t) ||
@@ -429,8 +424,46 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ &&
 	    (!m->nblocks || m->nremote != m->nblocks))
 		return -EINVAL;
+	return 0;
+}
+
+/* P reading from D: the ACKs the D ranks will send, typed release or plain
+ * string, from the peer's D TP size (a typed release's consumer_tp_size
+ * overrides it); 1 where it cannot say. */
+static uint32_t read_acks(const struct kvb_worker *w, const struct kvb_peer *p)
+{
+	uint32_t ctp = 0;
+	int a;
+
+	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
+		const struct kvb_hs_worker *hw = &p->desc.workers[i];
+
+		if (hw->role != KVB_HS_ROLE_D)
+			continue;
+		ctp = !ctp || ctp == hw->tp_size ? hw->tp_size : UINT32_MAX;
+	}
+	a = ctp && ctp != UINT32_MAX ? kvb_tp_release_acks(w->tp_size, ctp)
+				     : -EINVAL;
+	return a > 0 ? (uint32_t) a : 1;
+}
+
+int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	const uint32_t *ids = (const uint32_t *) (m + 1);
+	struct kvb_peer *p;
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	int err = 0;
+
+	if (!xn)
+		return -ENOTCONN;
+	err = xopen_check(xn, w, m, len);
+	if (err)
+		return err;
+	p = kvb_xn_peer_get(xn, m->peer);
 	x = kvb_xfer_find(&b->xfers, w->id, m->id, m->id_len);
-	created = !x;
 	if (!x)
 		x = kvb_xfer_open(
 			&b->xfers, w->id, m->id, m->id_len,
@@ -477,29 +510,10 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	if (m->nblocks && !rx->lb)
 		goto nomem;
-	rx->acks_needed = 1;
-	if (w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ && p &&
-	    p->have_desc) {
-		/* ACKs the D ranks will send, typed release or plain string:
-		 * from the peer's D TP size (a typed release's
-		 * consumer_tp_size overrides it) */
-		uint32_t ctp = 0;
-		int a;
-
-		for (uint32_t i = 0; i < p->desc.nworkers; i++) {
-			const struct kvb_hs_worker *hw = &p->desc.workers[i];
-
-			if (hw->role != KVB_HS_ROLE_D)
-				continue;
-			ctp = !ctp || ctp == hw->tp_size ? hw->tp_size
-							 : UINT32_MAX;
-		}
-		a = ctp && ctp != UINT32_MAX
-			    ? kvb_tp_release_acks(w->tp_size, ctp)
-			    : -EINVAL;
-		if (a > 0)
-			rx->acks_needed = (uint32_t) a;
-	}
+	rx->acks_needed = w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ &&
+					  p && p->have_desc
+				  ? read_acks(w, p)
+				  : 1;
 	memcpy(rx->notify_host, m->notify_host, sizeof(rx->notify_host));
 	rx->notify_port = (uint16_t) m->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
@@ -515,7 +529,6 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 			return rc;
 		}
 	}
-	(void) created;
 	*handle = kvb_xfer_handle(&b->xfers, x);
 	return 0;
 nomem:
