@@ -170,9 +170,9 @@ static int teardown(void **state)
 	kvb_engine_fini(&f->b);
 	kvb_xfers_fini(&f->b.xfers);
 	kvb_regions_fini(&f->b.regions);
+	free(f->w->ovf);
 	free(f->b.workers);
 	free(f->b.live);
-	free(f->w->ovf);
 	free(f->segmem);
 	free(f->src_mem);
 	free(f->dst_mem);
