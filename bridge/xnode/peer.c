@@ -543,13 +543,119 @@ static void close_frames(zmq_msg_t *f, int n)
 }
 
 /* A handshake reply on a peer's DEALER: [status][desc | reason]. */
+/* The answer to our rdma offer: [status]["ep"][ep_msg]; f closed here. */
+static void peer_ep_answer(struct kvb_broker *b, struct kvb_peer *p,
+			   zmq_msg_t *f, int n)
+{
+	struct ep_msg m;
+	size_t sz = zmq_msg_size(&f[2]);
+	int32_t status;
+	int rc;
+
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	memset(&m, 0, sizeof(m));
+	if (sz >= offsetof(struct ep_msg, blob) && sz <= sizeof(m))
+		memcpy(&m, zmq_msg_data(&f[2]), sz);
+	close_frames(f, n);
+	p->ep_pending = 0;
+	rc = status ? status
+		    : (m.len == sz - offsetof(struct ep_msg, blob)
+			       ? rdma_take(b, p, m.blob, m.len)
+			       : -EBADMSG);
+	if (rc) {
+		log_warn("peer %s:%u: rdma answer: %s", p->host, p->port,
+			 strerror(-rc));
+		return;
+	}
+	if (kvb_xn_rdma_ready(b, p))
+		kvb_xn_issue_deferred_of_peer(b,
+					      kvb_xn_peer_id(kvb_xn_of(b), p));
+}
+
+/*
+ * A descriptor is followed by its MAC with --cluster-key, only then; a
+ * refusal (status < 0) has none. Checks it and drops it (*n = 2): 0,
+ * -EBADMSG, or 1 when the reply was refused for a wrong MAC (f closed).
+ */
+static int peer_reply_mac(struct kvb_broker *b, struct kvb_peer *p,
+			  zmq_msg_t *f, int *n)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	int32_t status;
+	int rc = 0;
+
+	if (*n < 2 || zmq_msg_size(&f[0]) != sizeof(status))
+		return 0;
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	if (!status && (*n == 3) != !!xn->has_ck) /* 2 or 3 frames */
+		rc = -EBADMSG;
+	else if (!status && *n == 3 &&
+		 !kvb_xn_auth_hs_mac_ok(
+			 xn, "kvb-hs-rep1", p->req_mac, zmq_msg_data(&f[1]),
+			 zmq_msg_size(&f[1]), zmq_msg_data(&f[2]),
+			 zmq_msg_size(&f[2])))
+		rc = -EACCES;
+	else if (status && *n != 2)
+		rc = -EBADMSG;
+	if (rc == -EACCES) {
+		close_frames(f, *n);
+		xn->st.hs_bad_replies++;
+		log_warn("peer %s:%u: handshake reply with a wrong MAC "
+			 "(another --cluster-key?)",
+			 p->host, p->port);
+		if (p->state == PEER_HS)
+			kvb_xn_peer_done(b, p, -EACCES);
+		return 1;
+	}
+	if (!rc && *n == 3) {
+		zmq_msg_close(&f[2]); /* the MAC, checked */
+		*n = 2;
+	}
+	return rc;
+}
+
+/* A well-formed reply [status][body] to our handshake; f closed here. */
+static void peer_take_reply(struct kvb_broker *b, struct kvb_peer *p,
+			    zmq_msg_t *f, int n)
+{
+	const char *reason = NULL;
+	struct kvb_hs_desc d;
+	int32_t status;
+	int rc;
+
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	if (p->state != PEER_HS) {
+		close_frames(f, n); /* late reply to a timed-out ask */
+		return;
+	}
+	if (status) {
+		log_warn("peer %s:%u refused the handshake: %.*s (%s)", p->host,
+			 p->port, (int) zmq_msg_size(&f[1]),
+			 (const char *) zmq_msg_data(&f[1]),
+			 strerror(status < 0 ? -status : status));
+		close_frames(f, n);
+		kvb_xn_peer_done(b, p, status < 0 ? status : -EPROTO);
+		return;
+	}
+	rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+			   &reason);
+	close_frames(f, n);
+	if (rc) {
+		log_warn("peer %s:%u: bad engine descriptor: %s", p->host,
+			 p->port, reason ? reason : "?");
+		kvb_xn_of(b)->st.hs_bad_replies++;
+		kvb_xn_peer_done(b, p, rc);
+		return;
+	}
+	rc = peer_adopt(b, p, &d);
+	kvb_hs_fini(&d);
+	kvb_xn_peer_done(b, p, rc);
+}
+
 void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 {
 	for (unsigned k = 0; k < HS_DRAIN && p->dealer; k++) {
 		zmq_msg_t f[3];
-		struct kvb_hs_desc d;
-		const char *reason = NULL;
-		int32_t status;
 		int n = 0, rc;
 
 		rc = recv_frames(p->dealer, f, 3, &n);
@@ -559,73 +665,22 @@ void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 			close_frames(f, n);
 			n = 0;
 		}
-		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(status) &&
+		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(int32_t) &&
 		    zmq_msg_size(&f[1]) == 2 &&
 		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
-			/* the answer to our rdma offer */
-			struct ep_msg m;
-			size_t sz = zmq_msg_size(&f[2]);
-
-			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-			memset(&m, 0, sizeof(m));
-			if (sz >= offsetof(struct ep_msg, blob) &&
-			    sz <= sizeof(m))
-				memcpy(&m, zmq_msg_data(&f[2]), sz);
-			close_frames(f, n);
-			p->ep_pending = 0;
-			rc = status ? status
-				    : (m.len == sz - offsetof(struct ep_msg,
-							      blob)
-					       ? rdma_take(b, p, m.blob, m.len)
-					       : -EBADMSG);
-			if (rc) {
-				log_warn("peer %s:%u: rdma answer: %s", p->host,
-					 p->port, strerror(-rc));
-				continue;
-			}
-			if (kvb_xn_rdma_ready(b, p))
-				kvb_xn_issue_deferred_of_peer(
-					b, kvb_xn_peer_id(kvb_xn_of(b), p));
+			peer_ep_answer(b, p, f, n);
 			continue;
 		}
-		/* a descriptor is followed by its MAC with --cluster-key, only
-		 * then; a refusal (status < 0) has none */
-		if (!rc && n >= 2 && zmq_msg_size(&f[0]) == sizeof(status)) {
-			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-			if (!status &&
-			    (n == 3) !=
-				    !!kvb_xn_of(b)->has_ck) /* 2 or 3 frames */
-				rc = -EBADMSG;
-			else if (!status && n == 3 &&
-				 !kvb_xn_auth_hs_mac_ok(
-					 kvb_xn_of(b), "kvb-hs-rep1",
-					 p->req_mac, zmq_msg_data(&f[1]),
-					 zmq_msg_size(&f[1]),
-					 zmq_msg_data(&f[2]),
-					 zmq_msg_size(&f[2])))
-				rc = -EACCES;
-			else if (status && n != 2)
-				rc = -EBADMSG;
-			if (rc == -EACCES) {
-				close_frames(f, n);
-				kvb_xn_of(b)->st.hs_bad_replies++;
-				log_warn("peer %s:%u: handshake reply with a "
-					 "wrong MAC (another --cluster-key?)",
-					 p->host, p->port);
-				if (p->state == PEER_HS)
-					kvb_xn_peer_done(b, p, -EACCES);
+		if (!rc) {
+			rc = peer_reply_mac(b, p, f, &n);
+			if (rc == 1)
 				continue;
-			}
-			if (!rc && n == 3) {
-				zmq_msg_close(&f[2]); /* the MAC, checked */
-				n = 2;
-			}
 		}
 		if (!rc && n == 3) {
 			close_frames(f, n);
 			rc = -EBADMSG;
 		}
-		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
+		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(int32_t)) {
 			close_frames(f, n);
 			kvb_xn_of(b)->st.hs_bad_replies++;
 			if (kvb_xn_rlog_ok(kvb_xn_of(b)))
@@ -634,33 +689,7 @@ void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 					 p->host, p->port);
 			continue;
 		}
-		memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-		if (p->state != PEER_HS) {
-			close_frames(f, n); /* late reply to a timed-out ask */
-			continue;
-		}
-		if (status) {
-			log_warn("peer %s:%u refused the handshake: %.*s (%s)",
-				 p->host, p->port, (int) zmq_msg_size(&f[1]),
-				 (const char *) zmq_msg_data(&f[1]),
-				 strerror(status < 0 ? -status : status));
-			close_frames(f, n);
-			kvb_xn_peer_done(b, p, status < 0 ? status : -EPROTO);
-			continue;
-		}
-		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
-				   &reason);
-		close_frames(f, n);
-		if (rc) {
-			log_warn("peer %s:%u: bad engine descriptor: %s",
-				 p->host, p->port, reason ? reason : "?");
-			kvb_xn_of(b)->st.hs_bad_replies++;
-			kvb_xn_peer_done(b, p, rc);
-			continue;
-		}
-		rc = peer_adopt(b, p, &d);
-		kvb_hs_fini(&d);
-		kvb_xn_peer_done(b, p, rc);
+		peer_take_reply(b, p, f, n);
 	}
 }
 
