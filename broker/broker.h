@@ -3,6 +3,8 @@
 #ifndef KVB_BROKER_BROKER_H
 #define KVB_BROKER_BROKER_H
 
+#include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -91,15 +93,17 @@ enum {
 	KVB_TS_MAX = 4
 };
 
-struct kvb_xnode; /* remote.c */
-struct kvb_metrics; /* metrics.h */
+struct kvb_metrics;   /* metrics.h */
+struct kvb_peer_info; /* metrics.h */
+struct kvb_engine_hooks; /* below */
 
 /* epoll data of a pre-HELLO connection: tag | index in b->pend */
 #define KVB_EP_PENDING_TAG 0x200000000ull
 
-/* epoll tag of every cross-node fd (ZMQ sockets, tcp transport) */
+/* epoll tag of the extension's fds that need no call of their own
+ * (ZMQ sockets, transport completion fds): its service hook drains them */
 #define KVB_EP_REMOTE 4ull
-/* the rdma device's async event fd: kvb_remote_rdma_events() */
+/* an extension's fd that needs its event hook (rdma device events) */
 #define KVB_EP_RDMA_EVENTS 6ull
 
 struct kvb_broker {
@@ -126,7 +130,9 @@ struct kvb_broker {
 	uint32_t *dirty;	/* dest indices with pending ops */
 	uint32_t ndirty;
 	int64_t next_timer_ns;
-	struct kvb_xnode *rm; /* cross-node state, NULL without --host-ip */
+	/* the module that extends the engine (cross-node), NULL = none */
+	const struct kvb_engine_hooks *hooks;
+	void *hooks_ctx;
 	struct kvb_metrics *mx; /* NULL without --metrics-listen */
 	struct kvb_ratelimit conn_rl; /* connections past --max-workers */
 	struct {
@@ -166,6 +172,7 @@ struct kvb_broker {
 	} st;
 };
 
+/* ext.c: CLOCK_MONOTONIC in ns */
 int64_t kvb_now_ns(void);
 
 /* worker.c */
@@ -188,7 +195,7 @@ void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
 		    uint32_t n, int failed);
 void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
 		       uint32_t n);
-/* the tcp transport's write gate (kvb_tcp_set_write_gate), arg = b */
+/* a transport's write gate (transport.h set_write_gate), arg = b */
 int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
 void kvb_grant_free(struct kvb_worker *w);
 
@@ -246,12 +253,31 @@ void kvb_broker_gpu_unimport(struct kvb_region_ent *r);
 int kvb_broker_gpu_dmabuf(const struct kvb_region_ent *r, int *fd,
 			  uint64_t *offset, char *why, size_t why_len);
 
-/* worker.c: reply to a control request (deferred replies, remote.c) */
+/* worker.c: reply to a control request (deferred replies: the hooks) */
 void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		      int status);
 
-/* engine.c, for remote.c */
+/* engine.c: the engine API its extension (bridge/xnode) uses */
 uint32_t kvb_inflight_alloc(struct kvb_broker *b);
+/* An entry kvb_inflight_alloc() gave (to fill in), and the free entries. */
+static inline struct kvb_inflight *kvb_inflight_get(struct kvb_broker *b,
+						    uint32_t idx)
+{
+	return &b->inf[idx];
+}
+static inline uint32_t kvb_inflight_free(const struct kvb_broker *b)
+{
+	return b->inf_nfree;
+}
+/* ext.c: the destination of transport slot ts and index slot (a worker
+ * slot, or the extension's peer slot), bound to tr and ep; its index for
+ * kvb_dest_append */
+uint32_t kvb_dest_bind(struct kvb_broker *b, unsigned ts, uint32_t slot,
+		       struct kvb_transport *tr, struct kvb_ep *ep);
+/* ext.c: complete the ops queued for that destination (not yet posted)
+ * with status */
+void kvb_dest_fail(struct kvb_broker *b, unsigned ts, uint32_t slot,
+		   int status);
 void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status);
 int kvb_dest_append(struct kvb_broker *b, uint32_t di,
 		    const struct kvb_xop *op);
@@ -262,61 +288,248 @@ void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
 void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		      int status);
 
-/* remote.c: the cross-node bridge (all no-ops when b->rm is NULL) */
-int kvb_remote_init(struct kvb_broker *b);
-void kvb_remote_fini(struct kvb_broker *b);
-/* Drain notify, handshake and peer sockets; bounded. */
-void kvb_remote_service(struct kvb_broker *b);
-/* Issue the layer ops that waited for in-flight room, if there is room
- * now (cheap when none waits). */
-void kvb_remote_retry_starved(struct kvb_broker *b);
-/* Read the rdma device's events (port down / up, QP errors): logged,
- * counted; while the port is down rdma chains fail with -ENETDOWN. */
-void kvb_remote_rdma_events(struct kvb_broker *b);
-void kvb_remote_timers(struct kvb_broker *b, int64_t now);
-int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
-void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
-/* Control requests: 1 = reply deferred (sent later), else status. */
-int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_msg_mem_kv *m);
-int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
-			const struct kvb_msg_peer *m);
-int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
-		     const struct kvb_msg_xopen *m, uint32_t len,
-		     uint32_t *handle);
-/* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
-void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e);
 /* engine.c: refuse a layer op: completed with rc, counted (broker and
  * worker), logged within the worker's refusal log budget; the transfer
  * itself is left as it is */
 void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e, int rc, const char *why);
-/* A cross-node transfer is ending with status: notify, fail deferred ops. */
-void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
-/* A failing cross-node transfer: its deferred layer ops fail now (never
- * issued, counted as ended); what is in flight drains before it ends. */
-void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status);
-/* Cross-node D in WRITE mode: how many P writers may still write into it
- * (0 for anything else); a failing one asks them to stop and waits. */
-uint32_t kvb_remote_xfer_writers(struct kvb_broker *b,
-				 const struct kvb_xfer *x);
-/* Does it wait for the peer (deferred layer ops: the defer clock runs)? */
-int kvb_remote_xfer_deferred(const struct kvb_xfer *x);
-/* Its defer clock (ms, 0 = the broker's); -EINVAL for a local transfer. */
-int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
-/* Is the transfer complete (cross-node rules)? */
-int kvb_remote_xfer_complete(const struct kvb_xfer *x);
-/* Group (layer op) bookkeeping for complete_inflight */
-void kvb_remote_group_done(struct kvb_broker *b, uint32_t group, int status,
+
+/*
+ * Hooks: what a module that extends the engine (the cross-node module,
+ * bridge/xnode) hands it with kvb_engine_set_hooks(). The engine calls
+ * them at the points named below; each one may be NULL. A broker built
+ * or started without such a module registers none, and then: layer ops
+ * are refused, the cross-node control requests answer -ENOTCONN, every
+ * transfer is a same-node one, and the other hooks do nothing.
+ */
+struct kvb_engine_hooks {
+	/* a region was registered / is about to be freed */
+	void (*region_added)(struct kvb_broker *b, struct kvb_region_ent *r);
+	void (*region_gone)(struct kvb_broker *b, struct kvb_region_ent *r);
+	/* a worker attached (0 or -errno: it is dropped) / is going away */
+	int (*worker_attached)(struct kvb_broker *b, struct kvb_worker *w);
+	void (*worker_gone)(struct kvb_broker *b, struct kvb_worker *w);
+	/* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
+	void (*layer_op)(struct kvb_broker *b, struct kvb_worker *w,
+			 const struct kvb_sqe *e);
+	/* an in-flight entry with a group (a layer op) completed */
+	void (*group_done)(struct kvb_broker *b, uint32_t group, int status,
 			   uint64_t bytes);
-/* Register / unregister a host region with the cross-node transports. */
-void kvb_remote_reg(struct kvb_broker *b, struct kvb_region_ent *r);
-void kvb_remote_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
-/* notify and handshake messages rejected */
-uint64_t kvb_remote_rejected(struct kvb_broker *b);
-size_t kvb_remote_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
+	/* Transfers with extension state (x->rx): complete by its rules? */
+	int (*xfer_complete)(const struct kvb_xfer *x);
+	/* ... ending with status (notify the peer, fail deferred ops) */
+	void (*xfer_end)(struct kvb_broker *b, struct kvb_xfer *x, int status);
+	/* ... failing: deferred ops fail now; the rest drains first */
+	void (*xfer_fence)(struct kvb_broker *b, struct kvb_xfer *x,
+			   int status);
+	/* ... how many peers may still write into it (0: none) */
+	uint32_t (*xfer_writers)(struct kvb_broker *b,
+				 const struct kvb_xfer *x);
+	/* ... waits for the peer (deferred layer ops: the defer clock) */
+	int (*xfer_deferred)(const struct kvb_xfer *x);
+	/* ... its defer clock (ms, 0 = the broker's); -EINVAL if none */
+	int (*set_defer)(struct kvb_xfer *x, uint32_t defer_ms);
+	/* ... frees x->rx (the transfer table calls it at kvb_xfer_end) */
+	void (*rx_free)(void *ctx, struct kvb_rxfer *rx);
+	/* once a round: retry work that waited for in-flight room */
+	void (*round)(struct kvb_broker *b);
+	/* every few ms */
+	void (*timers)(struct kvb_broker *b, int64_t now);
+	/* control requests: 1 = reply deferred (sent later), else status */
+	int (*mem_kv)(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_msg_mem_kv *m);
+	int (*peer_req)(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_msg_peer *m);
+	int (*xopen)(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_msg_xopen *m, uint32_t len,
+		     uint32_t *handle);
+	/* the daemon's loop: an fd added with kvb_engine_watch_fd() turned
+	 * readable (tag), and, after every sleep, its sockets' turn */
+	void (*event)(struct kvb_broker *b, uint64_t tag);
+	void (*service)(struct kvb_broker *b);
+	/* kvbctl stats: messages it rejected, and its section */
+	uint64_t (*rejected)(struct kvb_broker *b);
+	size_t (*stats)(struct kvb_broker *b, int json, char *buf, size_t cap);
+	/* kvbctl peers, metrics: peer slot i (from 1): 0 with *pi filled,
+	 * -ENOENT for a free slot, -ERANGE past the last one */
+	int (*peer_info)(struct kvb_broker *b, uint32_t i,
+			 struct kvb_peer_info *pi);
+	/* the daemon shuts down */
+	void (*fini)(struct kvb_broker *b);
+};
+
+/* ext.c: register the hooks (NULL: none) and their module's state */
+void kvb_engine_set_hooks(struct kvb_broker *b,
+			  const struct kvb_engine_hooks *h, void *ctx);
+/* The module state given with the hooks (NULL: none). */
+static inline void *kvb_engine_ctx(const struct kvb_broker *b)
+{
+	return b->hooks_ctx;
+}
+/* ext.c: wake the daemon's loop when fd turns readable; tag is handed to
+ * the event hook (KVB_EP_REMOTE: only the service hook runs). 0 or -errno */
+int kvb_engine_watch_fd(struct kvb_broker *b, int fd, uint64_t tag);
+void kvb_engine_unwatch_fd(struct kvb_broker *b, int fd);
+
+/* The engine's side of the hooks: what runs without them is the
+ * same-node broker's answer. */
+#define KVB_HOOK(b, name) ((b)->hooks ? (b)->hooks->name : NULL)
+
+static inline void kvb_hook_region_added(struct kvb_broker *b,
+					 struct kvb_region_ent *r)
+{
+	if (KVB_HOOK(b, region_added))
+		b->hooks->region_added(b, r);
+}
+
+static inline void kvb_hook_region_gone(struct kvb_broker *b,
+					struct kvb_region_ent *r)
+{
+	if (KVB_HOOK(b, region_gone))
+		b->hooks->region_gone(b, r);
+}
+
+static inline int kvb_hook_worker_attached(struct kvb_broker *b,
+					   struct kvb_worker *w)
+{
+	return KVB_HOOK(b, worker_attached) ? b->hooks->worker_attached(b, w)
+					    : 0;
+}
+
+static inline void kvb_hook_worker_gone(struct kvb_broker *b,
+					struct kvb_worker *w)
+{
+	if (KVB_HOOK(b, worker_gone))
+		b->hooks->worker_gone(b, w);
+}
+
+static inline void kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,
+				     const struct kvb_sqe *e)
+{
+	if (KVB_HOOK(b, layer_op))
+		b->hooks->layer_op(b, w, e);
+	else
+		kvb_layer_refuse(b, w, e, -EINVAL,
+				 "layer op for an unknown or local transfer");
+}
+
+static inline void kvb_hook_group_done(struct kvb_broker *b, uint32_t group,
+				       int status, uint64_t bytes)
+{
+	if (KVB_HOOK(b, group_done))
+		b->hooks->group_done(b, group, status, bytes);
+}
+
+/* Is x complete: by the rules of its module where it has one (x->rx). */
+static inline int kvb_hook_xfer_complete(const struct kvb_broker *b,
+					 const struct kvb_xfer *x)
+{
+	if (x->rx && KVB_HOOK(b, xfer_complete))
+		return b->hooks->xfer_complete(x);
+	return kvb_xfer_complete(x);
+}
+
+static inline void kvb_hook_xfer_end(struct kvb_broker *b, struct kvb_xfer *x,
+				     int status)
+{
+	if (x->rx && KVB_HOOK(b, xfer_end))
+		b->hooks->xfer_end(b, x, status);
+}
+
+static inline void kvb_hook_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
+				       int status)
+{
+	if (x->rx && KVB_HOOK(b, xfer_fence))
+		b->hooks->xfer_fence(b, x, status);
+}
+
+static inline uint32_t kvb_hook_xfer_writers(struct kvb_broker *b,
+					     const struct kvb_xfer *x)
+{
+	return x->rx && KVB_HOOK(b, xfer_writers) ? b->hooks->xfer_writers(b, x)
+						  : 0;
+}
+
+static inline int kvb_hook_xfer_deferred(const struct kvb_broker *b,
+					 const struct kvb_xfer *x)
+{
+	return x->rx && KVB_HOOK(b, xfer_deferred) ? b->hooks->xfer_deferred(x)
+						   : 0;
+}
+
+static inline int kvb_hook_set_defer(struct kvb_broker *b, struct kvb_xfer *x,
+				     uint32_t defer_ms)
+{
+	return KVB_HOOK(b, set_defer) ? b->hooks->set_defer(x, defer_ms)
+				      : -EINVAL;
+}
+
+static inline void kvb_hook_round(struct kvb_broker *b)
+{
+	if (KVB_HOOK(b, round))
+		b->hooks->round(b);
+}
+
+static inline void kvb_hook_timers(struct kvb_broker *b, int64_t now)
+{
+	if (KVB_HOOK(b, timers))
+		b->hooks->timers(b, now);
+}
+
+static inline int kvb_hook_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+				  const struct kvb_msg_mem_kv *m)
+{
+	return KVB_HOOK(b, mem_kv) ? b->hooks->mem_kv(b, w, m) : -ENOTCONN;
+}
+
+static inline int kvb_hook_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+				    const struct kvb_msg_peer *m)
+{
+	return KVB_HOOK(b, peer_req) ? b->hooks->peer_req(b, w, m) : -ENOTCONN;
+}
+
+static inline int kvb_hook_xopen(struct kvb_broker *b, struct kvb_worker *w,
+				 const struct kvb_msg_xopen *m, uint32_t len,
+				 uint32_t *handle)
+{
+	return KVB_HOOK(b, xopen) ? b->hooks->xopen(b, w, m, len, handle)
+				  : -ENOTCONN;
+}
+
+static inline void kvb_hook_event(struct kvb_broker *b, uint64_t tag)
+{
+	if (KVB_HOOK(b, event))
+		b->hooks->event(b, tag);
+}
+
+static inline void kvb_hook_service(struct kvb_broker *b)
+{
+	if (KVB_HOOK(b, service))
+		b->hooks->service(b);
+}
+
+static inline uint64_t kvb_hook_rejected(struct kvb_broker *b)
+{
+	return KVB_HOOK(b, rejected) ? b->hooks->rejected(b) : 0;
+}
+
+static inline int kvb_hook_peer_info(struct kvb_broker *b, uint32_t i,
+				     struct kvb_peer_info *pi)
+{
+	return KVB_HOOK(b, peer_info) && kvb_engine_ctx(b)
+		       ? b->hooks->peer_info(b, i, pi)
+		       : -ERANGE;
+}
+
+static inline size_t kvb_hook_stats(struct kvb_broker *b, int json, char *buf,
+				    size_t cap)
+{
+	return KVB_HOOK(b, stats) ? b->hooks->stats(b, json, buf, cap) : 0;
+}
+
+/* ext.c: the daemon shuts down: the module lets go of its state; the
+ * hooks go (a transfer ended later still has its rx freed, without it) */
+void kvb_engine_hooks_fini(struct kvb_broker *b);
 
 /* stats.c: text or JSON into buf; returns length */
 size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap);

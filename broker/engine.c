@@ -64,7 +64,7 @@ static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 
 	if (t)
 		t->ops->dereg_mr(t, &r->mr);
-	kvb_remote_dereg(b, r);
+	kvb_hook_region_gone(b, r);
 	if (r->mr.kind == KVB_MEM_GPU)
 		kvb_broker_gpu_unimport(r);
 	else if (r->map_base)
@@ -199,8 +199,7 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	if (status && status != -ECANCELED && !x->closing)
 		log_info_rl("transfer '%s' of worker %u failed: %s", x->id,
 			    x->worker, kvb_strerror(status));
-	if (x->rx)
-		kvb_remote_xfer_end(b, x, status);
+	kvb_hook_xfer_end(b, x, status);
 	kvb_xfer_end(&b->xfers, x);
 	if (copy.opened) /* nobody to tell about an id it never opened */
 		kvb_post_cqe(b, copy.worker, KVB_CQ_TRANSFER, copy.seal_tag,
@@ -295,8 +294,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 
 	if (x->closing)
 		return; /* its drain ends it */
-	if (!status || (kvb_xfer_drained(x) &&
-			!(x->rx && kvb_remote_xfer_writers(b, x)))) {
+	if (!status || (kvb_xfer_drained(x) && !kvb_hook_xfer_writers(b, x))) {
 		finish_now(b, x, status);
 		return;
 	}
@@ -309,8 +307,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	b->st.transfers_fenced++;
 	x->closing = 1;
 	x->close_err = status;
-	if (x->rx)
-		kvb_remote_xfer_fence(b, x, status);
+	kvb_hook_xfer_fence(b, x, status);
 	h = kvb_xfer_handle(&b->xfers, x);
 	wid = x->worker;
 	drop_queued(b, h, wid);
@@ -326,7 +323,7 @@ void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 			finish_now(b, x, x->close_err);
 		return;
 	}
-	if (x->rx ? kvb_remote_xfer_complete(x) : kvb_xfer_complete(x))
+	if (kvb_hook_xfer_complete(b, x))
 		kvb_xfer_finish(b, x, x->first_err);
 }
 
@@ -386,7 +383,7 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		if (!status)
 			b->st.bytes += e->bytes;
 		if (e->group) {
-			kvb_remote_group_done(b, e->group, status, e->bytes);
+			kvb_hook_group_done(b, e->group, status, e->bytes);
 		} else if (w) {
 			if (w->inf_used)
 				w->inf_used--;
@@ -579,118 +576,71 @@ static int dest_entry(struct kvb_broker *b, struct kvb_xfer *x, uint32_t owner,
 	return 0;
 }
 
-static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
-			const struct kvb_sqe *e)
+/* KVB_OP_SEAL (the transfer expects e->len ops in all) or KVB_OP_ABORT. */
+static void seal_or_abort(struct kvb_broker *b, struct kvb_worker *w,
+			  const struct kvb_sqe *e)
 {
-	struct kvb_region_ent *l, *r;
-	struct kvb_inflight *f;
-	struct kvb_xfer *x = NULL, *y;
-	struct kvb_xop op;
-	const char *why = NULL;
-	uint32_t idx;
-	int rc;
+	struct kvb_xfer *x;
 
-	switch (e->opcode) {
-	case KVB_OP_SEAL:
-	case KVB_OP_ABORT:
-		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
-		if (!x) {
+	x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+	if (!x) {
+		kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE, 0,
+			     e->transfer);
+		return;
+	}
+	if (x->closing) {
+		/* failed, its ops draining: its one completion takes
+		 * the first seal's or abort's tag; another is told
+		 * at once that the transfer ended */
+		if (x->tag_set) {
 			kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag, -ESTALE,
 				     0, e->transfer);
 			return;
 		}
-		if (x->closing) {
-			/* failed, its ops draining: its one completion takes
-			 * the first seal's or abort's tag; another is told
-			 * at once that the transfer ended */
-			if (x->tag_set) {
-				kvb_post_cqe(b, w->id, KVB_CQ_TRANSFER, e->tag,
-					     -ESTALE, 0, e->transfer);
-				return;
-			}
-			x->tag_set = 1;
-			x->seal_tag = e->tag;
-			return;
-		}
 		x->tag_set = 1;
-		if (e->opcode == KVB_OP_ABORT) {
-			x->seal_tag = e->tag;
-			kvb_xfer_finish(b, x, -ECANCELED);
-			return;
-		}
-		if (e->len > UINT32_MAX) {
-			/* only a raw ring writer gets here (the library's
-			 * count is 32 bits): the transfer fails with -EINVAL,
-			 * its one completion carrying the seal's tag */
-			b->st.messages_rejected++;
-			if (!w->seal_logged) {
-				w->seal_logged = 1;
-				log_warn_rl("worker %u: seal of transfer %#x "
-					    "refused: count %llu too large "
-					    "(further ones counted only)",
-					    w->id, e->transfer,
-					    (unsigned long long) e->len);
-			}
-			x->seal_tag = e->tag;
-			kvb_xfer_finish(b, x, -EINVAL);
-			return;
-		}
-		x->sealed = 1;
-		x->expected = (uint32_t) e->len;
 		x->seal_tag = e->tag;
-		kvb_xfer_maybe_finish(b, x);
-		return;
-	case KVB_OP_NOP:
-		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
-		return;
-	case KVB_OP_LAYER:
-		b->st.descriptors_submitted++;
-		w->st.submitted++;
-		kvb_remote_layer(b, w, e);
-		return;
-	default:
-		break;
-	}
-	b->st.descriptors_submitted++;
-	w->st.submitted++;
-	rc = kvb_validate_desc(&b->regions, w->id, e, &l, &r, &why);
-	if (rc) {
-		refuse(b, w, e, rc, why);
 		return;
 	}
-	if (l->mr.kind != r->mr.kind) {
-		refuse(b, w, e, -EOPNOTSUPP,
-		       "copies between host and GPU memory are not supported");
+	x->tag_set = 1;
+	if (e->opcode == KVB_OP_ABORT) {
+		x->seal_tag = e->tag;
+		kvb_xfer_finish(b, x, -ECANCELED);
 		return;
 	}
-	if (e->transfer) {
-		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
-		if (!x) {
-			refuse(b, w, e, -EINVAL, "unknown or ended transfer");
-			return;
+	if (e->len > UINT32_MAX) {
+		/* only a raw ring writer gets here (the library's
+		 * count is 32 bits): the transfer fails with -EINVAL,
+		 * its one completion carrying the seal's tag */
+		b->st.messages_rejected++;
+		if (!w->seal_logged) {
+			w->seal_logged = 1;
+			log_warn_rl("worker %u: seal of transfer %#x "
+				    "refused: count %llu too large "
+				    "(further ones counted only)",
+				    w->id, e->transfer,
+				    (unsigned long long) e->len);
 		}
-		if (x->closing) {
-			refuse(b, w, e, x->close_err, "the transfer failed");
-			return;
-		}
-	}
-	/* kvb_engine_round dequeues a burst only while the table has room for
-	 * it, but a layer op in the same burst may take many entries */
-	if (!b->inf_nfree) {
-		refuse(b, w, e, -ENOBUFS, "in-flight table full");
+		x->seal_tag = e->tag;
+		kvb_xfer_finish(b, x, -EINVAL);
 		return;
 	}
-	y = NULL;
-	if (x && e->opcode == KVB_OP_WRITE && r->owner != w->id) {
-		rc = dest_entry(b, x, r->owner, &y);
-		if (rc) {
-			b->st.late_writes_refused++;
-			refuse(b, w, e, rc,
-			       "late write: the destination ended this "
-			       "transfer");
-			return;
-		}
-	}
+	x->sealed = 1;
+	x->expected = (uint32_t) e->len;
+	x->seal_tag = e->tag;
+	kvb_xfer_maybe_finish(b, x);
+}
+
+/* Take a valid descriptor into the in-flight table and queue its op for
+ * its destination (merged with the last one there where contiguous). */
+static void queue_desc(struct kvb_broker *b, struct kvb_worker *w,
+		       const struct kvb_sqe *e, struct kvb_region_ent *l,
+		       struct kvb_region_ent *r, struct kvb_xfer *x,
+		       struct kvb_xfer *y)
+{
+	struct kvb_inflight *f;
+	struct kvb_xop op;
+	uint32_t idx;
+
 	idx = b->inf_free[--b->inf_nfree];
 	f = &b->inf[idx];
 	f->worker = w->id;
@@ -742,6 +692,73 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 		if (kvb_dest_append(b, di, &op))
 			kvb_complete_inflight(b, idx, -ENOMEM);
 	}
+}
+
+static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_sqe *e)
+{
+	struct kvb_region_ent *l, *r;
+	struct kvb_xfer *x = NULL, *y;
+	const char *why = NULL;
+	int rc;
+
+	switch (e->opcode) {
+	case KVB_OP_SEAL:
+	case KVB_OP_ABORT:
+		seal_or_abort(b, w, e);
+		return;
+	case KVB_OP_NOP:
+		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
+		return;
+	case KVB_OP_LAYER:
+		b->st.descriptors_submitted++;
+		w->st.submitted++;
+		kvb_hook_layer_op(b, w, e);
+		return;
+	default:
+		break;
+	}
+	b->st.descriptors_submitted++;
+	w->st.submitted++;
+	rc = kvb_validate_desc(&b->regions, w->id, e, &l, &r, &why);
+	if (rc) {
+		refuse(b, w, e, rc, why);
+		return;
+	}
+	if (l->mr.kind != r->mr.kind) {
+		refuse(b, w, e, -EOPNOTSUPP,
+		       "copies between host and GPU memory are not supported");
+		return;
+	}
+	if (e->transfer) {
+		x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
+		if (!x) {
+			refuse(b, w, e, -EINVAL, "unknown or ended transfer");
+			return;
+		}
+		if (x->closing) {
+			refuse(b, w, e, x->close_err, "the transfer failed");
+			return;
+		}
+	}
+	/* kvb_engine_round dequeues a burst only while the table has room for
+	 * it, but a layer op in the same burst may take many entries */
+	if (!b->inf_nfree) {
+		refuse(b, w, e, -ENOBUFS, "in-flight table full");
+		return;
+	}
+	y = NULL;
+	if (x && e->opcode == KVB_OP_WRITE && r->owner != w->id) {
+		rc = dest_entry(b, x, r->owner, &y);
+		if (rc) {
+			b->st.late_writes_refused++;
+			refuse(b, w, e, rc,
+			       "late write: the destination ended this "
+			       "transfer");
+			return;
+		}
+	}
+	queue_desc(b, w, e, l, r, x, y);
 }
 
 /* Post each dirty destination as chains of at most post_batch_size ops. */
@@ -865,7 +882,7 @@ unsigned kvb_engine_round(struct kvb_broker *b)
 	if (b->ndirty)
 		work += flush(b);
 	work += reap(b);
-	kvb_remote_retry_starved(b);
+	kvb_hook_round(b);
 	kvb_wake_workers(b);
 	return work;
 }
@@ -915,7 +932,7 @@ static const char *xfer_expired(struct kvb_broker *b, struct kvb_xfer *x,
 		x->progress_ns = now;
 		return NULL;
 	}
-	if (!x->progress_ns || (x->rx && kvb_remote_xfer_deferred(x)))
+	if (!x->progress_ns || kvb_hook_xfer_deferred(b, x))
 		return NULL;
 	if (now - x->progress_ns >= (int64_t) stall * 1000000)
 		return "no progress within its stall timeout";
@@ -924,7 +941,7 @@ static const char *xfer_expired(struct kvb_broker *b, struct kvb_xfer *x,
 
 void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 {
-	kvb_remote_timers(b, now);
+	kvb_hook_timers(b, now);
 	/* backwards: kvb_xfer_end() swaps the last active entry into place */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
@@ -963,7 +980,7 @@ void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
 	uint32_t id = w->id;
 
-	kvb_remote_worker_gone(b, w);
+	kvb_hook_worker_gone(b, w);
 	/* ops not yet posted that read or write its memory: cancel them */
 	for (uint32_t k = 0; k < b->ndirty; k++) {
 		struct kvb_dest *d = &b->dests[b->dirty[k]];

@@ -15,7 +15,6 @@
 #include "log.h"
 
 #ifdef KVB_HAVE_GPU
-#include "gpu/gpu.h"
 #include "gpu/gpu_export.h"
 
 int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len)
@@ -25,7 +24,13 @@ int kvb_broker_gpu_open(struct kvb_broker *b, char *why, size_t why_len)
 		.post_batch_size = b->opt.post_batch_size,
 	};
 
-	return kvb_gpu_ops.open(&p, &b->trs[KVB_TS_GPU], why, why_len);
+	const struct kvb_transport_ops *ops = kvb_transport_find("gpu");
+
+	if (!ops) {
+		snprintf(why, why_len, "built without the gpu transport");
+		return -ENODEV;
+	}
+	return ops->open(&p, &b->trs[KVB_TS_GPU], why, why_len);
 }
 
 int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,

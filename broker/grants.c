@@ -29,10 +29,7 @@
 #include "broker.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
-#include "zmq/blocks.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
+#include "kv_geom.h"
 
 #define FENCED	  0x8000u    /* a transfer that held it failed */
 #define HOLDERS	  0x7fffu    /* transfers holding it now */
@@ -89,12 +86,9 @@ int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
 
 static void recheck(struct kvb_broker *b)
 {
-#ifdef KVB_HAVE_TCP
-	if (b->trs[KVB_TS_TCP])
-		kvb_tcp_gate_recheck(b->trs[KVB_TS_TCP]);
-#else
-	(void) b;
-#endif
+	for (int i = 0; i < KVB_TS_MAX; i++)
+		if (b->trs[i] && b->trs[i]->ops->gate_recheck)
+			b->trs[i]->ops->gate_recheck(b->trs[i]);
 }
 
 void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
@@ -156,8 +150,8 @@ int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
 	w = kvb_worker_by_id(b, r->owner);
 	if (!w || !w->grant)
 		return 0;
-	/* kvb_kv_block_len(), here so that a broker built without the bridge
-	 * (remote_none.c) links */
+	/* kvb_kv_block_len(), computed here: the engine needs nothing of the
+	 * cross-node bridge */
 	bl = (uint64_t) r->geom.block_size * r->geom.num_heads *
 	     r->geom.head_dim * r->geom.elem_size;
 	nb = r->geom.num_blocks;

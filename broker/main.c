@@ -28,6 +28,9 @@
 #include "log.h"
 #include "metrics.h"
 #include "sdnotify.h"
+#ifdef KVB_HAVE_XNODE
+#include "xnode/xnode.h"
+#endif
 
 #define EP_LISTEN	  1ull
 #define EP_EFD		  2ull
@@ -38,14 +41,6 @@
 #define EPOLL_EVERY	  64u /* busy rounds between control-socket checks */
 #define EVENTS_NS	  200000ll /* ... or this long, whichever comes first */
 #define KVB_LATE_SLEEP_MS 50 /* shorter sleeps: not counted as late wakeups */
-
-int64_t kvb_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static int open_transport(struct kvb_broker *b)
 {
@@ -179,6 +174,27 @@ static int ep_add(int epfd, int fd, uint64_t tag)
 	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/*
+ * The cross-node module (bridge/xnode) extends the engine through its
+ * hooks; a broker built without it (no libzmq or msgpack-c at build time)
+ * registers none and serves same-node transfers only: --host-ip is
+ * refused, and so is a worker's KV layout (kvb_mem_set_kv), which only
+ * cross-node layer ops use.
+ */
+static int open_cross_node(struct kvb_broker *b)
+{
+#ifdef KVB_HAVE_XNODE
+	return kvb_xn_init(b);
+#else
+	if (!b->opt.cross_node)
+		return 0;
+	log_err("--host-ip: this kvbroker was built without the cross-node "
+		"layer (no libzmq/msgpack-c at build time); same-node "
+		"transfers only");
+	return -ENOTSUP;
+#endif
+}
+
 static int setup(struct kvb_broker *b)
 {
 	sigset_t set;
@@ -222,7 +238,7 @@ static int setup(struct kvb_broker *b)
 	rc = open_listener(b);
 	if (rc)
 		return rc;
-	rc = kvb_remote_init(b);
+	rc = open_cross_node(b);
 	if (rc)
 		return rc;
 	rc = kvb_metrics_init(b);
@@ -268,7 +284,7 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 				b->stop = 1;
 			}
 		} else if (tag == KVB_EP_RDMA_EVENTS) {
-			kvb_remote_rdma_events(b);
+			kvb_hook_event(b, tag);
 		} else if (tag == KVB_EP_REMOTE || tag == EP_XPORT) {
 			/* drained below, or by the next round's reap */
 		} else if (tag & KVB_EP_METRICS_TAG) {
@@ -287,7 +303,7 @@ static int service_events(struct kvb_broker *b, int timeout_ms)
 				kvb_worker_ctl(b, w);
 		}
 	}
-	kvb_remote_service(b);
+	kvb_hook_service(b);
 	return n;
 }
 
@@ -446,7 +462,7 @@ static void teardown(struct kvb_broker *b)
 		close(b->listen_fd);
 		unlink(b->opt.socket_path);
 	}
-	kvb_remote_fini(b);
+	kvb_engine_hooks_fini(b);
 	kvb_metrics_fini(b);
 	for (int i = 0; i < KVB_TS_MAX; i++)
 		if (b->trs[i])

@@ -232,7 +232,7 @@ static void render_descriptors(struct mbuf *m, struct kvb_broker *b)
 	counter1(m, "kvbroker_messages_rejected",
 		 "Control, notify and handshake messages rejected as "
 		 "malformed or not allowed.",
-		 b->st.messages_rejected + kvb_remote_rejected(b));
+		 b->st.messages_rejected + kvb_hook_rejected(b));
 }
 
 static void render_transfers(struct mbuf *m, struct kvb_broker *b)
@@ -378,7 +378,7 @@ static void render_node(struct mbuf *m, struct kvb_broker *b)
 	       KVB_INFLIGHT_MAX - 1 - b->inf_nfree);
 	gauge1(m, "kvbroker_regions", "Memory regions registered.",
 	       b->regions.live);
-	for (uint32_t i = 1; (rc = kvb_remote_peer_info(b, i, &pi)) != -ERANGE;
+	for (uint32_t i = 1; (rc = kvb_hook_peer_info(b, i, &pi)) != -ERANGE;
 	     i++)
 		for (unsigned k = 0; !rc && k < 3; k++)
 			np[k] += !strcmp(pi.state, ps[k]);

@@ -84,13 +84,6 @@ struct kvb_peer_info {
 	int last_err; /* -errno of its last failure, 0 = none */
 };
 
-/*
- * remote_stats.c: peer slot i (from 1): 0 with *pi filled, -ENOENT for a
- * free slot, -ERANGE past the last slot (or without --host-ip).
- */
-int kvb_remote_peer_info(struct kvb_broker *b, uint32_t i,
-			 struct kvb_peer_info *pi);
-
 /* kvbctl's views (KVB_MSG_STATS's view field) */
 enum kvb_stats_view {
 	KVB_VIEW_STATS = 0, /* the counters: kvb_stats_format */

@@ -11,7 +11,7 @@
 
 #include "segment.h"
 #include "transport.h"
-#include "zmq/blocks.h"
+#include "kv_geom.h"
 
 #define KVB_MAX_REGIONS 65536u
 

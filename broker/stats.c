@@ -1,9 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* `kvbctl stats`: the broker's counters as a table or as JSON. */
 #include "broker.h"
-#ifdef KVB_HAVE_GPU
-#include "gpu/gpu.h"
-#endif
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,35 +34,20 @@ __attribute__((format(printf, 2, 3))) static void put(struct out *o,
 						       : o->cap - o->len - 1;
 }
 
-/* GPU copy counters (copies, batches, bytes, streams busy), if open */
+/* GPU copy counters (copies, batches, bytes, streams busy), if open: the
+ * gpu transport's stats_format */
 static void gpu_stats(struct kvb_broker *b, struct out *o, int json)
 {
-#ifdef KVB_HAVE_GPU
-	struct kvb_gpu_stats g;
+	struct kvb_transport *t = b->trs[KVB_TS_GPU];
+	size_t n = 0;
 
-	if (b->trs[KVB_TS_GPU] &&
-	    !kvb_gpu_transport_stats(b->trs[KVB_TS_GPU], &g)) {
-		if (json)
-			put(o,
-			    "\"gpu\":{\"backend\":\"%s\",\"copies\":%llu,"
-			    "\"batches\":%llu,\"bytes\":%llu,\"streams\":%u,"
-			    "\"streams_busy\":%u,\"failed_ops\":%llu},",
-			    g.backend, (unsigned long long) g.copies,
-			    (unsigned long long) g.batches,
-			    (unsigned long long) g.bytes, g.streams,
-			    g.streams_busy, (unsigned long long) g.failed_ops);
-		else
-			put(o,
-			    "gpu                    backend %s, %llu copies in "
-			    "%llu batches, %llu bytes, %u/%u streams busy, "
-			    "%llu failed ops\n",
-			    g.backend, (unsigned long long) g.copies,
-			    (unsigned long long) g.batches,
-			    (unsigned long long) g.bytes, g.streams_busy,
-			    g.streams, (unsigned long long) g.failed_ops);
+	if (t && t->ops->stats_format && o->len < o->cap)
+		n = t->ops->stats_format(t, NULL, json, o->buf + o->len,
+					 o->cap - o->len);
+	if (n) {
+		o->len += n;
 		return;
 	}
-#endif
 	if (json)
 		put(o, "\"gpu\":null,");
 }
@@ -188,7 +170,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) b->st.late_writes_refused,
 		    (unsigned long long) b->st.fences_expired,
 		    (unsigned long long) (b->st.messages_rejected +
-					  kvb_remote_rejected(b)),
+					  kvb_hook_rejected(b)),
 		    (unsigned long long) b->st.ctl_requests,
 		    (unsigned long long) b->st.workers_lost,
 		    (unsigned long long) b->st.late_wakeups,
@@ -214,7 +196,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		}
 		put(&o, "],");
 		gpu_stats(b, &o, 1);
-		o.len += kvb_remote_stats(b, 1, o.buf + o.len, o.cap - o.len);
+		o.len += kvb_hook_stats(b, 1, o.buf + o.len, o.cap - o.len);
 		guard_stats(b, &o, 1);
 		put(&o, "\"per_worker\":[");
 		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
@@ -282,7 +264,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) b->st.fences_expired);
 	put(&o, "messages_rejected      %llu\n",
 	    (unsigned long long) (b->st.messages_rejected +
-				  kvb_remote_rejected(b)));
+				  kvb_hook_rejected(b)));
 	put(&o, "control_requests       %llu\n",
 	    (unsigned long long) b->st.ctl_requests);
 	put(&o, "workers_lost           %llu\n",
@@ -292,7 +274,7 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 	    (unsigned long long) wlate);
 	guard_stats(b, &o, 0);
 	gpu_stats(b, &o, 0);
-	o.len += kvb_remote_stats(b, 0, o.buf + o.len, o.cap - o.len);
+	o.len += kvb_hook_stats(b, 0, o.buf + o.len, o.cap - o.len);
 	put(&o, "wr_per_doorbell histogram:\n");
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
 		if (t->wr_hist[i])

@@ -122,11 +122,12 @@ static void workers(struct kvb_broker *b, struct vout *o, int json)
 }
 
 /* What a transfer waits for, in a word. */
-static const char *xfer_state(const struct kvb_xfer *x)
+static const char *xfer_state(const struct kvb_broker *b,
+			      const struct kvb_xfer *x)
 {
 	if (x->closing)
 		return "failing"; /* waits for its ops in flight */
-	if (x->rx && kvb_remote_xfer_deferred(x))
+	if (x->rx && kvb_hook_xfer_deferred(b, x))
 		return "deferred"; /* waits for the peer */
 	if (x->sealed)
 		return "sealed";
@@ -161,14 +162,14 @@ static void transfers(struct kvb_broker *b, struct vout *o, int json)
 			    "\"remote\":%s,\"age_ms\":%lld,\"submitted\":%u,"
 			    "\"completed\":%u,\"failed\":%u,\"expected\":%u,"
 			    "\"sealed\":%u,\"id\":",
-			    k++ ? "," : "", h, x->worker, xfer_state(x),
+			    k++ ? "," : "", h, x->worker, xfer_state(b, x),
 			    x->rx ? "true" : "false", age, x->submitted,
 			    x->completed, x->failed, x->expected, x->sealed);
 			put_str(o, x->id, 1);
 			put(o, "}");
 		} else {
 			put(o, "%#-10x %-8u %-9s %-10s %10lld %9u %9u %9u ", h,
-			    x->worker, xfer_state(x),
+			    x->worker, xfer_state(b, x),
 			    x->rx ? "cross-node" : "local", age, x->submitted,
 			    x->completed, x->failed);
 			if (x->sealed)
@@ -194,15 +195,15 @@ static void peers(struct kvb_broker *b, struct vout *o, int json)
 
 	if (json)
 		put(o, "{\"cross_node\":%s,\"peers\":[",
-		    b->rm ? "true" : "false");
-	else if (!b->rm)
+		    kvb_engine_ctx(b) ? "true" : "false");
+	else if (!kvb_engine_ctx(b))
 		put(o, "(no cross-node bridge: the broker runs without "
 		       "--host-ip)\n");
 	else
 		put(o, "%-5s %-28s %-12s %-6s %-6s %8s %11s %9s  %s\n", "peer",
 		    "address", "state", "stale", "over", "workers",
 		    "handshakes", "failures", "node");
-	for (uint32_t i = 1; (rc = kvb_remote_peer_info(b, i, &pi)) != -ERANGE;
+	for (uint32_t i = 1; (rc = kvb_hook_peer_info(b, i, &pi)) != -ERANGE;
 	     i++) {
 		char addr[80];
 

@@ -180,7 +180,7 @@ static void send_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		log_dbg("worker %u: reply failed", w->id);
 }
 
-/* A deferred reply (remote.c): only PEER requests are answered later. */
+/* A deferred reply (xnode.c): only PEER requests are answered later. */
 void kvb_worker_reply(struct kvb_worker *w, struct kvb_msg_hdr *h, size_t len,
 		      int status)
 {
@@ -339,7 +339,7 @@ static void hello(struct kvb_broker *b, struct kvb_worker *p,
 	reply(w, &rep.h, sizeof(rep), 0, fds, 3);
 	close(fds[0]);
 	b->st.workers_attached++;
-	kvb_remote_worker_attached(b, w);
+	kvb_hook_worker_attached(b, w);
 	log_info_rl("worker %u attached: pid %d role %s dp %u tp %u/%u", w->id,
 		    (int) w->pid, w->role == KVB_ROLE_P ? "P" : "D", w->dp_rank,
 		    w->tp_rank, w->tp_size);
@@ -440,7 +440,7 @@ static int mem_reg(struct kvb_broker *b, struct kvb_worker *w,
 	rc = t->ops->reg_mr(t, &r->mr);
 	if (rc)
 		goto err_import;
-	kvb_remote_reg(b, r);
+	kvb_hook_region_added(b, r);
 	rep->region = r->mr.id;
 	rep->flags = r->mr.flags;
 	rep->size = r->mr.len;
@@ -579,7 +579,7 @@ static int xfer_timeouts(struct kvb_broker *b, struct kvb_worker *w,
 		return -EINVAL;
 	if (!x || x->closing)
 		return -ESTALE;
-	if (m->defer_ms && kvb_remote_set_defer(x, m->defer_ms))
+	if (m->defer_ms && kvb_hook_set_defer(b, x, m->defer_ms))
 		return -EINVAL; /* a same-node transfer has no defer clock */
 	if (m->deadline_ms)
 		x->deadline_ns =
@@ -604,269 +604,327 @@ static int peer_hung_up(int sock)
 	       (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
-{
-	/* static: one broker thread; XOPEN carries block lists */
-	static union {
-		struct kvb_msg_hdr h;
-		struct kvb_msg_hello hello;
-		struct kvb_msg_mem_reg reg;
-		struct kvb_msg_mem_dereg dereg;
-		struct kvb_msg_mem_lookup lookup;
-		struct kvb_msg_open open;
-		struct kvb_msg_stats stats;
-		struct kvb_msg_mem_kv kv;
-		struct kvb_msg_peer peer;
-		struct kvb_msg_xopen xopen;
-		struct kvb_msg_open_batch open_batch;
-		struct kvb_msg_xtimeouts xt;
-		char raw[KVB_MSG_MAX];
-	} m;
-	int fds[KVB_CTL_MAX_FDS];
-	unsigned nfds = KVB_CTL_MAX_FDS;
-	int n, rc;
+/* A control request, as received: the message (static: one broker thread;
+ * XOPEN carries block lists), its length, the fds it carried (MEM_REG). */
+static union ctl_msg {
+	struct kvb_msg_hdr h;
+	struct kvb_msg_hello hello;
+	struct kvb_msg_mem_reg reg;
+	struct kvb_msg_mem_dereg dereg;
+	struct kvb_msg_mem_lookup lookup;
+	struct kvb_msg_open open;
+	struct kvb_msg_stats stats;
+	struct kvb_msg_mem_kv kv;
+	struct kvb_msg_peer peer;
+	struct kvb_msg_xopen xopen;
+	struct kvb_msg_open_batch open_batch;
+	struct kvb_msg_xtimeouts xt;
+	char raw[KVB_MSG_MAX];
+} ctl_m;
 
-	n = kvb_ctl_recv(w->sock, &m, sizeof(m), fds, &nfds);
-	if (n == -ETIMEDOUT || n == -EAGAIN)
+struct ctl_req {
+	union ctl_msg *m;
+	size_t n;
+	int *fds;
+	unsigned nfds;
+};
+
+static void close_fds(int *fds, unsigned *nfds)
+{
+	while (*nfds)
+		close(fds[--*nfds]);
+}
+
+static void ctl_hello(struct kvb_broker *b, struct kvb_worker *w,
+		      struct ctl_req *q)
+{
+	if (w->attached) {
+		reject(b, w, "second HELLO");
 		return;
+	}
+	hello(b, w, &q->m->hello);
+}
+
+static void ctl_mem_reg(struct kvb_broker *b, struct kvb_worker *w,
+			struct ctl_req *q)
+{
+	struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_REG};
+	const struct kvb_msg_mem_reg *reg = &q->m->reg;
+	int fd = q->nfds ? q->fds[0] : -1;
+	int rc;
+
+	for (unsigned i = 1; i < q->nfds; i++)
+		close(q->fds[i]);
+	if (q->n < sizeof(*reg) || q->n != sizeof(*reg) + reg->payload_len) {
+		if (fd >= 0)
+			close(fd);
+		b->st.mem_reg_refused++;
+		reject(b, w, "control message of the wrong size");
+		return;
+	}
+	rc = mem_reg(b, w, reg, fd, &rep);
+	if (fd >= 0)
+		close(fd);
+	if (rc) {
+		b->st.mem_reg_refused++;
+		log_warn_rl(
+			"worker %u: region of %llu bytes (kind %u) refused: "
+			"%s",
+			w->id, (unsigned long long) reg->size, reg->kind,
+			strerror(-rc));
+	}
+	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+static void ctl_mem_dereg(struct kvb_broker *b, struct kvb_worker *w,
+			  struct ctl_req *q)
+{
+	struct kvb_region_ent *r =
+		kvb_region_get(&b->regions, q->m->dereg.region);
+	int rc = -ENOENT;
+
+	if (r && !r->dead && r->owner == w->id) {
+		/* descriptors the worker published before asking still
+		 * complete: take them while the region lives */
+		uint32_t left = kvb_engine_drain_worker(b, w);
+
+		if (left)
+			log_warn_rl("worker %u: region %#x freed with %u "
+				    "descriptor(s) still in its ring (the "
+				    "broker is saturated): those naming it are "
+				    "refused",
+				    w->id, r->mr.id, left);
+		kvb_region_kill(b, r);
+		rc = 0;
+	}
+	reply(w, &q->m->h, sizeof(q->m->h), rc, NULL, 0);
+}
+
+static void ctl_mem_lookup(struct kvb_broker *b, struct kvb_worker *w,
+			   struct ctl_req *q)
+{
+	struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_LOOKUP};
+	int rc = mem_lookup(b, &q->m->lookup, &rep);
+
+	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+static void ctl_open(struct kvb_broker *b, struct kvb_worker *w,
+		     struct ctl_req *q)
+{
+	struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
+	int rc = undelivered_check(b, w);
+
+	if (!rc)
+		rc = xfer_open(b, w, q->m->open.id, q->m->open.id_len,
+			       &rep.handle);
+	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+static void ctl_open_batch(struct kvb_broker *b, struct kvb_worker *w,
+			   struct ctl_req *q)
+{
+	static union {
+		struct kvb_msg_open_batch_reply r;
+		char raw[sizeof(struct kvb_msg_open_batch_reply) +
+			 KVB_OPEN_BATCH_MAX * sizeof(struct kvb_open_result)];
+	} rep;
+	int rc;
+
+	memset(&rep.r, 0, sizeof(rep.r));
+	rep.r.h.type = KVB_MSG_OPEN_BATCH;
+	rc = undelivered_check(b, w);
+	if (!rc)
+		rc = open_batch(b, w, &q->m->open_batch, q->n, &rep.r);
+	if (rc == -EBADMSG) {
+		reject(b, w, "OPEN_BATCH: the ids do not fill the message");
+		return;
+	}
+	reply(w, &rep.r.h, sizeof(rep.r) + rep.r.n * sizeof(rep.r.res[0]), rc,
+	      NULL, 0);
+}
+
+static void ctl_stats(struct kvb_broker *b, struct kvb_worker *w,
+		      struct ctl_req *q)
+{
+	static char buf[KVB_MSG_MAX];
+	struct kvb_msg_hdr *h = (struct kvb_msg_hdr *) buf;
+	int rc = kvb_view_format(b, q->m->stats.view, q->m->stats.json,
+				 buf + sizeof(*h), sizeof(buf) - sizeof(*h));
+	size_t len = rc < 0 ? 0 : (size_t) rc;
+
+	h->type = KVB_MSG_STATS;
+	reply(w, h, sizeof(*h) + len + 1, rc < 0 ? rc : 0, NULL, 0);
+	w->asked_stats = !w->attached;
+}
+
+static void ctl_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		       struct ctl_req *q)
+{
+	int rc = kvb_hook_mem_kv(b, w, &q->m->kv);
+
+	reply(w, &q->m->h, sizeof(q->m->h), rc, NULL, 0);
+}
+
+static void ctl_peer(struct kvb_broker *b, struct kvb_worker *w,
+		     struct ctl_req *q)
+{
+	struct kvb_msg_peer_reply rep = {.h.type = KVB_MSG_PEER};
+	int rc;
+
+	peer_seq[KVB_WSLOT(w->id)] = q->m->h.seq;
+	rc = kvb_hook_peer_req(b, w, &q->m->peer);
+	if (rc != 1) /* 1: the handshake answers later */
+		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+static void ctl_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		      struct ctl_req *q)
+{
+	struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_XOPEN};
+	int rc = undelivered_check(b, w);
+
+	if (!rc && !kvb_xfer_room(b, w)) {
+		b->st.xfer_quota_refused++;
+		log_warn_rl("worker %u: remote transfer refused (-ENOSPC): "
+			    "its share of the table is used",
+			    w->id);
+		rc = -ENOSPC;
+	}
+	if (!rc)
+		rc = kvb_hook_xopen(b, w, &q->m->xopen, (uint32_t) q->n,
+				    &rep.handle);
+	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+static void ctl_xtimeouts(struct kvb_broker *b, struct kvb_worker *w,
+			  struct ctl_req *q)
+{
+	int rc = xfer_timeouts(b, w, &q->m->xt);
+
+	reply(w, &q->m->h, sizeof(q->m->h), rc, NULL, 0);
+}
+
+static void ctl_bye(struct kvb_broker *b, struct kvb_worker *w,
+		    struct ctl_req *q)
+{
+	reply(w, &q->m->h, sizeof(q->m->h), 0, NULL, 0);
+	kvb_worker_drop(b, w, "detached");
+}
+
+/*
+ * The control requests: the handler of each type and the size its message
+ * must have (exactly, or at least with `min`; 0: the handler checks it).
+ */
+static const struct ctl_type {
+	void (*fn)(struct kvb_broker *b, struct kvb_worker *w,
+		   struct ctl_req *q);
+	size_t size;
+	uint8_t min;
+} ctl_types[] = {
+	[KVB_MSG_HELLO] = {ctl_hello, sizeof(struct kvb_msg_hello), 0},
+	[KVB_MSG_MEM_REG] = {ctl_mem_reg, 0, 0},
+	[KVB_MSG_MEM_DEREG] = {ctl_mem_dereg, sizeof(struct kvb_msg_mem_dereg),
+			       0},
+	[KVB_MSG_MEM_LOOKUP] = {ctl_mem_lookup,
+				sizeof(struct kvb_msg_mem_lookup), 0},
+	[KVB_MSG_OPEN] = {ctl_open, sizeof(struct kvb_msg_open), 0},
+	[KVB_MSG_OPEN_BATCH] = {ctl_open_batch,
+				sizeof(struct kvb_msg_open_batch), 1},
+	[KVB_MSG_STATS] = {ctl_stats, sizeof(struct kvb_msg_stats), 0},
+	[KVB_MSG_MEM_KV] = {ctl_mem_kv, sizeof(struct kvb_msg_mem_kv), 0},
+	[KVB_MSG_PEER] = {ctl_peer, sizeof(struct kvb_msg_peer), 0},
+	[KVB_MSG_XOPEN] = {ctl_xopen, sizeof(struct kvb_msg_xopen), 1},
+	[KVB_MSG_XTIMEOUTS] = {ctl_xtimeouts, sizeof(struct kvb_msg_xtimeouts),
+			       0},
+	[KVB_MSG_BYE] = {ctl_bye, sizeof(struct kvb_msg_hdr), 0},
+};
+
+/*
+ * Receive one request and check its header: its length (0) or, when it
+ * was answered or the worker dropped already, a negative value.
+ */
+static int ctl_read(struct kvb_broker *b, struct kvb_worker *w,
+		    struct ctl_req *q)
+{
+	int n;
+
+	n = kvb_ctl_recv(w->sock, q->m, sizeof(*q->m), q->fds, &q->nfds);
+	if (n == -ETIMEDOUT || n == -EAGAIN)
+		return -1;
 	if (n == -EPIPE && !peer_hung_up(w->sock)) {
 		/* a zero-length message (SOCK_SEQPACKET), not the end */
 		b->st.ctl_empty++;
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
+		close_fds(q->fds, &q->nfds);
 		reject(b, w, "zero-length message on the control socket");
-		return;
+		return -1;
 	}
 	if (n < 0) {
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
+		close_fds(q->fds, &q->nfds);
 		if (n == -EMSGSIZE)
 			reject(b, w, "oversized message on the control socket");
 		else
 			kvb_worker_drop(b, w,
 					n == -EPIPE ? "disconnected"
 						    : strerror(-n));
-		return;
+		return -1;
 	}
-	if ((size_t) n < sizeof(m.h) || m.h.magic != KVB_MSG_MAGIC ||
-	    m.h.len != (uint32_t) n) {
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
+	if ((size_t) n < sizeof(q->m->h) || q->m->h.magic != KVB_MSG_MAGIC ||
+	    q->m->h.len != (uint32_t) n) {
+		close_fds(q->fds, &q->nfds);
 		reject(b, w,
 		       "garbage on the control socket (bad magic or length)");
-		return;
+		return -1;
 	}
-	req_seq = m.h.seq; /* echoed by reply() */
-	if (m.h.version != KVB_PROTO_VERSION) {
+	req_seq = q->m->h.seq; /* echoed by reply() */
+	if (q->m->h.version != KVB_PROTO_VERSION) {
 		char why[96];
 
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
+		close_fds(q->fds, &q->nfds);
 		snprintf(why, sizeof(why),
 			 "protocol version %u, this broker speaks %u",
-			 m.h.version, KVB_PROTO_VERSION);
-		reply(w, &m.h, sizeof(m.h), -EPROTO, NULL, 0);
+			 q->m->h.version, KVB_PROTO_VERSION);
+		reply(w, &q->m->h, sizeof(q->m->h), -EPROTO, NULL, 0);
 		reject(b, w, why);
-		return;
+		return -1;
 	}
-	if (m.h.type != KVB_MSG_STATS)
+	q->n = (size_t) n;
+	return 0;
+}
+
+void kvb_worker_ctl(struct kvb_broker *b, struct kvb_worker *w)
+{
+	int fds[KVB_CTL_MAX_FDS];
+	struct ctl_req q = {.m = &ctl_m, .fds = fds, .nfds = KVB_CTL_MAX_FDS};
+	const struct ctl_type *t = NULL;
+	uint32_t type;
+
+	if (ctl_read(b, w, &q))
+		return;
+	type = q.m->h.type;
+	if (type != KVB_MSG_STATS)
 		b->st.ctl_requests++;
 	/* only MEM_REG carries an fd */
-	if (m.h.type != KVB_MSG_MEM_REG)
-		while (nfds)
-			close(fds[--nfds]);
-
-#define NEED(T)                                                            \
-	do {                                                               \
-		if ((size_t) n != sizeof(T)) {                             \
-			reject(b, w, "control message of the wrong size"); \
-			return;                                            \
-		}                                                          \
-	} while (0)
-
-	if (!w->attached && m.h.type != KVB_MSG_HELLO &&
-	    m.h.type != KVB_MSG_STATS) {
-		while (nfds) /* a MEM_REG's fd is still open here */
-			close(fds[--nfds]);
-		if (m.h.type == KVB_MSG_MEM_REG)
+	if (type != KVB_MSG_MEM_REG)
+		close_fds(q.fds, &q.nfds);
+	if (!w->attached && type != KVB_MSG_HELLO && type != KVB_MSG_STATS) {
+		close_fds(q.fds, &q.nfds); /* a MEM_REG's fd is still open */
+		if (type == KVB_MSG_MEM_REG)
 			b->st.mem_reg_refused++;
 		reject(b, w, "request before HELLO");
 		return;
 	}
-	switch (m.h.type) {
-	case KVB_MSG_HELLO:
-		NEED(struct kvb_msg_hello);
-		if (w->attached) {
-			reject(b, w, "second HELLO");
-			return;
-		}
-		hello(b, w, &m.hello);
-		return;
-	case KVB_MSG_MEM_REG: {
-		struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_REG};
-		int fd = nfds ? fds[0] : -1;
-
-		for (unsigned i = 1; i < nfds; i++)
-			close(fds[i]);
-		if ((size_t) n < sizeof(m.reg) ||
-		    (size_t) n != sizeof(m.reg) + m.reg.payload_len) {
-			if (fd >= 0)
-				close(fd);
-			b->st.mem_reg_refused++;
-			reject(b, w, "control message of the wrong size");
-			return;
-		}
-		rc = mem_reg(b, w, &m.reg, fd, &rep);
-		if (fd >= 0)
-			close(fd);
-		if (rc) {
-			b->st.mem_reg_refused++;
-			log_warn_rl("worker %u: region of %llu bytes (kind %u) "
-				    "refused: %s",
-				    w->id, (unsigned long long) m.reg.size,
-				    m.reg.kind, strerror(-rc));
-		}
-		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_MEM_DEREG: {
-		struct kvb_region_ent *r;
-
-		NEED(struct kvb_msg_mem_dereg);
-		r = kvb_region_get(&b->regions, m.dereg.region);
-		rc = -ENOENT;
-		if (r && !r->dead && r->owner == w->id) {
-			/* descriptors the worker published before asking
-			 * still complete: take them while the region lives */
-			uint32_t left = kvb_engine_drain_worker(b, w);
-
-			if (left)
-				log_warn_rl(
-					"worker %u: region %#x freed with %u "
-					"descriptor(s) still in its ring (the "
-					"broker is saturated): those naming it "
-					"are refused",
-					w->id, r->mr.id, left);
-			kvb_region_kill(b, r);
-			rc = 0;
-		}
-		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_MEM_LOOKUP: {
-		struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_LOOKUP};
-
-		NEED(struct kvb_msg_mem_lookup);
-		rc = mem_lookup(b, &m.lookup, &rep);
-		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_OPEN: {
-		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_OPEN};
-
-		NEED(struct kvb_msg_open);
-		rc = undelivered_check(b, w);
-		if (!rc)
-			rc = xfer_open(b, w, m.open.id, m.open.id_len,
-				       &rep.handle);
-		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_OPEN_BATCH: {
-		static union {
-			struct kvb_msg_open_batch_reply r;
-			char raw[sizeof(struct kvb_msg_open_batch_reply) +
-				 KVB_OPEN_BATCH_MAX *
-					 sizeof(struct kvb_open_result)];
-		} rep;
-
-		if ((size_t) n < sizeof(m.open_batch)) {
-			reject(b, w, "control message of the wrong size");
-			return;
-		}
-		memset(&rep.r, 0, sizeof(rep.r));
-		rep.r.h.type = KVB_MSG_OPEN_BATCH;
-		rc = undelivered_check(b, w);
-		if (!rc)
-			rc = open_batch(b, w, &m.open_batch, (size_t) n,
-					&rep.r);
-		if (rc == -EBADMSG) {
-			reject(b, w,
-			       "OPEN_BATCH: the ids do not fill the message");
-			return;
-		}
-		reply(w, &rep.r.h,
-		      sizeof(rep.r) + rep.r.n * sizeof(rep.r.res[0]), rc, NULL,
-		      0);
-		return;
-	}
-	case KVB_MSG_STATS: {
-		static char buf[KVB_MSG_MAX];
-		struct kvb_msg_hdr *h = (struct kvb_msg_hdr *) buf;
-		size_t len;
-
-		NEED(struct kvb_msg_stats);
-		rc = kvb_view_format(b, m.stats.view, m.stats.json,
-				     buf + sizeof(*h),
-				     sizeof(buf) - sizeof(*h));
-		len = rc < 0 ? 0 : (size_t) rc;
-		h->type = KVB_MSG_STATS;
-		reply(w, h, sizeof(*h) + len + 1, rc < 0 ? rc : 0, NULL, 0);
-		w->asked_stats = !w->attached;
-		return;
-	}
-	case KVB_MSG_MEM_KV:
-		NEED(struct kvb_msg_mem_kv);
-		rc = kvb_remote_mem_kv(b, w, &m.kv);
-		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
-		return;
-	case KVB_MSG_PEER: {
-		struct kvb_msg_peer_reply rep = {.h.type = KVB_MSG_PEER};
-
-		NEED(struct kvb_msg_peer);
-		peer_seq[KVB_WSLOT(w->id)] = m.h.seq;
-		rc = kvb_remote_peer_req(b, w, &m.peer);
-		if (rc != 1) /* 1: the handshake answers later */
-			reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_XOPEN: {
-		struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_XOPEN};
-
-		if ((size_t) n < sizeof(m.xopen)) {
-			reject(b, w, "control message of the wrong size");
-			return;
-		}
-		rc = undelivered_check(b, w);
-		if (!rc && !kvb_xfer_room(b, w)) {
-			b->st.xfer_quota_refused++;
-			log_warn_rl("worker %u: remote transfer refused "
-				    "(-ENOSPC): its share of the table is "
-				    "used",
-				    w->id);
-			rc = -ENOSPC;
-		}
-		if (!rc)
-			rc = kvb_remote_xopen(b, w, &m.xopen, (uint32_t) n,
-					      &rep.handle);
-		reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
-		return;
-	}
-	case KVB_MSG_XTIMEOUTS:
-		NEED(struct kvb_msg_xtimeouts);
-		rc = xfer_timeouts(b, w, &m.xt);
-		reply(w, &m.h, sizeof(m.h), rc, NULL, 0);
-		return;
-	case KVB_MSG_BYE:
-		NEED(struct kvb_msg_hdr);
-		reply(w, &m.h, sizeof(m.h), 0, NULL, 0);
-		kvb_worker_drop(b, w, "detached");
-		return;
-	default:
+	if (type < sizeof(ctl_types) / sizeof(ctl_types[0]))
+		t = &ctl_types[type];
+	if (!t || !t->fn) {
 		reject(b, w, "unknown control message type");
 		return;
 	}
-#undef NEED
+	if (t->size && (t->min ? q.n < t->size : q.n != t->size)) {
+		reject(b, w, "control message of the wrong size");
+		return;
+	}
+	t->fn(b, w, &q);
 }
 
 void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,

@@ -234,8 +234,6 @@ struct kvb_xfer *kvb_xfer_get(struct kvb_xfers *t, uint32_t handle,
 	return x;
 }
 
-void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
-
 void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 {
 	uint32_t s = (uint32_t) (x - t->v);
@@ -252,8 +250,8 @@ void kvb_xfer_end(struct kvb_xfers *t, struct kvb_xfer *x)
 	t->v[last].active_pos = x->active_pos;
 	lru_add(t, x->worker, x->hash);
 	uncharge(t, x);
-	if (x->rx && kvb_xfer_rx_free)
-		kvb_xfer_rx_free(x->rx);
+	if (x->rx && t->rx_free)
+		t->rx_free(t->rx_ctx, x->rx);
 	memset(x, 0, sizeof(*x));
 	x->gen = gen;
 }

@@ -13,7 +13,7 @@
 
 #include "proto.h"
 
-#define KVB_MAX_XFERS	   16384u
+/* KVB_MAX_XFERS: proto.h */
 #define KVB_TERMINAL_LRU   4096u
 #define KVB_XFER_MAX_DESTS 32u
 #define KVB_XFER_WSLOTS	   4096u /* worker slots (id & 0xfff) */
@@ -74,9 +74,9 @@ static inline int kvb_xfer_drained(const struct kvb_xfer *x)
 	return !x->inbound && x->completed + x->failed >= x->submitted;
 }
 
-struct kvb_rxfer; /* broker/remote.h */
-/* Frees x->rx; set by the broker (remote.c). */
-extern void (*kvb_xfer_rx_free)(struct kvb_rxfer *rx);
+/* An extension's state of a transfer (x->rx): the engine only keeps the
+ * pointer; the table frees it with rx_free below. */
+struct kvb_rxfer;
 
 struct kvb_xfers {
 	struct kvb_xfer *v; /* KVB_MAX_XFERS slots, slot 0 unused */
@@ -97,6 +97,10 @@ struct kvb_xfers {
 	 * charged_id[slot] (a new worker in the slot starts from 0) */
 	uint32_t charged[KVB_XFER_WSLOTS];
 	uint32_t charged_id[KVB_XFER_WSLOTS];
+	/* frees an entry's rx when it ends (NULL: no entry has one); set
+	 * with the engine's hooks */
+	void (*rx_free)(void *ctx, struct kvb_rxfer *rx);
+	void *rx_ctx;
 };
 
 int kvb_xfers_init(struct kvb_xfers *t);

@@ -7,7 +7,7 @@
 #     processes sharing device memory by IPC handle, byte-verified, and copy
 #     bandwidth against plain cudaMemcpy/hipMemcpy;
 #  2. the whole path through the broker: kvbroker --transport gpu built here
-#     with gcc (without the cross-node layer, broker/remote_none.c: no zmq
+#     with gcc (without the cross-node module, bridge/xnode: no zmq
 #     there), a P and a D worker process registering device memory with
 #     kvb_mem_register_gpu(), P writing scattered blocks into D through the
 #     broker, D checking every byte (tests/gpu/gpu_broker_test.c);
@@ -51,16 +51,16 @@ OUT='' bash scripts/device-gpu-check.sh --backend "$BACKEND"
 rc1=$?
 
 echo "=== part 2: through the broker"
-CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter -Ishm -Iclient -Iclient/include -Ibridge -Ibroker"
+CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter -Ishm -Iclient -Iclient/include -Icommon -Ibridge -Ibroker -DKVB_HAVE_GPU_TRANSPORT=1"
 # shellcheck disable=SC2086
-gcc $CF shm/ring.c shm/segment.c client/ctl.c bridge/local/local.c bridge/gpu/*.c \
+gcc $CF shm/ring.c shm/segment.c client/ctl.c common/*.c common/gpu/*.c bridge/local/local.c bridge/transports.c bridge/gpu/*.c \
 	broker/log.c broker/options.c broker/config.c broker/sdnotify.c broker/regions.c broker/xfer.c broker/worker.c \
-	broker/engine.c broker/quota.c broker/grants.c broker/stats.c broker/gpu.c broker/remote_none.c broker/main.c \
+	broker/engine.c broker/quota.c broker/grants.c broker/stats.c broker/gpu.c broker/ext.c broker/main.c \
 	broker/metrics.c broker/http.c broker/views.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }
 # shellcheck disable=SC2086
 gcc $CF tests/gpu/gpu_broker_test.c client/*.c shm/ring.c \
-	shm/segment.c bridge/gpu/*.c -ldl -lpthread -o "$B/gpu_broker_test" ||
+	shm/segment.c common/*.c common/gpu/*.c bridge/gpu/*.c -ldl -lpthread -o "$B/gpu_broker_test" ||
 	{ echo "RESULT2: BUILD-FAILED (test)"; exit 1; }
 if [ "$BACKEND" != host ]; then
 	echo "--- host backend (the test's own logic)"
@@ -85,7 +85,7 @@ fi
 
 echo "=== part 2b: GPU memory over the tcp transport (host staging buffers)"
 # shellcheck disable=SC2086
-if gcc $CF tests/gpu/tcp_gpu_check.c bridge/tcp/*.c bridge/gpu/*.c \
+if gcc $CF tests/gpu/tcp_gpu_check.c bridge/tcp/*.c common/*.c common/gpu/*.c bridge/gpu/*.c \
 	-lsodium -ldl -lpthread -o "$B/tcp_gpu_check"; then
 	if [ "$QUICK" = 1 ]; then TG=(--mib 16 --block-kib 64); else TG=(--mib 1024 --block-kib 256); fi
 	if [ "$BACKEND" = host ]; then
@@ -106,7 +106,7 @@ echo "=== part 3: kvbench (gcc build: local and gpu transports)"
 # twice when files were added)
 gcc $CF bench/kvbench/*.c \
 	client/*.c shm/ring.c shm/segment.c bridge/local/local.c \
-	bridge/gpu/*.c -ldl -lpthread -lm -o "$B/kvbench" ||
+	common/*.c common/gpu/*.c bridge/gpu/*.c -ldl -lpthread -lm -o "$B/kvbench" ||
 	{ echo "RESULT3: BUILD-FAILED (kvbench)"; exit 1; }
 if [ "$QUICK" = 1 ]; then
 	VL=4 GS=2 GL=1 LLT=4 REP=1 SW=1,2 SWC=2

@@ -53,7 +53,7 @@ echo "== build (gcc, -ldl -lpthread)"
 CFLAGS="-std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Wshadow \
 -Wmissing-prototypes -Wstrict-prototypes -Wno-unused-parameter"
 # shellcheck disable=SC2086
-if ! gcc $CFLAGS -Ibridge -I. bridge/gpu/*.c tests/gpu/gpu_ipc_test.c \
+if ! gcc $CFLAGS -Icommon -Ibridge -I. common/*.c common/gpu/*.c bridge/gpu/*.c tests/gpu/gpu_ipc_test.c \
 	-ldl -lpthread -o "$BUILD/gpu_ipc_test"; then
 	echo "RESULT: BUILD-FAILED"
 	exit 1

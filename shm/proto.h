@@ -23,6 +23,9 @@
 #define KVB_PROTO_VERSION 2u	      /* 2: seq in the header */
 #define KVB_MSG_MAX	  65536u
 #define KVB_XFER_ID_MAX	  255u
+/* the broker's transfer table: live transfers at most (a worker that keeps
+ * a completion ring slot for each sizes it from this) */
+#define KVB_MAX_XFERS 16384u
 
 enum kvb_msg_type {
 	KVB_MSG_HELLO = 1,   /* worker attach; reply carries 3 fds */

@@ -26,7 +26,7 @@
 
 #include "ctl.h"
 #include "kvbroker/kvbroker.h"
-#include "xfer.h" /* KVB_MAX_XFERS */
+#include "proto.h" /* KVB_MAX_XFERS */
 
 struct cfg {
 	const char *socket;

@@ -31,7 +31,9 @@
 
 extern const struct kvb_transport_ops kvb_gpu_ops;
 
-#define KVB_GPU_TPRIV		 3 /* slot of kvb_mr.tpriv[] this transport owns */
+/* the slot of kvb_mr.tpriv[] this transport owns (kvb_transport_tpriv) */
+int kvb_gpu_tpriv(void);
+#define KVB_GPU_TPRIV		 kvb_gpu_tpriv()
 #define KVB_GPU_STREAMS_DEFAULT	 64
 #define KVB_GPU_INFLIGHT_DEFAULT 16384
 
@@ -74,6 +76,11 @@ int kvb_gpu_transport_open(const struct kvb_transport_params *p,
 
 /* GPU counters for kvbctl. Returns 0, or -EINVAL if t is not a gpu one. */
 int kvb_gpu_transport_stats(struct kvb_transport *t, struct kvb_gpu_stats *s);
+
+/* ops->stats_format: the counters above ("gpu" object / a line); 0 when
+ * there are none (ep given, or no stats) */
+size_t kvb_gpu_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
+			    int json, char *buf, size_t cap);
 
 /*
  * Copies issued on stream `idx` of device `dev` so far (round-robin check).

@@ -23,7 +23,7 @@
  * list, so the steady state allocates nothing but the batch record.
  */
 #include "gpu.h"
-#include "gpu_api.h"
+#include "gpu/gpu_api.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -200,6 +200,13 @@ static void batch_unlink(struct gpu_transport *gt, struct gpu_batch *b)
 	gt->gs.ops_inflight -= b->nops;
 }
 
+static int gpu_tpriv_slot = -1;
+
+int kvb_gpu_tpriv(void)
+{
+	return kvb_transport_tpriv_at(&gpu_tpriv_slot, &kvb_gpu_ops);
+}
+
 int kvb_gpu_transport_open(const struct kvb_transport_params *p,
 			   const char *backend, struct kvb_transport **out,
 			   char *why, size_t why_len)
@@ -209,6 +216,11 @@ int kvb_gpu_transport_open(const struct kvb_transport_params *p,
 	const char *env;
 	int rc, n = 0;
 
+	if (kvb_gpu_tpriv() < 0) {
+		if (why && why_len)
+			snprintf(why, why_len, "no kvb_mr.tpriv slot left");
+		return -ENOSPC;
+	}
 	rc = kvb_gpu_backend_init(backend, why, why_len);
 	if (rc)
 		return rc;
@@ -754,4 +766,5 @@ const struct kvb_transport_ops kvb_gpu_ops = {
 	.disconnect = gpu_disconnect,
 	.post = gpu_post,
 	.poll = gpu_poll,
+	.stats_format = kvb_gpu_stats_format,
 };

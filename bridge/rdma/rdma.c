@@ -16,6 +16,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "rdma/rdma_priv.h"
+#include "rdma/resolve.h"
 
 static int fd_nonblock(int fd)
 {
@@ -61,6 +62,13 @@ static int pick_gid(struct kvb_rdma *r, int port)
 	return 0;
 }
 
+static int rdma_tpriv_slot = -1;
+
+int kvb_rdma_tpriv(void)
+{
+	return kvb_transport_tpriv_at(&rdma_tpriv_slot, &kvb_rdma_ops);
+}
+
 static int rdma_open(const struct kvb_transport_params *p,
 		     struct kvb_transport **out, char *why, size_t why_len)
 {
@@ -69,6 +77,11 @@ static int rdma_open(const struct kvb_transport_params *p,
 	struct kvb_rdma *r;
 	int i, n = 0, err, port;
 
+	if (kvb_rdma_tpriv() < 0) {
+		if (why && why_len)
+			snprintf(why, why_len, "no kvb_mr.tpriv slot left");
+		return -ENOSPC;
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -617,4 +630,12 @@ const struct kvb_transport_ops kvb_rdma_ops = {
 	.poll = rdma_poll,
 	.wait_fd = rdma_wait_fd,
 	.arm = rdma_arm,
+	.ep_info = kvb_rdma_ep_info,
+	.ep_state = kvb_rdma_ep_state,
+	.reg_dmabuf = kvb_rdma_reg_dmabuf,
+	.events_fd = kvb_rdma_async_fd,
+	.events = kvb_rdma_async_service,
+	.time_posts = kvb_rdma_time_posts,
+	.stats_format = kvb_rdma_stats_format,
+	.resolve = kvb_rdma_resolve_op,
 };

@@ -36,20 +36,25 @@
  */
 extern const struct kvb_transport_ops kvb_rdma_ops;
 
-/* Slot of struct kvb_mr.tpriv[] the rdma transport keeps its ibv_mr in. */
-#define KVB_RDMA_TPRIV 2
+/* Slot of struct kvb_mr.tpriv[] the rdma transport keeps its ibv_mr in
+ * (registered: kvb_transport_tpriv). */
+int kvb_rdma_tpriv(void);
+#define KVB_RDMA_TPRIV kvb_rdma_tpriv()
 
+/* enum kvb_ep_state of transport.h, for rdma endpoints */
 enum kvb_rdma_ep_state {
-	KVB_RDMA_EP_HALF = 1,  /* QPs in INIT, waiting for the peer's blob */
-	KVB_RDMA_EP_READY = 2, /* QPs in RTS */
-	KVB_RDMA_EP_RESET = 3, /* reset after an error, needs a re-handshake */
+	/* QPs in INIT, waiting for the peer's blob */
+	KVB_RDMA_EP_HALF = KVB_EP_STATE_HALF,
+	KVB_RDMA_EP_READY = KVB_EP_STATE_READY, /* QPs in RTS */
+	/* reset after an error, needs a re-handshake */
+	KVB_RDMA_EP_RESET = KVB_EP_STATE_RESET,
 };
 
 /*
  * Connection blob of one endpoint (the offer of a HALF or RESET endpoint, or
  * the answer of a READY one). *len: capacity in, size out. Returns 0,
  * -ENOSPC (with *len = size needed) or -EINVAL.
- * Proposed for transport.h as ops->ep_info.
+ * (ops->ep_info.)
  */
 int kvb_rdma_ep_info(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
 		     size_t *len);
@@ -105,8 +110,12 @@ int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
  * CQ errors are counted. Each event worth a line goes to `log` (may be
  * NULL) with a KVB_RDMA_LOG_* level. Same thread as post()/poll().
  */
-enum { KVB_RDMA_LOG_INFO, KVB_RDMA_LOG_WARN, KVB_RDMA_LOG_ERR };
-typedef void (*kvb_rdma_log_fn)(void *arg, int level, const char *line);
+enum {
+	KVB_RDMA_LOG_INFO = KVB_TLOG_INFO,
+	KVB_RDMA_LOG_WARN = KVB_TLOG_WARN,
+	KVB_RDMA_LOG_ERR = KVB_TLOG_ERR
+};
+typedef kvb_transport_log_fn kvb_rdma_log_fn;
 
 struct kvb_rdma_async_stats {
 	uint64_t events;      /* every event read */
@@ -118,6 +127,11 @@ struct kvb_rdma_async_stats {
 	int port_down;	 /* now: a PORT_ERR not followed by PORT_ACTIVE */
 	int device_dead; /* DEVICE_FATAL came */
 };
+
+/* ops->stats_format: the device's state and events (ep NULL), or the
+ * per-QP counters of an endpoint (JSON: a list's members) */
+size_t kvb_rdma_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
+			     int json, char *buf, size_t cap);
 
 int kvb_rdma_async_fd(struct kvb_transport *t);
 int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,

@@ -299,3 +299,17 @@ int kvb_rdma_params_resolve(struct kvb_transport_params *p, const char *host_ip,
 	p->gid_index = w->gid_index;
 	return 0;
 }
+
+int kvb_rdma_resolve_op(struct kvb_transport_params *p, const char *host_ip,
+			struct kvb_transport_where *tw)
+{
+	struct kvb_rdma_where w;
+	int rc = kvb_rdma_params_resolve(p, host_ip, &w);
+
+	snprintf(tw->why, sizeof(tw->why), "%s", w.why);
+	if (p->dev_name == w.dev) {
+		snprintf(tw->dev, sizeof(tw->dev), "%s", w.dev);
+		p->dev_name = tw->dev;
+	}
+	return rc;
+}

@@ -76,4 +76,8 @@ int kvb_rdma_resolve(const char *ip, int timeout_ms, struct kvb_rdma_where *w);
 int kvb_rdma_params_resolve(struct kvb_transport_params *p, const char *host_ip,
 			    struct kvb_rdma_where *w);
 
+/* kvb_rdma_params_resolve as the transport's resolve op (transport.h) */
+int kvb_rdma_resolve_op(struct kvb_transport_params *p, const char *host_ip,
+			struct kvb_transport_where *tw);
+
 #endif /* KVB_BRIDGE_RDMA_RESOLVE_H */

@@ -706,6 +706,17 @@ void kvb_tcp_set_log(struct kvb_transport *t,
 	tt->log_arg = arg;
 }
 
+const struct kvb_transport_auth_ops kvb_tcp_auth_ops = {
+	.id = kvb_tcp_id,
+	.blob_id = kvb_tcp_blob_id,
+	.peer_allow = kvb_tcp_peer_allow,
+	.peer_forget = kvb_tcp_peer_forget,
+	.ep_set_key = kvb_tcp_ep_set_key,
+	.set_trusted = kvb_tcp_set_trusted,
+	.set_limits = kvb_tcp_set_limits,
+	.set_log = kvb_tcp_set_log,
+};
+
 const struct kvb_transport_ops kvb_tcp_ops = {
 	.name = "tcp",
 	.open = tcp_open,
@@ -718,4 +729,10 @@ const struct kvb_transport_ops kvb_tcp_ops = {
 	.post = _kvb_tcp_post,
 	.poll = tcp_poll,
 	.wait_fd = tcp_wait_fd,
+	.connect_host = kvb_tcp_connect_host,
+	.port = kvb_tcp_port,
+	.stats_format = kvb_tcp_stats_format,
+	.auth = &kvb_tcp_auth_ops,
+	.set_write_gate = kvb_tcp_set_write_gate,
+	.gate_recheck = kvb_tcp_gate_recheck,
 };

@@ -69,7 +69,14 @@ struct kvb_tcp_stats {
 };
 
 /* Per-peer key (HMAC-SHA512-256, libsodium crypto_auth) */
-#define KVB_TCP_KEY_LEN 32
+#define KVB_TCP_KEY_LEN KVB_TRANSPORT_KEY_LEN
+
+/* ops->auth: the functions below */
+extern const struct kvb_transport_auth_ops kvb_tcp_auth_ops;
+
+/* ops->stats_format: the transport's counters ("tcp" object / a line) */
+size_t kvb_tcp_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
+			    int json, char *buf, size_t cap);
 
 /* Defaults of kvb_tcp_set_limits() */
 #define KVB_TCP_MAX_CONNS_DEF	       256u
@@ -144,8 +151,7 @@ extern const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN];
  * refused_gate). The broker refuses writes into KV blocks no live transfer
  * holds. NULL fn: none (the default). Same thread as poll().
  */
-typedef int (*kvb_tcp_gate_fn)(void *arg, uint32_t region, uint64_t off,
-			       uint64_t len);
+typedef kvb_write_gate_fn kvb_tcp_gate_fn;
 void kvb_tcp_set_write_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
 			    void *arg);
 /*

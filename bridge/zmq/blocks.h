@@ -16,19 +16,7 @@
 
 #include <stdint.h>
 
-enum kvb_kv_layout {
-	KVB_KV_LAYOUT_KV_FIRST = 0,
-	KVB_KV_LAYOUT_BLOCK_FIRST = 1,
-};
-
-struct kvb_kv_geom {
-	uint32_t layout;     /* enum kvb_kv_layout */
-	uint32_t num_blocks; /* of this side */
-	uint32_t block_size; /* tokens per block */
-	uint32_t num_heads;  /* heads held by this worker */
-	uint32_t head_dim;
-	uint32_t elem_size; /* bytes per element */
-};
+#include "kv_geom.h" /* enum kvb_kv_layout, struct kvb_kv_geom */
 
 /* One transfer entry: len bytes from local_off to remote_off. */
 struct kvb_kv_xfer {

@@ -359,7 +359,7 @@ static void do_mem_kv(int ci)
 		m.head_dim = edge32();
 		m.elem_size = edge32();
 	}
-	/* kvb_remote_mem_kv()'s checks, in its order */
+	/* kvb_xn_mem_kv()'s checks, in its order */
 	r = reg_find(m.region);
 	if (!r || r->conn != ci)
 		want = -ENOENT;

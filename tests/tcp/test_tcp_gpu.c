@@ -11,8 +11,8 @@
  */
 #include "tcp_harness.h"
 
-#include "bridge/gpu/gpu_api.h"
-#include "bridge/gpu/gpu_host.h"
+#include "common/gpu/gpu_api.h"
+#include "common/gpu/gpu_host.h"
 
 static const struct kvb_gpu_api *G;
 

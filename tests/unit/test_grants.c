@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "broker.h"
+#include "zmq/blocks.h"
 #include "kvbroker/kvbroker.h"
 
 #define WID 0x2003u /* worker id, slot 3 */

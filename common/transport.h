@@ -29,6 +29,9 @@
 
 enum kvb_mem_kind { KVB_MEM_HOST = 0, KVB_MEM_GPU = 1 };
 
+/* Slots of kvb_mr.tpriv[] */
+#define KVB_TPRIV_MAX 4
+
 /* A memory region as the broker sees it (mapped in the broker). */
 struct kvb_mr {
 	uint32_t id;
@@ -37,8 +40,9 @@ struct kvb_mr {
 	int gpu_device; /* for KVB_MEM_GPU */
 	void *addr;	/* broker-side address (host or device pointer) */
 	uint64_t len;
-	void *tpriv[4];	     /* per-transport registration (ibv_mr, ...) */
-	uint32_t lkey, rkey; /* filled by a transport that has keys */
+	void *tpriv[KVB_TPRIV_MAX]; /* per-transport registration:
+				       kvb_transport_tpriv() */
+	uint32_t lkey, rkey;	    /* filled by a transport that has keys */
 };
 
 /* Remote side of an op: a region on this node, or an address + key. */
@@ -124,6 +128,60 @@ struct kvb_transport_params {
 struct kvb_transport;
 struct kvb_ep; /* a destination: a QP set, a socket, a device pair, a worker */
 
+/* Lines a transport hands its caller's log function, by level. */
+enum { KVB_TLOG_INFO, KVB_TLOG_WARN, KVB_TLOG_ERR };
+/* What a transport's resolve() found (ops below) */
+struct kvb_transport_where {
+	char dev[64];
+	char why[256];
+};
+
+typedef int (*kvb_write_gate_fn)(void *arg, uint32_t region, uint64_t off,
+				 uint64_t len);
+typedef void (*kvb_transport_log_fn)(void *arg, int level, const char *line);
+
+/* An endpoint's state (ops->ep_state, where connect() alone does not make
+ * it ready: a two-message handshake, see ep_info) */
+enum kvb_ep_state {
+	KVB_EP_STATE_HALF = 1,	/* waiting for the peer's blob */
+	KVB_EP_STATE_READY = 2, /* posts go through */
+	KVB_EP_STATE_RESET = 3, /* reset after an error: handshake again */
+};
+
+/* A per-peer key of a transport that authenticates its peers */
+#define KVB_TRANSPORT_KEY_LEN 32
+
+/*
+ * Optional table of a transport that serves peers' connections itself and
+ * authenticates them (tcp's data port, docs/tcp.md "Authentication"); the
+ * cross-node module derives the keys and says who may connect.
+ */
+struct kvb_transport_auth_ops {
+	/* this transport's id (what its blob carries) */
+	uint64_t (*id)(struct kvb_transport *t);
+	/* the id a peer's blob carries: 0 or -EPROTO */
+	int (*blob_id)(const void *blob, size_t len, uint64_t *id);
+	/* serving side: the dialer `id` may connect proving key and address
+	 * regions[0..n) (n < 0: every one); 0 or -errno */
+	int (*peer_allow)(struct kvb_transport *t, uint64_t id,
+			  const uint8_t key[KVB_TRANSPORT_KEY_LEN],
+			  const uint32_t *regions, int n);
+	/* ... no longer: its connections close */
+	void (*peer_forget)(struct kvb_transport *t, uint64_t id);
+	/* dialing side: the key an endpoint proves; 0 or -EINVAL */
+	int (*ep_set_key)(struct kvb_transport *t, struct kvb_ep *ep,
+			  const uint8_t key[KVB_TRANSPORT_KEY_LEN]);
+	/* only these numeric source addresses may connect (n = 0: any) */
+	int (*set_trusted)(struct kvb_transport *t, const char *const *hosts,
+			   unsigned n);
+	/* caps: connections, per source address, ms to authenticate */
+	void (*set_limits)(struct kvb_transport *t, unsigned max_conns,
+			   unsigned max_per_host, unsigned auth_ms);
+	/* refusals are logged (rate-limited) through fn */
+	void (*set_log)(struct kvb_transport *t,
+			void (*fn)(void *arg, const char *line), void *arg);
+};
+
 struct kvb_transport_ops {
 	const char *name;
 	/* Returns 0 or -errno; on -ENODEV `why` (if not NULL) says why. */
@@ -173,12 +231,92 @@ struct kvb_transport_ops {
 	 * are already waiting for poll() (do not sleep), else 0.
 	 */
 	int (*arm)(struct kvb_transport *t);
+	/*
+	 * Optional, for the cross-node module (NULL = not offered):
+	 * ep_state(): enum kvb_ep_state of an endpoint (NULL: connect()
+	 * makes it ready). connect_host(): connect() to a peer whose blob may
+	 * name no address: dial `host` (numeric, the address its control
+	 * channel was reached at) at the blob's port. reg_dmabuf(): register
+	 * GPU memory given as a dmabuf fd (fd < 0: by address); 0 (dmabuf),
+	 * 1 (by address) or -errno. events_fd() / events(): the device's
+	 * asynchronous events: an fd readable when some are pending, and the
+	 * call that reads them (lines to log, returns how many). time_posts():
+	 * time the doorbells (stats post_ns). port(): the port it listens on.
+	 * stats_format(): its counters for `kvbctl stats` (text or JSON) into
+	 * buf, the transport's (ep NULL) or one endpoint's; returns the length
+	 * (truncated to cap - 1).
+	 */
+	int (*ep_state)(struct kvb_transport *t, struct kvb_ep *ep);
+	int (*connect_host)(struct kvb_transport *t, const void *blob,
+			    size_t len, const char *host, struct kvb_ep **ep);
+	int (*reg_dmabuf)(struct kvb_transport *t, struct kvb_mr *mr, int fd,
+			  uint64_t offset);
+	int (*events_fd)(struct kvb_transport *t);
+	int (*events)(struct kvb_transport *t, kvb_transport_log_fn log,
+		      void *arg);
+	void (*time_posts)(struct kvb_transport *t, int on);
+	int (*port)(struct kvb_transport *t);
+	size_t (*stats_format)(struct kvb_transport *t, struct kvb_ep *ep,
+			       int json, char *buf, size_t cap);
+	/* Optional: peer authentication (above) */
+	const struct kvb_transport_auth_ops *auth;
+	/*
+	 * Optional, serving side: a gate asked about every WRITE a peer sends,
+	 * after the region checks and before a byte of it lands: fn(arg,
+	 * region, off, len) returns 0 (it lands) or the negative status the
+	 * op is answered with (counted as refused). NULL fn: none. The broker
+	 * refuses writes into KV blocks no live transfer holds.
+	 * gate_recheck(): ask again about writes whose payload is still
+	 * arriving (the gate changed its mind). Same thread as poll().
+	 */
+	void (*set_write_gate)(struct kvb_transport *t, kvb_write_gate_fn fn,
+			       void *arg);
+	void (*gate_recheck)(struct kvb_transport *t);
+	/*
+	 * Optional, before open(): where host_ip lives (device, port, address
+	 * index) when the user named none; may set p->dev_name (into
+	 * w->dev), p->ib_port, p->gid_index. 0: p changed; 1: nothing to do;
+	 * -errno: p unchanged, open() keeps its default rule. w->why: one line
+	 * for the log either way. (rdma: librdmacm and the GID table.)
+	 */
+	int (*resolve)(struct kvb_transport_params *p, const char *host_ip,
+		       struct kvb_transport_where *w);
 };
 
 struct kvb_transport {
 	const struct kvb_transport_ops *ops;
 	struct kvb_transport_stats stats;
 };
+
+/*
+ * The slot of kvb_mr.tpriv[] a transport keeps its registration in: given
+ * out on first use, one per ops table, the same one every time after
+ * (thread-safe); -ENOSPC when all KVB_TPRIV_MAX are taken.
+ */
+int kvb_transport_tpriv(const struct kvb_transport_ops *ops);
+/* The same, remembered in *slot (-1 at first): what a transport's hot
+ * paths use; its open() calls it first and fails on -ENOSPC. */
+static inline int kvb_transport_tpriv_at(int *slot,
+					 const struct kvb_transport_ops *ops)
+{
+	int s = __atomic_load_n(slot, __ATOMIC_RELAXED);
+
+	if (s < 0) {
+		s = kvb_transport_tpriv(ops);
+		__atomic_store_n(slot, s, __ATOMIC_RELAXED);
+	}
+	return s;
+}
+
+/*
+ * The transports built in, by name ("local", "gpu", "tcp", "rdma"); NULL
+ * when this build has none of that name (bridge/transports.c).
+ */
+const struct kvb_transport_ops *kvb_transport_find(const char *name);
+
+/* printf into buf at *len (capacity cap), truncated: for stats_format() */
+__attribute__((format(printf, 4, 5))) void
+kvb_transport_put(char *buf, size_t cap, size_t *len, const char *fmt, ...);
 
 extern const struct kvb_transport_ops kvb_local_ops;
 /* 1 if this local transport copies >= 32 KiB with non-temporal stores */

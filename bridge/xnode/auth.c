@@ -19,7 +19,7 @@
  * refused, and a man in the middle cannot substitute public keys; the
  * cluster key also goes into K.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,14 +31,11 @@
 #include <unistd.h>
 
 #include "log.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
 
 #define CK_MIN 16    /* bytes of a cluster key file, at least */
 #define CK_MAX 4096u /* and at most */
 
-static int read_cluster_key(struct kvb_xnode *rm, const char *path)
+static int read_cluster_key(struct kvb_xn *xn, const char *path)
 {
 	uint8_t buf[CK_MAX + 1];
 	struct stat st;
@@ -64,17 +61,16 @@ static int read_cluster_key(struct kvb_xnode *rm, const char *path)
 		sodium_memzero(buf, sizeof(buf));
 		return -EINVAL;
 	}
-	crypto_generichash(rm->ck, sizeof(rm->ck), buf, (size_t) n,
+	crypto_generichash(xn->ck, sizeof(xn->ck), buf, (size_t) n,
 			   (const uint8_t *) "kvb-cluster-key", 15);
-	crypto_generichash(rm->hs_key, sizeof(rm->hs_key),
-			   (const uint8_t *) "kvb-hs-mac-v1", 13, rm->ck,
-			   sizeof(rm->ck));
+	crypto_generichash(xn->hs_key, sizeof(xn->hs_key),
+			   (const uint8_t *) "kvb-hs-mac-v1", 13, xn->ck,
+			   sizeof(xn->ck));
 	sodium_memzero(buf, sizeof(buf));
-	rm->has_ck = 1;
+	xn->has_ck = 1;
 	return 0;
 }
 
-#ifdef KVB_HAVE_TCP
 static void tcp_log(void *arg, const char *line)
 {
 	(void) arg;
@@ -84,20 +80,21 @@ static void tcp_log(void *arg, const char *line)
 static void tcp_setup(struct kvb_broker *b)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
+	const struct kvb_transport_auth_ops *a = t ? t->ops->auth : NULL;
 	const char *hosts[MAX_TRUSTED];
 	unsigned n = 0;
 
-	if (!t)
+	if (!a)
 		return;
-	kvb_tcp_set_limits(t, b->opt.tcp_max_conns,
-			   b->opt.tcp_max_conns_per_host, b->opt.tcp_auth_ms);
-	kvb_tcp_set_log(t, tcp_log, NULL);
-	for (uint32_t i = 0; i < rm->ntrusted; i++) {
-		const char *h = rm->trusted[i];
+	a->set_limits(t, b->opt.tcp_max_conns, b->opt.tcp_max_conns_per_host,
+		      b->opt.tcp_auth_ms);
+	a->set_log(t, tcp_log, NULL);
+	for (uint32_t i = 0; i < xn->ntrusted; i++) {
+		const char *h = xn->trusted[i];
 
 		/* the handshake compares strings; the data port addresses */
-		if (kvb_tcp_set_trusted(t, &h, 1)) {
+		if (a->set_trusted(t, &h, 1)) {
 			log_warn("--trusted-hosts: '%s' is not a numeric "
 				 "address: no tcp connection from it",
 				 h);
@@ -106,44 +103,41 @@ static void tcp_setup(struct kvb_broker *b)
 		hosts[n++] = h;
 	}
 	/* a list of names only still closes the data port to everyone */
-	if (rm->ntrusted && !n) {
+	if (xn->ntrusted && !n) {
 		static const char *const none[] = {"::"};
 
-		kvb_tcp_set_trusted(t, none, 1);
+		a->set_trusted(t, none, 1);
 		return;
 	}
-	kvb_tcp_set_trusted(t, hosts, n);
+	a->set_trusted(t, hosts, n);
 }
-#endif
 
-int auth_init(struct kvb_broker *b)
+int kvb_xn_auth_init(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	int rc;
 
 	if (sodium_init() < 0)
 		return -EIO;
-	crypto_kx_keypair(rm->kx_pk, rm->kx_sk);
+	crypto_kx_keypair(xn->kx_pk, xn->kx_sk);
 	if (b->opt.cluster_key[0]) {
-		rc = read_cluster_key(rm, b->opt.cluster_key);
+		rc = read_cluster_key(xn, b->opt.cluster_key);
 		if (rc)
 			return rc;
 	}
-#ifdef KVB_HAVE_TCP
 	tcp_setup(b);
-#endif
 	return 0;
 }
 
-void auth_fini(struct kvb_xnode *rm)
+void kvb_xn_auth_fini(struct kvb_xn *xn)
 {
-	sodium_memzero(rm->kx_sk, sizeof(rm->kx_sk));
-	sodium_memzero(rm->ck, sizeof(rm->ck));
-	sodium_memzero(rm->hs_key, sizeof(rm->hs_key));
+	sodium_memzero(xn->kx_sk, sizeof(xn->kx_sk));
+	sodium_memzero(xn->ck, sizeof(xn->ck));
+	sodium_memzero(xn->hs_key, sizeof(xn->hs_key));
 }
 
-int auth_offer(struct kvb_broker *b, struct kvb_peer *p,
-	       const struct kvb_hs_desc *mine)
+int kvb_xn_auth_offer(struct kvb_broker *b, struct kvb_peer *p,
+		      const struct kvb_hs_desc *mine)
 {
 	uint32_t n = 0, *ids;
 
@@ -163,12 +157,13 @@ int auth_offer(struct kvb_broker *b, struct kvb_peer *p,
 	return 0;
 }
 
-void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
-		 const void *desc, size_t len, uint8_t mac[32])
+void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
+			const uint8_t *pre, const void *desc, size_t len,
+			uint8_t mac[32])
 {
 	crypto_auth_hmacsha512256_state st;
 
-	crypto_auth_hmacsha512256_init(&st, rm->hs_key, sizeof(rm->hs_key));
+	crypto_auth_hmacsha512256_init(&st, xn->hs_key, sizeof(xn->hs_key));
 	crypto_auth_hmacsha512256_update(&st, (const uint8_t *) label,
 					 strlen(label) + 1);
 	if (pre)
@@ -177,65 +172,63 @@ void auth_hs_mac(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
 	crypto_auth_hmacsha512256_final(&st, mac);
 }
 
-int auth_hs_mac_ok(struct kvb_xnode *rm, const char *label, const uint8_t *pre,
-		   const void *desc, size_t len, const void *mac,
-		   size_t mac_len)
+int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
+			  const uint8_t *pre, const void *desc, size_t len,
+			  const void *mac, size_t mac_len)
 {
 	uint8_t want[32];
 	int ok;
 
 	if (mac_len != sizeof(want))
 		return 0;
-	auth_hs_mac(rm, label, pre, desc, len, want);
+	kvb_xn_auth_hs_mac(xn, label, pre, desc, len, want);
 	ok = !sodium_memcmp(want, mac, sizeof(want));
 	sodium_memzero(want, sizeof(want));
 	return ok;
 }
 
-#ifdef KVB_HAVE_TCP
 /* K of this pair (see the top of the file); 0 or -EINVAL (a bad key) */
-static int derive(struct kvb_xnode *rm, const uint8_t *peer_pk, uint64_t own,
-		  uint64_t peer, uint8_t key[KVB_TCP_KEY_LEN])
+static int derive(struct kvb_xn *xn, const uint8_t *peer_pk, uint64_t own,
+		  uint64_t peer, uint8_t key[KVB_TRANSPORT_KEY_LEN])
 {
 	uint8_t q[crypto_scalarmult_BYTES];
 	crypto_generichash_state st;
-	const uint8_t *lo = rm->kx_pk, *hi = peer_pk;
+	const uint8_t *lo = xn->kx_pk, *hi = peer_pk;
 	uint64_t ids[2] = {own < peer ? own : peer, own < peer ? peer : own};
 
 	/* all-zero result: a low-order point, no secret at all */
-	if (crypto_scalarmult(q, rm->kx_sk, peer_pk))
+	if (crypto_scalarmult(q, xn->kx_sk, peer_pk))
 		return -EINVAL;
 	if (memcmp(lo, hi, 32) > 0) {
 		lo = peer_pk;
-		hi = rm->kx_pk;
+		hi = xn->kx_pk;
 	}
-	crypto_generichash_init(&st, rm->has_ck ? rm->ck : NULL,
-				rm->has_ck ? sizeof(rm->ck) : 0,
-				KVB_TCP_KEY_LEN);
+	crypto_generichash_init(&st, xn->has_ck ? xn->ck : NULL,
+				xn->has_ck ? sizeof(xn->ck) : 0,
+				KVB_TRANSPORT_KEY_LEN);
 	crypto_generichash_update(&st, (const uint8_t *) "kvb-tcp-key-v1", 14);
 	crypto_generichash_update(&st, q, sizeof(q));
 	crypto_generichash_update(&st, lo, 32);
 	crypto_generichash_update(&st, hi, 32);
 	crypto_generichash_update(&st, (const uint8_t *) ids, sizeof(ids));
-	crypto_generichash_final(&st, key, KVB_TCP_KEY_LEN);
+	crypto_generichash_final(&st, key, KVB_TRANSPORT_KEY_LEN);
 	sodium_memzero(q, sizeof(q));
 	return 0;
 }
-#endif
 
-void auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
+void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_TCP
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
+	const struct kvb_transport_auth_ops *a = t ? t->ops->auth : NULL;
 	const struct kvb_hs_transport *ht;
-	uint8_t key[KVB_TCP_KEY_LEN];
+	uint8_t key[KVB_TRANSPORT_KEY_LEN];
 	uint64_t id;
 	int rc;
 
-	if (!t || !p->have_desc)
+	if (!a || !p->have_desc)
 		return;
-	ht = desc_transport(&p->desc, "tcp");
-	if (!ht || kvb_tcp_blob_id(ht->conn, ht->conn_len, &id))
+	ht = kvb_xn_desc_transport(&p->desc, "tcp");
+	if (!ht || a->blob_id(ht->conn, ht->conn_len, &id))
 		return;
 	if (!p->desc.has_kx) {
 		if (!p->no_kx_logged++)
@@ -244,36 +237,30 @@ void auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p)
 				 p->host, p->port);
 		return;
 	}
-	if (derive(b->rm, p->desc.kx, kvb_tcp_id(t), id, key)) {
+	if (derive(kvb_xn_of(b), p->desc.kx, a->id(t), id, key)) {
 		log_warn("peer %s:%u: unusable kx public key: no tcp data "
 			 "plane with it",
 			 p->host, p->port);
 		return;
 	}
 	if (p->tcp_id && p->tcp_id != id)
-		kvb_tcp_peer_forget(t, p->tcp_id);
-	rc = kvb_tcp_peer_allow(t, id, key, p->offer, (int) p->noffer);
+		a->peer_forget(t, p->tcp_id);
+	rc = a->peer_allow(t, id, key, p->offer, (int) p->noffer);
 	if (rc)
 		log_warn("peer %s:%u: tcp data port: cannot allow it: %s",
 			 p->host, p->port, strerror(-rc));
 	else
 		p->tcp_id = id;
 	if (p->ep[KVB_TS_TCP])
-		kvb_tcp_ep_set_key(t, p->ep[KVB_TS_TCP], key);
+		a->ep_set_key(t, p->ep[KVB_TS_TCP], key);
 	sodium_memzero(key, sizeof(key));
-#else
-	(void) b;
-	(void) p;
-#endif
 }
 
-void auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p)
+void kvb_xn_auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_TCP
-	if (p->tcp_id && b->trs[KVB_TS_TCP])
-		kvb_tcp_peer_forget(b->trs[KVB_TS_TCP], p->tcp_id);
-#else
-	(void) b;
-#endif
+	struct kvb_transport *t = b->trs[KVB_TS_TCP];
+
+	if (p->tcp_id && t && t->ops->auth)
+		t->ops->auth->peer_forget(t, p->tcp_id);
 	p->tcp_id = 0;
 }

@@ -15,11 +15,11 @@
  *
  * Everything runs on the broker thread and never blocks: ZMQ sockets are
  * drained without waiting, peers that do not answer time out. Set-up,
- * teardown and region registration: remote_setup.c; peers and the
- * handshake: remote_peer.c; notify messages: remote_notify.c; layer ops:
- * remote_layer.c.
+ * teardown and region registration: setup.c; peers and the
+ * handshake: peer.c; notify messages: notify.c; layer ops:
+ * layer.c.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -37,91 +37,80 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
-
-struct kvb_broker *g_b;
 
 /* ------------------------------------------------------------------ */
 /* small helpers */
 
-int ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag)
+int kvb_xn_ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
-
-	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+	return kvb_engine_watch_fd(b, fd, tag);
 }
 
-int ep_add(struct kvb_broker *b, int fd)
+int kvb_xn_ep_add(struct kvb_broker *b, int fd)
 {
-	return ep_add_tag(b, fd, KVB_EP_REMOTE);
+	return kvb_engine_watch_fd(b, fd, KVB_EP_REMOTE);
 }
 
-void ep_del(struct kvb_broker *b, int fd)
+void kvb_xn_ep_del(struct kvb_broker *b, int fd)
 {
-	if (fd >= 0)
-		epoll_ctl(b->epfd, EPOLL_CTL_DEL, fd, NULL);
+	kvb_engine_unwatch_fd(b, fd);
 }
 
 /* Say how many lines the windows that ended suppressed. */
-static void rlog_roll(struct kvb_xnode *rm, int64_t now)
+static void rlog_roll(struct kvb_xn *xn, int64_t now)
 {
-	uint64_t n = kvb_ratelimit_take(&rm->log_rl, now);
+	uint64_t n = kvb_ratelimit_take(&xn->log_rl, now);
 
 	if (n)
 		log_warn("cross-node: %llu bad-input log lines suppressed",
 			 (unsigned long long) n);
 }
 
-int rlog_ok(struct kvb_xnode *rm)
+int kvb_xn_rlog_ok(struct kvb_xn *xn)
 {
 	int64_t now = kvb_now_ns();
 
-	rlog_roll(rm, now);
-	if (kvb_ratelimit_ok(&rm->log_rl, now))
+	rlog_roll(xn, now);
+	if (kvb_ratelimit_ok(&xn->log_rl, now))
 		return 1;
-	rm->st.logs_suppressed++;
+	xn->st.logs_suppressed++;
 	return 0;
 }
 
-int trusted(struct kvb_xnode *rm, const char *host)
+int kvb_xn_trusted(struct kvb_xn *xn, const char *host)
 {
-	if (!rm->ntrusted)
+	if (!xn->ntrusted)
 		return 1;
-	for (uint32_t i = 0; i < rm->ntrusted; i++)
-		if (!strcmp(rm->trusted[i], host))
+	for (uint32_t i = 0; i < xn->ntrusted; i++)
+		if (!strcmp(xn->trusted[i], host))
 			return 1;
 	return 0;
 }
 
-struct kvb_peer *peer_get(struct kvb_xnode *rm, uint32_t id)
+struct kvb_peer *kvb_xn_peer_get(struct kvb_xn *xn, uint32_t id)
 {
 	uint32_t slot = PEER_SLOT(id);
 
-	if (!rm || slot == 0 || slot >= rm->npeers_max ||
-	    rm->peers[slot].state == PEER_FREE ||
-	    rm->peers[slot].gen != id / MAX_PEERS)
+	if (!xn || slot == 0 || slot >= xn->npeers_max ||
+	    xn->peers[slot].state == PEER_FREE ||
+	    xn->peers[slot].gen != id / MAX_PEERS)
 		return NULL;
-	return &rm->peers[slot];
+	return &xn->peers[slot];
 }
 
-uint32_t peer_id(struct kvb_xnode *rm, struct kvb_peer *p)
+uint32_t kvb_xn_peer_id(struct kvb_xn *xn, struct kvb_peer *p)
 {
-	return p->gen * MAX_PEERS + (uint32_t) (p - rm->peers);
+	return p->gen * MAX_PEERS + (uint32_t) (p - xn->peers);
 }
 
-void peer_ref(struct kvb_peer *p, uint32_t wid)
+void kvb_xn_peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid)
 {
 	uint32_t k = PEER_REFS;
 
 	for (uint32_t i = 0; i < PEER_REFS; i++) {
 		if (p->refs[i] == wid)
 			return;
-		if (k == PEER_REFS && !kvb_worker_by_id(g_b, p->refs[i]))
+		if (k == PEER_REFS && !kvb_worker_by_id(b, p->refs[i]))
 			k = i; /* empty, or a worker that is gone */
 	}
 	if (k < PEER_REFS)
@@ -129,11 +118,11 @@ void peer_ref(struct kvb_peer *p, uint32_t wid)
 	/* else PEER_REFS live workers hold it already: it is kept anyway */
 }
 
-static int peer_referenced(const struct kvb_peer *p)
+static int peer_referenced(struct kvb_broker *b, const struct kvb_peer *p)
 {
 	for (uint32_t i = 0; i < PEER_REFS; i++) {
 		struct kvb_worker *w =
-			p->refs[i] ? kvb_worker_by_id(g_b, p->refs[i]) : NULL;
+			p->refs[i] ? kvb_worker_by_id(b, p->refs[i]) : NULL;
 
 		if (w && w->attached)
 			return 1;
@@ -142,32 +131,34 @@ static int peer_referenced(const struct kvb_peer *p)
 }
 
 /* The least recently used peer nothing holds, or NULL. */
-static struct kvb_peer *peer_victim(struct kvb_xnode *rm)
+static struct kvb_peer *peer_victim(struct kvb_xn *xn)
 {
-	struct kvb_broker *b = g_b;
+	struct kvb_broker *b = xn->b;
 	uint8_t busy[MAX_PEERS] = {0};
 	struct kvb_peer *v = NULL;
 
 	for (uint32_t i = 0; i < b->xfers.nactive; i++) {
 		const struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
-		struct kvb_peer *p = x->rx ? peer_get(rm, x->rx->peer) : NULL;
+		struct kvb_peer *p =
+			x->rx ? kvb_xn_peer_get(xn, x->rx->peer) : NULL;
 
 		if (p)
-			busy[p - rm->peers] = 1;
+			busy[p - xn->peers] = 1;
 	}
 	for (uint32_t gi = 1; gi < MAX_GROUPS; gi++) {
-		struct kvb_peer *p = rm->groups[gi].used
-					     ? peer_get(rm, rm->groups[gi].peer)
-					     : NULL;
+		struct kvb_peer *p =
+			xn->groups[gi].used
+				? kvb_xn_peer_get(xn, xn->groups[gi].peer)
+				: NULL;
 
 		if (p)
-			busy[p - rm->peers] = 1;
+			busy[p - xn->peers] = 1;
 	}
-	for (uint32_t i = 1; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
+	for (uint32_t i = 1; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
 
 		if (busy[i] || p->state == PEER_HS || p->nwaiters ||
-		    peer_referenced(p))
+		    peer_referenced(b, p))
 			continue;
 		if (!v || p->last_use < v->last_use)
 			v = p;
@@ -176,17 +167,17 @@ static struct kvb_peer *peer_victim(struct kvb_xnode *rm)
 }
 
 /* Drop an idle peer: its connections, its descriptor; its id dies. */
-static void peer_reclaim(struct kvb_xnode *rm, struct kvb_peer *p)
+static void peer_reclaim(struct kvb_xn *xn, struct kvb_peer *p)
 {
 	uint32_t gen = p->gen + 1 > PEER_GEN_MAX ? 0 : p->gen + 1;
 
-	rm->st.peers_reclaimed++;
-	if (rlog_ok(rm))
+	xn->st.peers_reclaimed++;
+	if (kvb_xn_rlog_ok(xn))
 		log_info("peer %u %s:%u: idle, dropped to make room for "
 			 "another",
-			 peer_id(rm, p), p->host, p->port);
-	close_dealer(g_b, p);
-	peer_disconnect(g_b, p);
+			 kvb_xn_peer_id(xn, p), p->host, p->port);
+	kvb_xn_close_dealer(xn->b, p);
+	kvb_xn_peer_disconnect(xn->b, p);
 	kvb_hs_fini(&p->desc);
 	free(p->offer);
 	memset(p, 0, sizeof(*p));
@@ -194,14 +185,14 @@ static void peer_reclaim(struct kvb_xnode *rm, struct kvb_peer *p)
 	p->dealer_fd = -1;
 }
 
-struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
-			   uint16_t port, int create)
+struct kvb_peer *kvb_xn_peer_find(struct kvb_xn *xn, const char *host,
+				  uint16_t port, int create)
 {
 	struct kvb_peer *free_p = NULL;
 	uint32_t gen;
 
-	for (uint32_t i = 1; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
+	for (uint32_t i = 1; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
 
 		if (p->state == PEER_FREE) {
 			if (!free_p)
@@ -209,17 +200,17 @@ struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 			continue;
 		}
 		if (p->port == port && !strcmp(p->host, host)) {
-			p->last_use = ++rm->tick;
+			p->last_use = ++xn->tick;
 			return p;
 		}
 	}
 	if (!create)
 		return NULL;
 	if (!free_p) {
-		free_p = peer_victim(rm);
+		free_p = peer_victim(xn);
 		if (!free_p)
 			return NULL;
-		peer_reclaim(rm, free_p);
+		peer_reclaim(xn, free_p);
 	}
 	gen = free_p->gen;
 	memset(free_p, 0, sizeof(*free_p));
@@ -228,7 +219,7 @@ struct kvb_peer *peer_find(struct kvb_xnode *rm, const char *host,
 	free_p->port = port;
 	free_p->dealer_fd = -1;
 	free_p->state = PEER_FAILED; /* no handshake yet */
-	free_p->last_use = ++rm->tick;
+	free_p->last_use = ++xn->tick;
 	return free_p;
 }
 
@@ -250,8 +241,8 @@ static uint32_t peer_notify_base(const struct kvb_peer *p,
 }
 
 /* Transport slot serving a peer (0 = none). */
-const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
-					      const char *name)
+const struct kvb_hs_transport *
+kvb_xn_desc_transport(const struct kvb_hs_desc *d, const char *name)
 {
 	for (uint32_t i = 0; i < d->ntransports; i++)
 		if (!strcmp(d->transports[i].name, name))
@@ -260,27 +251,24 @@ const struct kvb_hs_transport *desc_transport(const struct kvb_hs_desc *d,
 }
 
 /* Both sides speak rdma: it is the transport for this peer. */
-int peer_wants_rdma(const struct kvb_peer *p)
+int kvb_xn_peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p)
 {
-	return g_b->trs[KVB_TS_RDMA] && p->have_desc &&
-	       desc_transport(&p->desc, "rdma");
+	return b->trs[KVB_TS_RDMA] && p->have_desc &&
+	       kvb_xn_desc_transport(&p->desc, "rdma");
 }
 
-int rdma_ready(const struct kvb_peer *p)
+int kvb_xn_rdma_ready(struct kvb_broker *b, const struct kvb_peer *p)
 {
-#ifdef KVB_HAVE_RDMA
-	return p->ep[KVB_TS_RDMA] &&
-	       kvb_rdma_ep_state(g_b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA]) ==
-		       KVB_RDMA_EP_READY;
-#else
-	return 0;
-#endif
+	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
+
+	return p->ep[KVB_TS_RDMA] && t->ops->ep_state &&
+	       t->ops->ep_state(t, p->ep[KVB_TS_RDMA]) == KVB_EP_STATE_READY;
 }
 
-unsigned peer_ts(const struct kvb_peer *p)
+unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p)
 {
-	if (peer_wants_rdma(p))
-		return rdma_ready(p) ? KVB_TS_RDMA : 0;
+	if (kvb_xn_peer_wants_rdma(b, p))
+		return kvb_xn_rdma_ready(b, p) ? KVB_TS_RDMA : 0;
 	if (p->ep[KVB_TS_TCP])
 		return KVB_TS_TCP;
 	return 0;
@@ -295,8 +283,8 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 	 * by the endpoint itself */
 	if (w && w->notify)
 		return kvb_notify_send(w->notify, host, port, m);
-	b->rm->st.send_errors++;
-	if (rlog_ok(b->rm))
+	kvb_xn_of(b)->st.send_errors++;
+	if (kvb_xn_rlog_ok(kvb_xn_of(b)))
 		log_warn("worker %u: cannot send %s for '%s' to %s:%u: %s",
 			 w ? w->id : 0, kvb_zmsg_type_name(m->type),
 			 m->transfer_id, host, port, strerror(-rc));
@@ -306,31 +294,31 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 /* ------------------------------------------------------------------ */
 /* transfers */
 
-void rx_opened(struct kvb_rxfer *rx)
+void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx)
 {
-	struct kvb_xnode *rm = g_b ? g_b->rm : NULL;
 
 	if (!rx->unopened)
 		return;
 	rx->unopened = 0;
-	if (!rm)
+	if (!xn)
 		return;
-	rm->nunopened--;
-	rm->unopened_ids -= rx->nrb;
+	xn->nunopened--;
+	xn->unopened_ids -= rx->nrb;
 }
 
-void rx_free(struct kvb_rxfer *rx)
+void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx)
 {
-	rx_opened(rx);
-	if (rx->granted && g_b)
-		kvb_grant_drop(g_b, rx->granted, rx->lb, rx->nlb, rx->failed);
+	kvb_xn_rx_opened(ctx, rx);
+	if (rx->granted && ctx)
+		kvb_grant_drop(((struct kvb_xn *) ctx)->b, rx->granted, rx->lb,
+			       rx->nlb, rx->failed);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
 	free(rx);
 }
 
-uint32_t *copy_ids(const uint32_t *ids, uint32_t n)
+uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n)
 {
 	uint32_t *c;
 
@@ -347,7 +335,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		    struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 	struct kvb_zmsg m;
 	uint32_t sent = 0;
 	int rc;
@@ -398,7 +386,7 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		if (!send_msg(b, w, peer_notify_host(p, rx), (uint32_t) port,
 			      &m)) {
 			sent++;
-			b->rm->st.remote_blocks_sent++;
+			kvb_xn_of(b)->st.remote_blocks_sent++;
 		}
 	}
 	kvb_zmsg_fini(&m);
@@ -414,19 +402,13 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
-int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
-		     const struct kvb_msg_xopen *m, uint32_t len,
-		     uint32_t *handle)
+/* Is an XOPEN request well formed for w (its block lists as its role and
+ * mode need them), with a peer where it needs one? 0 or -errno. */
+static int xopen_check(struct kvb_xn *xn, struct kvb_worker *w,
+		       const struct kvb_msg_xopen *m, uint32_t len)
 {
-	struct kvb_xnode *rm = b->rm;
-	const uint32_t *ids = (const uint32_t *) (m + 1);
 	struct kvb_peer *p;
-	struct kvb_xfer *x;
-	struct kvb_rxfer *rx;
-	int err = 0, created;
 
-	if (!rm)
-		return -ENOTCONN;
 	if ((uint64_t) len !=
 		    sizeof(*m) + ((uint64_t) m->nblocks + m->nremote) *
 					 sizeof(uint32_t) ||
@@ -436,7 +418,7 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		return -EINVAL;
 	if (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D)
 		return -EINVAL;
-	p = peer_get(rm, m->peer);
+	p = kvb_xn_peer_get(xn, m->peer);
 	if (!(w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ) &&
 	    (!p || !p->have_desc))
 		return -ENOENT;
@@ -446,8 +428,46 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ &&
 	    (!m->nblocks || m->nremote != m->nblocks))
 		return -EINVAL;
+	return 0;
+}
+
+/* P reading from D: the ACKs the D ranks will send, typed release or plain
+ * string, from the peer's D TP size (a typed release's consumer_tp_size
+ * overrides it); 1 where it cannot say. */
+static uint32_t read_acks(const struct kvb_worker *w, const struct kvb_peer *p)
+{
+	uint32_t ctp = 0;
+	int a;
+
+	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
+		const struct kvb_hs_worker *hw = &p->desc.workers[i];
+
+		if (hw->role != KVB_HS_ROLE_D)
+			continue;
+		ctp = !ctp || ctp == hw->tp_size ? hw->tp_size : UINT32_MAX;
+	}
+	a = ctp && ctp != UINT32_MAX ? kvb_tp_release_acks(w->tp_size, ctp)
+				     : -EINVAL;
+	return a > 0 ? (uint32_t) a : 1;
+}
+
+int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	const uint32_t *ids = (const uint32_t *) (m + 1);
+	struct kvb_peer *p;
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	int err = 0;
+
+	if (!xn)
+		return -ENOTCONN;
+	err = xopen_check(xn, w, m, len);
+	if (err)
+		return err;
+	p = kvb_xn_peer_get(xn, m->peer);
 	x = kvb_xfer_find(&b->xfers, w->id, m->id, m->id_len);
-	created = !x;
 	if (!x)
 		x = kvb_xfer_open(
 			&b->xfers, w->id, m->id, m->id_len,
@@ -476,17 +496,17 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_xfer_end(&b->xfers, x);
 		return -EINVAL;
 	}
-	rx_opened(rx);
+	kvb_xn_rx_opened(xn, rx);
 	rx->peer = m->peer;
 	rx->role = (uint8_t) w->role;
 	rx->mode = (uint8_t) m->mode;
 	rx->flags = (uint8_t) m->flags;
 	if (w->role == KVB_ROLE_D)
 		rx->remote_dp = m->remote_dp_rank;
-	rx->lb = copy_ids(ids, m->nblocks);
+	rx->lb = kvb_xn_copy_ids(ids, m->nblocks);
 	rx->nlb = m->nblocks;
 	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ) {
-		rx->rb = copy_ids(ids + m->nblocks, m->nremote);
+		rx->rb = kvb_xn_copy_ids(ids + m->nblocks, m->nremote);
 		rx->nrb = m->nremote;
 		rx->have_rblocks = 1;
 		if (!rx->rb)
@@ -499,29 +519,10 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 			goto nomem;
 		rx->granted = w->id;
 	}
-	rx->acks_needed = 1;
-	if (w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ && p &&
-	    p->have_desc) {
-		/* ACKs the D ranks will send, typed release or plain string:
-		 * from the peer's D TP size (a typed release's
-		 * consumer_tp_size overrides it) */
-		uint32_t ctp = 0;
-		int a;
-
-		for (uint32_t i = 0; i < p->desc.nworkers; i++) {
-			const struct kvb_hs_worker *hw = &p->desc.workers[i];
-
-			if (hw->role != KVB_HS_ROLE_D)
-				continue;
-			ctp = !ctp || ctp == hw->tp_size ? hw->tp_size
-							 : UINT32_MAX;
-		}
-		a = ctp && ctp != UINT32_MAX
-			    ? kvb_tp_release_acks(w->tp_size, ctp)
-			    : -EINVAL;
-		if (a > 0)
-			rx->acks_needed = (uint32_t) a;
-	}
+	rx->acks_needed = w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ &&
+					  p && p->have_desc
+				  ? read_acks(w, p)
+				  : 1;
 	memcpy(rx->notify_host, m->notify_host, sizeof(rx->notify_host));
 	rx->notify_port = (uint16_t) m->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
@@ -537,7 +538,6 @@ int kvb_remote_xopen(struct kvb_broker *b, struct kvb_worker *w,
 			return rc;
 		}
 	}
-	(void) created;
 	*handle = kvb_xfer_handle(&b->xfers, x);
 	return 0;
 nomem:
@@ -545,17 +545,17 @@ nomem:
 	return -ENOMEM;
 }
 
-int kvb_remote_xfer_deferred(const struct kvb_xfer *x)
+int kvb_xn_xfer_deferred(const struct kvb_xfer *x)
 {
 	return x->rx && x->rx->ndef;
 }
 
-uint32_t kvb_remote_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
+uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 {
 	const struct kvb_rxfer *rx = x->rx;
 	uint32_t ended = x->completed + x->failed;
 
-	if (!b->rm || !rx || rx->role != KVB_ROLE_D ||
+	if (!kvb_xn_of(b) || !rx || rx->role != KVB_ROLE_D ||
 	    rx->mode != KVB_XFER_WRITE || !x->opened || rx->notify_host[0] ||
 	    rx->notify_port)
 		return 0;
@@ -576,7 +576,7 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 	struct kvb_zmsg m;
 	uint32_t sent = 0;
 
@@ -594,18 +594,18 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
 					  (uint32_t) port, &m)) {
 			sent++;
-			b->rm->st.releases_sent++;
+			kvb_xn_of(b)->st.releases_sent++;
 		}
 	}
 	kvb_zmsg_fini(&m);
 	return sent;
 }
 
-void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
+void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	struct kvb_rxfer *rx = x->rx;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
-	uint32_t writers = kvb_remote_xfer_writers(b, x);
+	uint32_t writers = kvb_xn_xfer_writers(b, x);
 
 	if (writers && release_writers(b, x)) {
 		uint32_t stall =
@@ -616,8 +616,8 @@ void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	}
 
 	/* layers that never went out fail now: they count as ended ops */
-	if (rx->ndef && status == -ETIMEDOUT && b->rm)
-		b->rm->st.defer_expired++;
+	if (rx->ndef && status == -ETIMEDOUT && kvb_xn_of(b))
+		kvb_xn_of(b)->st.defer_expired++;
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
 			     0, handle);
@@ -625,7 +625,7 @@ void kvb_remote_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	rx->ndef = 0;
 }
 
-int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
+int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
 {
 	if (!x->rx)
 		return -EINVAL;
@@ -636,7 +636,7 @@ int kvb_remote_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
 	return 0;
 }
 
-int kvb_remote_xfer_complete(const struct kvb_xfer *x)
+int kvb_xn_xfer_complete(const struct kvb_xfer *x)
 {
 	const struct kvb_rxfer *rx = x->rx;
 
@@ -645,12 +645,12 @@ int kvb_remote_xfer_complete(const struct kvb_xfer *x)
 	return kvb_xfer_complete(x);
 }
 
-void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
+void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_rxfer *rx = x->rx;
 	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = rm ? peer_get(rm, rx->peer) : NULL;
+	struct kvb_peer *p = xn ? kvb_xn_peer_get(xn, rx->peer) : NULL;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	struct kvb_zmsg m;
 
@@ -660,14 +660,14 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag,
 			     status ? status : -ECANCELED, 0, handle);
 	if (rx->ndef && status == -ETIMEDOUT) {
-		if (rm) /* the defer or the transfer timeout, whichever first */
-			rm->st.defer_expired++;
+		if (xn) /* the defer or the transfer timeout, whichever first */
+			xn->st.defer_expired++;
 		log_warn("transfer '%s': %u layer op(s) still waiting "
 			 "(remote blocks or the peer) when it timed out",
 			 x->id, rx->ndef);
 	}
 	rx->ndef = 0;
-	if (!rm || !w || !p || !x->opened)
+	if (!xn || !w || !p || !x->opened)
 		return;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {
 		/* every layer landed: write_done to each D rank written. Else
@@ -678,7 +678,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 		 * an override, which may be a MoRIIO engine) */
 		if (status && (rx->notify_host[0] || rx->notify_port))
 			return;
-		if (!rx->ntargets && compute_targets(w, p, rx))
+		if (!rx->ntargets && kvb_xn_compute_targets(b, w, p, rx))
 			return;
 		if (kvb_zmsg_init(&m,
 				  status ? KVB_ZMSG_WRITE_FAILED
@@ -696,16 +696,16 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 						  (uint32_t) port, &m))
 				continue;
 			if (status)
-				rm->st.write_failed_sent++;
+				xn->st.write_failed_sent++;
 			else
-				rm->st.write_done_sent++;
+				xn->st.write_done_sent++;
 		}
 	} else if (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ) {
 		/* reads done or failed: release the P rank read from */
 		uint32_t n;
 		int port;
 
-		if (!rx->ntargets && compute_targets(w, p, rx))
+		if (!rx->ntargets && kvb_xn_compute_targets(b, w, p, rx))
 			return;
 		if (kvb_zmsg_init(&m,
 				  rx->flags & KVB_XFER_F_PLAIN_RELEASE
@@ -727,7 +727,7 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 					   rx->target_tp, KVB_PORT_DP_TIMES_TP);
 			if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
 						  (uint32_t) port, &m))
-				rm->st.releases_sent++;
+				xn->st.releases_sent++;
 		}
 	}
 }
@@ -735,8 +735,8 @@ void kvb_remote_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 /* ------------------------------------------------------------------ */
 /* regions */
 
-int kvb_remote_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_msg_mem_kv *m)
+int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_msg_mem_kv *m)
 {
 	struct kvb_region_ent *r = kvb_region_get(&b->regions, m->region);
 	struct kvb_kv_geom g = {
@@ -795,24 +795,24 @@ static void waiters_compact(struct kvb_broker *b, struct kvb_peer *p)
 	p->nwaiters = n;
 }
 
-int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
-			const struct kvb_msg_peer *m)
+int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+		    const struct kvb_msg_peer *m)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_peer *p;
 	int rc;
 
-	if (!rm)
+	if (!xn)
 		return -ENOTCONN;
 	if (!memchr(m->host, 0, sizeof(m->host)) || !m->host[0] ||
 	    m->port == 0 || m->port > 65535)
 		return -EINVAL;
-	if (!trusted(rm, m->host)) {
+	if (!kvb_xn_trusted(xn, m->host)) {
 		log_warn("worker %u: peer %s is not in --trusted-hosts", w->id,
 			 m->host);
 		return -EACCES;
 	}
-	p = peer_find(rm, m->host, (uint16_t) m->port, 1);
+	p = kvb_xn_peer_find(xn, m->host, (uint16_t) m->port, 1);
 	if (!p)
 		return -ENOSPC;
 	if (p->nwaiters == PEER_WAITERS)
@@ -822,7 +822,7 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 	p->waiters[p->nwaiters++] = w->id;
 	if (p->state == PEER_HS)
 		return 1;
-	rc = peer_start_hs(b, p);
+	rc = kvb_xn_peer_start_hs(b, p);
 	if (rc) {
 		p->nwaiters--;
 		return rc;
@@ -830,16 +830,16 @@ int kvb_remote_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 	return 1;
 }
 
-void kvb_remote_service(struct kvb_broker *b)
+void kvb_xn_service(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!rm)
+	if (!xn)
 		return;
-	hs_serve(b);
-	for (uint32_t i = 1; i < rm->npeers_max; i++)
-		if (rm->peers[i].dealer)
-			peer_poll(b, &rm->peers[i]);
+	kvb_xn_hs_serve(b);
+	for (uint32_t i = 1; i < xn->npeers_max; i++)
+		if (xn->peers[i].dealer)
+			kvb_xn_peer_poll(b, &xn->peers[i]);
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 
@@ -850,17 +850,17 @@ void kvb_remote_service(struct kvb_broker *b)
 	}
 }
 
-void kvb_remote_timers(struct kvb_broker *b, int64_t now)
+void kvb_xn_timers(struct kvb_broker *b, int64_t now)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!rm)
+	if (!xn)
 		return;
 	/* the count of a burst's suppressed lines comes out within a second
 	 * of it, not with the next bad message */
-	rlog_roll(rm, now);
-	for (uint32_t i = 1; i < rm->npeers_max; i++) {
-		struct kvb_peer *p = &rm->peers[i];
+	rlog_roll(xn, now);
+	for (uint32_t i = 1; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
 
 		if (p->ep_pending && now >= p->ep_deadline) {
 			log_warn("peer %s:%u: no answer to the rdma offer "
@@ -875,7 +875,7 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 				 "s",
 				 p->host, p->port,
 				 (long long) (HS_TIMEOUT_NS / 1000000000));
-			peer_done(b, p, -ETIMEDOUT);
+			kvb_xn_peer_done(b, p, -ETIMEDOUT);
 		}
 	}
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
@@ -891,11 +891,11 @@ void kvb_remote_timers(struct kvb_broker *b, int64_t now)
 				 b->opt.defer_timeout_ms / 1000);
 			kvb_xfer_finish(b, x, -ETIMEDOUT);
 		} else if (rx && rx->ndef) {
-			struct kvb_peer *p = peer_get(rm, rx->peer);
+			struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
 
 			if (p && p->stale && p->state != PEER_HS &&
 			    now >= p->next_refresh)
-				peer_start_hs(b, p);
+				kvb_xn_peer_start_hs(b, p);
 		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Layer ops of cross-node transfers (remote.c has the state machines): a
+ * Layer ops of cross-node transfers (xnode.c has the state machines): a
  * KVB_OP_LAYER becomes the transfer list of that layer's blocks on each
  * target peer (bridge/zmq/blocks: offsets from block ids, runs contiguous
  * on both sides merged), queued on the peer's transport destination like
  * any other op; the group of pieces completes as one descriptor. Layers
  * submitted before the peer is ready are deferred and issued when it is.
  */
-#include "remote_priv.h"
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -55,15 +55,15 @@ static const struct kvb_hs_region *desc_layer(const struct kvb_hs_worker *w,
 /* ------------------------------------------------------------------ */
 /* layer ops */
 
-static uint32_t group_alloc(struct kvb_xnode *rm)
+static uint32_t group_alloc(struct kvb_xn *xn)
 {
-	return rm->ngfree ? rm->gfree[--rm->ngfree] : 0;
+	return xn->ngfree ? xn->gfree[--xn->ngfree] : 0;
 }
 
-static void group_free(struct kvb_xnode *rm, uint32_t gi)
+static void group_free(struct kvb_xn *xn, uint32_t gi)
 {
-	rm->groups[gi].used = 0;
-	rm->gfree[rm->ngfree++] = gi;
+	xn->groups[gi].used = 0;
+	xn->gfree[xn->ngfree++] = gi;
 }
 
 /* A completion status that says the peer (or what we know of it) changed:
@@ -79,17 +79,17 @@ static int conn_error(int status)
 	       status == -ENETUNREACH;
 }
 
-void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
-			   uint64_t bytes)
+void kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
+		       uint64_t bytes)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_group *g;
 	struct kvb_peer *p;
 
-	if (!rm || !gi || gi >= MAX_GROUPS || !rm->groups[gi].used)
+	if (!xn || !gi || gi >= MAX_GROUPS || !xn->groups[gi].used)
 		return;
-	g = &rm->groups[gi];
-	p = peer_get(rm, g->peer);
+	g = &xn->groups[gi];
+	p = kvb_xn_peer_get(xn, g->peer);
 	if (status && !g->err)
 		g->err = status;
 	if (!status)
@@ -101,7 +101,7 @@ void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 		if (err || !(g->flags & KVB_SQE_F_UNSIGNALED))
 			kvb_post_cqe(b, worker, KVB_CQ_DESC, g->tag, err,
 				     err ? 0 : g->bytes, xfer);
-		group_free(rm, gi);
+		group_free(xn, gi);
 		kvb_xfer_account(b, xfer, worker, err);
 	}
 	/*
@@ -113,7 +113,8 @@ void kvb_remote_group_done(struct kvb_broker *b, uint32_t gi, int status,
 	if (status && conn_error(status) && p && !p->stale) {
 		p->stale = 1;
 		for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++)
-			fail_dest_ops(b, peer_id(rm, p), ts, -ECONNRESET);
+			kvb_xn_fail_dest_ops(b, kvb_xn_peer_id(xn, p), ts,
+					     -ECONNRESET);
 	}
 }
 
@@ -132,15 +133,16 @@ static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
 /* Remote ranks a layer op of this transfer touches (sets rx->targets). */
 /* Do w's KV regions and the peer worker's (role, dp, tp) hold different
  * heads (a head split)? Compares the first layer both declared. */
-static int heads_differ(const struct kvb_worker *w, const struct kvb_peer *p,
-			uint32_t role, uint32_t dp, uint32_t tp)
+static int heads_differ(struct kvb_broker *b, const struct kvb_worker *w,
+			const struct kvb_peer *p, uint32_t role, uint32_t dp,
+			uint32_t tp)
 {
 	const struct kvb_hs_worker *hw = desc_worker(&p->desc, role, dp, tp);
 
 	for (uint32_t l = 0; hw && l < w->nkv; l++) {
 		const struct kvb_region_ent *r =
 			w->kv_layer[l]
-				? kvb_region_get(&g_b->regions, w->kv_layer[l])
+				? kvb_region_get(&b->regions, w->kv_layer[l])
 				: NULL;
 		const struct kvb_hs_region *hr =
 			r && !r->dead ? desc_layer(hw, l) : NULL;
@@ -151,8 +153,8 @@ static int heads_differ(const struct kvb_worker *w, const struct kvb_peer *p,
 	return 0;
 }
 
-int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
-		    struct kvb_rxfer *rx)
+int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+			   struct kvb_peer *p, struct kvb_rxfer *rx)
 {
 	uint32_t L = w->tp_size, r = w->tp_rank, R;
 
@@ -168,7 +170,7 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 			     d++)
 				rx->targets[rx->ntargets++] = d;
 		} else if (r % (L / R) == 0 ||
-			   heads_differ(w, p, KVB_HS_ROLE_D, rx->remote_dp,
+			   heads_differ(b, w, p, KVB_HS_ROLE_D, rx->remote_dp,
 					r / (L / R))) {
 			/* replicated heads: one P rank of each group writes;
 			 * split: each writes its heads into D's rows */
@@ -194,7 +196,7 @@ int compute_targets(struct kvb_worker *w, struct kvb_peer *p,
 static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		       const char **why)
 {
-	struct kvb_peer *p = peer_get(b->rm, rx->peer);
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
 	if (rx->role == KVB_ROLE_P && !rx->have_rblocks) {
 		*why = "waiting for remote_blocks";
@@ -208,8 +210,8 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 		*why = "peer reconnecting";
 		return 1;
 	}
-	if (peer_wants_rdma(p) && !rdma_ready(p)) {
-		int rc = rdma_offer(b, p);
+	if (kvb_xn_peer_wants_rdma(b, p) && !kvb_xn_rdma_ready(b, p)) {
+		int rc = kvb_xn_rdma_offer(b, p);
 
 		if (rc < 0) {
 			*why = "rdma queue pairs cannot connect";
@@ -296,225 +298,286 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 	return need;
 }
 
-void kvb_remote_retry_starved(struct kvb_broker *b)
+void kvb_xn_retry_starved(struct kvb_broker *b)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	if (!rm || !rm->starved_need || b->inf_nfree < rm->starved_need)
+	if (!xn || !xn->starved_need || kvb_inflight_free(b) < xn->starved_need)
 		return;
-	rm->starved_need = 0; /* set again by what still does not fit */
+	xn->starved_need = 0; /* set again by what still does not fit */
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->rx && x->rx->starved) {
 			x->rx->starved = 0;
-			issue_deferred(b, x);
+			kvb_xn_issue_deferred(b, x);
 		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
 }
 
-static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
-			uint16_t layer, uint64_t tag, uint8_t flags)
-{
-	struct kvb_xnode *rm = b->rm;
-	struct kvb_rxfer *rx = x->rx;
-	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = peer_get(rm, rx->peer);
-	struct kvb_region_ent *r = NULL;
-	struct kvb_kv_xfer *ents = NULL;
-	uint32_t handle = kvb_xfer_handle(&b->xfers, x), gi, slice;
-	uint64_t need;
-	uint64_t ncap;
-	unsigned ts;
+/* One layer op being issued: what issue_layer's steps share. */
+struct layer_op {
+	struct kvb_xfer *x;
+	struct kvb_rxfer *rx;
+	struct kvb_worker *w;
+	struct kvb_peer *p;
+	struct kvb_region_ent *r; /* this worker's KV region of the layer */
 	struct kvb_group *g;
+	uint32_t handle, gi;
+	unsigned ts; /* the peer's transport slot */
+	uint16_t layer;
+	uint8_t flags;
+	uint64_t tag;
+};
+
+/* Can it go out: worker, peer, region, transport, targets? 0, or -1 when
+ * it failed (completed with the reason). */
+static int layer_check(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_worker *w = o->w;
 	int rc;
 
-	if (!w || !p) {
-		fail_layer(b, x, tag, -EHOSTUNREACH, "peer gone", layer);
-		return;
+	if (!w || !o->p) {
+		fail_layer(b, o->x, o->tag, -EHOSTUNREACH, "peer gone",
+			   o->layer);
+		return -1;
 	}
-	if (layer < w->nkv && w->kv_layer[layer])
-		r = kvb_region_get(&b->regions, w->kv_layer[layer]);
-	if (!r || r->dead || !r->has_kv) {
-		fail_layer(b, x, tag, -ENOENT,
+	if (o->layer < w->nkv && w->kv_layer[o->layer])
+		o->r = kvb_region_get(&b->regions, w->kv_layer[o->layer]);
+	if (!o->r || o->r->dead || !o->r->has_kv) {
+		fail_layer(b, o->x, o->tag, -ENOENT,
 			   "no KV region declared for this layer "
 			   "(kvb_mem_set_kv)",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	ts = peer_ts(p);
-	if (!ts || !b->trs[ts]) {
-		fail_layer(b, x, tag, -EHOSTUNREACH, "no transport to the peer",
-			   layer);
-		return;
+	o->ts = kvb_xn_peer_ts(b, o->p);
+	if (!o->ts || !b->trs[o->ts]) {
+		fail_layer(b, o->x, o->tag, -EHOSTUNREACH,
+			   "no transport to the peer", o->layer);
+		return -1;
 	}
-	if (!(ts == KVB_TS_RDMA ? r->rdma_reg : r->tcp_reg)) {
-		fail_layer(b, x, tag, -EOPNOTSUPP,
+	if (!(o->ts == KVB_TS_RDMA ? o->r->rdma_reg : o->r->tcp_reg)) {
+		fail_layer(b, o->x, o->tag, -EOPNOTSUPP,
 			   "region not registered with the peer's transport "
 			   "(see the broker log)",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	rc = compute_targets(w, p, rx);
+	rc = kvb_xn_compute_targets(b, w, o->p, o->rx);
 	if (rc) {
-		fail_layer(b, x, tag, rc,
+		fail_layer(b, o->x, o->tag, rc,
 			   "the peer has no workers of that DP rank with a "
 			   "compatible TP size",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	/* a region the peer's descriptor lacks: its worker may have come
-	 * after our handshake; ask again once, then give up */
+	return 0;
+}
+
+/* A region the peer's descriptor lacks: its worker may have come after
+ * our handshake; ask again once, then give up. 1: deferred until then. */
+static int layer_refresh(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_rxfer *rx = o->rx;
+	struct kvb_peer *p = o->p;
+
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
 		const struct kvb_hs_worker *hw = desc_worker(
 			&p->desc,
 			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P,
 			rx->remote_dp, rx->targets[t]);
 
-		if ((hw && desc_layer(hw, layer)) || rx->refreshed)
+		if ((hw && desc_layer(hw, o->layer)) || rx->refreshed)
 			continue;
 		rx->refreshed = 1;
 		p->stale = 1;
-		if (defer_layer(b, rx, layer, tag, flags) == 0) {
+		if (defer_layer(b, rx, o->layer, o->tag, o->flags) == 0) {
 			if (p->state != PEER_HS)
-				peer_start_hs(b, p);
-			return;
+				kvb_xn_peer_start_hs(b, p);
+			return 1;
 		}
 		break;
 	}
-	/* room for every entry it can make, or wait for it (a layer op
-	 * never goes out in part: it would fail for want of room) */
-	need = layer_entries_max(p, rx, r, layer, &ncap);
+	return 0;
+}
+
+/* Room for every entry it can make (*ncap), or wait for it: a layer op
+ * never goes out in part (it would fail for want of room). 0: room; 1:
+ * deferred; -1: failed. */
+static int layer_room(struct kvb_broker *b, struct layer_op *o, uint64_t *ncap)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	uint64_t need = layer_entries_max(o->p, o->rx, o->r, o->layer, ncap);
+
 	if (need >= KVB_INFLIGHT_MAX) {
-		fail_layer(b, x, tag, -ENOBUFS,
+		fail_layer(b, o->x, o->tag, -ENOBUFS,
 			   "more entries than the broker's in-flight table "
 			   "holds (65,536): fewer blocks per layer op",
-			   layer);
-		return;
+			   o->layer);
+		return -1;
 	}
-	if (need > b->inf_nfree) {
-		if (defer_layer(b, rx, layer, tag, flags) < 0) {
-			fail_layer(b, x, tag, -ENOMEM, "out of memory", layer);
-			return;
-		}
-		rm->st.layers_starved++;
-		rx->starved = 1;
-		if (!rm->starved_need || need < rm->starved_need)
-			rm->starved_need = need;
-		return;
+	if (need <= kvb_inflight_free(b))
+		return 0;
+	if (defer_layer(b, o->rx, o->layer, o->tag, o->flags) < 0) {
+		fail_layer(b, o->x, o->tag, -ENOMEM, "out of memory", o->layer);
+		return -1;
 	}
-	gi = group_alloc(rm);
-	if (!gi) {
-		fail_layer(b, x, tag, -ENOBUFS, "too many layer ops in flight",
-			   layer);
-		return;
+	xn->st.layers_starved++;
+	o->rx->starved = 1;
+	if (!xn->starved_need || need < xn->starved_need)
+		xn->starved_need = need;
+	return 1;
+}
+
+/* The group of in-flight entries the layer op completes as, held while it
+ * is built (remaining = 1). 0 or -1 (failed: none free). */
+static int layer_group(struct kvb_broker *b, struct layer_op *o)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_group *g;
+
+	o->gi = group_alloc(xn);
+	if (!o->gi) {
+		fail_layer(b, o->x, o->tag, -ENOBUFS,
+			   "too many layer ops in flight", o->layer);
+		return -1;
 	}
-	g = &rm->groups[gi];
+	g = o->g = &xn->groups[o->gi];
 	memset(g, 0, sizeof(*g));
 	g->used = 1;
-	g->worker = w->id;
-	g->xfer = handle;
-	g->peer = rx->peer;
-	g->tag = tag;
-	g->flags = flags;
-	g->remaining = 1; /* held while building */
+	g->worker = o->w->id;
+	g->xfer = o->handle;
+	g->peer = o->rx->peer;
+	g->tag = o->tag;
+	g->flags = o->flags;
+	g->remaining = 1;
+	return 0;
+}
+
+/* Queue the n entries for one peer region hr to the peer's destination. */
+static void layer_queue(struct kvb_broker *b, struct layer_op *o,
+			const struct kvb_hs_region *hr,
+			const struct kvb_kv_xfer *ents, int n)
+{
+	uint32_t di = UINT32_MAX; /* bound at the first entry */
+
+	for (int i = 0; i < n; i++) {
+		uint32_t idx = kvb_inflight_alloc(b);
+		struct kvb_inflight *f;
+		struct kvb_xop op;
+
+		if (!idx) {
+			if (!o->g->err)
+				o->g->err = -ENOBUFS;
+			break;
+		}
+		f = kvb_inflight_get(b, idx);
+		f->worker = o->w->id;
+		f->xfer = o->handle;
+		f->tag = o->tag;
+		f->bytes = ents[i].len;
+		f->lreg = o->r->mr.id;
+		f->group = o->gi;
+		o->r->refs++;
+		o->g->remaining++;
+		memset(&op, 0, sizeof(op));
+		op.opcode = o->rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
+						      : KVB_XOP_READ;
+		op.local = &o->r->mr;
+		op.local_off = ents[i].local_off;
+		op.remote.region = hr->id;
+		op.remote.addr = hr->addr;
+		op.remote.rkey = hr->rkey;
+		op.remote_off = ents[i].remote_off;
+		op.len = ents[i].len;
+		op.cookie = idx;
+		if (di == UINT32_MAX)
+			di = kvb_dest_bind(b, o->ts, PEER_SLOT(o->rx->peer),
+					   b->trs[o->ts], o->p->ep[o->ts]);
+		if (kvb_dest_append(b, di, &op))
+			kvb_complete_inflight(b, idx, -ENOMEM);
+	}
+}
+
+/* The entries for the peer's rank rank (ents: room for ncap). */
+static void layer_target(struct kvb_broker *b, struct layer_op *o,
+			 uint32_t rank, struct kvb_kv_xfer *ents, uint64_t ncap)
+{
+	struct kvb_rxfer *rx = o->rx;
+	struct kvb_region_ent *r = o->r;
+	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
+	const struct kvb_hs_worker *hw =
+		desc_worker(&o->p->desc, role, rx->remote_dp, rank);
+	const struct kvb_hs_region *hr = hw ? desc_layer(hw, o->layer) : NULL;
+	uint32_t slice;
+	int n;
+
+	if (!hr) {
+		log_warn("transfer '%s' layer %u: peer %s has no region for "
+			 "%s dp %u tp %u",
+			 o->x->id, o->layer, o->p->desc.node_id,
+			 role == KVB_HS_ROLE_D ? "D" : "P", rx->remote_dp,
+			 rank);
+		if (!o->g->err)
+			o->g->err = -ENOENT;
+		return;
+	}
+	if (head_slice(o->w, rx, rank, &r->geom, &hr->geom, &slice)) {
+		log_warn("transfer '%s' layer %u: %u heads here, %u at the "
+			 "peer's rank %u: not a head split (one side's TP m "
+			 "times the other's, its ranks holding 1/m of the "
+			 "heads; READ only with more D ranks)",
+			 o->x->id, o->layer, r->geom.num_heads,
+			 hr->geom.num_heads, rank);
+		if (!o->g->err)
+			o->g->err = -EINVAL;
+		return;
+	}
+	n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb, rx->rb,
+				     rx->nlb, ents, (uint32_t) ncap);
+	if (n < 0) {
+		log_warn("transfer '%s' layer %u: block list refused: %s",
+			 o->x->id, o->layer,
+			 n == -ERANGE ? "a block id is out of range"
+				      : "geometry mismatch");
+		if (!o->g->err)
+			o->g->err = n;
+		return;
+	}
+	layer_queue(b, o, hr, ents, n);
+}
+
+static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
+			uint16_t layer, uint64_t tag, uint8_t flags)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct layer_op o = {
+		.x = x,
+		.rx = x->rx,
+		.w = kvb_worker_by_id(b, x->worker),
+		.p = kvb_xn_peer_get(xn, x->rx->peer),
+		.handle = kvb_xfer_handle(&b->xfers, x),
+		.layer = layer,
+		.flags = flags,
+		.tag = tag,
+	};
+	struct kvb_kv_xfer *ents;
+	uint64_t ncap;
+
+	if (layer_check(b, &o) || layer_refresh(b, &o) ||
+	    layer_room(b, &o, &ncap) || layer_group(b, &o))
+		return;
 	ents = malloc((ncap ? ncap : 1) * sizeof(*ents)); /* 0: no target */
-	if (!ents) {
-		g->err = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t t = 0; t < rx->ntargets; t++) {
-		uint32_t role =
-			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
-		const struct kvb_hs_worker *hw = desc_worker(
-			&p->desc, role, rx->remote_dp, rx->targets[t]);
-		const struct kvb_hs_region *hr =
-			hw ? desc_layer(hw, layer) : NULL;
-		int n;
-
-		if (!hr) {
-			log_warn("transfer '%s' layer %u: peer %s has no "
-				 "region for %s dp %u tp %u",
-				 x->id, layer, p->desc.node_id,
-				 role == KVB_HS_ROLE_D ? "D" : "P",
-				 rx->remote_dp, rx->targets[t]);
-			if (!g->err)
-				g->err = -ENOENT;
-			continue;
-		}
-		if (head_slice(w, rx, rx->targets[t], &r->geom, &hr->geom,
-			       &slice)) {
-			log_warn("transfer '%s' layer %u: %u heads here, %u "
-				 "at the peer's rank %u: not a head split "
-				 "(one side's TP m times the other's, its "
-				 "ranks holding 1/m of the heads; READ only "
-				 "with more D ranks)",
-				 x->id, layer, r->geom.num_heads,
-				 hr->geom.num_heads, rx->targets[t]);
-			if (!g->err)
-				g->err = -EINVAL;
-			continue;
-		}
-		n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb,
-					     rx->rb, rx->nlb, ents,
-					     (uint32_t) ncap);
-		if (n < 0) {
-			log_warn("transfer '%s' layer %u: block list refused: "
-				 "%s",
-				 x->id, layer,
-				 n == -ERANGE ? "a block id is out of range"
-					      : "geometry mismatch");
-			if (!g->err)
-				g->err = n;
-			continue;
-		}
-		for (int i = 0; i < n; i++) {
-			uint32_t idx = kvb_inflight_alloc(b);
-			struct kvb_inflight *f;
-			struct kvb_xop op;
-
-			if (!idx) {
-				if (!g->err)
-					g->err = -ENOBUFS;
-				break;
-			}
-			f = &b->inf[idx];
-			f->worker = w->id;
-			f->xfer = handle;
-			f->tag = tag;
-			f->bytes = ents[i].len;
-			f->lreg = r->mr.id;
-			f->group = gi;
-			r->refs++;
-			g->remaining++;
-			memset(&op, 0, sizeof(op));
-			op.opcode = rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
-							   : KVB_XOP_READ;
-			op.local = &r->mr;
-			op.local_off = ents[i].local_off;
-			op.remote.region = hr->id;
-			op.remote.addr = hr->addr;
-			op.remote.rkey = hr->rkey;
-			op.remote_off = ents[i].remote_off;
-			op.len = ents[i].len;
-			op.cookie = idx;
-			{
-				uint32_t di = ts * b->opt.max_workers +
-					      PEER_SLOT(rx->peer);
-
-				b->dests[di].tr = b->trs[ts];
-				b->dests[di].ep = p->ep[ts];
-				if (kvb_dest_append(b, di, &op))
-					kvb_complete_inflight(b, idx, -ENOMEM);
-			}
-		}
-	}
-out:
+	if (!ents)
+		o.g->err = -ENOMEM;
+	for (uint32_t t = 0; ents && t < o.rx->ntargets; t++)
+		layer_target(b, &o, o.rx->targets[t], ents, ncap);
 	free(ents);
-	rm->st.layer_ops++;
-	kvb_remote_group_done(b, gi, 0, 0); /* drop the building hold */
+	xn->st.layer_ops++;
+	kvb_xn_group_done(b, o.gi, 0, 0); /* drop the building hold */
 }
 
 static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
@@ -536,11 +599,11 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
 						: b->opt.defer_timeout_ms) *
 				1000000;
 	rx->def[rx->ndef++] = (struct deferred){layer, flags, tag};
-	b->rm->st.layers_deferred++;
+	kvb_xn_of(b)->st.layers_deferred++;
 	return 0;
 }
 
-void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
+void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
 {
 	struct kvb_rxfer *rx = x->rx;
 	const char *why;
@@ -560,27 +623,27 @@ void issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
 	free(d);
 }
 
-void issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
+void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
 {
 	for (uint32_t i = b->xfers.nactive; i-- > 0;) {
 		struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
 
 		if (x->rx && x->rx->peer == pid && x->rx->ndef)
-			issue_deferred(b, x);
+			kvb_xn_issue_deferred(b, x);
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;
 	}
 }
 
-void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
-		      const struct kvb_sqe *e)
+void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_sqe *e)
 {
 	struct kvb_xfer *x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 	struct kvb_rxfer *rx = x ? x->rx : NULL;
 	const char *why = NULL;
 	int rc;
 
-	if (!rx || !b->rm) {
+	if (!rx || !kvb_xn_of(b)) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer op for an unknown or local transfer");
 		return;
@@ -612,14 +675,14 @@ void kvb_remote_layer(struct kvb_broker *b, struct kvb_worker *w,
 		return;
 	}
 	if (rc == 1 || rx->ndef) { /* keep the order of deferred layers */
-		struct kvb_peer *p = peer_get(b->rm, rx->peer);
+		struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
 		if (defer_layer(b, rx, e->layer, e->tag, e->flags) < 0)
 			fail_layer(b, x, e->tag, -ENOMEM, "out of memory",
 				   e->layer);
 		else if (p && p->stale && p->state != PEER_HS &&
 			 kvb_now_ns() >= p->next_refresh)
-			peer_start_hs(b, p);
+			kvb_xn_peer_start_hs(b, p);
 		return;
 	}
 	issue_layer(b, x, e->layer, e->tag, e->flags);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node: this node's engine descriptor, peer brokers, the handshake
- * port, and rdma endpoint offers/answers (see remote.c). */
-#include "remote_priv.h"
+ * port, and rdma endpoint offers/answers (see xnode.c). */
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -19,19 +19,13 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 /* ------------------------------------------------------------------ */
 /* engine descriptor of this node */
 
 static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	uint32_t nw = 0;
 
 	memset(d, 0, sizeof(*d));
@@ -40,8 +34,8 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 	snprintf(d->host, sizeof(d->host), "%s", b->opt.host_ip);
 	d->notify_port = b->opt.notify_port;
 	d->hs_port = b->opt.handshake_port;
-	d->instance = rm->instance;
-	memcpy(d->kx, rm->kx_pk, sizeof(d->kx));
+	d->instance = xn->instance;
+	memcpy(d->kx, xn->kx_pk, sizeof(d->kx));
 	d->has_kx = 1;
 	if (b->trs[KVB_TS_TCP]) {
 		struct kvb_transport *t = b->trs[KVB_TS_TCP];
@@ -134,25 +128,21 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 /* ------------------------------------------------------------------ */
 /* peers: handshake, transports */
 
-void fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts, int status)
+void kvb_xn_fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts,
+			  int status)
 {
-	struct kvb_dest *d =
-		&b->dests[ts * b->opt.max_workers + PEER_SLOT(pid)];
-
-	for (uint32_t i = 0; i < d->n; i++)
-		kvb_complete_inflight(b, (uint32_t) d->ops[i].cookie, status);
-	d->n = 0;
+	kvb_dest_fail(b, ts, PEER_SLOT(pid), status);
 }
 
-void peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
+void kvb_xn_peer_disconnect(struct kvb_broker *b, struct kvb_peer *p)
 {
-	uint32_t pid = peer_id(b->rm, p);
+	uint32_t pid = kvb_xn_peer_id(kvb_xn_of(b), p);
 
-	auth_tcp_forget(b, p); /* its connections to us close too */
+	kvb_xn_auth_tcp_forget(b, p); /* its connections to us close too */
 	for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++) {
 		if (!p->ep[ts])
 			continue;
-		fail_dest_ops(b, pid, ts, -ECONNRESET);
+		kvb_xn_fail_dest_ops(b, pid, ts, -ECONNRESET);
 		b->trs[ts]->ops->disconnect(b->trs[ts], p->ep[ts]);
 		p->ep[ts] = NULL;
 	}
@@ -172,11 +162,11 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 	p->have_desc = 1;
 	p->stale = 0;
 	if (same) {
-		auth_tcp_peer(b, p); /* the regions offered may have grown */
+		kvb_xn_auth_tcp_peer(
+			b, p); /* the regions offered may have grown */
 		return 0;
 	}
-	peer_disconnect(b, p);
-#ifdef KVB_HAVE_TCP
+	kvb_xn_peer_disconnect(b, p);
 	for (uint32_t i = 0; i < p->desc.ntransports; i++) {
 		struct kvb_hs_transport *ht = &p->desc.transports[i];
 		struct kvb_transport *t = b->trs[KVB_TS_TCP];
@@ -185,25 +175,27 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 			continue;
 		/* no key exchange, no key: the data port would refuse us */
 		if (!p->desc.has_kx) {
-			auth_tcp_peer(b, p); /* says why */
+			kvb_xn_auth_tcp_peer(b, p); /* says why */
 			continue;
 		}
-		rc = kvb_tcp_connect_host(t, ht->conn, ht->conn_len, p->host,
-					  &p->ep[KVB_TS_TCP]);
+		rc = t->ops->connect_host
+			     ? t->ops->connect_host(t, ht->conn, ht->conn_len,
+						    p->host, &p->ep[KVB_TS_TCP])
+			     : t->ops->connect(t, ht->conn, ht->conn_len,
+					       &p->ep[KVB_TS_TCP]);
 		if (rc)
 			log_warn("peer %s:%u: tcp connect: %s", p->host,
 				 p->port, strerror(-rc));
 	}
-	auth_tcp_peer(b, p);
-#endif
-	if (peer_wants_rdma(p)) {
+	kvb_xn_auth_tcp_peer(b, p);
+	if (kvb_xn_peer_wants_rdma(b, p)) {
 		log_info("peer %u %s:%u (node %s, %u workers): rdma (queue "
 			 "pairs connect on first use)",
-			 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
-			 p->desc.nworkers);
+			 kvb_xn_peer_id(kvb_xn_of(b), p), p->host, p->port,
+			 p->desc.node_id, p->desc.nworkers);
 		return 0;
 	}
-	if (!peer_ts(p)) {
+	if (!kvb_xn_peer_ts(b, p)) {
 		char names[128] = "";
 
 		for (uint32_t i = 0; i < p->desc.ntransports; i++)
@@ -216,12 +208,14 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 		return rc ? rc : -EPROTONOSUPPORT;
 	}
 	log_info("peer %u %s:%u (node %s, %u workers) connected over %s",
-		 peer_id(b->rm, p), p->host, p->port, p->desc.node_id,
-		 p->desc.nworkers, b->trs[peer_ts(p)]->ops->name);
+		 kvb_xn_peer_id(kvb_xn_of(b), p), p->host, p->port,
+		 p->desc.node_id, p->desc.nworkers,
+		 b->trs[kvb_xn_peer_ts(b, p)]->ops->name);
 	return 0;
 }
 
-void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status)
+void kvb_xn_peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p,
+			       int status)
 {
 	for (uint32_t i = 0; i < p->nwaiters; i++) {
 		struct kvb_worker *w = kvb_worker_by_id(b, p->waiters[i]);
@@ -229,43 +223,45 @@ void peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p, int status)
 
 		if (!w || !w->attached)
 			continue;
-		rep.peer = status ? 0 : peer_id(b->rm, p);
+		rep.peer = status ? 0 : kvb_xn_peer_id(kvb_xn_of(b), p);
 		if (!status)
-			peer_ref(p, w->id);
+			kvb_xn_peer_ref(b, p, w->id);
 		kvb_worker_reply(w, &rep.h, sizeof(rep), status);
 	}
 	p->nwaiters = 0;
 }
 
-void close_dealer(struct kvb_broker *b, struct kvb_peer *p)
+void kvb_xn_close_dealer(struct kvb_broker *b, struct kvb_peer *p)
 {
 	if (!p->dealer)
 		return;
-	ep_del(b, p->dealer_fd);
+	kvb_xn_ep_del(b, p->dealer_fd);
 	zmq_close(p->dealer);
 	p->dealer = NULL;
 	p->dealer_fd = -1;
 }
 
-static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply(struct kvb_xn *xn, zmq_msg_t *id, int32_t status,
 		     const void *body, size_t len);
 
-void peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
+void kvb_xn_peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 {
 	p->last_err = status;
 	if (status) {
 		p->failures++;
-		b->rm->st.hs_failed++;
+		kvb_xn_of(b)->st.hs_failed++;
 		p->state = p->have_desc ? PEER_READY : PEER_FAILED;
 		p->stale = 1;
-		close_dealer(b, p); /* drop what is queued for a dead peer */
+		kvb_xn_close_dealer(
+			b, p); /* drop what is queued for a dead peer */
 	} else {
 		p->state = PEER_READY;
 		p->handshakes++;
 	}
-	peer_reply_waiters(b, p, status);
+	kvb_xn_peer_reply_waiters(b, p, status);
 	if (!status)
-		issue_deferred_of_peer(b, peer_id(b->rm, p));
+		kvb_xn_issue_deferred_of_peer(b,
+					      kvb_xn_peer_id(kvb_xn_of(b), p));
 }
 
 static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
@@ -277,7 +273,7 @@ static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
 
 	if (p->dealer)
 		return 0;
-	p->dealer = zmq_socket(b->rm->zctx, ZMQ_DEALER);
+	p->dealer = zmq_socket(kvb_xn_of(b)->zctx, ZMQ_DEALER);
 	if (!p->dealer)
 		return -errno;
 	snprintf(ep, sizeof(ep),
@@ -294,11 +290,11 @@ static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
 		p->dealer = NULL;
 		return rc;
 	}
-	ep_add(b, p->dealer_fd);
+	kvb_xn_ep_add(b, p->dealer_fd);
 	return 0;
 }
 
-int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
+int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 {
 	struct kvb_hs_desc d;
 	char *buf = NULL;
@@ -314,16 +310,17 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 	if (!rc)
 		rc = kvb_hs_encode(&d, &buf, &len);
 	if (!rc)
-		rc = auth_offer(b, p, &d);
+		rc = kvb_xn_auth_offer(b, p, &d);
 	kvb_hs_fini(&d);
 	if (rc) {
 		free(buf);
 		return rc;
 	}
-	auth_tcp_peer(b, p); /* what we offer now */
-	if (b->rm->has_ck) {
+	kvb_xn_auth_tcp_peer(b, p); /* what we offer now */
+	if (kvb_xn_of(b)->has_ck) {
 		/* [descriptor][MAC]: the reply's MAC is bound to this one */
-		auth_hs_mac(b->rm, "kvb-hs-req1", NULL, buf, len, p->req_mac);
+		kvb_xn_auth_hs_mac(kvb_xn_of(b), "kvb-hs-req1", NULL, buf, len,
+				   p->req_mac);
 		rc = zmq_send(p->dealer, buf, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) <
 					     0 ||
 				     zmq_send(p->dealer, p->req_mac,
@@ -338,7 +335,7 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 	free(buf);
 	if (rc)
 		return rc;
-	b->rm->st.hs_sent++;
+	kvb_xn_of(b)->st.hs_sent++;
 	p->state = PEER_HS;
 	p->hs_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
 	p->next_refresh = kvb_now_ns() + REFRESH_NS;
@@ -351,16 +348,25 @@ int peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
  * connects it and answers with its own; both QP sets are then in RTS (the
  * rdma transport pairs crossing offers itself, see rdma.h).
  */
-int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
+/* An endpoint's blob (ops->ep_info): 0 or -errno */
+static int ep_blob(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
+		   size_t *len)
 {
-#ifdef KVB_HAVE_RDMA
+	if (!t || !t->ops->ep_info)
+		return -EPROTONOSUPPORT;
+	return t->ops->ep_info(t, ep, blob, len);
+}
+
+int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
+{
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
-	const struct kvb_hs_transport *ht = desc_transport(&p->desc, "rdma");
+	const struct kvb_hs_transport *ht =
+		kvb_xn_desc_transport(&p->desc, "rdma");
 	static struct ep_msg m;
 	size_t len = sizeof(m.blob);
 	int rc;
 
-	if (!t || !ht)
+	if (!t || !ht || !t->ops->ep_info)
 		return -EPROTONOSUPPORT;
 	if (p->ep_pending)
 		return 0;
@@ -373,12 +379,12 @@ int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 			return rc;
 		}
 	}
-	if (rdma_ready(p))
+	if (kvb_xn_rdma_ready(b, p))
 		return 0;
 	memset(&m, 0, sizeof(m));
 	snprintf(m.host, sizeof(m.host), "%s", b->opt.host_ip);
 	m.port = b->opt.handshake_port;
-	rc = kvb_rdma_ep_info(t, p->ep[KVB_TS_RDMA], m.blob, &len);
+	rc = ep_blob(t, p->ep[KVB_TS_RDMA], m.blob, &len);
 	if (rc)
 		return rc;
 	m.len = (uint32_t) len;
@@ -393,16 +399,12 @@ int rdma_offer(struct kvb_broker *b, struct kvb_peer *p)
 	p->ep_offers++;
 	p->ep_deadline = kvb_now_ns() + HS_TIMEOUT_NS;
 	return 0;
-#else
-	return -EPROTONOSUPPORT;
-#endif
 }
 
 /* An rdma blob from the peer (offer or answer): connect it. */
 static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
 		     size_t len)
 {
-#ifdef KVB_HAVE_RDMA
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	struct kvb_ep *ep = NULL;
 	int rc;
@@ -414,19 +416,17 @@ static int rdma_take(struct kvb_broker *b, struct kvb_peer *p, const void *blob,
 		return rc;
 	if (p->ep[KVB_TS_RDMA] && p->ep[KVB_TS_RDMA] != ep) {
 		/* the peer's endpoint of an older life: drop ours */
-		fail_dest_ops(b, peer_id(b->rm, p), KVB_TS_RDMA, -ECONNRESET);
+		kvb_xn_fail_dest_ops(b, kvb_xn_peer_id(kvb_xn_of(b), p),
+				     KVB_TS_RDMA, -ECONNRESET);
 		t->ops->disconnect(t, p->ep[KVB_TS_RDMA]);
 	}
 	p->ep[KVB_TS_RDMA] = ep;
-	if (rdma_ready(p)) {
+	if (kvb_xn_rdma_ready(b, p)) {
 		log_info("peer %u %s:%u: rdma queue pairs ready",
-			 peer_id(b->rm, p), p->host, p->port);
+			 kvb_xn_peer_id(kvb_xn_of(b), p), p->host, p->port);
 		p->stale = 0;
 	}
 	return 0;
-#else
-	return -EPROTONOSUPPORT;
-#endif
 }
 
 /* "ep" request on the handshake port: [id]["ep"][struct ep_msg]. */
@@ -447,19 +447,18 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 			rc = 0;
 	}
 	if (rc) {
-		b->rm->st.hs_refused++;
-		hs_reply(b->rm->router, id, rc, why_bad, sizeof(why_bad) - 1);
+		kvb_xn_of(b)->st.hs_refused++;
+		hs_reply(kvb_xn_of(b), id, rc, why_bad, sizeof(why_bad) - 1);
 		return;
 	}
-	p = peer_find(b->rm, m.host, (uint16_t) m.port, 0);
+	p = kvb_xn_peer_find(kvb_xn_of(b), m.host, (uint16_t) m.port, 0);
 	if (!p || !p->have_desc) {
-		b->rm->st.hs_refused++;
-		hs_reply(b->rm->router, id, -ENOENT, why_peer,
+		kvb_xn_of(b)->st.hs_refused++;
+		hs_reply(kvb_xn_of(b), id, -ENOENT, why_peer,
 			 sizeof(why_peer) - 1);
 		return;
 	}
 	rc = rdma_take(b, p, m.blob, m.len);
-#ifdef KVB_HAVE_RDMA
 	if (!rc) {
 		static struct ep_msg a;
 		size_t len = sizeof(a.blob);
@@ -467,8 +466,8 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 		memset(&a, 0, sizeof(a));
 		snprintf(a.host, sizeof(a.host), "%s", b->opt.host_ip);
 		a.port = b->opt.handshake_port;
-		rc = kvb_rdma_ep_info(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA],
-				      a.blob, &len);
+		rc = ep_blob(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], a.blob,
+			     &len);
 		if (!rc) {
 			zmq_msg_t idc;
 			int32_t ok = 0;
@@ -476,27 +475,27 @@ static void hs_serve_ep(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body)
 			a.len = (uint32_t) len;
 			zmq_msg_init(&idc);
 			if (zmq_msg_copy(&idc, id) ||
-			    zmq_msg_send(&idc, b->rm->router,
+			    zmq_msg_send(&idc, kvb_xn_of(b)->router,
 					 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 				zmq_msg_close(&idc);
-			else if (zmq_send(b->rm->router, &ok, sizeof(ok),
+			else if (zmq_send(kvb_xn_of(b)->router, &ok, sizeof(ok),
 					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-				 zmq_send(b->rm->router, "ep", 2,
+				 zmq_send(kvb_xn_of(b)->router, "ep", 2,
 					  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-				 zmq_send(b->rm->router, &a,
+				 zmq_send(kvb_xn_of(b)->router, &a,
 					  offsetof(struct ep_msg, blob) + len,
 					  ZMQ_DONTWAIT) < 0)
-				b->rm->st.send_errors++;
+				kvb_xn_of(b)->st.send_errors++;
 			p->ep_answers++;
-			if (rdma_ready(p))
-				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			if (kvb_xn_rdma_ready(b, p))
+				kvb_xn_issue_deferred_of_peer(
+					b, kvb_xn_peer_id(kvb_xn_of(b), p));
 			return;
 		}
 	}
-#endif
 	log_warn("peer %s:%u: rdma endpoint refused: %s", m.host, m.port,
 		 strerror(-rc));
-	hs_reply(b->rm->router, id, rc, "rdma endpoint refused", 21);
+	hs_reply(kvb_xn_of(b), id, rc, "rdma endpoint refused", 21);
 }
 
 /*
@@ -544,13 +543,119 @@ static void close_frames(zmq_msg_t *f, int n)
 }
 
 /* A handshake reply on a peer's DEALER: [status][desc | reason]. */
-void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
+/* The answer to our rdma offer: [status]["ep"][ep_msg]; f closed here. */
+static void peer_ep_answer(struct kvb_broker *b, struct kvb_peer *p,
+			   zmq_msg_t *f, int n)
+{
+	struct ep_msg m;
+	size_t sz = zmq_msg_size(&f[2]);
+	int32_t status;
+	int rc;
+
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	memset(&m, 0, sizeof(m));
+	if (sz >= offsetof(struct ep_msg, blob) && sz <= sizeof(m))
+		memcpy(&m, zmq_msg_data(&f[2]), sz);
+	close_frames(f, n);
+	p->ep_pending = 0;
+	rc = status ? status
+		    : (m.len == sz - offsetof(struct ep_msg, blob)
+			       ? rdma_take(b, p, m.blob, m.len)
+			       : -EBADMSG);
+	if (rc) {
+		log_warn("peer %s:%u: rdma answer: %s", p->host, p->port,
+			 strerror(-rc));
+		return;
+	}
+	if (kvb_xn_rdma_ready(b, p))
+		kvb_xn_issue_deferred_of_peer(b,
+					      kvb_xn_peer_id(kvb_xn_of(b), p));
+}
+
+/*
+ * A descriptor is followed by its MAC with --cluster-key, only then; a
+ * refusal (status < 0) has none. Checks it and drops it (*n = 2): 0,
+ * -EBADMSG, or 1 when the reply was refused for a wrong MAC (f closed).
+ */
+static int peer_reply_mac(struct kvb_broker *b, struct kvb_peer *p,
+			  zmq_msg_t *f, int *n)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	int32_t status;
+	int rc = 0;
+
+	if (*n < 2 || zmq_msg_size(&f[0]) != sizeof(status))
+		return 0;
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	if (!status && (*n == 3) != !!xn->has_ck) /* 2 or 3 frames */
+		rc = -EBADMSG;
+	else if (!status && *n == 3 &&
+		 !kvb_xn_auth_hs_mac_ok(
+			 xn, "kvb-hs-rep1", p->req_mac, zmq_msg_data(&f[1]),
+			 zmq_msg_size(&f[1]), zmq_msg_data(&f[2]),
+			 zmq_msg_size(&f[2])))
+		rc = -EACCES;
+	else if (status && *n != 2)
+		rc = -EBADMSG;
+	if (rc == -EACCES) {
+		close_frames(f, *n);
+		xn->st.hs_bad_replies++;
+		log_warn("peer %s:%u: handshake reply with a wrong MAC "
+			 "(another --cluster-key?)",
+			 p->host, p->port);
+		if (p->state == PEER_HS)
+			kvb_xn_peer_done(b, p, -EACCES);
+		return 1;
+	}
+	if (!rc && *n == 3) {
+		zmq_msg_close(&f[2]); /* the MAC, checked */
+		*n = 2;
+	}
+	return rc;
+}
+
+/* A well-formed reply [status][body] to our handshake; f closed here. */
+static void peer_take_reply(struct kvb_broker *b, struct kvb_peer *p,
+			    zmq_msg_t *f, int n)
+{
+	const char *reason = NULL;
+	struct kvb_hs_desc d;
+	int32_t status;
+	int rc;
+
+	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
+	if (p->state != PEER_HS) {
+		close_frames(f, n); /* late reply to a timed-out ask */
+		return;
+	}
+	if (status) {
+		log_warn("peer %s:%u refused the handshake: %.*s (%s)", p->host,
+			 p->port, (int) zmq_msg_size(&f[1]),
+			 (const char *) zmq_msg_data(&f[1]),
+			 strerror(status < 0 ? -status : status));
+		close_frames(f, n);
+		kvb_xn_peer_done(b, p, status < 0 ? status : -EPROTO);
+		return;
+	}
+	rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+			   &reason);
+	close_frames(f, n);
+	if (rc) {
+		log_warn("peer %s:%u: bad engine descriptor: %s", p->host,
+			 p->port, reason ? reason : "?");
+		kvb_xn_of(b)->st.hs_bad_replies++;
+		kvb_xn_peer_done(b, p, rc);
+		return;
+	}
+	rc = peer_adopt(b, p, &d);
+	kvb_hs_fini(&d);
+	kvb_xn_peer_done(b, p, rc);
+}
+
+void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 {
 	for (unsigned k = 0; k < HS_DRAIN && p->dealer; k++) {
 		zmq_msg_t f[3];
-		struct kvb_hs_desc d;
-		const char *reason = NULL;
-		int32_t status;
 		int n = 0, rc;
 
 		rc = recv_frames(p->dealer, f, 3, &n);
@@ -560,114 +665,40 @@ void peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 			close_frames(f, n);
 			n = 0;
 		}
-		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(status) &&
+		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(int32_t) &&
 		    zmq_msg_size(&f[1]) == 2 &&
 		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
-			/* the answer to our rdma offer */
-			struct ep_msg m;
-			size_t sz = zmq_msg_size(&f[2]);
-
-			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-			memset(&m, 0, sizeof(m));
-			if (sz >= offsetof(struct ep_msg, blob) &&
-			    sz <= sizeof(m))
-				memcpy(&m, zmq_msg_data(&f[2]), sz);
-			close_frames(f, n);
-			p->ep_pending = 0;
-			rc = status ? status
-				    : (m.len == sz - offsetof(struct ep_msg,
-							      blob)
-					       ? rdma_take(b, p, m.blob, m.len)
-					       : -EBADMSG);
-			if (rc) {
-				log_warn("peer %s:%u: rdma answer: %s", p->host,
-					 p->port, strerror(-rc));
-				continue;
-			}
-			if (rdma_ready(p))
-				issue_deferred_of_peer(b, peer_id(b->rm, p));
+			peer_ep_answer(b, p, f, n);
 			continue;
 		}
-		/* a descriptor is followed by its MAC with --cluster-key, only
-		 * then; a refusal (status < 0) has none */
-		if (!rc && n >= 2 && zmq_msg_size(&f[0]) == sizeof(status)) {
-			memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-			if (!status &&
-			    (n == 3) != !!b->rm->has_ck) /* 2 or 3 frames */
-				rc = -EBADMSG;
-			else if (!status && n == 3 &&
-				 !auth_hs_mac_ok(b->rm, "kvb-hs-rep1",
-						 p->req_mac,
-						 zmq_msg_data(&f[1]),
-						 zmq_msg_size(&f[1]),
-						 zmq_msg_data(&f[2]),
-						 zmq_msg_size(&f[2])))
-				rc = -EACCES;
-			else if (status && n != 2)
-				rc = -EBADMSG;
-			if (rc == -EACCES) {
-				close_frames(f, n);
-				b->rm->st.hs_bad_replies++;
-				log_warn("peer %s:%u: handshake reply with a "
-					 "wrong MAC (another --cluster-key?)",
-					 p->host, p->port);
-				if (p->state == PEER_HS)
-					peer_done(b, p, -EACCES);
+		if (!rc) {
+			rc = peer_reply_mac(b, p, f, &n);
+			if (rc == 1)
 				continue;
-			}
-			if (!rc && n == 3) {
-				zmq_msg_close(&f[2]); /* the MAC, checked */
-				n = 2;
-			}
 		}
 		if (!rc && n == 3) {
 			close_frames(f, n);
 			rc = -EBADMSG;
 		}
-		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(status)) {
+		if (rc || n != 2 || zmq_msg_size(&f[0]) != sizeof(int32_t)) {
 			close_frames(f, n);
-			b->rm->st.hs_bad_replies++;
-			if (rlog_ok(b->rm))
+			kvb_xn_of(b)->st.hs_bad_replies++;
+			if (kvb_xn_rlog_ok(kvb_xn_of(b)))
 				log_warn("peer %s:%u: malformed handshake "
 					 "reply",
 					 p->host, p->port);
 			continue;
 		}
-		memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
-		if (p->state != PEER_HS) {
-			close_frames(f, n); /* late reply to a timed-out ask */
-			continue;
-		}
-		if (status) {
-			log_warn("peer %s:%u refused the handshake: %.*s (%s)",
-				 p->host, p->port, (int) zmq_msg_size(&f[1]),
-				 (const char *) zmq_msg_data(&f[1]),
-				 strerror(status < 0 ? -status : status));
-			close_frames(f, n);
-			peer_done(b, p, status < 0 ? status : -EPROTO);
-			continue;
-		}
-		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
-				   &reason);
-		close_frames(f, n);
-		if (rc) {
-			log_warn("peer %s:%u: bad engine descriptor: %s",
-				 p->host, p->port, reason ? reason : "?");
-			b->rm->st.hs_bad_replies++;
-			peer_done(b, p, rc);
-			continue;
-		}
-		rc = peer_adopt(b, p, &d);
-		kvb_hs_fini(&d);
-		peer_done(b, p, rc);
+		peer_take_reply(b, p, f, n);
 	}
 }
 
 /* [identity][status][body] (and [MAC] when mac) to a ROUTER peer; a
  * reply that cannot be queued is dropped (the peer times out) */
-static void hs_reply_mac(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply_mac(struct kvb_xn *xn, zmq_msg_t *id, int32_t status,
 			 const void *body, size_t len, const uint8_t *mac)
 {
+	void *router = xn->router;
 	zmq_msg_t idc;
 	int more = mac ? ZMQ_SNDMORE : 0;
 
@@ -684,40 +715,171 @@ static void hs_reply_mac(void *router, zmq_msg_t *id, int32_t status,
 		     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
 	    zmq_send(router, body, len, more | ZMQ_DONTWAIT) < 0 ||
 	    (mac && zmq_send(router, mac, 32, ZMQ_DONTWAIT) < 0))
-		g_b->rm->st.send_errors++;
+		xn->st.send_errors++;
 }
 
-static void hs_reply(void *router, zmq_msg_t *id, int32_t status,
+static void hs_reply(struct kvb_xn *xn, zmq_msg_t *id, int32_t status,
 		     const void *body, size_t len)
 {
-	hs_reply_mac(router, id, status, body, len, NULL);
+	hs_reply_mac(xn, id, status, body, len, NULL);
 }
 
-/* Requests on the handshake port: [identity][descriptor]. */
-void hs_serve(struct kvb_broker *b)
+/* Refuse a handshake request from host: counted, logged (a few a second),
+ * answered with rc and why. */
+static void hs_refuse(struct kvb_xn *xn, zmq_msg_t *id, int rc,
+		      const char *host, const char *why)
 {
-	struct kvb_xnode *rm = b->rm;
+	xn->st.hs_refused++;
+	if (kvb_xn_rlog_ok(xn))
+		log_warn("handshake from %s refused: %s", host, why);
+	hs_reply(xn, id, rc, why, strlen(why));
+}
+
+/* A request's sender and MAC: 0, or -1 when it was refused. */
+static int hs_check(struct kvb_xn *xn, zmq_msg_t *f, int n, const char *host)
+{
+	if (!kvb_xn_trusted(xn, host)) {
+		hs_refuse(xn, &f[0], -EACCES, host, "not in --trusted-hosts");
+		return -1;
+	}
+	/* --cluster-key: [descriptor][MAC], else [descriptor] */
+	if (xn->has_ck
+		    ? n != 3 || !kvb_xn_auth_hs_mac_ok(xn, "kvb-hs-req1", NULL,
+						       zmq_msg_data(&f[1]),
+						       zmq_msg_size(&f[1]),
+						       zmq_msg_data(&f[2]),
+						       zmq_msg_size(&f[2]))
+		    : n != 2) {
+		hs_refuse(xn, &f[0], -EACCES, host,
+			  xn->has_ck ? "handshake not authenticated "
+				       "(--cluster-key differs or is missing)"
+				     : "this broker has no --cluster-key");
+		return -1;
+	}
+	return 0;
+}
+
+/* The requester's descriptor: 0, or -1 when it was refused. */
+static int hs_decode_req(struct kvb_xn *xn, zmq_msg_t *f, const char *host,
+			 struct kvb_hs_desc *d)
+{
+	const char *reason = NULL;
+	int rc = kvb_hs_decode(d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
+			       &reason);
+
+	if (rc) {
+		xn->st.hs_refused++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("handshake from %s refused: %s", host,
+				 reason ? reason : strerror(-rc));
+		if (rc == -EPROTONOSUPPORT && kvb_xn_rlog_ok(xn))
+			log_warn("peer %s speaks handshake version %u, this "
+				 "broker %u",
+				 host, d->version, KVB_HS_VERSION);
+		hs_reply(xn, &f[0], rc, reason ? reason : "bad descriptor",
+			 strlen(reason ? reason : "bad descriptor"));
+		return -1;
+	}
+	if (d->host[0] && !kvb_xn_trusted(xn, d->host)) {
+		static const char why[] =
+			"declared host not in --trusted-hosts";
+
+		xn->st.hs_refused++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("handshake from %s (declaring host %s) "
+				 "refused: %s",
+				 host, d->host, why);
+		hs_reply(xn, &f[0], -EACCES, why, sizeof(why) - 1);
+		kvb_hs_fini(d);
+		return -1;
+	}
+	return 0;
+}
+
+/* Answer with our descriptor (and its MAC, bound to the request's). */
+static void hs_answer(struct kvb_broker *b, zmq_msg_t *id, struct kvb_peer *p,
+		      const uint8_t reqmac[32])
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_hs_desc mine;
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = own_desc(b, &mine);
+	if (!rc)
+		rc = kvb_hs_encode(&mine, &buf, &len);
+	if (!rc && p && !kvb_xn_auth_offer(b, p, &mine))
+		kvb_xn_auth_tcp_peer(b, p); /* what this reply offers */
+	kvb_hs_fini(&mine);
+	if (rc) {
+		hs_reply(xn, id, rc, "internal error", 14);
+	} else {
+		uint8_t mac[32];
+
+		if (xn->has_ck)
+			kvb_xn_auth_hs_mac(xn, "kvb-hs-rep1", reqmac, buf, len,
+					   mac);
+		hs_reply_mac(xn, id, 0, buf, len, xn->has_ck ? mac : NULL);
+		xn->st.hs_served++;
+	}
+	free(buf);
+}
+
+/* One handshake request, [identity][descriptor]([MAC]): the requester
+ * becomes (or refreshes) a peer of ours, and gets our descriptor. */
+static void hs_serve_one(struct kvb_broker *b, zmq_msg_t *f, int n)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	const char *addr = zmq_msg_gets(&f[1], "Peer-Address");
+	uint8_t reqmac[32] = {0};
+	struct kvb_hs_desc d;
+	struct kvb_peer *p;
+	char host[64];
+	int rc;
+
+	snprintf(host, sizeof(host), "%s", addr ? addr : "?");
+	if (hs_check(xn, f, n, host))
+		return;
+	if (n == 3)
+		memcpy(reqmac, zmq_msg_data(&f[2]), sizeof(reqmac));
+	if (hs_decode_req(xn, f, host, &d))
+		return;
+	p = kvb_xn_peer_find(xn, d.host[0] ? d.host : host,
+			     (uint16_t) d.hs_port, 1);
+	if (p) {
+		rc = peer_adopt(b, p, &d);
+		if (!rc && p->state != PEER_HS)
+			p->state = PEER_READY;
+		if (!rc)
+			kvb_xn_issue_deferred_of_peer(b, kvb_xn_peer_id(xn, p));
+	} else if (kvb_xn_rlog_ok(xn)) {
+		log_warn("handshake from %s: peer table full (%u, all in use)",
+			 host, xn->npeers_max - 1);
+	}
+	kvb_hs_fini(&d);
+	hs_answer(b, &f[0], p, reqmac);
+}
+
+/* Requests on the handshake port, HS_DRAIN at most a call. */
+void kvb_xn_hs_serve(struct kvb_broker *b)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
 
 	for (unsigned k = 0; k < HS_DRAIN; k++) {
 		zmq_msg_t f[3];
-		struct kvb_hs_desc d, mine;
-		const char *reason = NULL, *addr;
-		uint8_t reqmac[32] = {0};
-		char host[64];
-		char *buf = NULL;
-		size_t len = 0;
-		struct kvb_peer *p;
+		const char *addr;
 		int n = 0, rc;
 
-		rc = recv_frames(rm->router, f, 3, &n);
+		rc = recv_frames(xn->router, f, 3, &n);
 		if (rc == -EAGAIN)
 			return;
 		if (!rc && n == 3 && zmq_msg_size(&f[1]) == 2 &&
 		    !memcmp(zmq_msg_data(&f[1]), "ep", 2)) {
 			addr = zmq_msg_gets(&f[2], "Peer-Address");
-			if (!trusted(rm, addr ? addr : "?")) {
-				rm->st.hs_refused++;
-				hs_reply(rm->router, &f[0], -EACCES,
+			if (!kvb_xn_trusted(xn, addr ? addr : "?")) {
+				xn->st.hs_refused++;
+				hs_reply(xn, &f[0], -EACCES,
 					 "not in --trusted-hosts", 22);
 			} else {
 				hs_serve_ep(b, &f[0], &f[2]);
@@ -731,120 +893,17 @@ void hs_serve(struct kvb_broker *b)
 			/* f[0] is the sender's identity whenever a frame
 			 * came (ROUTER), even for too many frames */
 			if (n)
-				hs_reply(rm->router, &f[0], -EBADMSG, why,
+				hs_reply(xn, &f[0], -EBADMSG, why,
 					 sizeof(why) - 1);
 			close_frames(f, n);
-			rm->st.hs_refused++;
-			if (rlog_ok(rm))
+			xn->st.hs_refused++;
+			if (kvb_xn_rlog_ok(xn))
 				log_warn("handshake port: malformed request "
 					 "(%d%s frames) refused",
 					 n, rc == -EBADMSG ? "+" : "");
 			continue;
 		}
-		addr = zmq_msg_gets(&f[1], "Peer-Address");
-		snprintf(host, sizeof(host), "%s", addr ? addr : "?");
-		if (!trusted(rm, host)) {
-			static const char why[] = "not in --trusted-hosts";
-
-			rm->st.hs_refused++;
-			if (rlog_ok(rm))
-				log_warn("handshake from %s refused: %s", host,
-					 why);
-			hs_reply(rm->router, &f[0], -EACCES, why,
-				 sizeof(why) - 1);
-			close_frames(f, n);
-			continue;
-		}
-		/* --cluster-key: [descriptor][MAC], else [descriptor] */
-		if (rm->has_ck
-			    ? n != 3 || !auth_hs_mac_ok(rm, "kvb-hs-req1", NULL,
-							zmq_msg_data(&f[1]),
-							zmq_msg_size(&f[1]),
-							zmq_msg_data(&f[2]),
-							zmq_msg_size(&f[2]))
-			    : n != 2) {
-			const char *why =
-				rm->has_ck ? "handshake not authenticated "
-					     "(--cluster-key differs or is "
-					     "missing)"
-					   : "this broker has no --cluster-key";
-
-			rm->st.hs_refused++;
-			if (rlog_ok(rm))
-				log_warn("handshake from %s refused: %s", host,
-					 why);
-			hs_reply(rm->router, &f[0], -EACCES, why, strlen(why));
-			close_frames(f, n);
-			continue;
-		}
-		if (n == 3)
-			memcpy(reqmac, zmq_msg_data(&f[2]), sizeof(reqmac));
-		rc = kvb_hs_decode(&d, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]),
-				   &reason);
-		if (rc) {
-			rm->st.hs_refused++;
-			if (rlog_ok(rm))
-				log_warn("handshake from %s refused: %s", host,
-					 reason ? reason : strerror(-rc));
-			if (rc == -EPROTONOSUPPORT && rlog_ok(rm))
-				log_warn("peer %s speaks handshake version %u, "
-					 "this broker %u",
-					 host, d.version, KVB_HS_VERSION);
-			hs_reply(rm->router, &f[0], rc,
-				 reason ? reason : "bad descriptor",
-				 strlen(reason ? reason : "bad descriptor"));
-			close_frames(f, n);
-			continue;
-		}
-		if (d.host[0] && !trusted(rm, d.host)) {
-			static const char why[] =
-				"declared host not in --trusted-hosts";
-
-			rm->st.hs_refused++;
-			if (rlog_ok(rm))
-				log_warn("handshake from %s (declaring host "
-					 "%s) refused: %s",
-					 host, d.host, why);
-			hs_reply(rm->router, &f[0], -EACCES, why,
-				 sizeof(why) - 1);
-			kvb_hs_fini(&d);
-			close_frames(f, n);
-			continue;
-		}
-		/* the requester becomes (or refreshes) a peer of ours */
-		p = peer_find(rm, d.host[0] ? d.host : host,
-			      (uint16_t) d.hs_port, 1);
-		if (p) {
-			rc = peer_adopt(b, p, &d);
-			if (!rc && p->state != PEER_HS)
-				p->state = PEER_READY;
-			if (!rc)
-				issue_deferred_of_peer(b, peer_id(rm, p));
-		} else if (rlog_ok(rm)) {
-			log_warn("handshake from %s: peer table full (%u, all "
-				 "in use)",
-				 host, rm->npeers_max - 1);
-		}
-		kvb_hs_fini(&d);
-		rc = own_desc(b, &mine);
-		if (!rc)
-			rc = kvb_hs_encode(&mine, &buf, &len);
-		if (!rc && p && !auth_offer(b, p, &mine))
-			auth_tcp_peer(b, p); /* what this reply offers */
-		kvb_hs_fini(&mine);
-		if (rc) {
-			hs_reply(rm->router, &f[0], rc, "internal error", 14);
-		} else {
-			uint8_t mac[32];
-
-			if (rm->has_ck)
-				auth_hs_mac(rm, "kvb-hs-rep1", reqmac, buf, len,
-					    mac);
-			hs_reply_mac(rm->router, &f[0], 0, buf, len,
-				     rm->has_ck ? mac : NULL);
-			rm->st.hs_served++;
-		}
-		free(buf);
+		hs_serve_one(b, f, n);
 		close_frames(f, n);
 	}
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Cross-node: MoRIIO notify messages received on the workers' notify ports
  * (remote_blocks, release, write_done, plain strings) and the ports
- * themselves (see remote.c). */
-#include "remote_priv.h"
+ * themselves (see xnode.c). */
+#include "xnode_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -20,12 +20,6 @@
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
-#ifdef KVB_HAVE_TCP
-#include "tcp/tcp.h"
-#endif
-#ifdef KVB_HAVE_RDMA
-#include "rdma/rdma.h"
-#endif
 
 /* ------------------------------------------------------------------ */
 /* notify messages */
@@ -36,7 +30,7 @@ static int reject(struct kvb_broker *b, struct kvb_worker *w,
 	/* counted and logged once, rate-limited, by the notify endpoint
 	 * that called on_notify (messages_rejected) */
 	(void) m;
-	b->rm->st.rejected++;
+	kvb_xn_of(b)->st.rejected++;
 	kvb_notify_reject_why(w->notify, why);
 	return rc;
 }
@@ -58,11 +52,11 @@ static struct kvb_xfer *find_or_terminal(struct kvb_broker *b,
 /* The unopened transfer a FIFO entry names, or NULL (opened or ended). */
 static struct kvb_xfer *ufifo_xfer(struct kvb_broker *b, uint32_t i)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_xfer *x;
 
 	i &= UNOPENED_FIFO - 1;
-	x = kvb_xfer_get(&b->xfers, rm->ufifo[i].handle, rm->ufifo[i].worker);
+	x = kvb_xfer_get(&b->xfers, xn->ufifo[i].handle, xn->ufifo[i].worker);
 	return x && x->rx && x->rx->unopened ? x : NULL;
 }
 
@@ -73,24 +67,24 @@ static struct kvb_xfer *ufifo_xfer(struct kvb_broker *b, uint32_t i)
  */
 static int unopened_evict(struct kvb_broker *b, uint32_t keep, uint64_t ids)
 {
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 
-	while (rm->nunopened > keep ||
-	       rm->unopened_ids + ids > UNOPENED_IDS_ALL) {
+	while (xn->nunopened > keep ||
+	       xn->unopened_ids + ids > UNOPENED_IDS_ALL) {
 		struct kvb_xfer *x = NULL;
 
-		while (rm->ufifo_head != rm->ufifo_tail &&
-		       !(x = ufifo_xfer(b, rm->ufifo_head++)))
+		while (xn->ufifo_head != xn->ufifo_tail &&
+		       !(x = ufifo_xfer(b, xn->ufifo_head++)))
 			;
 		if (!x)
 			return -ENOSPC;
-		rm->st.unopened_evicted++;
-		if (rlog_ok(rm))
+		xn->st.unopened_evicted++;
+		if (kvb_xn_rlog_ok(xn))
 			log_warn("transfer '%s' dropped: announced by a "
 				 "message, "
 				 "not opened by worker %u, and the oldest of "
 				 "%u such (a flood of notify messages?)",
-				 x->id, x->worker, rm->nunopened);
+				 x->id, x->worker, xn->nunopened);
 		/* -ECANCELED: no line of its own per transfer */
 		kvb_xfer_finish(b, x, -ECANCELED);
 	}
@@ -98,28 +92,28 @@ static int unopened_evict(struct kvb_broker *b, uint32_t keep, uint64_t ids)
 }
 
 /* Remember an unopened transfer; 0 or -ENOSPC. */
-static int ufifo_push(struct kvb_xnode *rm, uint32_t handle, uint32_t worker)
+static int ufifo_push(struct kvb_xn *xn, uint32_t handle, uint32_t worker)
 {
-	if (!rm->ufifo) {
-		rm->ufifo = calloc(UNOPENED_FIFO, sizeof(*rm->ufifo));
-		if (!rm->ufifo)
+	if (!xn->ufifo) {
+		xn->ufifo = calloc(UNOPENED_FIFO, sizeof(*xn->ufifo));
+		if (!xn->ufifo)
 			return -ENOSPC;
 	}
-	if (rm->ufifo_tail - rm->ufifo_head == UNOPENED_FIFO) {
+	if (xn->ufifo_tail - xn->ufifo_head == UNOPENED_FIFO) {
 		/* full of entries opened or ended since: keep the live ones */
-		uint32_t j = rm->ufifo_head;
+		uint32_t j = xn->ufifo_head;
 
-		for (uint32_t i = rm->ufifo_head; i != rm->ufifo_tail; i++)
-			if (ufifo_xfer(g_b, i))
-				rm->ufifo[j++ & (UNOPENED_FIFO - 1)] =
-					rm->ufifo[i & (UNOPENED_FIFO - 1)];
-		rm->ufifo_tail = j;
-		if (j - rm->ufifo_head == UNOPENED_FIFO)
+		for (uint32_t i = xn->ufifo_head; i != xn->ufifo_tail; i++)
+			if (ufifo_xfer(xn->b, i))
+				xn->ufifo[j++ & (UNOPENED_FIFO - 1)] =
+					xn->ufifo[i & (UNOPENED_FIFO - 1)];
+		xn->ufifo_tail = j;
+		if (j - xn->ufifo_head == UNOPENED_FIFO)
 			return -ENOSPC; /* cannot be: at most UNOPENED_MAX */
 	}
-	rm->ufifo[rm->ufifo_tail & (UNOPENED_FIFO - 1)].handle = handle;
-	rm->ufifo[rm->ufifo_tail & (UNOPENED_FIFO - 1)].worker = worker;
-	rm->ufifo_tail++;
+	xn->ufifo[xn->ufifo_tail & (UNOPENED_FIFO - 1)].handle = handle;
+	xn->ufifo[xn->ufifo_tail & (UNOPENED_FIFO - 1)].worker = worker;
+	xn->ufifo_tail++;
 	return 0;
 }
 
@@ -135,14 +129,14 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 				      uint32_t timeout_ms, int *err)
 {
 	static const char full[] = "too many transfers not opened yet";
-	struct kvb_xnode *rm = b->rm;
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_xfer *x;
 	int rc = 0;
 
 	/* anyone may send to a notify port: keep room for workers' opens.
 	 * At the cap the oldest such transfer goes (a flood that ended
 	 * does not keep out the announcements that follow it) */
-	if (rm->nunopened >= UNOPENED_MAX &&
+	if (xn->nunopened >= UNOPENED_MAX &&
 	    unopened_evict(b, UNOPENED_MAX - 1, 0)) {
 		*err = reject(b, w, m, -ENOSPC, full);
 		return NULL;
@@ -166,8 +160,8 @@ static struct kvb_xfer *unopened_xfer(struct kvb_broker *b,
 	x->rx->role = role;
 	x->rx->mode = KVB_XFER_WRITE;
 	x->rx->unopened = 1;
-	rm->nunopened++;
-	if (ufifo_push(rm, kvb_xfer_handle(&b->xfers, x), w->id)) {
+	xn->nunopened++;
+	if (ufifo_push(xn, kvb_xfer_handle(&b->xfers, x), w->id)) {
 		/* no slot to remember it by: do not keep it either */
 		kvb_xfer_finish(b, x, -ECANCELED);
 		*err = reject(b, w, m, -ENOSPC, full);
@@ -184,7 +178,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 	struct kvb_peer *p;
 	int rc, err = 0;
 
-	b->rm->st.remote_blocks_rx++;
+	kvb_xn_of(b)->st.remote_blocks_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -218,7 +212,7 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 		return reject(b, w, m, -EINVAL,
 			      "block_notify_list length differs from P's "
 			      "blocks");
-	p = peer_get(b->rm, rx->peer);
+	p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 	if (x->opened && p && p->have_desc) {
 		const struct kvb_hs_worker *hw = NULL;
 
@@ -237,16 +231,16 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 						      "peer's num_blocks");
 		}
 	}
-	rx->rb = copy_ids(m->blocks, m->nblocks);
+	rx->rb = kvb_xn_copy_ids(m->blocks, m->nblocks);
 	if (!rx->rb)
 		return -ENOMEM;
 	rx->nrb = m->nblocks;
 	if (rx->unopened)
-		b->rm->unopened_ids += rx->nrb;
+		kvb_xn_of(b)->unopened_ids += rx->nrb;
 	rx->remote_dp = m->decode_rank;
 	rx->have_rblocks = 1;
 	if (x->opened && rx->ndef)
-		issue_deferred(b, x);
+		kvb_xn_issue_deferred(b, x);
 	return 0;
 }
 
@@ -257,7 +251,7 @@ static int p_release(struct kvb_broker *b, struct kvb_worker *w,
 	struct kvb_rxfer *rx;
 	int rc, err = 0;
 
-	b->rm->st.releases_rx++;
+	kvb_xn_of(b)->st.releases_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -310,9 +304,9 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	int rc;
 
 	if (failed)
-		b->rm->st.write_failed_rx++;
+		kvb_xn_of(b)->st.write_failed_rx++;
 	else
-		b->rm->st.write_done_rx++;
+		kvb_xn_of(b)->st.write_done_rx++;
 	x = find_or_terminal(b, w, m, &rc);
 	if (rc)
 		return reject(b, w, m, rc, "the transfer already ended");
@@ -337,7 +331,7 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->closing && x->inbound)
 		x->inbound--; /* a writer we asked to stop has stopped */
 	if (failed) {
-		if (rlog_ok(b->rm))
+		if (kvb_xn_rlog_ok(kvb_xn_of(b)))
 			log_warn("transfer '%s': the P side's writes failed "
 				 "(%s)",
 				 x->id, strerror(-m->status));
@@ -353,8 +347,9 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 
 static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 {
-	struct kvb_broker *b = g_b;
-	struct kvb_worker *w = kvb_worker_by_id(b, (uint32_t) (uintptr_t) arg);
+	const struct kvb_xn_wctx *c = arg;
+	struct kvb_broker *b = c->xn->b;
+	struct kvb_worker *w = kvb_worker_by_id(b, c->wid);
 
 	if (!w || !w->attached)
 		return -ENXIO;
@@ -383,15 +378,15 @@ static int on_notify(void *arg, const struct kvb_zmsg *m, uint16_t port)
 
 static void on_notify_log(void *arg, int level, const char *line)
 {
+	const struct kvb_xn_wctx *c = arg;
+
 	if (level == KVB_NOTIFY_LOG_WARN)
-		log_warn("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
-			 line);
+		log_warn("notify (worker %u): %s", c->wid, line);
 	else
-		log_info("notify (worker %u): %s", (uint32_t) (uintptr_t) arg,
-			 line);
+		log_info("notify (worker %u): %s", c->wid, line);
 }
 
-void notify_close(struct kvb_broker *b, struct kvb_worker *w)
+void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w)
 {
 	struct kvb_notify_stats st;
 	int fds[KVB_NOTIFY_MAX_SOCKS], n;
@@ -400,12 +395,12 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
 		return;
 	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
 	for (int i = 0; i < n; i++)
-		ep_del(b, fds[i]);
+		kvb_xn_ep_del(b, fds[i]);
 	kvb_notify_get_stats(w->notify, &st);
-	b->rm->st.notify_rejected_closed += st.messages_rejected;
-	b->rm->st.notify_received_closed += st.messages_received;
-	b->rm->st.notify_sent_closed += st.messages_sent;
-	b->rm->st.send_errors_closed += st.send_errors;
+	kvb_xn_of(b)->st.notify_rejected_closed += st.messages_rejected;
+	kvb_xn_of(b)->st.notify_received_closed += st.messages_received;
+	kvb_xn_of(b)->st.notify_sent_closed += st.messages_sent;
+	kvb_xn_of(b)->st.send_errors_closed += st.send_errors;
 	kvb_notify_close(w->notify);
 	w->notify = NULL;
 }
@@ -414,12 +409,14 @@ void notify_close(struct kvb_broker *b, struct kvb_worker *w)
  * IPv4-mapped IPv6 sender compares as its IPv4 address) */
 static bool notify_sender_ok(void *arg, const char *addr)
 {
-	(void) arg;
-	if (!g_b || !g_b->rm || !g_b->rm->ntrusted)
+	const struct kvb_xn_wctx *c = arg;
+	struct kvb_xn *xn = c->xn;
+
+	if (!xn->ntrusted)
 		return true;
 	if (!strncmp(addr, "::ffff:", 7) && strchr(addr + 7, '.'))
 		addr += 7;
-	return trusted(g_b->rm, addr);
+	return kvb_xn_trusted(xn, addr);
 }
 
 static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
@@ -435,11 +432,13 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 		.on_msg = on_notify,
 		.on_log = on_notify_log,
 		.sender_ok = notify_sender_ok,
-		.arg = (void *) (uintptr_t) w->id,
-		.zmq_ctx = b->rm->zctx,
+		.arg = &kvb_xn_of(b)->wctx[KVB_WSLOT(w->id)],
+		.zmq_ctx = kvb_xn_of(b)->zctx,
 	};
 	int fds[KVB_NOTIFY_MAX_SOCKS], n, rc;
 
+	kvb_xn_of(b)->wctx[KVB_WSLOT(w->id)] =
+		(struct kvb_xn_wctx){.xn = kvb_xn_of(b), .wid = w->id};
 	rc = kvb_notify_open(&w->notify, &c);
 	if (rc) {
 		w->notify = NULL;
@@ -465,16 +464,16 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 	}
 	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
 	for (int i = 0; i < n; i++)
-		ep_add(b, fds[i]);
+		kvb_xn_ep_add(b, fds[i]);
 	return 0;
 }
 
-int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
+int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 {
 	int rc;
 	uint16_t ports[2];
 
-	if (!b->rm || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
+	if (!kvb_xn_of(b) || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
 		return 0;
 	rc = notify_open(b, w, 1);
 	if (rc == -EADDRINUSE) {
@@ -490,7 +489,7 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 			    kvb_notify_ports(v->notify, ports, 2) != 2 ||
 			    ports[1] != mine)
 				continue;
-			notify_close(b, v);
+			kvb_xn_notify_close(b, v);
 			notify_open(b, v, 0);
 			rc = notify_open(b, w, 1);
 			break;
@@ -508,9 +507,9 @@ int kvb_remote_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 	return rc;
 }
 
-void kvb_remote_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
+void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
-	if (!b->rm)
+	if (!kvb_xn_of(b))
 		return;
-	notify_close(b, w);
+	kvb_xn_notify_close(b, w);
 }

@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: MIT */
+/* Cross-node counters for `kvbctl stats` (see xnode.c). */
+#include "xnode_priv.h"
+#include "metrics.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvbroker/kvbroker.h"
+#include "log.h"
+#include "zmq/blocks.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+#include "zmq/notify.h"
+
+/* ------------------------------------------------------------------ */
+/* stats */
+
+__attribute__((format(printf, 4, 5))) static void
+put_(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*len += (size_t) n < cap - *len ? (size_t) n : cap - *len - 1;
+}
+
+#define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
+
+/* A JSON string value: node ids and hosts come from peers' descriptors and
+ * may hold '"' or '\\' (control characters are refused at decode, but are
+ * escaped here all the same). */
+static void put_jstr(char *buf, size_t cap, size_t *lenp, const char *s)
+{
+	size_t len = *lenp;
+
+	PUT("\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char) *s;
+
+		if (c == '"' || c == '\\')
+			PUT("\\%c", c);
+		else if (c < 0x20 || c == 0x7f)
+			PUT("\\u%04x", c);
+		else
+			PUT("%c", c);
+	}
+	PUT("\"");
+	*lenp = len;
+}
+
+/* A transport's section (ep NULL) or one endpoint's, if it has one. */
+static void tr_stats(struct kvb_transport *t, struct kvb_ep *ep, int json,
+		     char *buf, size_t cap, size_t *lenp)
+{
+	if (t && t->ops->stats_format && *lenp < cap)
+		*lenp += t->ops->stats_format(t, ep, json, buf + *lenp,
+					      cap - *lenp);
+}
+
+size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
+	size_t len = 0;
+
+	if (!xn || !cap)
+		return 0;
+	rx = xn->st.notify_received_closed;
+	rej = xn->st.notify_rejected_closed;
+	sent = xn->st.notify_sent_closed;
+	serr = xn->st.send_errors_closed + xn->st.send_errors;
+	rej += xn->st.hs_bad_replies;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
+		struct kvb_notify_stats st;
+
+		if (!w->notify)
+			continue;
+		kvb_notify_get_stats(w->notify, &st);
+		rx += st.messages_received;
+		rej += st.messages_rejected;
+		sent += st.messages_sent;
+		serr += st.send_errors;
+	}
+	if (json) {
+		PUT("\"remote\":{\"messages_received\":%llu,"
+		    "\"messages_rejected\":%llu,\"messages_sent\":%llu,"
+		    "\"send_errors\":%llu,\"handshakes_served\":%llu,"
+		    "\"handshakes_refused\":%llu,\"handshakes_sent\":%llu,"
+		    "\"handshakes_failed\":%llu,\"layer_ops\":%llu,"
+		    "\"layers_deferred\":%llu,\"defer_expired\":%llu,"
+		    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
+		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
+		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
+		    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
+		    "\"layers_starved\":%llu,"
+		    "\"handshake_replies_rejected\":%llu,"
+		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
+		    "\"peers_reclaimed\":%llu,",
+		    (unsigned long long) rx, (unsigned long long) rej,
+		    (unsigned long long) sent, (unsigned long long) serr,
+		    (unsigned long long) xn->st.hs_served,
+		    (unsigned long long) xn->st.hs_refused,
+		    (unsigned long long) xn->st.hs_sent,
+		    (unsigned long long) xn->st.hs_failed,
+		    (unsigned long long) xn->st.layer_ops,
+		    (unsigned long long) xn->st.layers_deferred,
+		    (unsigned long long) xn->st.defer_expired,
+		    (unsigned long long) xn->st.remote_blocks_sent,
+		    (unsigned long long) xn->st.write_done_sent,
+		    (unsigned long long) xn->st.releases_sent,
+		    (unsigned long long) xn->st.remote_blocks_rx,
+		    (unsigned long long) xn->st.write_done_rx,
+		    (unsigned long long) xn->st.releases_rx,
+		    (unsigned long long) xn->st.write_failed_sent,
+		    (unsigned long long) xn->st.write_failed_rx,
+		    (unsigned long long) xn->st.layers_starved,
+		    (unsigned long long) xn->st.hs_bad_replies,
+		    (unsigned long long) xn->st.logs_suppressed,
+		    (unsigned long long) xn->st.unopened_evicted,
+		    (unsigned long long) xn->st.peers_reclaimed);
+		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
+		PUT("\"peers\":[");
+	} else {
+		PUT("notify messages        %llu received, %llu rejected, %llu "
+		    "sent, %llu send errors\n",
+		    (unsigned long long) rx, (unsigned long long) rej,
+		    (unsigned long long) sent, (unsigned long long) serr);
+		PUT("handshakes             %llu served, %llu refused, %llu "
+		    "sent, %llu failed\n",
+		    (unsigned long long) xn->st.hs_served,
+		    (unsigned long long) xn->st.hs_refused,
+		    (unsigned long long) xn->st.hs_sent,
+		    (unsigned long long) xn->st.hs_failed);
+		PUT("layer ops              %llu (%llu deferred, %llu expired "
+		    "waiting)\n",
+		    (unsigned long long) xn->st.layer_ops,
+		    (unsigned long long) xn->st.layers_deferred,
+		    (unsigned long long) xn->st.defer_expired);
+		PUT("sent                   %llu remote_blocks, %llu "
+		    "write_done, %llu release, %llu kvb_write_failed\n",
+		    (unsigned long long) xn->st.remote_blocks_sent,
+		    (unsigned long long) xn->st.write_done_sent,
+		    (unsigned long long) xn->st.releases_sent,
+		    (unsigned long long) xn->st.write_failed_sent);
+		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
+		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
+	}
+	for (uint32_t i = 1, k = 0; i < xn->npeers_max; i++) {
+		struct kvb_peer *p = &xn->peers[i];
+		static const char *const sn[] = {"free", "handshaking", "ready",
+						 "failed"};
+		unsigned ts = kvb_xn_peer_ts(b, p);
+
+		if (p->state == PEER_FREE)
+			continue;
+		if (json) {
+			PUT("%s{\"id\":%u,\"host\":", k++ ? "," : "", i);
+			put_jstr(buf, cap, &len, p->host);
+			PUT(",\"port\":%u,\"state\":\"%s\",\"stale\":%u,"
+			    "\"node\":",
+			    p->port, sn[p->state], p->stale);
+			put_jstr(buf, cap, &len,
+				 p->have_desc ? p->desc.node_id : "");
+			PUT(",\"workers\":%u,\"transport\":\"%s\","
+			    "\"handshakes\":%llu,\"failures\":%llu,\"qps\":[",
+			    p->have_desc ? p->desc.nworkers : 0,
+			    ts ? b->trs[ts]->ops->name : "none",
+			    (unsigned long long) p->handshakes,
+			    (unsigned long long) p->failures);
+		} else
+			PUT("peer %-3u               %s:%u %s%s node %s, %u "
+			    "workers, over %s\n",
+			    i, p->host, p->port, sn[p->state],
+			    p->stale ? " (stale)" : "",
+			    p->have_desc ? p->desc.node_id : "-",
+			    p->have_desc ? p->desc.nworkers : 0,
+			    ts ? b->trs[ts]->ops->name : "none");
+		if (p->ep[KVB_TS_RDMA])
+			tr_stats(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA], json,
+				 buf, cap, &len);
+		if (json)
+			PUT("]}");
+	}
+	if (json)
+		PUT("]},");
+#undef PUT
+	return len;
+}
+
+uint64_t kvb_xn_rejected(struct kvb_broker *b)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	uint64_t rej;
+
+	if (!xn)
+		return 0;
+	rej = xn->st.notify_rejected_closed + xn->st.hs_refused +
+	      xn->st.hs_bad_replies;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_notify_stats st;
+
+		if (!b->workers[b->live[i]].notify)
+			continue;
+		kvb_notify_get_stats(b->workers[b->live[i]].notify, &st);
+		rej += st.messages_rejected;
+	}
+	return rej;
+}
+
+int kvb_xn_peer_info(struct kvb_broker *b, uint32_t i, struct kvb_peer_info *pi)
+{
+	static const char *const sn[] = {"free", "handshaking", "ready",
+					 "failed"};
+	struct kvb_xn *xn = kvb_engine_ctx(b);
+	const struct kvb_peer *p;
+	unsigned ts;
+
+	if (!xn || !i || i >= xn->npeers_max)
+		return -ERANGE;
+	p = &xn->peers[i];
+	if (p->state == PEER_FREE || p->state > PEER_FAILED)
+		return -ENOENT;
+	ts = kvb_xn_peer_ts(b, p);
+	memset(pi, 0, sizeof(*pi));
+	pi->id = i;
+	snprintf(pi->host, sizeof(pi->host), "%s", p->host);
+	pi->port = p->port;
+	pi->state = sn[p->state];
+	pi->stale = p->stale;
+	if (p->have_desc)
+		snprintf(pi->node, sizeof(pi->node), "%s", p->desc.node_id);
+	pi->nworkers = p->have_desc ? p->desc.nworkers : 0;
+	pi->transport = ts ? b->trs[ts]->ops->name : "none";
+	pi->handshakes = p->handshakes;
+	pi->failures = p->failures;
+	pi->last_err = p->last_err;
+	return 0;
+}

@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Private to the cross-node module (bridge/xnode) (xnode.c: notify
+ * messages, WRITE/READ state machines, layer ops; peer.c: engine
+ * descriptor, peers, handshake port, rdma endpoints; stats.c).
+ * One broker thread owns all of it.
+ */
+#ifndef KVB_BRIDGE_XNODE_PRIV_H
+#define KVB_BRIDGE_XNODE_PRIV_H
+
+#include <stdint.h>
+#include <zmq.h>
+
+#include "broker.h"
+#include "xnode.h"
+#include "zmq/codec.h"
+#include "zmq/handshake.h"
+
+#define MAX_PEERS     64u /* a power of two: peer id = gen * MAX_PEERS + slot */
+#define PEER_GEN_MAX  (UINT32_MAX / MAX_PEERS)
+#define PEER_SLOT(id) ((id) % MAX_PEERS)
+#define PEER_REFS     32u
+#define PEER_WAITERS  32u
+#define MAX_LAYERS    4096u
+#define MAX_GROUPS    65536u
+#define HS_TIMEOUT_NS (3ll * 1000000000)
+#define REFRESH_NS    (1ll * 1000000000) /* at most one refresh a second */
+#define HS_DRAIN      64u
+#define NOTIFY_BUDGET 256u
+#define MAX_TRUSTED   32u
+#define MAX_TARGETS   64u
+/* Transfers a notify message created before a worker opened them: at most a
+ * quarter of the transfer table (the rest stays for workers' opens), holding
+ * at most UNOPENED_IDS block ids each and UNOPENED_IDS_ALL together. */
+#define UNOPENED_MAX	 (KVB_MAX_XFERS / 4)
+#define UNOPENED_IDS	 65536u
+#define UNOPENED_IDS_ALL (1u << 22) /* 16 MiB */
+#define UNOPENED_FIFO	 (2 * UNOPENED_MAX)
+
+enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
+
+struct kvb_peer {
+	uint8_t state;
+	uint8_t have_desc;
+	uint8_t stale; /* a transport error: refresh before the next use */
+	char host[64];
+	uint16_t port;
+	void *dealer;
+	int dealer_fd;
+	int64_t hs_deadline, next_refresh;
+	struct kvb_hs_desc desc;
+	struct kvb_ep *ep[KVB_TS_MAX];
+	uint32_t waiters[PEER_WAITERS]; /* worker ids awaiting the reply */
+	uint32_t nwaiters;
+	int last_err;
+	uint64_t handshakes, failures;
+	uint8_t ep_pending; /* rdma offer sent, answer awaited */
+	int64_t ep_deadline;
+	uint64_t ep_offers, ep_answers;
+	uint32_t gen;		  /* of the slot: ids of a freed peer die */
+	uint64_t last_use;	  /* xn->tick when last found or adopted */
+	uint32_t refs[PEER_REFS]; /* workers told this peer's id */
+	/* data-port authentication (auth.c): the region ids offered
+	 * to the peer in our last descriptor to it, the tcp id it is
+	 * allowed under (0: none), our last request's MAC (--cluster-key) */
+	uint32_t *offer, noffer;
+	uint64_t tcp_id;
+	uint8_t req_mac[32];
+	uint8_t no_kx_logged;
+};
+
+/* "ep" handshake message: an endpoint blob of one transport (rdma offer or
+ * answer), sent by the broker at host:port (its handshake address). */
+struct ep_msg {
+	char host[64];
+	uint32_t port;
+	uint32_t len;
+	uint8_t blob[KVB_HS_CONN_MAX];
+};
+
+struct kvb_group {
+	uint32_t worker, xfer, peer;
+	uint32_t remaining;
+	int32_t err;
+	uint8_t flags, used;
+	uint64_t tag, bytes;
+};
+
+struct deferred {
+	uint16_t layer;
+	uint8_t flags;
+	uint64_t tag;
+};
+
+struct kvb_rxfer {
+	uint32_t peer;
+	uint8_t role, mode, flags;
+	uint8_t have_rblocks, announced, refreshed;
+	uint8_t unopened; /* created by a message, counted in xn->nunopened */
+	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
+	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
+	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;  /* this worker's block ids */
+	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
+	uint8_t failed;	    /* ... and it ended with a failure */
+	uint32_t *rb, nrb;  /* the other side's */
+	uint32_t acks_needed, acks_got;
+	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
+	struct deferred *def;
+	uint32_t ndef, capdef;
+	int64_t defer_deadline;
+	uint32_t defer_ms; /* kvb_transfer_set_timeouts; 0 = the broker's */
+	uint64_t layers[MAX_LAYERS / 64];
+	char notify_host[64];
+	uint16_t notify_port;
+	uint32_t ntargets, target_tp;
+	uint32_t targets[MAX_TARGETS];
+};
+
+/* What a worker's notify endpoint hands its callbacks. */
+struct kvb_xn_wctx {
+	struct kvb_xn *xn;
+	uint32_t wid;
+};
+
+struct kvb_xn {
+	struct kvb_broker *b;	  /* the engine it extends */
+	struct kvb_xn_wctx *wctx; /* [worker slot] */
+	void *zctx;
+	void *router;
+	int router_fd;
+	uint64_t instance;
+	uint32_t npeers_max;
+	struct kvb_peer peers[MAX_PEERS]; /* peer id = index; 0 unused */
+	struct kvb_group *groups;
+	uint32_t *gfree, ngfree;
+	char trusted[MAX_TRUSTED][64];
+	uint32_t ntrusted;
+	struct {
+		uint64_t hs_served, hs_refused, hs_sent, hs_failed;
+		uint64_t notify_rejected_closed, notify_received_closed;
+		uint64_t notify_sent_closed;
+		uint64_t layer_ops, layers_deferred, defer_expired;
+		uint64_t remote_blocks_sent, write_done_sent, releases_sent;
+		uint64_t write_done_rx, releases_rx, remote_blocks_rx;
+		uint64_t write_failed_sent, write_failed_rx;
+		uint64_t layers_starved; /* deferred: in-flight table short */
+		uint64_t send_errors;	 /* sends with no notify endpoint */
+		uint64_t send_errors_closed; /* of closed notify endpoints */
+		uint64_t rejected; /* by the state machine (also in notify's) */
+		uint64_t hs_bad_replies; /* malformed replies on our DEALERs */
+		uint64_t logs_suppressed;
+		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
+		uint64_t unopened_evicted; /* oldest unopened, for new ones */
+	} st;
+	uint32_t nunopened; /* kvb_rxfer.unopened ones */
+	/* the least in-flight room a transfer whose layers wait for it needs
+	 * (0: none waits); they are retried once that much is free */
+	uint64_t starved_need;
+	uint64_t unopened_ids; /* block ids they hold */
+	/* unopened transfers in creation order (handle, worker); entries
+	 * opened or ended since are skipped: the oldest goes first when the
+	 * cap is reached (UNOPENED_FIFO slots, a power of two) */
+	struct {
+		uint32_t handle, worker;
+	} * ufifo;
+	uint32_t ufifo_head, ufifo_tail;
+	uint64_t tick; /* peer LRU clock */
+	/* auth.c: this instance's X25519 key pair, the cluster key
+	 * (--cluster-key) and the handshake MAC key derived from it */
+	uint8_t kx_pk[32], kx_sk[32];
+	uint8_t ck[32], hs_key[32];
+	int has_ck;
+	struct kvb_ratelimit log_rl; /* kvb_xn_rlog_ok() */
+};
+
+/* The module's state: registered with the engine's hooks (NULL when the
+ * broker runs without --host-ip). */
+static inline struct kvb_xn *kvb_xn_of(const struct kvb_broker *b)
+{
+	return (struct kvb_xn *) kvb_engine_ctx(b);
+}
+
+/* xnode.c */
+int kvb_xn_ep_add(struct kvb_broker *b, int fd);
+int kvb_xn_ep_add_tag(struct kvb_broker *b, int fd, uint64_t tag);
+/* xnode.c */
+void kvb_xn_ep_del(struct kvb_broker *b, int fd);
+/* The hooks the module registers with the engine (broker.h, struct
+ * kvb_engine_hooks, says when each runs); setup.c holds the table. */
+void kvb_xn_service(struct kvb_broker *b);
+void kvb_xn_retry_starved(struct kvb_broker *b);
+void kvb_xn_rdma_events(struct kvb_broker *b);
+void kvb_xn_timers(struct kvb_broker *b, int64_t now);
+int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_msg_mem_kv *m);
+int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
+		    const struct kvb_msg_peer *m);
+int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle);
+void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_sqe *e);
+void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
+void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status);
+uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x);
+int kvb_xn_xfer_deferred(const struct kvb_xfer *x);
+int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
+int kvb_xn_xfer_complete(const struct kvb_xfer *x);
+void kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
+		       uint64_t bytes);
+void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
+uint64_t kvb_xn_rejected(struct kvb_broker *b);
+size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
+struct kvb_peer_info;
+int kvb_xn_peer_info(struct kvb_broker *b, uint32_t i, struct kvb_peer_info *pi);
+
+#define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
+
+/* xnode.c: whether a line about bad input may be logged now (at most
+ * RLOG_BURST a second, the rest counted and summed up a second later) */
+int kvb_xn_rlog_ok(struct kvb_xn *xn);
+/* xnode.c */
+int kvb_xn_trusted(struct kvb_xn *xn, const char *host);
+/* xnode.c */
+uint32_t kvb_xn_peer_id(struct kvb_xn *xn, struct kvb_peer *p);
+/*
+ * xnode.c: the peer at host:port; with create, a new one when there is
+ * none, in a free slot or else in the slot of the least recently used idle
+ * peer (not handshaking, no worker waiting for or told its id, no live
+ * transfer or layer op): that one is disconnected and its id stops naming
+ * anything. NULL when none is found (or every slot is busy).
+ */
+struct kvb_peer *kvb_xn_peer_find(struct kvb_xn *xn, const char *host,
+				  uint16_t port, int create);
+/* xnode.c: remember that worker wid was told p's id (p is then kept) */
+void kvb_xn_peer_ref(struct kvb_broker *b, struct kvb_peer *p, uint32_t wid);
+/* xnode.c */
+const struct kvb_hs_transport *
+kvb_xn_desc_transport(const struct kvb_hs_desc *d, const char *name);
+/* xnode.c */
+int kvb_xn_peer_wants_rdma(struct kvb_broker *b, const struct kvb_peer *p);
+/* xnode.c */
+int kvb_xn_rdma_ready(struct kvb_broker *b, const struct kvb_peer *p);
+/* xnode.c */
+unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p);
+/* layer.c */
+void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid);
+/* peer.c */
+void kvb_xn_fail_dest_ops(struct kvb_broker *b, uint32_t pid, unsigned ts,
+			  int status);
+/* peer.c */
+void kvb_xn_peer_disconnect(struct kvb_broker *b, struct kvb_peer *p);
+/* peer.c */
+void kvb_xn_peer_reply_waiters(struct kvb_broker *b, struct kvb_peer *p,
+			       int status);
+/* peer.c */
+void kvb_xn_close_dealer(struct kvb_broker *b, struct kvb_peer *p);
+/* peer.c */
+void kvb_xn_peer_done(struct kvb_broker *b, struct kvb_peer *p, int status);
+/* peer.c */
+int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p);
+/* peer.c */
+int kvb_xn_rdma_offer(struct kvb_broker *b, struct kvb_peer *p);
+/* peer.c */
+void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p);
+/* peer.c */
+void kvb_xn_hs_serve(struct kvb_broker *b);
+
+/* xnode.c */
+struct kvb_peer *kvb_xn_peer_get(struct kvb_xn *xn, uint32_t id);
+/* layer.c */
+void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x);
+/* layer.c: remote ranks a layer op of this transfer touches (sets
+ * rx->targets); 0 or -errno */
+int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
+			   struct kvb_peer *p, struct kvb_rxfer *rx);
+/* xnode.c */
+uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n);
+/* Free a cross-node transfer state (the rx_free hook; ctx: xn). */
+void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx);
+/* xnode.c: a worker opened it, or it goes: out of the unopened count */
+void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx);
+/* notify.c */
+void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w);
+
+/* auth.c: key pair, cluster key, the tcp data port's caps, trusted
+ * hosts and log; 0 or -errno */
+int kvb_xn_auth_init(struct kvb_broker *b);
+/* auth.c: wipe the secrets */
+void kvb_xn_auth_fini(struct kvb_xn *xn);
+/* auth.c: the regions of `mine` are what p was offered */
+int kvb_xn_auth_offer(struct kvb_broker *b, struct kvb_peer *p,
+		      const struct kvb_hs_desc *mine);
+/* auth.c: p's key (from its descriptor's kx): allow it on the data
+ * port with its offered regions, and prove it on our endpoint to it */
+void kvb_xn_auth_tcp_peer(struct kvb_broker *b, struct kvb_peer *p);
+/* auth.c: p may no longer connect; its connections close */
+void kvb_xn_auth_tcp_forget(struct kvb_broker *b, struct kvb_peer *p);
+/* auth.c: the handshake MAC of a descriptor (label "req"/"rep",
+ * a reply bound to the request's MAC `pre`) */
+void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
+			const uint8_t *pre, const void *desc, size_t len,
+			uint8_t mac[32]);
+int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
+			  const uint8_t *pre, const void *desc, size_t len,
+			  const void *mac, size_t mac_len);
+
+#endif
