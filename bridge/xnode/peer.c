@@ -23,10 +23,77 @@
 /* ------------------------------------------------------------------ */
 /* engine descriptor of this node */
 
+/* A transport's connection data, as d's next entry named name (a
+ * transport that has none to offer is left out; rdma says why). */
+static int desc_transport_add(struct kvb_hs_desc *d, struct kvb_transport *t,
+			      const char *name)
+{
+	struct kvb_hs_transport *ht = &d->transports[d->ntransports];
+	size_t len = KVB_HS_CONN_MAX;
+	int rc;
+
+	ht->conn = malloc(len);
+	if (!ht->conn)
+		return -ENOMEM;
+	rc = t->ops->local_info(t, ht->conn, &len);
+	if (rc && !strcmp(name, "rdma"))
+		log_warn("rdma: no connection data to offer: %s",
+			 strerror(-rc));
+	if (rc == 0) {
+		snprintf(ht->name, sizeof(ht->name), "%s", name);
+		ht->conn_len = (uint32_t) len;
+		d->ntransports++;
+	} else {
+		free(ht->conn);
+		ht->conn = NULL;
+	}
+	return 0;
+}
+
+/* Worker w in a descriptor: its KV regions that peers may access. */
+static int desc_worker_add(struct kvb_broker *b, struct kvb_worker *w,
+			   struct kvb_hs_worker *hw)
+{
+	uint32_t nr = 0;
+
+	hw->role = w->role == KVB_ROLE_P ? KVB_HS_ROLE_P : KVB_HS_ROLE_D;
+	hw->dp_rank = w->dp_rank;
+	hw->tp_rank = w->tp_rank;
+	hw->tp_size = w->tp_size;
+	if (w->nkv) {
+		hw->regions = calloc(w->nkv, sizeof(*hw->regions));
+		if (!hw->regions)
+			return -ENOMEM;
+	}
+	for (uint32_t l = 0; l < w->nkv && nr < KVB_HS_REGIONS_MAX; l++) {
+		struct kvb_region_ent *r =
+			w->kv_layer[l]
+				? kvb_region_get(&b->regions, w->kv_layer[l])
+				: NULL;
+		struct kvb_hs_region *hr = &hw->regions[nr];
+
+		/* peers only see what they may access */
+		if (!r || r->dead || !r->has_kv ||
+		    !(r->mr.flags &
+		      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+			continue;
+		hr->id = r->mr.id;
+		hr->size = r->mr.len;
+		hr->geom = r->geom;
+		hr->addr = (uint64_t) (uintptr_t) r->mr.addr;
+		hr->rkey = r->mr.rkey;
+		hr->layer = l;
+		nr++;
+	}
+	hw->nregions = nr;
+	return 0;
+}
+
 static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 	uint32_t nw = 0;
+	int rc;
 
 	memset(d, 0, sizeof(*d));
 	snprintf(d->node_id, sizeof(d->node_id), "%s:%u", b->opt.host_ip,
@@ -37,88 +104,24 @@ static int own_desc(struct kvb_broker *b, struct kvb_hs_desc *d)
 	d->instance = xn->instance;
 	memcpy(d->kx, xn->kx_pk, sizeof(d->kx));
 	d->has_kx = 1;
-	if (b->trs[KVB_TS_TCP]) {
-		struct kvb_transport *t = b->trs[KVB_TS_TCP];
-		struct kvb_hs_transport *ht = &d->transports[0];
-		size_t len = KVB_HS_CONN_MAX;
-
-		ht->conn = malloc(len);
-		if (!ht->conn)
-			return -ENOMEM;
-		if (t->ops->local_info(t, ht->conn, &len) == 0) {
-			snprintf(ht->name, sizeof(ht->name), "tcp");
-			ht->conn_len = (uint32_t) len;
-			d->ntransports = 1;
-		} else {
-			free(ht->conn);
-			ht->conn = NULL;
-		}
-	}
-	if (b->trs[KVB_TS_RDMA]) {
-		struct kvb_transport *t = b->trs[KVB_TS_RDMA];
-		struct kvb_hs_transport *ht = &d->transports[d->ntransports];
-		size_t len = KVB_HS_CONN_MAX;
-
-		ht->conn = malloc(len);
-		if (!ht->conn)
-			return -ENOMEM;
-		int rc = t->ops->local_info(t, ht->conn, &len);
-
-		if (rc)
-			log_warn("rdma: no connection data to offer: %s",
-				 strerror(-rc));
-		if (rc == 0) {
-			snprintf(ht->name, sizeof(ht->name), "rdma");
-			ht->conn_len = (uint32_t) len;
-			d->ntransports++;
-		} else {
-			free(ht->conn);
-			ht->conn = NULL;
-		}
-	}
+	if (b->trs[KVB_TS_TCP] &&
+	    (rc = desc_transport_add(d, b->trs[KVB_TS_TCP], "tcp")))
+		return rc;
+	if (b->trs[KVB_TS_RDMA] &&
+	    (rc = desc_transport_add(d, b->trs[KVB_TS_RDMA], "rdma")))
+		return rc;
 	d->workers = calloc(b->nlive ? b->nlive : 1, sizeof(*d->workers));
 	if (!d->workers)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
-		struct kvb_hs_worker *hw = &d->workers[nw];
-		uint32_t nr = 0;
 
 		if (!w->attached ||
 		    (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
 			continue;
-		hw->role =
-			w->role == KVB_ROLE_P ? KVB_HS_ROLE_P : KVB_HS_ROLE_D;
-		hw->dp_rank = w->dp_rank;
-		hw->tp_rank = w->tp_rank;
-		hw->tp_size = w->tp_size;
-		if (w->nkv) {
-			hw->regions = calloc(w->nkv, sizeof(*hw->regions));
-			if (!hw->regions)
-				return -ENOMEM;
-		}
-		for (uint32_t l = 0; l < w->nkv && nr < KVB_HS_REGIONS_MAX;
-		     l++) {
-			struct kvb_region_ent *r =
-				w->kv_layer[l] ? kvb_region_get(&b->regions,
-								w->kv_layer[l])
-					       : NULL;
-			struct kvb_hs_region *hr = &hw->regions[nr];
-
-			/* peers only see what they may access */
-			if (!r || r->dead || !r->has_kv ||
-			    !(r->mr.flags &
-			      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
-				continue;
-			hr->id = r->mr.id;
-			hr->size = r->mr.len;
-			hr->geom = r->geom;
-			hr->addr = (uint64_t) (uintptr_t) r->mr.addr;
-			hr->rkey = r->mr.rkey;
-			hr->layer = l;
-			nr++;
-		}
-		hw->nregions = nr;
+		rc = desc_worker_add(b, w, &d->workers[nw]);
+		if (rc)
+			return rc;
 		nw++;
 	}
 	d->nworkers = nw;

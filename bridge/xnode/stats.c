@@ -71,19 +71,18 @@ static void tr_stats(struct kvb_transport *t, struct kvb_ep *ep, int json,
 					      cap - *lenp);
 }
 
-size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
-{
-	struct kvb_xn *xn = kvb_xn_of(b);
-	uint64_t rx = 0, rej = 0, sent = 0, serr = 0;
-	size_t len = 0;
+/* Notify messages of all workers' endpoints, the closed ones' included. */
+struct notify_sums {
+	uint64_t rx, rej, sent, serr;
+};
 
-	if (!xn || !cap)
-		return 0;
-	rx = xn->st.notify_received_closed;
-	rej = xn->st.notify_rejected_closed;
-	sent = xn->st.notify_sent_closed;
-	serr = xn->st.send_errors_closed + xn->st.send_errors;
-	rej += xn->st.hs_bad_replies;
+static void notify_sums(struct kvb_broker *b, const struct kvb_xn *xn,
+			struct notify_sums *t)
+{
+	t->rx = xn->st.notify_received_closed;
+	t->rej = xn->st.notify_rejected_closed + xn->st.hs_bad_replies;
+	t->sent = xn->st.notify_sent_closed;
+	t->serr = xn->st.send_errors_closed + xn->st.send_errors;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 		struct kvb_notify_stats st;
@@ -91,76 +90,97 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		if (!w->notify)
 			continue;
 		kvb_notify_get_stats(w->notify, &st);
-		rx += st.messages_received;
-		rej += st.messages_rejected;
-		sent += st.messages_sent;
-		serr += st.send_errors;
+		t->rx += st.messages_received;
+		t->rej += st.messages_rejected;
+		t->sent += st.messages_sent;
+		t->serr += st.send_errors;
 	}
-	if (json) {
-		PUT("\"remote\":{\"messages_received\":%llu,"
-		    "\"messages_rejected\":%llu,\"messages_sent\":%llu,"
-		    "\"send_errors\":%llu,\"handshakes_served\":%llu,"
-		    "\"handshakes_refused\":%llu,\"handshakes_sent\":%llu,"
-		    "\"handshakes_failed\":%llu,\"layer_ops\":%llu,"
-		    "\"layers_deferred\":%llu,\"defer_expired\":%llu,"
-		    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
-		    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
-		    "\"write_done_received\":%llu,\"releases_received\":%llu,"
-		    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
-		    "\"layers_starved\":%llu,"
-		    "\"handshake_replies_rejected\":%llu,"
-		    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
-		    "\"peers_reclaimed\":%llu,",
-		    (unsigned long long) rx, (unsigned long long) rej,
-		    (unsigned long long) sent, (unsigned long long) serr,
-		    (unsigned long long) xn->st.hs_served,
-		    (unsigned long long) xn->st.hs_refused,
-		    (unsigned long long) xn->st.hs_sent,
-		    (unsigned long long) xn->st.hs_failed,
-		    (unsigned long long) xn->st.layer_ops,
-		    (unsigned long long) xn->st.layers_deferred,
-		    (unsigned long long) xn->st.defer_expired,
-		    (unsigned long long) xn->st.remote_blocks_sent,
-		    (unsigned long long) xn->st.write_done_sent,
-		    (unsigned long long) xn->st.releases_sent,
-		    (unsigned long long) xn->st.remote_blocks_rx,
-		    (unsigned long long) xn->st.write_done_rx,
-		    (unsigned long long) xn->st.releases_rx,
-		    (unsigned long long) xn->st.write_failed_sent,
-		    (unsigned long long) xn->st.write_failed_rx,
-		    (unsigned long long) xn->st.layers_starved,
-		    (unsigned long long) xn->st.hs_bad_replies,
-		    (unsigned long long) xn->st.logs_suppressed,
-		    (unsigned long long) xn->st.unopened_evicted,
-		    (unsigned long long) xn->st.peers_reclaimed);
-		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
-		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
-		PUT("\"peers\":[");
-	} else {
-		PUT("notify messages        %llu received, %llu rejected, %llu "
-		    "sent, %llu send errors\n",
-		    (unsigned long long) rx, (unsigned long long) rej,
-		    (unsigned long long) sent, (unsigned long long) serr);
-		PUT("handshakes             %llu served, %llu refused, %llu "
-		    "sent, %llu failed\n",
-		    (unsigned long long) xn->st.hs_served,
-		    (unsigned long long) xn->st.hs_refused,
-		    (unsigned long long) xn->st.hs_sent,
-		    (unsigned long long) xn->st.hs_failed);
-		PUT("layer ops              %llu (%llu deferred, %llu expired "
-		    "waiting)\n",
-		    (unsigned long long) xn->st.layer_ops,
-		    (unsigned long long) xn->st.layers_deferred,
-		    (unsigned long long) xn->st.defer_expired);
-		PUT("sent                   %llu remote_blocks, %llu "
-		    "write_done, %llu release, %llu kvb_write_failed\n",
-		    (unsigned long long) xn->st.remote_blocks_sent,
-		    (unsigned long long) xn->st.write_done_sent,
-		    (unsigned long long) xn->st.releases_sent,
-		    (unsigned long long) xn->st.write_failed_sent);
-		tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
-		tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
-	}
+}
+
+/* The module's counters, as the "remote" object's first members. */
+static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
+			  char *buf, size_t cap, size_t *lenp)
+{
+	uint64_t rx = t->rx, rej = t->rej, sent = t->sent, serr = t->serr;
+	size_t len = *lenp;
+
+	PUT("\"remote\":{\"messages_received\":%llu,"
+	    "\"messages_rejected\":%llu,\"messages_sent\":%llu,"
+	    "\"send_errors\":%llu,\"handshakes_served\":%llu,"
+	    "\"handshakes_refused\":%llu,\"handshakes_sent\":%llu,"
+	    "\"handshakes_failed\":%llu,\"layer_ops\":%llu,"
+	    "\"layers_deferred\":%llu,\"defer_expired\":%llu,"
+	    "\"remote_blocks_sent\":%llu,\"write_done_sent\":%llu,"
+	    "\"releases_sent\":%llu,\"remote_blocks_received\":%llu,"
+	    "\"write_done_received\":%llu,\"releases_received\":%llu,"
+	    "\"write_failed_sent\":%llu,\"write_failed_received\":%llu,"
+	    "\"layers_starved\":%llu,"
+	    "\"handshake_replies_rejected\":%llu,"
+	    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
+	    "\"peers_reclaimed\":%llu,",
+	    (unsigned long long) rx, (unsigned long long) rej,
+	    (unsigned long long) sent, (unsigned long long) serr,
+	    (unsigned long long) xn->st.hs_served,
+	    (unsigned long long) xn->st.hs_refused,
+	    (unsigned long long) xn->st.hs_sent,
+	    (unsigned long long) xn->st.hs_failed,
+	    (unsigned long long) xn->st.layer_ops,
+	    (unsigned long long) xn->st.layers_deferred,
+	    (unsigned long long) xn->st.defer_expired,
+	    (unsigned long long) xn->st.remote_blocks_sent,
+	    (unsigned long long) xn->st.write_done_sent,
+	    (unsigned long long) xn->st.releases_sent,
+	    (unsigned long long) xn->st.remote_blocks_rx,
+	    (unsigned long long) xn->st.write_done_rx,
+	    (unsigned long long) xn->st.releases_rx,
+	    (unsigned long long) xn->st.write_failed_sent,
+	    (unsigned long long) xn->st.write_failed_rx,
+	    (unsigned long long) xn->st.layers_starved,
+	    (unsigned long long) xn->st.hs_bad_replies,
+	    (unsigned long long) xn->st.logs_suppressed,
+	    (unsigned long long) xn->st.unopened_evicted,
+	    (unsigned long long) xn->st.peers_reclaimed);
+	*lenp = len;
+}
+
+/* The module's counters, as lines. */
+static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
+			  char *buf, size_t cap, size_t *lenp)
+{
+	uint64_t rx = t->rx, rej = t->rej, sent = t->sent, serr = t->serr;
+	size_t len = *lenp;
+
+	PUT("notify messages        %llu received, %llu rejected, %llu "
+	    "sent, %llu send errors\n",
+	    (unsigned long long) rx, (unsigned long long) rej,
+	    (unsigned long long) sent, (unsigned long long) serr);
+	PUT("handshakes             %llu served, %llu refused, %llu "
+	    "sent, %llu failed\n",
+	    (unsigned long long) xn->st.hs_served,
+	    (unsigned long long) xn->st.hs_refused,
+	    (unsigned long long) xn->st.hs_sent,
+	    (unsigned long long) xn->st.hs_failed);
+	PUT("layer ops              %llu (%llu deferred, %llu expired "
+	    "waiting)\n",
+	    (unsigned long long) xn->st.layer_ops,
+	    (unsigned long long) xn->st.layers_deferred,
+	    (unsigned long long) xn->st.defer_expired);
+	PUT("sent                   %llu remote_blocks, %llu "
+	    "write_done, %llu release, %llu kvb_write_failed\n",
+	    (unsigned long long) xn->st.remote_blocks_sent,
+	    (unsigned long long) xn->st.write_done_sent,
+	    (unsigned long long) xn->st.releases_sent,
+	    (unsigned long long) xn->st.write_failed_sent);
+	*lenp = len;
+}
+
+/* One entry (JSON, the k-th) or line per peer, with its transport's
+ * per-endpoint counters. */
+static void peers_stats(struct kvb_broker *b, struct kvb_xn *xn, int json,
+			char *buf, size_t cap, size_t *lenp)
+{
+	size_t len = *lenp;
+
 	for (uint32_t i = 1, k = 0; i < xn->npeers_max; i++) {
 		struct kvb_peer *p = &xn->peers[i];
 		static const char *const sn[] = {"free", "handshaking", "ready",
@@ -197,11 +217,33 @@ size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
 		if (json)
 			PUT("]}");
 	}
+	*lenp = len;
+}
+
+size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct notify_sums t;
+	size_t len = 0;
+
+	if (!xn || !cap)
+		return 0;
+	notify_sums(b, xn, &t);
+	if (json)
+		counters_json(xn, &t, buf, cap, &len);
+	else
+		counters_text(xn, &t, buf, cap, &len);
+	tr_stats(b->trs[KVB_TS_RDMA], NULL, json, buf, cap, &len);
+	tr_stats(b->trs[KVB_TS_TCP], NULL, json, buf, cap, &len);
+	if (json)
+		PUT("\"peers\":[");
+	peers_stats(b, xn, json, buf, cap, &len);
 	if (json)
 		PUT("]},");
-#undef PUT
 	return len;
 }
+
+#undef PUT
 
 uint64_t kvb_xn_rejected(struct kvb_broker *b)
 {
