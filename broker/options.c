@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -324,298 +325,216 @@ static int is_pow2(long v)
 	return v >= 2 && (v & (v - 1)) == 0;
 }
 
+/* The integer options: their range and the field they set. */
+enum {
+	N_POW2 = 1,    /* a power of two */
+	N_SECONDS = 2, /* given in seconds, kept in ms */
+	N_AUTO = 4,    /* "auto" is -1 */
+	N_NONZERO = 8, /* 0 is not allowed inside the range */
+};
+
+struct num_opt {
+	int code;
+	long lo, hi;
+	unsigned flags;
+	size_t off, size; /* the field in struct kvb_options */
+};
+
+#define NUM(c, lo, hi, fl, field)                                   \
+	{                                                           \
+		c, lo, hi, fl, offsetof(struct kvb_options, field), \
+			sizeof(((struct kvb_options *) 0)->field)   \
+	}
+
+static const struct num_opt num_opts[] = {
+	NUM(O_BUSY, 0, 10000000, 0, busy_poll_us),
+	NUM(O_SQ, 2, 1 << 20, N_POW2, sq_entries),
+	NUM(O_CQ, 2, 1 << 20, N_POW2, cq_entries),
+	NUM(O_MAXW, 1, 4096, 0, max_workers),
+	NUM(O_BURST, 1, KVB_BURST_MAX, 0, burst),
+	NUM(O_BATCH, -1, 65536, N_NONZERO, post_batch_size),
+	NUM(O_TTO, 1, 86400, N_SECONDS, transfer_timeout_ms),
+	NUM(O_STALL, 1, 86400, N_SECONDS, transfer_timeout_ms),
+	NUM(O_DTO, 1, 86400, N_SECONDS, defer_timeout_ms),
+	NUM(O_DEADLINE, 1, 86400, N_SECONDS, transfer_deadline_ms),
+	NUM(O_DPORT, 0, 65535, 0, data_port),
+	NUM(O_NPORT, 1, 65535, 0, notify_port),
+	NUM(O_HPORT, 1, 65535, 0, handshake_port),
+	NUM(O_IBPORT, 1, 255, 0, ib_port),
+	NUM(O_GID, -1, 255, 0, gid_index),
+	NUM(O_QPS, 1, KVB_QP_PER_PEER_MAX, 0, qp_per_transfer),
+	NUM(O_TCP_CONNS, 1, KVB_TCP_CONNS_MAX, 0, tcp_conns),
+	NUM(O_GSTREAMS, 1, 1024, 0, gpu_streams),
+	NUM(O_COPYT, 0, 64, N_AUTO, copy_threads),
+	NUM(O_TCP_MAXC, 1, 4096, 0, tcp_max_conns),
+	NUM(O_TCP_MAXH, 1, 4096, 0, tcp_max_conns_per_host),
+	NUM(O_TCP_AUTHMS, 10, 60000, 0, tcp_auth_ms),
+	NUM(O_HELLO_TO, 10, 600000, 0, hello_timeout_ms),
+	NUM(O_MAXPEND, 1, KVB_PENDING_MAX, 0, max_pending),
+	NUM(O_MAXRING, 2, 1 << 20, N_POW2, max_ring_entries),
+	NUM(O_MAXXPW, 0, 1 << 24, 0, max_xfers_per_worker),
+	NUM(O_MAXIPW, 0, 1 << 24, 0, max_inflight_per_worker),
+	NUM(O_MAXUNDEL, 1, 1 << 24, 0, max_undelivered),
+};
+
+static const char *opt_name(int code)
+{
+	for (const struct option *p = longopts; p->name; p++)
+		if (p->val == code)
+			return p->name;
+	return "?";
+}
+
+/*
+ * An integer option: 1 when `c` is not one, 0 when set, else -EINVAL with
+ * the message in err.
+ */
+static int parse_num(struct kvb_options *o, int c, const char *a, char *err,
+		     size_t err_len)
+{
+	const struct num_opt *n = NULL;
+	int32_t i32;
+	uint16_t u16;
+	long v;
+
+	for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++)
+		if (num_opts[i].code == c)
+			n = &num_opts[i];
+	if (!n)
+		return 1;
+	if ((n->flags & N_AUTO) && !strcmp(a, "auto"))
+		v = -1;
+	else if (parse_int(a, n->lo, n->hi, &v) ||
+		 ((n->flags & N_POW2) && !is_pow2(v)) ||
+		 ((n->flags & N_NONZERO) && v == 0)) {
+		if (n->flags & N_POW2)
+			return fail(err, err_len,
+				    "--%s: '%s' is not a power of two in [2, "
+				    "%ld]",
+				    opt_name(c), a, n->hi);
+		return fail(err, err_len,
+			    "--%s: bad value '%s' (%ld..%ld%s%s%s)",
+			    opt_name(c), a, n->lo, n->hi,
+			    n->flags & N_SECONDS ? " seconds" : "",
+			    n->flags & N_NONZERO ? ", not 0" : "",
+			    n->flags & N_AUTO ? " or auto" : "");
+	}
+	if (n->flags & N_SECONDS)
+		v *= 1000;
+	/* every field is a 16- or 32-bit integer and v is in its range */
+	i32 = (int32_t) v;
+	u16 = (uint16_t) v;
+	memcpy((char *) o + n->off,
+	       n->size == sizeof(u16) ? (void *) &u16 : (void *) &i32, n->size);
+	return 0;
+}
+
+/* A string or flag option: 0, or -EINVAL with the message in err. */
+static int parse_other(struct kvb_options *o, int c, const char *a,
+		       const char *name, char *err, size_t err_len)
+{
+	int i;
+
+	switch (c) {
+	case O_SOCKET:
+		if (copy_str(o->socket_path, sizeof(o->socket_path), a))
+			return fail(err, err_len,
+				    "--socket: path longer than %zu bytes",
+				    sizeof(o->socket_path) - 1);
+		o->socket_private = 0;
+		return 0;
+	case O_TRANSPORT:
+		for (i = 0; i < 5; i++)
+			if (!strcmp(a, tr_names[i]))
+				break;
+		if (i == 5)
+			return fail(err, err_len,
+				    "--transport: '%s' is not one of local, "
+				    "tcp, rdma, gpu, auto",
+				    a);
+		o->transport = (enum kvb_transport_kind) i;
+		return 0;
+	case O_LOG:
+		o->log_level = kvb_log_parse(a);
+		if (o->log_level < 0)
+			return fail(err, err_len,
+				    "--log-level: '%s' is not error, warn, "
+				    "info or debug",
+				    a);
+		return 0;
+	case O_LOGFMT:
+		o->log_format = kvb_log_format_parse(a);
+		if (o->log_format < 0)
+			return fail(err, err_len,
+				    "--log-format: '%s' is not text, json, "
+				    "journal or auto",
+				    a);
+		return 0;
+	case O_HOST:
+		o->cross_node = 1;
+		/* fall through */
+	case O_CONFIG:
+	case O_TRUST:
+	case O_RDEV:
+	case O_CKEY:
+	case O_METRICS: { /* --metrics-listen is checked when it binds */
+		char *dst = c == O_HOST	    ? o->host_ip
+			    : c == O_CONFIG ? o->config_path
+			    : c == O_TRUST  ? o->trusted_hosts
+			    : c == O_RDEV   ? o->rdma_dev
+			    : c == O_CKEY   ? o->cluster_key
+					    : o->metrics_listen;
+		size_t cap = c == O_HOST     ? sizeof(o->host_ip)
+			     : c == O_CONFIG ? sizeof(o->config_path)
+			     : c == O_TRUST  ? sizeof(o->trusted_hosts)
+			     : c == O_RDEV   ? sizeof(o->rdma_dev)
+			     : c == O_CKEY   ? sizeof(o->cluster_key)
+					     : sizeof(o->metrics_listen);
+
+		if (copy_str(dst, cap, a))
+			return fail(err, err_len,
+				    "--%s: too long (at most %zu bytes)",
+				    opt_name(c), cap - 1);
+		return 0;
+	}
+	case O_READ:
+		o->read_mode = 1;
+		return 0;
+	case O_COPYPLAIN:
+		o->copy_plain = 1;
+		return 0;
+	case O_HELP:
+		o->help = 1;
+		return 0;
+	case O_VER:
+		o->version = 1;
+		return 0;
+	case ':':
+		return fail(err, err_len, "%s: missing argument", name);
+	default:
+		return fail(err, err_len, "unknown option '%s' (see --help)",
+			    name);
+	}
+}
+
 int kvb_options_parse(struct kvb_options *o, int argc, char **argv, char *err,
 		      size_t err_len)
 {
-	long v;
-	int c, i;
+	int c, rc;
 
 	kvb_options_default(o);
 	optind = 0; /* not 1: 0 also resets getopt's state from a previous parse
 		     */
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
-		const char *a = optarg;
 		const char *name =
 			optind > 0 && optind <= argc ? argv[optind - 1] : "?";
 
-		switch (c) {
-		case O_SOCKET:
-			if (copy_str(o->socket_path, sizeof(o->socket_path), a))
-				return fail(
-					err, err_len,
-					"--socket: path longer than %zu bytes",
-					sizeof(o->socket_path) - 1);
-			o->socket_private = 0;
-			break;
-		case O_TRANSPORT:
-			for (i = 0; i < 5; i++)
-				if (!strcmp(a, tr_names[i]))
-					break;
-			if (i == 5)
-				return fail(err, err_len,
-					    "--transport: '%s' is not one of "
-					    "local, tcp, rdma, gpu, auto",
-					    a);
-			o->transport = (enum kvb_transport_kind) i;
-			break;
-		case O_LOG:
-			o->log_level = kvb_log_parse(a);
-			if (o->log_level < 0)
-				return fail(err, err_len,
-					    "--log-level: '%s' is not error, "
-					    "warn, info or debug",
-					    a);
-			break;
-		case O_LOGFMT:
-			o->log_format = kvb_log_format_parse(a);
-			if (o->log_format < 0)
-				return fail(err, err_len,
-					    "--log-format: '%s' is not text, "
-					    "json, journal or auto",
-					    a);
-			break;
-		case O_CONFIG:
-			if (copy_str(o->config_path, sizeof(o->config_path), a))
-				return fail(err, err_len,
-					    "--config: path too long");
-			break;
-		case O_BUSY:
-			if (parse_int(a, 0, 10000000, &v))
-				return fail(err, err_len,
-					    "--busy-poll-us: bad value '%s'",
-					    a);
-			o->busy_poll_us = (uint32_t) v;
-			break;
-		case O_SQ:
-		case O_CQ:
-			if (parse_int(a, 2, 1 << 20, &v) || !is_pow2(v))
-				return fail(err, err_len,
-					    "%s: '%s' is not a power of two in "
-					    "[2, 1048576]",
-					    c == O_SQ ? "--sq-entries"
-						      : "--cq-entries",
-					    a);
-			if (c == O_SQ)
-				o->sq_entries = (uint32_t) v;
-			else
-				o->cq_entries = (uint32_t) v;
-			break;
-		case O_MAXW:
-			if (parse_int(a, 1, 4096, &v))
-				return fail(err, err_len,
-					    "--max-workers: bad value '%s' "
-					    "(1..4096)",
-					    a);
-			o->max_workers = (uint32_t) v;
-			break;
-		case O_BURST:
-			if (parse_int(a, 1, KVB_BURST_MAX, &v))
-				return fail(err, err_len,
-					    "--burst: bad value '%s' (1..%u)",
-					    a, KVB_BURST_MAX);
-			o->burst = (uint32_t) v;
-			break;
-		case O_BATCH:
-			if (parse_int(a, -1, 65536, &v) || v == 0)
-				return fail(err, err_len,
-					    "--post-batch-size: '%s' must be "
-					    "-1 or 1..65536",
-					    a);
-			o->post_batch_size = (int) v;
-			break;
-		case O_TTO:
-		case O_STALL:
-		case O_DTO:
-		case O_DEADLINE:
-			if (parse_int(a, 1, 86400, &v))
-				return fail(err, err_len,
-					    "%s: bad seconds '%s' (1..86400)",
-					    c == O_TTO ? "--transfer-timeout"
-					    : c == O_STALL ? "--stall-timeout"
-					    : c == O_DTO
-						    ? "--defer-timeout"
-						    : "--transfer-deadline",
-					    a);
-			if (c == O_TTO || c == O_STALL)
-				o->transfer_timeout_ms = (uint32_t) v * 1000;
-			else if (c == O_DTO)
-				o->defer_timeout_ms = (uint32_t) v * 1000;
-			else
-				o->transfer_deadline_ms = (uint32_t) v * 1000;
-			break;
-		case O_HOST:
-			if (copy_str(o->host_ip, sizeof(o->host_ip), a))
-				return fail(err, err_len,
-					    "--host-ip: too long");
-			o->cross_node = 1;
-			break;
-		case O_DPORT:
-			if (parse_int(a, 0, 65535, &v))
-				return fail(err, err_len,
-					    "--data-port: bad port '%s'", a);
-			o->data_port = (uint16_t) v;
-			break;
-		case O_NPORT:
-		case O_HPORT:
-			if (parse_int(a, 1, 65535, &v))
-				return fail(err, err_len, "%s: bad port '%s'",
-					    c == O_NPORT ? "--notify-port"
-							 : "--handshake-port",
-					    a);
-			if (c == O_NPORT)
-				o->notify_port = (uint16_t) v;
-			else
-				o->handshake_port = (uint16_t) v;
-			break;
-		case O_READ:
-			o->read_mode = 1;
-			break;
-		case O_TRUST:
-			if (copy_str(o->trusted_hosts, sizeof(o->trusted_hosts),
-				     a))
-				return fail(err, err_len,
-					    "--trusted-hosts: too long");
-			break;
-		case O_RDEV:
-			if (copy_str(o->rdma_dev, sizeof(o->rdma_dev), a))
-				return fail(err, err_len,
-					    "--rdma-dev: too long");
-			break;
-		case O_IBPORT:
-			if (parse_int(a, 1, 255, &v))
-				return fail(err, err_len,
-					    "--ib-port: bad value '%s'", a);
-			o->ib_port = (int) v;
-			break;
-		case O_GID:
-			if (parse_int(a, -1, 255, &v))
-				return fail(err, err_len,
-					    "--gid-index: bad value '%s'", a);
-			o->gid_index = (int) v;
-			break;
-		case O_QPS:
-			if (parse_int(a, 1, KVB_QP_PER_PEER_MAX, &v))
-				return fail(err, err_len,
-					    "--qp-per-transfer: bad value '%s' "
-					    "(1..%u)",
-					    a, KVB_QP_PER_PEER_MAX);
-			o->qp_per_transfer = (int) v;
-			break;
-		case O_TCP_CONNS:
-			if (parse_int(a, 1, KVB_TCP_CONNS_MAX, &v))
-				return fail(
-					err, err_len,
-					"--tcp-conns: bad value '%s' (1..%u)",
-					a, KVB_TCP_CONNS_MAX);
-			o->tcp_conns = (int) v;
-			break;
-		case O_GSTREAMS:
-			if (parse_int(a, 1, 1024, &v))
-				return fail(err, err_len,
-					    "--gpu-streams: bad value '%s' "
-					    "(1..1024)",
-					    a);
-			o->gpu_streams = (int) v;
-			break;
-		case O_COPYT:
-			if (!strcmp(a, "auto"))
-				v = -1;
-			else if (parse_int(a, 0, 64, &v))
-				return fail(err, err_len,
-					    "--copy-threads: bad value '%s' "
-					    "(0..64 or auto)",
-					    a);
-			o->copy_threads = (int) v;
-			break;
-		case O_COPYPLAIN:
-			o->copy_plain = 1;
-			break;
-		case O_TCP_MAXC:
-		case O_TCP_MAXH:
-			if (parse_int(a, 1, 4096, &v))
-				return fail(
-					err, err_len,
-					"%s: bad value '%s' (1..4096)",
-					c == O_TCP_MAXC
-						? "--tcp-max-conns"
-						: "--tcp-max-conns-per-host",
-					a);
-			if (c == O_TCP_MAXC)
-				o->tcp_max_conns = (uint32_t) v;
-			else
-				o->tcp_max_conns_per_host = (uint32_t) v;
-			break;
-		case O_TCP_AUTHMS:
-			if (parse_int(a, 10, 60000, &v))
-				return fail(err, err_len,
-					    "--tcp-auth-timeout: bad ms '%s' "
-					    "(10..60000)",
-					    a);
-			o->tcp_auth_ms = (uint32_t) v;
-			break;
-		case O_CKEY:
-			if (copy_str(o->cluster_key, sizeof(o->cluster_key), a))
-				return fail(err, err_len,
-					    "--cluster-key: path too long");
-			break;
-		case O_HELLO_TO:
-			if (parse_int(a, 10, 600000, &v))
-				return fail(
-					err, err_len,
-					"--hello-timeout-ms: bad value '%s' "
-					"(10..600000)",
-					a);
-			o->hello_timeout_ms = (uint32_t) v;
-			break;
-		case O_MAXPEND:
-			if (parse_int(a, 1, KVB_PENDING_MAX, &v))
-				return fail(err, err_len,
-					    "--max-pending: bad value '%s' "
-					    "(1..%u)",
-					    a, KVB_PENDING_MAX);
-			o->max_pending = (uint32_t) v;
-			break;
-		case O_MAXRING:
-			if (parse_int(a, 2, 1 << 20, &v) || !is_pow2(v))
-				return fail(err, err_len,
-					    "--max-ring-entries: '%s' is not a "
-					    "power of two in [2, 1048576]",
-					    a);
-			o->max_ring_entries = (uint32_t) v;
-			break;
-		case O_MAXXPW:
-		case O_MAXIPW:
-		case O_MAXUNDEL:
-			if (parse_int(a, c == O_MAXUNDEL ? 1 : 0, 1 << 24, &v))
-				return fail(err, err_len,
-					    "%s: bad value '%s' (%d..16777216)",
-					    name, a, c == O_MAXUNDEL ? 1 : 0);
-			if (c == O_MAXXPW)
-				o->max_xfers_per_worker = (uint32_t) v;
-			else if (c == O_MAXIPW)
-				o->max_inflight_per_worker = (uint32_t) v;
-			else
-				o->max_undelivered = (uint32_t) v;
-			break;
-		case O_METRICS: /* checked when it binds (metrics.h) */
-			if (copy_str(o->metrics_listen,
-				     sizeof(o->metrics_listen), a))
-				return fail(err, err_len,
-					    "--metrics-listen: too long");
-			break;
-		case O_HELP:
-			o->help = 1;
-			break;
-		case O_VER:
-			o->version = 1;
-			break;
-		case ':':
-			return fail(err, err_len, "%s: missing argument", name);
-		default:
-			return fail(err, err_len,
-				    "unknown option '%s' (see --help)", name);
-		}
+		rc = parse_num(o, c, optarg, err, err_len);
+		if (rc == 1)
+			rc = parse_other(o, c, optarg, name, err, err_len);
+		if (rc)
+			return rc;
 	}
 	if (optind < argc)
 		return fail(err, err_len, "unexpected argument '%s'",
