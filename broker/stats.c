@@ -98,202 +98,175 @@ static uint32_t late_wakes(const struct kvb_worker *w)
 				    memory_order_relaxed);
 }
 
-size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
+/* What the rows of both formats sum up. */
+struct totals {
+	struct kvb_transport_stats t; /* all transports' */
+	char names[64];		      /* "tcp+rdma" */
+	uint32_t nw;		      /* attached workers */
+	uint64_t wlate;		      /* workers' late wakeups */
+	double wpd;		      /* WRs per doorbell */
+};
+
+static void totals(struct kvb_broker *b, struct totals *s)
 {
-	struct kvb_transport_stats sum = {0}, *t = &sum;
-	char names[64] = "";
-	double wpd;
-	struct out o = {.buf = buf, .cap = cap};
-	uint32_t nw = 0;
-	char lbl[32];
-	unsigned i, omitted = 0;
-
-	uint64_t wlate = b->st.worker_late_wakes_gone;
-
-	for (i = 0; i < b->opt.max_workers; i++)
+	memset(s, 0, sizeof(*s));
+	s->wlate = b->st.worker_late_wakes_gone;
+	for (unsigned i = 0; i < b->opt.max_workers; i++)
 		if (b->workers[i].attached) {
-			nw++;
-			wlate += late_wakes(&b->workers[i]);
+			s->nw++;
+			s->wlate += late_wakes(&b->workers[i]);
 		}
-	for (i = 0; i < KVB_TS_MAX; i++) {
-		const struct kvb_transport_stats *s;
+	for (unsigned i = 0; i < KVB_TS_MAX; i++) {
+		const struct kvb_transport_stats *x;
 
 		if (!b->trs[i])
 			continue;
-		s = &b->trs[i]->stats;
-		snprintf(names + strlen(names), sizeof(names) - strlen(names),
-			 "%s%s", names[0] ? "+" : "", b->trs[i]->ops->name);
-		sum.doorbells += s->doorbells;
-		sum.wrs += s->wrs;
-		sum.bytes += s->bytes;
-		sum.cqes += s->cqes;
-		sum.credit_stalls += s->credit_stalls;
-		sum.errors += s->errors;
+		x = &b->trs[i]->stats;
+		snprintf(s->names + strlen(s->names),
+			 sizeof(s->names) - strlen(s->names), "%s%s",
+			 s->names[0] ? "+" : "", b->trs[i]->ops->name);
+		s->t.doorbells += x->doorbells;
+		s->t.wrs += x->wrs;
+		s->t.bytes += x->bytes;
+		s->t.cqes += x->cqes;
+		s->t.credit_stalls += x->credit_stalls;
+		s->t.errors += x->errors;
 		for (unsigned k = 0; k < KVB_WR_HIST_BUCKETS; k++)
-			sum.wr_hist[k] += s->wr_hist[k];
+			s->t.wr_hist[k] += x->wr_hist[k];
 	}
-	wpd = t->doorbells ? (double) t->wrs / (double) t->doorbells : 0;
-	if (json) {
-		put(&o, "{\"transport\":\"%s\",\"workers\":%u,", names, nw);
-		put(&o,
-		    "\"descriptors_submitted\":%llu,\"descriptors_completed\":%"
-		    "llu,"
-		    "\"descriptors_refused\":%llu,\"bytes\":%llu,",
-		    (unsigned long long) b->st.descriptors_submitted,
-		    (unsigned long long) b->st.descriptors_completed,
-		    (unsigned long long) b->st.descriptors_refused,
-		    (unsigned long long) b->st.bytes);
-		put(&o,
-		    "\"doorbells\":%llu,\"wrs\":%llu,\"cqes\":%llu,"
-		    "\"credit_stalls\":%llu,\"wr_per_doorbell\":{\"mean\":%.3f,"
-		    "\"histogram\":{",
-		    (unsigned long long) t->doorbells,
-		    (unsigned long long) t->wrs, (unsigned long long) t->cqes,
-		    (unsigned long long) t->credit_stalls, wpd);
-		for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
-			put(&o, "%s\"%s\":%llu", i ? "," : "",
-			    hist_label(i, lbl, sizeof(lbl)),
-			    (unsigned long long) t->wr_hist[i]);
-		put(&o,
-		    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
-		    "\"transfers_active\":%u,\"transfers_fenced\":%llu,"
-		    "\"late_writes_refused\":%llu,\"fences_expired\":%llu,"
-		    "\"messages_rejected\":%llu,"
-		    "\"control_requests\":%llu,"
-		    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
-		    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
-		    "\"per_transport\":[",
-		    (unsigned long long) b->st.transfers_done,
-		    (unsigned long long) b->st.transfers_failed,
-		    b->xfers.nactive,
-		    (unsigned long long) b->st.transfers_fenced,
-		    (unsigned long long) b->st.late_writes_refused,
-		    (unsigned long long) b->st.fences_expired,
-		    (unsigned long long) (b->st.messages_rejected +
-					  kvb_hook_rejected(b)),
-		    (unsigned long long) b->st.ctl_requests,
-		    (unsigned long long) b->st.workers_lost,
-		    (unsigned long long) b->st.late_wakeups,
-		    (unsigned long long) wlate, b->regions.live);
-		for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
-			const struct kvb_transport_stats *s;
+	s->wpd = s->t.doorbells ? (double) s->t.wrs / (double) s->t.doorbells
+				: 0;
+}
 
-			if (!b->trs[i])
-				continue;
-			s = &b->trs[i]->stats;
-			put(&o,
-			    "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%"
-			    "llu,"
-			    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu,"
-			    "\"post_ns\":%llu}",
-			    nw++ ? "," : "", b->trs[i]->ops->name,
-			    (unsigned long long) s->doorbells,
-			    (unsigned long long) s->wrs,
-			    (unsigned long long) s->bytes,
-			    (unsigned long long) s->cqes,
-			    (unsigned long long) s->errors,
-			    (unsigned long long) s->post_ns);
-		}
-		put(&o, "],");
-		gpu_stats(b, &o, 1);
-		o.len += kvb_hook_stats(b, 1, o.buf + o.len, o.cap - o.len);
-		guard_stats(b, &o, 1);
-		put(&o, "\"per_worker\":[");
-		for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
-			const struct kvb_worker *w = &b->workers[i];
+/* The per-worker rows as JSON objects; returns how many did not fit. */
+static unsigned json_workers(struct kvb_broker *b, struct out *o)
+{
+	unsigned i, nw = 0, omitted = 0;
 
-			if (!w->attached)
-				continue;
-			if (o.cap - o.len < ROW_ROOM) {
-				omitted++; /* the reply is full: keep it JSON */
-				continue;
-			}
-			put(&o,
-			    "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_"
-			    "rank\":%u,"
-			    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
-			    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
-			    "llu,\"late_wakes\":%u,\"wait_sleeps\":%llu,"
-			    "\"wait_spin_us\":%llu,\"transfers\":%u,"
-			    "\"inflight\":%u,\"undelivered\":%u}",
-			    nw++ ? "," : "", w->id, (int) w->pid,
-			    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
-			    w->tp_size, (unsigned long long) w->st.submitted,
-			    (unsigned long long) w->st.completed,
-			    (unsigned long long) w->st.refused,
-			    (unsigned long long) w->st.bytes, late_wakes(w),
-			    (unsigned long long) atomic_load_explicit(
-				    &w->seg.hdr->worker_sleeps,
-				    memory_order_relaxed),
-			    (unsigned long long) atomic_load_explicit(
-				    &w->seg.hdr->worker_spin_ns,
-				    memory_order_relaxed) /
-				    1000,
-			    kvb_xfers_charged(&b->xfers, w->id), w->inf_used,
-			    w->ovf_len);
+	for (i = 0, nw = 0; i < b->opt.max_workers; i++) {
+		const struct kvb_worker *w = &b->workers[i];
+
+		if (!w->attached)
+			continue;
+		if (o->cap - o->len < ROW_ROOM) {
+			omitted++; /* the reply is full: keep it JSON */
+			continue;
 		}
-		put(&o, "],\"per_worker_omitted\":%u}\n", omitted);
-		return o.len;
+		put(o,
+		    "%s{\"id\":%u,\"pid\":%d,\"role\":\"%s\",\"dp_"
+		    "rank\":%u,"
+		    "\"tp_rank\":%u,\"tp_size\":%u,\"submitted\":%llu,"
+		    "\"completed\":%llu,\"refused\":%llu,\"bytes\":%"
+		    "llu,\"late_wakes\":%u,\"wait_sleeps\":%llu,"
+		    "\"wait_spin_us\":%llu,\"transfers\":%u,"
+		    "\"inflight\":%u,\"undelivered\":%u}",
+		    nw++ ? "," : "", w->id, (int) w->pid,
+		    w->role == 1 ? "P" : "D", w->dp_rank, w->tp_rank,
+		    w->tp_size, (unsigned long long) w->st.submitted,
+		    (unsigned long long) w->st.completed,
+		    (unsigned long long) w->st.refused,
+		    (unsigned long long) w->st.bytes, late_wakes(w),
+		    (unsigned long long) atomic_load_explicit(
+			    &w->seg.hdr->worker_sleeps, memory_order_relaxed),
+		    (unsigned long long) atomic_load_explicit(
+			    &w->seg.hdr->worker_spin_ns, memory_order_relaxed) /
+			    1000,
+		    kvb_xfers_charged(&b->xfers, w->id), w->inf_used,
+		    w->ovf_len);
 	}
-	put(&o, "transport              %s\n", names);
-	put(&o, "workers                %u\n", nw);
-	put(&o, "descriptors_submitted  %llu\n",
-	    (unsigned long long) b->st.descriptors_submitted);
-	put(&o, "descriptors_completed  %llu\n",
-	    (unsigned long long) b->st.descriptors_completed);
-	put(&o, "descriptors_refused    %llu\n",
-	    (unsigned long long) b->st.descriptors_refused);
-	put(&o, "bytes                  %llu\n",
+	return omitted;
+}
+
+static void format_json(struct kvb_broker *b, struct out *o,
+			const struct totals *s)
+{
+	char lbl[32];
+	unsigned i, nw, omitted;
+
+	put(o, "{\"transport\":\"%s\",\"workers\":%u,", s->names, s->nw);
+	put(o,
+	    "\"descriptors_submitted\":%llu,\"descriptors_completed\":%"
+	    "llu,"
+	    "\"descriptors_refused\":%llu,\"bytes\":%llu,",
+	    (unsigned long long) b->st.descriptors_submitted,
+	    (unsigned long long) b->st.descriptors_completed,
+	    (unsigned long long) b->st.descriptors_refused,
 	    (unsigned long long) b->st.bytes);
-	put(&o, "doorbells              %llu\n",
-	    (unsigned long long) t->doorbells);
-	put(&o, "wrs                    %llu\n", (unsigned long long) t->wrs);
-	put(&o, "wr_per_doorbell        %.2f\n", wpd);
-	put(&o, "credit_stalls          %llu\n",
-	    (unsigned long long) t->credit_stalls);
-	put(&o, "transfers_done         %llu\n",
-	    (unsigned long long) b->st.transfers_done);
-	put(&o, "transfers_failed       %llu\n",
-	    (unsigned long long) b->st.transfers_failed);
-	put(&o, "transfers_active       %u\n", b->xfers.nactive);
-	put(&o, "transfers_fenced       %llu\n",
-	    (unsigned long long) b->st.transfers_fenced);
-	put(&o, "late_writes_refused    %llu\n",
-	    (unsigned long long) b->st.late_writes_refused);
-	put(&o, "fences_expired         %llu\n",
-	    (unsigned long long) b->st.fences_expired);
-	put(&o, "messages_rejected      %llu\n",
-	    (unsigned long long) (b->st.messages_rejected +
-				  kvb_hook_rejected(b)));
-	put(&o, "control_requests       %llu\n",
-	    (unsigned long long) b->st.ctl_requests);
-	put(&o, "workers_lost           %llu\n",
-	    (unsigned long long) b->st.workers_lost);
-	put(&o, "late_wakeups           %llu (broker), %llu (workers)\n",
-	    (unsigned long long) b->st.late_wakeups,
-	    (unsigned long long) wlate);
-	guard_stats(b, &o, 0);
-	gpu_stats(b, &o, 0);
-	o.len += kvb_hook_stats(b, 0, o.buf + o.len, o.cap - o.len);
-	put(&o, "wr_per_doorbell histogram:\n");
+	put(o,
+	    "\"doorbells\":%llu,\"wrs\":%llu,\"cqes\":%llu,"
+	    "\"credit_stalls\":%llu,\"wr_per_doorbell\":{\"mean\":%.3f,"
+	    "\"histogram\":{",
+	    (unsigned long long) s->t.doorbells, (unsigned long long) s->t.wrs,
+	    (unsigned long long) s->t.cqes,
+	    (unsigned long long) s->t.credit_stalls, s->wpd);
 	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
-		if (t->wr_hist[i])
-			put(&o, "  %-10s %llu\n",
-			    hist_label(i, lbl, sizeof(lbl)),
-			    (unsigned long long) t->wr_hist[i]);
-	put(&o, "%-8s %-7s %-4s %-3s %-5s %12s %12s %9s %14s\n", "worker",
-	    "pid", "role", "dp", "tp", "submitted", "completed", "refused",
-	    "bytes");
+		put(o, "%s\"%s\":%llu", i ? "," : "",
+		    hist_label(i, lbl, sizeof(lbl)),
+		    (unsigned long long) s->t.wr_hist[i]);
+	put(o,
+	    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
+	    "\"transfers_active\":%u,\"transfers_fenced\":%llu,"
+	    "\"late_writes_refused\":%llu,\"fences_expired\":%llu,"
+	    "\"messages_rejected\":%llu,"
+	    "\"control_requests\":%llu,"
+	    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
+	    "\"worker_late_wakeups\":%llu,\"regions\":%u,"
+	    "\"per_transport\":[",
+	    (unsigned long long) b->st.transfers_done,
+	    (unsigned long long) b->st.transfers_failed, b->xfers.nactive,
+	    (unsigned long long) b->st.transfers_fenced,
+	    (unsigned long long) b->st.late_writes_refused,
+	    (unsigned long long) b->st.fences_expired,
+	    (unsigned long long) (b->st.messages_rejected +
+				  kvb_hook_rejected(b)),
+	    (unsigned long long) b->st.ctl_requests,
+	    (unsigned long long) b->st.workers_lost,
+	    (unsigned long long) b->st.late_wakeups,
+	    (unsigned long long) s->wlate, b->regions.live);
+	for (i = 0, nw = 0; i < KVB_TS_MAX; i++) {
+		const struct kvb_transport_stats *x;
+
+		if (!b->trs[i])
+			continue;
+		x = &b->trs[i]->stats;
+		put(o,
+		    "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%"
+		    "llu,"
+		    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu,"
+		    "\"post_ns\":%llu}",
+		    nw++ ? "," : "", b->trs[i]->ops->name,
+		    (unsigned long long) x->doorbells,
+		    (unsigned long long) x->wrs, (unsigned long long) x->bytes,
+		    (unsigned long long) x->cqes,
+		    (unsigned long long) x->errors,
+		    (unsigned long long) x->post_ns);
+	}
+	put(o, "],");
+	gpu_stats(b, o, 1);
+	o->len += kvb_hook_stats(b, 1, o->buf + o->len, o->cap - o->len);
+	guard_stats(b, o, 1);
+	put(o, "\"per_worker\":[");
+	omitted = json_workers(b, o);
+	put(o, "],\"per_worker_omitted\":%u}\n", omitted);
+}
+
+/* The per-worker table. */
+static void text_workers(struct kvb_broker *b, struct out *o)
+{
+	unsigned i, omitted = 0;
+
+	put(o, "%-8s %-7s %-4s %-3s %-5s %12s %12s %9s %14s\n", "worker", "pid",
+	    "role", "dp", "tp", "submitted", "completed", "refused", "bytes");
 	for (i = 0; i < b->opt.max_workers; i++) {
 		const struct kvb_worker *w = &b->workers[i];
 
 		if (!w->attached)
 			continue;
-		if (o.cap - o.len < ROW_ROOM) {
+		if (o->cap - o->len < ROW_ROOM) {
 			omitted++;
 			continue;
 		}
-		put(&o,
+		put(o,
 		    "%-8u %-7d %-4s %-3u %u/%-3u %12llu %12llu %9llu %14llu\n",
 		    w->id, (int) w->pid, w->role == 1 ? "P" : "D", w->dp_rank,
 		    w->tp_rank, w->tp_size,
@@ -303,6 +276,73 @@ size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
 		    (unsigned long long) w->st.bytes);
 	}
 	if (omitted)
-		put(&o, "(%u more workers: the reply is full)\n", omitted);
+		put(o, "(%u more workers: the reply is full)\n", omitted);
+}
+
+static void format_text(struct kvb_broker *b, struct out *o,
+			const struct totals *s)
+{
+	char lbl[32];
+	unsigned i;
+
+	put(o, "transport              %s\n", s->names);
+	put(o, "workers                %u\n", s->nw);
+	put(o, "descriptors_submitted  %llu\n",
+	    (unsigned long long) b->st.descriptors_submitted);
+	put(o, "descriptors_completed  %llu\n",
+	    (unsigned long long) b->st.descriptors_completed);
+	put(o, "descriptors_refused    %llu\n",
+	    (unsigned long long) b->st.descriptors_refused);
+	put(o, "bytes                  %llu\n",
+	    (unsigned long long) b->st.bytes);
+	put(o, "doorbells              %llu\n",
+	    (unsigned long long) s->t.doorbells);
+	put(o, "wrs                    %llu\n", (unsigned long long) s->t.wrs);
+	put(o, "wr_per_doorbell        %.2f\n", s->wpd);
+	put(o, "credit_stalls          %llu\n",
+	    (unsigned long long) s->t.credit_stalls);
+	put(o, "transfers_done         %llu\n",
+	    (unsigned long long) b->st.transfers_done);
+	put(o, "transfers_failed       %llu\n",
+	    (unsigned long long) b->st.transfers_failed);
+	put(o, "transfers_active       %u\n", b->xfers.nactive);
+	put(o, "transfers_fenced       %llu\n",
+	    (unsigned long long) b->st.transfers_fenced);
+	put(o, "late_writes_refused    %llu\n",
+	    (unsigned long long) b->st.late_writes_refused);
+	put(o, "fences_expired         %llu\n",
+	    (unsigned long long) b->st.fences_expired);
+	put(o, "messages_rejected      %llu\n",
+	    (unsigned long long) (b->st.messages_rejected +
+				  kvb_hook_rejected(b)));
+	put(o, "control_requests       %llu\n",
+	    (unsigned long long) b->st.ctl_requests);
+	put(o, "workers_lost           %llu\n",
+	    (unsigned long long) b->st.workers_lost);
+	put(o, "late_wakeups           %llu (broker), %llu (workers)\n",
+	    (unsigned long long) b->st.late_wakeups,
+	    (unsigned long long) s->wlate);
+	guard_stats(b, o, 0);
+	gpu_stats(b, o, 0);
+	o->len += kvb_hook_stats(b, 0, o->buf + o->len, o->cap - o->len);
+	put(o, "wr_per_doorbell histogram:\n");
+	for (i = 0; i < KVB_WR_HIST_BUCKETS; i++)
+		if (s->t.wr_hist[i])
+			put(o, "  %-10s %llu\n",
+			    hist_label(i, lbl, sizeof(lbl)),
+			    (unsigned long long) s->t.wr_hist[i]);
+	text_workers(b, o);
+}
+
+size_t kvb_stats_format(struct kvb_broker *b, int json, char *buf, size_t cap)
+{
+	struct out o = {.buf = buf, .cap = cap};
+	struct totals s;
+
+	totals(b, &s);
+	if (json)
+		format_json(b, &o, &s);
+	else
+		format_text(b, &o, &s);
 	return o.len;
 }
