@@ -53,7 +53,7 @@ static int open_transport(struct kvb_broker *b)
 	char why[256] = "";
 	int rc;
 
-	if ((k == KVB_TR_TCP || k == KVB_TR_RDMA) && !b->opt.cross_node) {
+	if ((k == KVB_TR_TCP || k == KVB_TR_RDMA) && !b->opt.xnode) {
 		log_err("transport %s needs --host-ip (the address peers "
 			"reach this node on)",
 			kvb_transport_name(k));
@@ -94,7 +94,7 @@ static int open_transport(struct kvb_broker *b)
 			log_info("transport gpu ready: GPU-to-GPU regions use "
 				 "GPU copies");
 	}
-	if (k == KVB_TR_AUTO && !b->opt.cross_node)
+	if (k == KVB_TR_AUTO && !b->opt.xnode)
 		log_info("transport auto: same-node only (no --host-ip: no "
 			 "cross-node bridge)");
 	log_info("transport local ready (%d copy thread%s besides the broker "
@@ -181,12 +181,12 @@ static int ep_add(int epfd, int fd, uint64_t tag)
  * refused, and so is a worker's KV layout (kvb_mem_set_kv), which only
  * cross-node layer ops use.
  */
-static int open_cross_node(struct kvb_broker *b)
+static int open_xnode(struct kvb_broker *b)
 {
 #ifdef KVB_HAVE_XNODE
 	return kvb_xn_init(b);
 #else
-	if (!b->opt.cross_node)
+	if (!b->opt.xnode)
 		return 0;
 	log_err("--host-ip: this kvbroker was built without the cross-node "
 		"layer (no libzmq/msgpack-c at build time); same-node "
@@ -238,7 +238,7 @@ static int setup(struct kvb_broker *b)
 	rc = open_listener(b);
 	if (rc)
 		return rc;
-	rc = open_cross_node(b);
+	rc = open_xnode(b);
 	if (rc)
 		return rc;
 	rc = kvb_metrics_init(b);

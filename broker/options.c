@@ -471,7 +471,7 @@ static int parse_other(struct kvb_options *o, int c, const char *a,
 				    a);
 		return 0;
 	case O_HOST:
-		o->cross_node = 1;
+		o->xnode = 1;
 		/* fall through */
 	case O_CONFIG:
 	case O_TRUST:

@@ -44,7 +44,7 @@ struct kvb_options {
 	uint32_t defer_timeout_ms;
 	uint32_t transfer_deadline_ms; /* --transfer-deadline */
 	char host_ip[64];
-	int cross_node;	    /* --host-ip given: bridge, handshake, tcp */
+	int xnode; /* --host-ip given: the cross-node module (bridge/xnode) */
 	uint16_t data_port; /* tcp transport listen port, 0 = any */
 	uint16_t notify_port;
 	uint16_t handshake_port;
@@ -69,7 +69,7 @@ struct kvb_options {
 	uint32_t max_xfers_per_worker;	  /* 0 = fair share only */
 	uint32_t max_inflight_per_worker; /* 0 = fair share only */
 	uint32_t max_undelivered; /* completions queued past a full CQ */
-	char metrics_listen[80]; /* --metrics-listen ADDR:PORT, "" = off */
+	char metrics_listen[80];  /* --metrics-listen ADDR:PORT, "" = off */
 	int help, version;
 };
 

@@ -291,7 +291,7 @@ int kvb_xn_init(struct kvb_broker *b)
 	/* registered with or without --host-ip: a worker's KV layout is kept
 	 * all the same (xn NULL: every other request is refused) */
 	kvb_engine_set_hooks(b, &xn_hooks, NULL);
-	if (!b->opt.cross_node)
+	if (!b->opt.xnode)
 		return 0;
 	xn = calloc(1, sizeof(*xn));
 	if (!xn)

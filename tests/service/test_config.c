@@ -96,7 +96,7 @@ static void test_settings(void **state)
 	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL), 0);
 	assert_int_equal(o.transport, KVB_TR_TCP);
 	assert_string_equal(o.host_ip, "192.0.2.1");
-	assert_int_equal(o.cross_node, 1);
+	assert_int_equal(o.xnode, 1);
 	assert_int_equal(o.burst, 8);
 	assert_int_equal(o.log_level, KVB_LOG_DEBUG);
 	assert_int_equal(o.log_format, KVB_LOG_FMT_JSON);
