@@ -93,8 +93,8 @@ enum {
 	KVB_TS_MAX = 4
 };
 
-struct kvb_metrics;   /* metrics.h */
-struct kvb_peer_info; /* metrics.h */
+struct kvb_metrics;	 /* metrics.h */
+struct kvb_peer_info;	 /* metrics.h */
 struct kvb_engine_hooks; /* below */
 
 /* epoll data of a pre-HELLO connection: tag | index in b->pend */
@@ -133,7 +133,7 @@ struct kvb_broker {
 	/* the module that extends the engine (cross-node), NULL = none */
 	const struct kvb_engine_hooks *hooks;
 	void *hooks_ctx;
-	struct kvb_metrics *mx; /* NULL without --metrics-listen */
+	struct kvb_metrics *mx;	      /* NULL without --metrics-listen */
 	struct kvb_ratelimit conn_rl; /* connections past --max-workers */
 	struct {
 		uint64_t descriptors_submitted, descriptors_completed;

@@ -33,7 +33,7 @@ struct kvb_xfer {
 	uint64_t seal_tag;
 	int64_t deadline_ns;
 	int64_t opened_ns; /* created at (CLOCK_MONOTONIC): age, latency */
-	uint32_t ndests; /* workers whose regions this transfer wrote */
+	uint32_t ndests;   /* workers whose regions this transfer wrote */
 	uint32_t dests[KVB_XFER_MAX_DESTS];
 	uint8_t opened;	      /* the owner opened it (not only a message) */
 	uint32_t charge;      /* the worker whose share it counts in */

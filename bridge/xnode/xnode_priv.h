@@ -215,7 +215,8 @@ void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
 uint64_t kvb_xn_rejected(struct kvb_broker *b);
 size_t kvb_xn_stats(struct kvb_broker *b, int json, char *buf, size_t cap);
 struct kvb_peer_info;
-int kvb_xn_peer_info(struct kvb_broker *b, uint32_t i, struct kvb_peer_info *pi);
+int kvb_xn_peer_info(struct kvb_broker *b, uint32_t i,
+		     struct kvb_peer_info *pi);
 
 #define RLOG_BURST 20u /* bad-input log lines a second (rlog_ok) */
 

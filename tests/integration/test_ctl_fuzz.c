@@ -307,8 +307,8 @@ static void do_stats(int ci)
 	m.view = chance(50) ? below(4) : (uint32_t) rnd();
 	send_msg(ci, &m.h, NULL, 0);
 	n = await_reply(ci, KVB_MSG_STATS, sizeof(m.h) + 1);
-	tracef("conn %d: STATS json %u view %u -> %d bytes", ci, m.json,
-	       m.view, n);
+	tracef("conn %d: STATS json %u view %u -> %d bytes", ci, m.json, m.view,
+	       n);
 	expect_status(ci, "STATS", ((struct kvb_msg_hdr *) rbuf)->status,
 		      m.view <= 3 ? 0 : -EINVAL);
 	CHECK(rbuf[n - 1] == '\0' && strlen(rbuf + sizeof(m.h)) ==
