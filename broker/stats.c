@@ -22,16 +22,10 @@ __attribute__((format(printf, 2, 3))) static void put(struct out *o,
 						      const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
-	if (o->len >= o->cap)
-		return;
 	va_start(ap, fmt);
-	n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+	kvb_transport_vput(o->buf, o->cap, &o->len, fmt, ap);
 	va_end(ap);
-	if (n > 0)
-		o->len += (size_t) n < o->cap - o->len ? (size_t) n
-						       : o->cap - o->len - 1;
 }
 
 /* GPU copy counters (copies, batches, bytes, streams busy), if open: the

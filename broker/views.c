@@ -26,16 +26,10 @@ __attribute__((format(printf, 2, 3))) static void put(struct vout *o,
 						      const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
-	if (o->len + 1 >= o->cap)
-		return;
 	va_start(ap, fmt);
-	n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+	kvb_transport_vput(o->buf, o->cap, &o->len, fmt, ap);
 	va_end(ap);
-	if (n > 0)
-		o->len += (size_t) n < o->cap - o->len ? (size_t) n
-						       : o->cap - o->len - 1;
 }
 
 /* A string from a worker or a peer: JSON-escaped, or printable in text. */

@@ -25,16 +25,23 @@ int kvb_transport_tpriv(const struct kvb_transport_ops *ops)
 	return -ENOSPC;
 }
 
-void kvb_transport_put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+void kvb_transport_vput(char *buf, size_t cap, size_t *len, const char *fmt,
+			va_list ap)
 {
-	va_list ap;
 	int n;
 
 	if (*len + 1 >= cap)
 		return;
-	va_start(ap, fmt);
 	n = vsnprintf(buf + *len, cap - *len, fmt, ap);
-	va_end(ap);
 	if (n > 0)
 		*len += (size_t) n < cap - *len ? (size_t) n : cap - *len - 1;
+}
+
+void kvb_transport_put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	kvb_transport_vput(buf, cap, len, fmt, ap);
+	va_end(ap);
 }

@@ -19,6 +19,7 @@
 #ifndef KVB_BRIDGE_TRANSPORT_H
 #define KVB_BRIDGE_TRANSPORT_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -317,6 +318,10 @@ const struct kvb_transport_ops *kvb_transport_find(const char *name);
 /* printf into buf at *len (capacity cap), truncated: for stats_format() */
 __attribute__((format(printf, 4, 5))) void
 kvb_transport_put(char *buf, size_t cap, size_t *len, const char *fmt, ...);
+/* ... with a va_list */
+__attribute__((format(printf, 4, 0))) void
+kvb_transport_vput(char *buf, size_t cap, size_t *len, const char *fmt,
+		   va_list ap);
 
 extern const struct kvb_transport_ops kvb_local_ops;
 /* 1 if this local transport copies >= 32 KiB with non-temporal stores */

@@ -23,22 +23,7 @@
 /* ------------------------------------------------------------------ */
 /* stats */
 
-__attribute__((format(printf, 4, 5))) static void
-put_(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	if (*len + 1 >= cap)
-		return;
-	va_start(ap, fmt);
-	n = vsnprintf(buf + *len, cap - *len, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		*len += (size_t) n < cap - *len ? (size_t) n : cap - *len - 1;
-}
-
-#define PUT(...) put_(buf, cap, &len, __VA_ARGS__)
+#define PUT(...) kvb_transport_put(buf, cap, &len, __VA_ARGS__)
 
 /* A JSON string value: node ids and hosts come from peers' descriptors and
  * may hold '"' or '\\' (control characters are refused at decode, but are
