@@ -330,6 +330,30 @@ uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n)
 	return c;
 }
 
+/* Send m to the notify port of every P rank of the peer's DP rank
+ * rx->remote_dp (a D transfer's writers); returns how many went out. */
+static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
+				struct kvb_peer *p, const struct kvb_rxfer *rx,
+				struct kvb_zmsg *m)
+{
+	uint32_t sent = 0;
+
+	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
+		const struct kvb_hs_worker *hw = &p->desc.workers[i];
+		int port;
+
+		if (hw->role != KVB_HS_ROLE_P || hw->dp_rank != rx->remote_dp)
+			continue;
+		port = kvb_port_of(peer_notify_base(p, rx), hw->dp_rank,
+				   hw->tp_rank, hw->tp_size,
+				   KVB_PORT_DP_TIMES_TP);
+		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
+					  (uint32_t) port, m))
+			sent++;
+	}
+	return sent;
+}
+
 /* remote_blocks to every P TP rank of rx->remote_dp at the peer. */
 static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		    struct kvb_xfer *x)
@@ -372,23 +396,8 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_zmsg_fini(&m);
 		return rc;
 	}
-	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
-		const struct kvb_hs_worker *hw = &p->desc.workers[i];
-		int port;
-
-		if (hw->role != KVB_HS_ROLE_P || hw->dp_rank != rx->remote_dp)
-			continue;
-		port = kvb_port_of(peer_notify_base(p, rx), hw->dp_rank,
-				   hw->tp_rank, hw->tp_size,
-				   KVB_PORT_DP_TIMES_TP);
-		if (port < 0)
-			continue;
-		if (!send_msg(b, w, peer_notify_host(p, rx), (uint32_t) port,
-			      &m)) {
-			sent++;
-			kvb_xn_of(b)->st.remote_blocks_sent++;
-		}
-	}
+	sent = send_to_p_ranks(b, w, p, rx, &m);
+	kvb_xn_of(b)->st.remote_blocks_sent += sent;
 	kvb_zmsg_fini(&m);
 	if (!sent) {
 		log_warn("transfer '%s': peer %s has no reachable P worker of "
@@ -582,21 +591,8 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 
 	if (!w || !p || kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, x->id))
 		return 0;
-	for (uint32_t i = 0; i < p->desc.nworkers; i++) {
-		const struct kvb_hs_worker *hw = &p->desc.workers[i];
-		int port;
-
-		if (hw->role != KVB_HS_ROLE_P || hw->dp_rank != rx->remote_dp)
-			continue;
-		port = kvb_port_of(peer_notify_base(p, rx), hw->dp_rank,
-				   hw->tp_rank, hw->tp_size,
-				   KVB_PORT_DP_TIMES_TP);
-		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
-					  (uint32_t) port, &m)) {
-			sent++;
-			kvb_xn_of(b)->st.releases_sent++;
-		}
-	}
+	sent = send_to_p_ranks(b, w, p, rx, &m);
+	kvb_xn_of(b)->st.releases_sent += sent;
 	kvb_zmsg_fini(&m);
 	return sent;
 }
