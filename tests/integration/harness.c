@@ -541,6 +541,31 @@ int w_find(const struct kvb_completion *v, int n, uint32_t kind, uint64_t tag)
 	return -1;
 }
 
+int w_transfer_write(struct kvb_ctx *c, const char *id, struct kvb_desc d)
+{
+	struct kvb_completion v[2];
+	uint32_t h;
+	int rc, n;
+
+	rc = kvb_transfer_open(c, id, &h);
+	if (rc)
+		return rc;
+	d.transfer = h;
+	rc = kvb_submit_write(c, &d, 1);
+	if (rc != 1)
+		return rc < 0 ? rc : -EAGAIN;
+	rc = kvb_transfer_seal(c, h, 1, 2);
+	if (rc)
+		return rc;
+	n = w_collect(c, v, 2, 5000);
+	if (n < 0)
+		return n;
+	if (n < 2)
+		return -ETIMEDOUT;
+	n = w_find(v, 2, KVB_COMP_TRANSFER, 2);
+	return n < 0 ? -EPROTO : v[n].status;
+}
+
 struct fixture fx;
 
 int fixture_setup(void **state)

@@ -122,6 +122,11 @@ int w_collect(struct kvb_ctx *c, struct kvb_completion *v, unsigned want,
 /* Index of the completion with (kind, tag) in v[0..n), or -1. */
 int w_find(const struct kvb_completion *v, int n, uint32_t kind, uint64_t tag);
 
+/* A transfer of one write: open `id`, submit d (its transfer set here),
+ * seal (tag 2), and wait up to 5 s for both completions. Returns the
+ * transfer's status, or -ETIMEDOUT / -EPROTO / a call's -errno. */
+int w_transfer_write(struct kvb_ctx *c, const char *id, struct kvb_desc d);
+
 /*
  * The fixture of a cmocka group: one broker for all its tests and, when
  * `size` is set, one attached P worker (tp 0 of 1) holding two regions of

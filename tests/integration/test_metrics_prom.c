@@ -54,23 +54,12 @@ static int which(const char *name, char *out, size_t cap)
 
 static int transfer(const char *id)
 {
-	struct kvb_completion c[2];
 	struct kvb_desc d = {.region = fx.src.id,
 			     .peer_region = fx.dst.id,
 			     .len = SIZE,
 			     .tag = 1};
-	uint32_t h;
-	int n;
 
-	assert_int_equal(kvb_transfer_open(fx.ctx, id, &h), 0);
-	d.transfer = h;
-	assert_int_equal(kvb_submit_write(fx.ctx, &d, 1), 1);
-	assert_int_equal(kvb_transfer_seal(fx.ctx, h, 1, 2), 0);
-	n = w_collect(fx.ctx, c, 2, 5000);
-	assert_int_equal(n, 2);
-	n = w_find(c, 2, KVB_COMP_TRANSFER, 2);
-	assert_true(n >= 0);
-	return c[n].status;
+	return w_transfer_write(fx.ctx, id, d);
 }
 
 static void write_file(const char *path, const char *text)
