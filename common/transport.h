@@ -46,12 +46,26 @@ struct kvb_mr {
 	uint32_t lkey, rkey;	    /* filled by a transport that has keys */
 };
 
+/* NICs one transport drives at most (rdma: verbs devices) */
+#define KVB_NIC_MAX 8
+
 /* Remote side of an op: a region on this node, or an address + key. */
 struct kvb_remote {
 	struct kvb_mr *mr; /* same-node transports */
 	uint64_t addr;	   /* cross-node: remote virtual address of offset 0 */
-	uint32_t rkey;
-	uint32_t region; /* remote region id (tcp validates it remotely) */
+	uint32_t rkey;	   /* the region's key on the peer's NIC `nic` */
+	uint32_t region;   /* remote region id (tcp validates it remotely) */
+	/*
+	 * A peer with several NICs registers each region on every one of
+	 * them: rkeys[i] is its key on the peer's NIC i (the order of the
+	 * peer's connection blob), nrkeys of them (0: rkey alone). nic: the
+	 * peer's NIC nearest the region (where its traffic should land).
+	 * rkeys points into the peer's descriptor (owned by the caller; valid
+	 * for the post() call).
+	 */
+	const uint32_t *rkeys;
+	uint8_t nrkeys;
+	uint8_t nic;
 };
 
 enum kvb_xop_code { KVB_XOP_WRITE = 1, KVB_XOP_READ = 2 };
@@ -109,7 +123,9 @@ static inline void kvb_stats_doorbell(struct kvb_transport_stats *s, uint64_t n,
 }
 
 struct kvb_transport_params {
-	const char *dev_name; /* rdma: --rdma-dev (NULL = first) */
+	/* rdma: --rdma-dev, one device or a comma-separated list (NULL = the
+	 * first usable one; "all" = every usable device) */
+	const char *dev_name;
 	int ib_port;	      /* rdma: --ib-port */
 	int gid_index;	      /* rdma: --gid-index */
 	int post_batch_size;  /* max WRs per chain, -1 = all pending */
@@ -124,6 +140,23 @@ struct kvb_transport_params {
 	int copy_threads;     /* local: copy pool size, 0 = copy in post() */
 	uint64_t copy_piece;  /* local: bytes per pooled copy, 0 = 256 KiB */
 	int copy_plain; /* local: 1 = memcpy only (no non-temporal stores) */
+	int max_qps;	/* rdma: QPs per device at most (--max-qps), 0 = the
+			 * device's own limit */
+};
+
+/* One NIC of a transport (ops->nics): for kvbctl, the log and metrics */
+struct kvb_transport_nic {
+	char name[64]; /* "mlx5_0", "rxe1" */
+	int port;      /* port number used */
+	int port_up;   /* 1: active; 0: down (takes no new chains) */
+	int numa;      /* NUMA node (-1: unknown) */
+	char pci[32];  /* PCI address ("" unknown) */
+	uint64_t bytes, wrs, doorbells; /* chains posted through it */
+	uint64_t regions;		/* regions whose nearest NIC it is */
+	uint32_t qps, max_qps;		/* QPs now, and the budget */
+	uint64_t qp_refused;		/* connects refused by the budget */
+	uint64_t moved;			/* chains sent through it because
+					   the region's own NIC was down */
 };
 
 struct kvb_transport;
@@ -273,6 +306,22 @@ struct kvb_transport_ops {
 	void (*set_write_gate)(struct kvb_transport *t, kvb_write_gate_fn fn,
 			       void *arg);
 	void (*gate_recheck)(struct kvb_transport *t);
+	/*
+	 * Optional (NULL: one NIC, nothing to tell). nics(): the NICs this
+	 * transport drives, up to max into out; returns how many it has.
+	 * mr_nic(): the NIC index (into nics()) a registered region's
+	 * traffic goes through (its nearest, or the next one while that is
+	 * down); `why` (may be NULL) gets one line saying why it was chosen;
+	 * -errno when mr is not registered. mr_keys(): the region's key on
+	 * each NIC (what a peer puts in kvb_remote.rkeys), up to max; returns
+	 * how many, *home = its nearest NIC's index.
+	 */
+	int (*nics)(struct kvb_transport *t, struct kvb_transport_nic *out,
+		    unsigned max);
+	int (*mr_nic)(struct kvb_transport *t, const struct kvb_mr *mr,
+		      char *why, size_t why_len);
+	int (*mr_keys)(struct kvb_transport *t, const struct kvb_mr *mr,
+		       uint32_t *rkeys, unsigned max, unsigned *home);
 	/*
 	 * Optional, before open(): where host_ip lives (device, port, address
 	 * index) when the user named none; may set p->dev_name (into
