@@ -208,6 +208,7 @@ static int open_rdma(struct kvb_broker *b)
 		.gid_index = b->opt.gid_index,
 		.post_batch_size = b->opt.post_batch_size,
 		.qp_per_peer = b->opt.qp_per_transfer,
+		.max_qps = b->opt.max_qps,
 	};
 	char why[256] = "";
 	struct kvb_transport_where where = {0}; /* p.dev_name may point here */
