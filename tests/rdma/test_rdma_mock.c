@@ -44,15 +44,19 @@
 
 #define MAXQ 16
 
-static struct ibv_context mctx;
-static struct ibv_cq mcq;
-static struct ibv_wc cqes[256]; /* the mock CQ */
+/* two mock devices: NIC 0 and NIC 1 */
+static struct ibv_context mctx[2];
+static struct ibv_cq mcq[2];
+static struct ibv_pd mpd[2];
+static struct ibv_wc cqes[256]; /* the mock CQs, in one queue */
+static struct ibv_cq *cqof[256]; /* the CQ of each entry */
 static int ncqe;
 static uint32_t next_qpn = 100;
 static struct posted {
 	struct ibv_qp *qp;
 	uint64_t id[64]; /* wr_ids posted, not completed */
 	int n, err;
+	uint32_t lkey, rkey; /* of the last WR posted */
 } P[MAXQ];
 static int np;
 
@@ -91,18 +95,25 @@ static void cq_push(int i, enum ibv_wc_status st)
 	cqes[ncqe].wr_id = p->id[0];
 	cqes[ncqe].status = st;
 	cqes[ncqe].qp_num = p->qp->qp_num;
+	cqof[ncqe] = p->qp->send_cq;
 	ncqe++;
 	memmove(p->id, p->id + 1, (size_t) --p->n * sizeof(p->id[0]));
 }
 
+/* The entries of CQ c, oldest first; the others stay queued in order. */
 static int mock_poll(struct ibv_cq *c, int num, struct ibv_wc *wc)
 {
-	int k = num < ncqe ? num : ncqe;
+	int k = 0, i, j = 0;
 
-	(void) c;
-	memcpy(wc, cqes, (size_t) k * sizeof(*wc));
-	memmove(cqes, cqes + k, (size_t) (ncqe - k) * sizeof(*wc));
-	ncqe -= k;
+	for (i = 0; i < ncqe; i++) {
+		if (cqof[i] == c && k < num) {
+			wc[k++] = cqes[i];
+			continue;
+		}
+		cqes[j] = cqes[i];
+		cqof[j++] = cqof[i];
+	}
+	ncqe = j;
 	return k;
 }
 
@@ -112,8 +123,12 @@ static int mock_post(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	struct posted *p = find(qp);
 
 	(void) bad;
-	for (; wr; wr = wr->next)
+	for (; wr; wr = wr->next) {
+		assert_true(p->n < 64);
 		p->id[p->n++] = wr->wr_id;
+		p->lkey = wr->num_sge ? wr->sg_list[0].lkey : 0;
+		p->rkey = wr->wr.rdma.rkey;
+	}
 	return 0;
 }
 
@@ -126,7 +141,6 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
 	struct ibv_qp *qp;
 
-	(void) pd;
 	if (a->cap.max_send_sge > sge_cap) {
 		errno = EINVAL;
 		return NULL;
@@ -141,7 +155,8 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 		free(qp);
 		return NULL;
 	}
-	qp->context = &mctx;
+	qp->context = pd->context;
+	qp->send_cq = a->send_cq;
 	qp->qp_num = next_qpn++;
 	P[np++] = (struct posted){.qp = qp};
 	return qp;
@@ -185,14 +200,14 @@ int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq,
 		return -1;
 	}
 	events_pending--;
-	*cq = &mcq;
+	*cq = &mcq[0];
 	*ctx = NULL;
 	return 0;
 }
 
 void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 {
-	assert_ptr_equal(cq, &mcq);
+	assert_ptr_equal(cq, &mcq[0]);
 	acked += (int) n;
 }
 
@@ -209,20 +224,68 @@ static int mock_notify(struct ibv_cq *cq, int solicited)
 	return 0;
 }
 
-/* device events: a queue the test feeds, read by ibv_get_async_event */
+/* device events: a queue the test feeds, read by ibv_get_async_event
+ * (each entry for one device) */
 static struct ibv_async_event aev[128];
+static struct ibv_context *aevctx[128];
 static int naev, aev_head, aev_acked, aev_reads;
 static char last_log[3][256]; /* by level */
 
 int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
-	assert_ptr_equal(ctx, &mctx);
+	int i;
+
+	assert_true(ctx == &mctx[0] || ctx == &mctx[1]);
 	aev_reads++;
-	if (aev_head == naev) {
+	for (i = aev_head; i < naev && aevctx[i] != ctx; i++)
+		;
+	if (i == naev) {
 		errno = EAGAIN; /* the fd is non-blocking */
 		return -1;
 	}
-	*ev = aev[aev_head++];
+	*ev = aev[i];
+	/* taken out, the others keep their order */
+	memmove(aev + aev_head + 1, aev + aev_head,
+		(size_t) (i - aev_head) * sizeof(aev[0]));
+	memmove(aevctx + aev_head + 1, aevctx + aev_head,
+		(size_t) (i - aev_head) * sizeof(aevctx[0]));
+	aev_head++;
+	return 0;
+}
+
+/* memory registration: keys 0x1000 * (NIC + 1) + n (lkey), + 0x800 (rkey) */
+static int nreg, ndereg;
+
+#undef ibv_reg_mr
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+			  int access);
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+			  int access)
+{
+	struct ibv_mr *m = calloc(1, sizeof(*m));
+	uint32_t nic = pd == &mpd[1];
+
+	(void) access;
+	assert_true(pd == &mpd[0] || pd == &mpd[1]);
+	m->pd = pd;
+	m->addr = addr;
+	m->length = length;
+	m->lkey = 0x1000 * (nic + 1) + (uint32_t) ++nreg;
+	m->rkey = m->lkey + 0x800;
+	return m;
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+				uint64_t iova, unsigned int access)
+{
+	(void) iova;
+	return ibv_reg_mr(pd, addr, length, (int) access);
+}
+
+int ibv_dereg_mr(struct ibv_mr *m)
+{
+	ndereg++;
+	free(m);
 	return 0;
 }
 
@@ -232,16 +295,23 @@ void ibv_ack_async_event(struct ibv_async_event *ev)
 	aev_acked++;
 }
 
-static void queue_event(enum ibv_event_type type, int port, struct ibv_qp *qp)
+static void queue_event_on(int nic, enum ibv_event_type type, int port,
+			   struct ibv_qp *qp)
 {
 	assert_true(naev < 128);
 	memset(&aev[naev], 0, sizeof(aev[naev]));
+	aevctx[naev] = qp ? qp->context : &mctx[nic];
 	aev[naev].event_type = type;
 	if (qp)
 		aev[naev].element.qp = qp;
 	else
 		aev[naev].element.port_num = port;
 	naev++;
+}
+
+static void queue_event(enum ibv_event_type type, int port, struct ibv_qp *qp)
+{
+	queue_event_on(0, type, port, qp);
 }
 
 static void log_line(void *arg, int level, const char *line)
@@ -268,21 +338,34 @@ static int setup(void **state)
 	r = calloc(1, sizeof(*r));
 	assert_non_null(r);
 	t = &r->base;
-	mctx.ops.poll_cq = mock_poll;
-	mctx.ops.post_send = mock_post;
-	mctx.ops.req_notify_cq = mock_notify;
 	events_pending = arms = acked = 0;
 	push_on_arm = -1;
-	mcq.context = &mctx;
+	nreg = ndereg = 0;
 	r->base.ops = &kvb_rdma_ops;
-	r->cq = &mcq;
-	r->cq_size = 1 << 16;
+	r->wait_epfd = r->async_epfd = -1;
 	r->p.sq_depth = 8;
 	r->p.qp_per_peer = 2;
 	r->p.ib_port = 1;
-	r->dev.max_qp_rd_atom = 16;
-	r->ctx = &mctx;
-	r->async_nb = 1;
+	for (int i = 0; i < 2; i++) {
+		struct kvb_rdma_nic *n = &r->nics[i];
+
+		mctx[i].ops.poll_cq = mock_poll;
+		mctx[i].ops.post_send = mock_post;
+		mctx[i].ops.req_notify_cq = mock_notify;
+		mcq[i].context = &mctx[i];
+		mpd[i].context = &mctx[i];
+		n->ctx = &mctx[i];
+		n->pd = &mpd[i];
+		n->cq = &mcq[i];
+		n->cq_size = 1 << 16;
+		n->port_num = 1;
+		n->dev.max_qp_rd_atom = 16;
+		n->async_nb = 1;
+		n->max_qps = 1000;
+		n->numa = -1;
+		snprintf(n->name, sizeof(n->name), "mock%d", i);
+	}
+	r->nnic = 1; /* two_nics() adds the second */
 	naev = aev_head = aev_acked = aev_reads = 0;
 	memset(last_log, 0, sizeof(last_log));
 	mr.lkey = 7;
@@ -417,7 +500,7 @@ static void test_device_events(void **state)
 	assert_int_equal(aev_acked, naev);
 
 	/* a blocking fd is never read from the loop */
-	r->async_nb = 0;
+	r->nics[0].async_nb = 0;
 	aev_reads = 0;
 	queue_event(IBV_EVENT_PORT_ERR, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 0);
@@ -433,18 +516,18 @@ static void test_sge_choice(void **state)
 	struct kvb_ep *ep;
 
 	(void) state;
-	r->dev.max_sge = 32;
+	r->nics[0].dev.max_sge = 32;
 	sge_cap = 16;
 	ep = ready_ep();
-	assert_int_equal(r->sge, 16);
+	assert_int_equal(r->nics[0].sge, 16);
 	assert_int_equal(ep->qp[0].ch.p.max_sge, 16);
 	_kvb_rdma_ep_destroy(r, ep);
 
-	r->sge = 0; /* a device that says 8 but takes only 1 */
-	r->dev.max_sge = 8;
+	r->nics[0].sge = 0; /* a device that says 8 but takes only 1 */
+	r->nics[0].dev.max_sge = 8;
 	sge_cap = 1;
 	ep = ready_ep();
-	assert_int_equal(r->sge, 1);
+	assert_int_equal(r->nics[0].sge, 1);
 	assert_int_equal(ep->qp[0].ch.p.max_sge, 1);
 	assert_int_equal(ep->qp[1].ch.p.max_sge, 1);
 	post_n(ep, 1, 0x30); /* and it posts */
@@ -556,7 +639,7 @@ static void test_completion_events(void **state)
 	/* no channel: nothing to arm, nothing waiting */
 	assert_int_equal(t->ops->wait_fd(t), -1);
 	assert_int_equal(t->ops->arm(t), 0);
-	r->chan = &mchan;
+	r->nics[0].chan = &mchan;
 	mchan.fd = 42;
 	assert_int_equal(t->ops->wait_fd(t), 42);
 	/* busy polling never arms */
@@ -598,11 +681,11 @@ static void test_completion_events(void **state)
 	events_pending = 70;
 	assert_int_equal(t->ops->arm(t), 0);
 	assert_int_equal(acked, 72);
-	assert_int_equal(r->unacked, 0);
+	assert_int_equal(r->nics[0].unacked, 0);
 	events_pending = 1;
 	assert_int_equal(t->ops->arm(t), 0);
-	assert_int_equal(r->unacked, 1);
-	r->chan = NULL; /* the mock channel is not the library's */
+	assert_int_equal(r->nics[0].unacked, 1);
+	r->nics[0].chan = NULL; /* the mock channel is not the library's */
 }
 
 /* A blob of 2 QPs from endpoint `ep` of peer `node`: an answer to our
@@ -614,8 +697,8 @@ static size_t peer_blob(void *buf, uint64_t node, uint64_t ep, uint64_t to_ep)
 				  .node = node,
 				  .ep = ep,
 				  .to_ep = to_ep,
-				  .mtu = IBV_MTU_1024,
-				  .port = 1};
+				  .nnic = 1,
+				  .nic = {{.mtu = IBV_MTU_1024, .port = 1}}};
 	size_t len = KVB_RDMA_CONN_MAX;
 
 	c.qp[0].qpn = 900;
