@@ -14,7 +14,7 @@ static int conn_v1(const struct kvb_rdma_conn *c)
 	if (c->nnic != 1)
 		return 0;
 	for (i = 0; i < c->nqp; i++)
-		if (c->qp[i].lnic || c->qp[i].rnic)
+		if (c->qp[i].lnic || c->qp[i].rnic || c->qp[i].flags)
 			return 0;
 	return 1;
 }
@@ -65,7 +65,8 @@ static void encode_v2(const struct kvb_rdma_conn *c, uint8_t *p)
 		kvb_put32(q + 4, c->qp[i].psn);
 		q[8] = c->qp[i].lnic;
 		q[9] = c->qp[i].rnic;
-		q[10] = q[11] = 0;
+		q[10] = c->qp[i].flags;
+		q[11] = 0;
 	}
 }
 
@@ -79,7 +80,8 @@ int kvb_rdma_conn_encode(const struct kvb_rdma_conn *c, void *buf, size_t *len)
 	    c->nqp > (v1 ? KVB_RDMA_MAX_QP : KVB_RDMA_EP_QP_MAX))
 		return -EINVAL;
 	for (i = 0; i < c->nqp; i++)
-		if (c->qp[i].lnic >= c->nnic || c->qp[i].rnic >= KVB_NIC_MAX)
+		if (c->qp[i].lnic >= c->nnic || c->qp[i].rnic >= KVB_NIC_MAX ||
+		    (c->qp[i].flags & ~KVB_RDMA_QP_PARKED))
 			return -EINVAL;
 	need = v1 ? KVB_RDMA_CONN_HDR + 8 * (size_t) c->nqp
 		  : KVB_RDMA_CONN_HDR2 + KVB_RDMA_CONN_NIC * (size_t) c->nnic +
@@ -112,7 +114,8 @@ static int qp_check(const struct kvb_rdma_conn *c, unsigned i)
 	if (!c->qp[i].qpn || c->qp[i].qpn > 0xffffff ||
 	    c->qp[i].psn > 0xffffff)
 		return -EPROTO;
-	if (c->qp[i].lnic >= c->nnic || c->qp[i].rnic >= KVB_NIC_MAX)
+	if (c->qp[i].lnic >= c->nnic || c->qp[i].rnic >= KVB_NIC_MAX ||
+	    (c->qp[i].flags & ~KVB_RDMA_QP_PARKED))
 		return -EPROTO;
 	return 0;
 }
@@ -155,6 +158,7 @@ static int decode_v2(struct kvb_rdma_conn *c, const uint8_t *p, size_t len)
 		c->qp[i].psn = kvb_get32(q + 4);
 		c->qp[i].lnic = q[8];
 		c->qp[i].rnic = q[9];
+		c->qp[i].flags = q[10];
 		if (qp_check(c, i))
 			return -EPROTO;
 	}

@@ -29,10 +29,11 @@
  *    40 20*m  per NIC: lid (2), mtu (1), port (1), gid (16)
  *     .  12*n per QP: qpn (4), psn (4), lnic (1): the sender's NIC it is
  *             on (an index into the list above), rnic (1): the receiver's
- *             NIC it connects to (an index into the receiver's list), zero (2)
+ *             NIC it connects to (an index into the receiver's list), flags
+ *             (1: KVB_RDMA_QP_PARKED), zero (1)
  *
  * The encoder picks version 1 whenever it can (nnic 1, every QP lnic 0 and
- * rnic 0); a version 1 blob decodes as nnic 1, every QP (0, 0).
+ * rnic 0, no flags); a version 1 blob decodes as nnic 1, every QP (0, 0).
  */
 #ifndef KVB_BRIDGE_RDMA_CONN_H
 #define KVB_BRIDGE_RDMA_CONN_H
@@ -53,6 +54,9 @@
 #define KVB_RDMA_CONN_HDR2 40
 #define KVB_RDMA_CONN_NIC  20 /* bytes per NIC (v2) */
 #define KVB_RDMA_CONN_QP2  12 /* bytes per QP (v2) */
+/* a QP flag: not connected (its NIC's port was down at the handshake);
+ * the receiver leaves its own QP of the pair unconnected too */
+#define KVB_RDMA_QP_PARKED 1u
 #define KVB_RDMA_CONN_MAX                                   \
 	(KVB_RDMA_CONN_HDR2 + KVB_RDMA_CONN_NIC * KVB_NIC_MAX + \
 	 KVB_RDMA_CONN_QP2 * KVB_RDMA_EP_QP_MAX)
@@ -78,6 +82,7 @@ struct kvb_rdma_conn {
 		uint32_t psn;
 		uint8_t lnic; /* the sender's NIC */
 		uint8_t rnic; /* the receiver's NIC */
+		uint8_t flags; /* KVB_RDMA_QP_* */
 	} qp[KVB_RDMA_EP_QP_MAX];
 };
 
@@ -91,7 +96,8 @@ int kvb_rdma_conn_encode(const struct kvb_rdma_conn *c, void *buf, size_t *len);
 /*
  * Decode and check a peer's blob. Returns 0, or -EPROTO for a bad magic,
  * unknown version, wrong length, too many QPs or NICs, a QP without number
- * or on a NIC not listed (or naming a receiver NIC past KVB_NIC_MAX), PSNs
+ * or on a NIC not listed (or naming a receiver NIC past KVB_NIC_MAX), an
+ * unknown QP flag, PSNs
  * wider than 24 bits, or an mtu that is not an ibv_mtu.
  */
 int kvb_rdma_conn_decode(struct kvb_rdma_conn *c, const void *buf, size_t len);

@@ -91,6 +91,7 @@ int kvb_rdma_ep_info(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
 		c.qp[i].psn = ep->qp[i].psn;
 		c.qp[i].lnic = ep->qp[i].lnic;
 		c.qp[i].rnic = ep->qp[i].rnic;
+		c.qp[i].flags = ep->qp[i].parked ? KVB_RDMA_QP_PARKED : 0;
 	}
 	return kvb_rdma_conn_encode(&c, blob, len);
 }
@@ -526,14 +527,24 @@ static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 {
 	unsigned i;
+	int back = 0;
 
 	if (ep->state != KVB_RDMA_EP_READY)
 		return 0;
-	for (i = 0; i < ep->nqp; i++)
+	for (i = 0; i < ep->nqp; i++) {
 		if (ep->qp[i].ch.broken) {
 			ep_reset(r, ep);
 			return 0;
 		}
+		back |= ep->qp[i].parked == QP_PARK_LOCAL &&
+			nic_up(&r->nics[ep->qp[i].lnic]);
+	}
+	/* our NIC is back: connect its QPs by a re-handshake, once nothing
+	 * is in flight (the reset then fails no op) */
+	if (back && !ep_live(ep)) {
+		ep_reset(r, ep);
+		return 0;
+	}
 	return 1;
 }
 
@@ -557,20 +568,40 @@ static int peer_qp(const struct kvb_ep *ep, const struct kvb_rdma_conn *pc,
 	return -1;
 }
 
-/* Connect every QP of ep to its QP of the peer blob pc. */
+/*
+ * Connect every QP of ep to its QP of the peer blob pc. A QP on a NIC of
+ * ours whose port is down (its route may be gone: RTR fails), or whose
+ * peer QP is parked, stays in INIT, parked: the endpoint works through
+ * its other NIC pairs; a re-handshake connects it again.
+ */
 static int ep_establish(struct kvb_rdma *r, struct kvb_ep *ep,
 			const struct kvb_rdma_conn *pc)
 {
+	/* one NIC on both sides: no other pair to go through, as before */
+	int multi = r->nnic > 1 || pc->nnic > 1;
 	unsigned i;
 	int err, k;
 
 	if (pc->nqp != ep->nqp)
 		return -EPROTO;
 	for (i = 0; i < ep->nqp; i++) {
+		struct kvb_rdma_qp *q = &ep->qp[i];
+
 		k = peer_qp(ep, pc, i);
 		if (k < 0)
 			return -EPROTO;
-		err = qp_to_rts(r, &ep->qp[i], pc, (unsigned) k);
+		q->parked = 0;
+		if (pc->qp[k].flags & KVB_RDMA_QP_PARKED)
+			q->parked = QP_PARK_PEER;
+		else if (multi && !nic_up(&r->nics[q->lnic]))
+			q->parked = QP_PARK_LOCAL;
+		if (q->parked)
+			continue;
+		err = qp_to_rts(r, q, pc, (unsigned) k);
+		if (err && multi && !nic_up(&r->nics[q->lnic])) {
+			q->parked = QP_PARK_LOCAL; /* went down meanwhile */
+			continue;
+		}
 		if (err)
 			return err;
 	}

@@ -124,7 +124,7 @@ void _kvb_rdma_cq_drain(struct kvb_rdma *r)
 static inline int qp_in(const struct kvb_rdma_qp *q, uint32_t lmask,
 			uint32_t rmask)
 {
-	return (lmask >> q->lnic & 1) && (rmask >> q->rnic & 1);
+	return !q->parked && (lmask >> q->lnic & 1) && (rmask >> q->rnic & 1);
 }
 
 /*

@@ -46,7 +46,12 @@ struct kvb_rdma_qp {
 	uint8_t on_ready; /* queued in kvb_rdma.ready */
 	uint8_t lnic;	  /* our NIC (index into kvb_rdma.nics) */
 	uint8_t rnic;	  /* the peer's NIC (index into its blob's list) */
+	/* not connected at the last handshake (takes no chains): our NIC's
+	 * port was down (QP_PARK_LOCAL), or the peer's QP was parked */
+	uint8_t parked;
 };
+
+enum { QP_PARK_LOCAL = 1, QP_PARK_PEER = 2 };
 
 struct kvb_ep {
 	struct kvb_rdma *t;
