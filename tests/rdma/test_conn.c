@@ -129,7 +129,7 @@ static void test_v1_bytes(void **state)
 	assert_memory_equal(buf, want, sizeof(want));
 }
 
-/* Two NICs, QPs on (0, 0), (1, 1) and (1, 0) */
+/* Two NICs, QPs on (0, 0), (1, 1) and (1, 0) (parked) */
 static struct kvb_rdma_conn sample2(void)
 {
 	struct kvb_rdma_conn c = sample(3);
@@ -142,6 +142,7 @@ static struct kvb_rdma_conn sample2(void)
 	c.qp[1].lnic = 1;
 	c.qp[1].rnic = 1;
 	c.qp[2].lnic = 1;
+	c.qp[2].flags = KVB_RDMA_QP_PARKED;
 	return c;
 }
 
@@ -208,6 +209,10 @@ static void test_v2_rejects(void **state)
 	/* ... or to a receiver NIC past any list */
 	memcpy(bad, buf, len);
 	bad[q0 + 9] = KVB_NIC_MAX;
+	assert_int_equal(kvb_rdma_conn_decode(&b, bad, len), -EPROTO);
+	/* a QP flag not known */
+	memcpy(bad, buf, len);
+	bad[q0 + 10] = 2;
 	assert_int_equal(kvb_rdma_conn_decode(&b, bad, len), -EPROTO);
 	/* the second NIC's mtu, a QP's number */
 	memcpy(bad, buf, len);
