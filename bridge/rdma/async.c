@@ -141,7 +141,8 @@ int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
 		struct kvb_rdma_nic *nic = &r->nics[i];
 
 		if (!nic->async_nb)
-			continue; /* a blocking fd: never read it from the loop */
+			continue; /* a blocking fd: never read it from the loop
+				   */
 		while (n < 64 && ibv_get_async_event(nic->ctx, &ev) == 0) {
 			handle(r, nic, &ev, log, arg);
 			ibv_ack_async_event(&ev);

@@ -85,7 +85,7 @@ int kvb_rdma_conn_encode(const struct kvb_rdma_conn *c, void *buf, size_t *len)
 			return -EINVAL;
 	need = v1 ? KVB_RDMA_CONN_HDR + 8 * (size_t) c->nqp
 		  : KVB_RDMA_CONN_HDR2 + KVB_RDMA_CONN_NIC * (size_t) c->nnic +
-			    KVB_RDMA_CONN_QP2 * (size_t) c->nqp;
+			       KVB_RDMA_CONN_QP2 * (size_t) c->nqp;
 	if (*len < need) {
 		*len = need;
 		return -ENOSPC;
@@ -111,8 +111,7 @@ static int get_nic(const uint8_t *p, struct kvb_rdma_conn_nic *n)
 
 static int qp_check(const struct kvb_rdma_conn *c, unsigned i)
 {
-	if (!c->qp[i].qpn || c->qp[i].qpn > 0xffffff ||
-	    c->qp[i].psn > 0xffffff)
+	if (!c->qp[i].qpn || c->qp[i].qpn > 0xffffff || c->qp[i].psn > 0xffffff)
 		return -EPROTO;
 	if (c->qp[i].lnic >= c->nnic || c->qp[i].rnic >= KVB_NIC_MAX ||
 	    (c->qp[i].flags & ~KVB_RDMA_QP_PARKED))
@@ -145,10 +144,9 @@ static int decode_v2(struct kvb_rdma_conn *c, const uint8_t *p, size_t len)
 	unsigned i;
 
 	c->nnic = p[36];
-	if (!c->nnic || c->nnic > KVB_NIC_MAX ||
-	    c->nqp > KVB_RDMA_EP_QP_MAX ||
+	if (!c->nnic || c->nnic > KVB_NIC_MAX || c->nqp > KVB_RDMA_EP_QP_MAX ||
 	    len != KVB_RDMA_CONN_HDR2 + KVB_RDMA_CONN_NIC * (size_t) c->nnic +
-			   KVB_RDMA_CONN_QP2 * (size_t) c->nqp)
+			    KVB_RDMA_CONN_QP2 * (size_t) c->nqp)
 		return -EPROTO;
 	for (i = 0; i < c->nnic; i++, q += KVB_RDMA_CONN_NIC)
 		if (get_nic(q, &c->nic[i]))
@@ -171,7 +169,8 @@ int kvb_rdma_conn_decode(struct kvb_rdma_conn *c, const void *buf, size_t len)
 	int err;
 
 	memset(c, 0, sizeof(*c));
-	if (!buf || len < KVB_RDMA_CONN_HDR2 || kvb_get32(p) != KVB_RDMA_CONN_MAGIC)
+	if (!buf || len < KVB_RDMA_CONN_HDR2 ||
+	    kvb_get32(p) != KVB_RDMA_CONN_MAGIC)
 		return -EPROTO;
 	c->version = kvb_get16(p + 4);
 	c->nqp = kvb_get16(p + 6);

@@ -57,7 +57,7 @@
 /* a QP flag: not connected (its NIC's port was down at the handshake);
  * the receiver leaves its own QP of the pair unconnected too */
 #define KVB_RDMA_QP_PARKED 1u
-#define KVB_RDMA_CONN_MAX                                   \
+#define KVB_RDMA_CONN_MAX                                       \
 	(KVB_RDMA_CONN_HDR2 + KVB_RDMA_CONN_NIC * KVB_NIC_MAX + \
 	 KVB_RDMA_CONN_QP2 * KVB_RDMA_EP_QP_MAX)
 
@@ -80,8 +80,8 @@ struct kvb_rdma_conn {
 	struct {
 		uint32_t qpn;
 		uint32_t psn;
-		uint8_t lnic; /* the sender's NIC */
-		uint8_t rnic; /* the receiver's NIC */
+		uint8_t lnic;  /* the sender's NIC */
+		uint8_t rnic;  /* the receiver's NIC */
 		uint8_t flags; /* KVB_RDMA_QP_* */
 	} qp[KVB_RDMA_EP_QP_MAX];
 };

@@ -645,6 +645,38 @@ static int same_qps(const struct kvb_rdma_conn *a,
 	return 1;
 }
 
+/* connect() with an answer to one of our offers */
+static int conn_answer(struct kvb_rdma *r, const struct kvb_rdma_conn *pc,
+		       struct kvb_ep **out)
+{
+	struct kvb_ep *ep = ep_find(r, pc->to_ep);
+	int err;
+
+	if (!ep)
+		return -ENOENT;
+	/* a late answer of an earlier epoch */
+	if (ep->peer.ep == pc->ep && pc->epoch <= ep->peer.epoch &&
+	    ep->state == KVB_RDMA_EP_RESET) {
+		*out = ep;
+		return 0;
+	}
+	if (ep->state == KVB_RDMA_EP_READY) {
+		/* a crossed offer got there first: the same data; or an
+		 * older epoch: a late answer, ignore */
+		if ((ep->peer.node == pc->node && ep->peer.ep == pc->ep &&
+		     same_qps(&ep->peer, pc)) ||
+		    (ep->peer.ep == pc->ep && pc->epoch < ep->peer.epoch)) {
+			*out = ep;
+			return 0;
+		}
+		return -EPROTO;
+	}
+	err = ep_establish(r, ep, pc);
+	if (!err)
+		*out = ep;
+	return err;
+}
+
 /*
  * connect(): see rdma.h for the broker's rule and docs/rdma.md for the state
  * machine. Returns 0 with *out set, or -errno.
@@ -679,34 +711,8 @@ int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 		return 0;
 	}
 
-	if (pc.to_ep) {
-		/* An answer to one of our offers. */
-		ep = ep_find(r, pc.to_ep);
-		if (!ep)
-			return -ENOENT;
-		/* a late answer of an earlier epoch */
-		if (ep->peer.ep == pc.ep && pc.epoch <= ep->peer.epoch &&
-		    ep->state == KVB_RDMA_EP_RESET) {
-			*out = ep;
-			return 0;
-		}
-		if (ep->state == KVB_RDMA_EP_READY) {
-			/* a crossed offer got there first: the same data */
-			if (ep->peer.node == pc.node && ep->peer.ep == pc.ep &&
-			    same_qps(&ep->peer, &pc)) {
-				*out = ep;
-				return 0;
-			}
-			/* older epoch: a late answer, ignore */
-			if (ep->peer.ep == pc.ep && pc.epoch < ep->peer.epoch) {
-				*out = ep;
-				return 0;
-			}
-			return -EPROTO;
-		}
-		err = ep_establish(r, ep, &pc);
-		goto done;
-	}
+	if (pc.to_ep)
+		return conn_answer(r, &pc, out);
 
 	/* An offer with QPs: a re-handshake of a known endpoint... */
 	ep = ep_find_peer(r, pc.node, pc.ep);

@@ -261,8 +261,8 @@ static int devs_select(struct ibv_device **list, int n, const char *dev_name,
 		}
 		for (i = 0; i < k; i++)
 			if (sel[i] == sel[k]) {
-				set_why(why, why_len, "RDMA device listed twice: ",
-					name);
+				set_why(why, why_len,
+					"RDMA device listed twice: ", name);
 				return -EINVAL;
 			}
 		k++;
@@ -304,8 +304,8 @@ static int nics_open_sel(struct kvb_rdma *r, struct ibv_device **sel, int k,
 		struct kvb_rdma_nic *n = &r->nics[r->nnic];
 
 		/* --gid-index (or the resolved address) is the first NIC's */
-		err = nic_open(r, n, sel[i], port, r->nnic ? -1 : r->p.gid_index,
-			       why, why_len);
+		err = nic_open(r, n, sel[i], port,
+			       r->nnic ? -1 : r->p.gid_index, why, why_len);
 		if (err && !skip_bad)
 			return err;
 		if (err) {
@@ -337,8 +337,9 @@ int _kvb_rdma_nics_open(struct kvb_rdma *r, const char *dev_name, char *why,
 		r->topo = NULL; /* NUMA nodes and PCI addresses unknown */
 	k = devs_select(list, n, dev_name, sel, why, why_len);
 	err = k < 0 ? k
-		    : nics_open_sel(r, sel, k, dev_name && !strcmp(dev_name, "all"),
-				    why, why_len);
+		    : nics_open_sel(r, sel, k,
+				    dev_name && !strcmp(dev_name, "all"), why,
+				    why_len);
 	ibv_free_device_list(list);
 	if (err) {
 		_kvb_rdma_nics_close(r);

@@ -310,14 +310,13 @@ static int run_masks(const struct kvb_rdma *r, const struct kvb_ep *ep,
 		     const struct route *rt, int large, uint32_t *lm,
 		     uint32_t *rm)
 {
-	uint32_t up = up_mask(r), l, rr = 1u << rt->R;
-
-	if (rt->L < 0)
-		return -ENETDOWN;
-	l = 1u << rt->L;
+	uint32_t up = up_mask(r), rr = 1u << rt->R;
+	uint32_t l = rt->L < 0 ? 0 : 1u << rt->L;
 	const uint32_t cand[4][2] = {
 		{l, rr}, {l, rt->allowed}, {up, rr}, {up, rt->allowed}};
 
+	if (rt->L < 0)
+		return -ENETDOWN;
 	for (unsigned i = large ? 3 : 0; i < 4; i++)
 		if (ep_has(ep, cand[i][0], cand[i][1])) {
 			*lm = cand[i][0];
@@ -371,8 +370,8 @@ static int post_run(struct kvb_rdma *r, struct kvb_ep *ep,
 	for (i = 0; i < n; i++)
 		left += ops[i].len;
 	if (xl) {
-		err = run_masks(r, ep, rt, left >= KVB_RDMA_NIC_STRIPE_MIN,
-				&lm, &rm);
+		err = run_masks(r, ep, rt, left >= KVB_RDMA_NIC_STRIPE_MIN, &lm,
+				&rm);
 		if (err)
 			return err;
 	}

@@ -72,8 +72,8 @@ struct kvb_rdma_qp_stats {
 };
 
 /*
- * Counters of QP `i` (0 .. QPs of the endpoint - 1) of an endpoint. Returns 0 or
- * -ENOENT. Same thread as post()/poll().
+ * Counters of QP `i` (0 .. QPs of the endpoint - 1) of an endpoint. Returns 0
+ * or -ENOENT. Same thread as post()/poll().
  */
 int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
 		      struct kvb_rdma_qp_stats *out);

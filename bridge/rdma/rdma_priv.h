@@ -95,8 +95,8 @@ struct kvb_rdma_nic {
 	int async_nb; /* ctx->async_fd is non-blocking: read it */
 	struct kvb_rdma_async_stats async; /* counters and port state */
 	char name[64];
-	int numa;     /* NUMA node, -1 unknown (topo.c) */
-	char pci[32]; /* PCI address, "" unknown */
+	int numa;			/* NUMA node, -1 unknown (topo.c) */
+	char pci[32];			/* PCI address, "" unknown */
 	uint64_t bytes, wrs, doorbells; /* chains posted through it */
 	uint64_t regions;		/* regions whose home it is */
 	uint64_t moved;			/* chains it took for a down NIC */

@@ -76,8 +76,8 @@ static size_t nic_stats(struct kvb_transport *t, int json, char *buf,
 			PUT("rdma nic %-13s %s port %d, NUMA %d, PCI %s: %llu "
 			    "regions, %u/%u QPs (%llu refused), %llu bytes in "
 			    "%llu WRs, %llu doorbells, %llu moved here\n",
-			    n[i].name, n[i].port_up ? "up" : "DOWN",
-			    n[i].port, n[i].numa, n[i].pci[0] ? n[i].pci : "-",
+			    n[i].name, n[i].port_up ? "up" : "DOWN", n[i].port,
+			    n[i].numa, n[i].pci[0] ? n[i].pci : "-",
 			    (unsigned long long) n[i].regions, n[i].qps,
 			    n[i].max_qps, (unsigned long long) n[i].qp_refused,
 			    (unsigned long long) n[i].bytes,

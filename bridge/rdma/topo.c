@@ -497,15 +497,16 @@ static void explain(const struct kvb_topo *t, const struct target *g,
 
 	score(d, g, &near, anc, sizeof(anc));
 	if (anc[0])
-		snprintf(where, sizeof(where), "%s %s as %s", kvb_topo_near_text(near),
-			 anc, g->what);
+		snprintf(where, sizeof(where), "%s %s as %s",
+			 kvb_topo_near_text(near), anc, g->what);
 	else if (near == KVB_TOPO_NUMA_SAME)
 		snprintf(where, sizeof(where), "same NUMA node %d as %s%s",
 			 g->numa, g->what,
 			 g->path ? "; no NIC on its root complex" : "");
 	else
 		snprintf(where, sizeof(where), "%s (NIC node %d, %s node %d)%s",
-			 kvb_topo_near_text(near), d->pub.numa, g->what, g->numa,
+			 kvb_topo_near_text(near), d->pub.numa, g->what,
+			 g->numa,
 			 g->path ? "; no NIC on its root complex" : "");
 	n = snprintf(p->why, sizeof(p->why), "%s port %d: %s", p->dev, p->port,
 		     where);

@@ -19,11 +19,10 @@
 #include "mock_verbs.h"
 #include "rdma/rdma_priv.h"
 
-
 struct ibv_context mctx[2];
 struct ibv_cq mcq[2];
 struct ibv_pd mpd[2];
-static struct ibv_wc cqes[256]; /* the mock CQs, in one queue */
+static struct ibv_wc cqes[256];	 /* the mock CQs, in one queue */
 static struct ibv_cq *cqof[256]; /* the CQ of each entry */
 int ncqe;
 static uint32_t next_qpn = 100;
@@ -266,7 +265,7 @@ void ibv_ack_async_event(struct ibv_async_event *ev)
 }
 
 void queue_event_on(int nic, enum ibv_event_type type, int port,
-			   struct ibv_qp *qp)
+		    struct ibv_qp *qp)
 {
 	assert_true(naev < 128);
 	memset(&aev[naev], 0, sizeof(aev[naev]));
@@ -401,4 +400,3 @@ unsigned drain(int32_t *st, unsigned *seen)
 	}
 	return total;
 }
-

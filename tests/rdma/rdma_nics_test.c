@@ -41,15 +41,15 @@
 #define NCK	(1u << 16)
 #define PENDING 0x7fffffff
 
-#define CHECK(cond, ...)                                               \
-	do {                                                           \
-		if (!(cond)) {                                         \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__,  \
-				__LINE__, #cond);                      \
-			fprintf(stderr, __VA_ARGS__);                  \
-			fprintf(stderr, "\n");                         \
-			return -1;                                     \
-		}                                                      \
+#define CHECK(cond, ...)                                              \
+	do {                                                          \
+		if (!(cond)) {                                        \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, \
+				__LINE__, #cond);                     \
+			fprintf(stderr, __VA_ARGS__);                 \
+			fprintf(stderr, "\n");                        \
+			return -1;                                    \
+		}                                                     \
 	} while (0)
 
 static const struct kvb_transport_ops *ops = &kvb_rdma_ops;
@@ -134,11 +134,11 @@ static int open_side(struct side *s, const char *devs, const char *name,
 		s->buf[i] = aligned_alloc(4096, REGION);
 		CHECK(s->buf[i], "alloc");
 		memset(s->buf[i], 0, REGION);
-		s->mr[i] = (struct kvb_mr){
-			.id = (uint32_t) i + 1,
-			.flags = KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ,
-			.addr = s->buf[i],
-			.len = REGION};
+		s->mr[i] = (struct kvb_mr){.id = (uint32_t) i + 1,
+					   .flags = KVB_MEM_REMOTE_WRITE |
+						    KVB_MEM_REMOTE_READ,
+					   .addr = s->buf[i],
+					   .len = REGION};
 		CHECK(ops->reg_mr(s->t, &s->mr[i]) == 0, "reg_mr");
 		s->nrk[i] = ops->mr_keys(s->t, &s->mr[i], s->rkeys[i],
 					 KVB_NIC_MAX, &s->home[i]);
@@ -250,8 +250,8 @@ static int run(struct kvb_xop *o, unsigned n, double limit)
 	unsigned done = 0, hs = 0, bad = 0, i;
 
 	while (done < n) {
-		int k = post_chain(o + done, n - done < CHAIN ? n - done : CHAIN,
-				   &hs);
+		int k = post_chain(o + done,
+				   n - done < CHAIN ? n - done : CHAIN, &hs);
 
 		CHECK(k >= 0, "post");
 		done += (unsigned) k;
@@ -323,7 +323,8 @@ static int case_rails(uint32_t code, uint32_t seed)
 		int64_t at =
 			verify(dst->buf[i], seed + (uint32_t) i, 0, REGION);
 
-		CHECK(at < 0, "region %d: byte %lld differs", i, (long long) at);
+		CHECK(at < 0, "region %d: byte %lld differs", i,
+		      (long long) at);
 	}
 	nics_get(n1);
 	for (i = 0; i < KVB_NIC_MAX; i++)
@@ -352,7 +353,8 @@ static int fo_stream(struct kvb_xop *o, unsigned n, const char *cmd,
 	nics_get(nn);
 	moved0 = nn[other].moved;
 	while (done < n) {
-		k = post_chain(o + done, n - done < CHAIN ? n - done : CHAIN, hs);
+		k = post_chain(o + done, n - done < CHAIN ? n - done : CHAIN,
+			       hs);
 		CHECK(k >= 0, "post");
 		done += (unsigned) k;
 		CHECK(reap_once() >= 0, "poll");
@@ -419,8 +421,7 @@ static int case_failover(const char *cmd)
 		CHECK(at < 0, "block %u byte %lld differs", i, (long long) at);
 		checked++;
 	}
-	printf("failover: %u blocks written ok, every byte checked\n",
-	       checked);
+	printf("failover: %u blocks written ok, every byte checked\n", checked);
 	CHECK(checked > 0, "no write landed");
 	return 0;
 }
@@ -447,8 +448,8 @@ static int test(void)
 		printf("A region %d: NIC %u, %s\n", i, A.home[i], why);
 	}
 	CHECK(A.home[0] != A.home[1] && B.home[0] != B.home[1],
-	      "regions not spread over the NICs (A %u %u, B %u %u)",
-	      A.home[0], A.home[1], B.home[0], B.home[1]);
+	      "regions not spread over the NICs (A %u %u, B %u %u)", A.home[0],
+	      A.home[1], B.home[0], B.home[1]);
 	CHECK(handshake(1) == 0, "handshake");
 	CHECK(case_rails(KVB_XOP_WRITE, 1) == 0, "write");
 	CHECK(case_rails(KVB_XOP_READ, 3) == 0, "read");
@@ -486,8 +487,7 @@ static int bench(const char *devs, unsigned mib)
 		o[i] = xop(KVB_XOP_WRITE, 0, 0, 0);
 		o[i].len = 1u << 20;
 		/* 1 MiB apart: no two merge into one WR */
-		o[i].local_off = o[i].remote_off =
-			(uint64_t) (i % 32) << 21;
+		o[i].local_off = o[i].remote_off = (uint64_t) (i % 32) << 21;
 	}
 	t0 = now();
 	while (done < n) {
@@ -513,8 +513,8 @@ static int bench(const char *devs, unsigned mib)
 	for (i = 0; i < 32 && i < n; i++)
 		CHECK(verify(B.buf[0], 5, (uint64_t) i << 21, 1u << 20) < 0,
 		      "bytes differ");
-	printf("bench %s qp_per_peer %d: %u MiB in %.3f s = %.1f MiB/s\n",
-	       devs, qp_per_peer, n, dt, n / dt);
+	printf("bench %s qp_per_peer %d: %u MiB in %.3f s = %.1f MiB/s\n", devs,
+	       qp_per_peer, n, dt, n / dt);
 	nics_print("bench");
 	close_side(&A, 1);
 	close_side(&B, 1);

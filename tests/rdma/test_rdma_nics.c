@@ -242,7 +242,7 @@ static void test_nic_post_pair(void **state)
 	(void) state;
 	two_nics();
 	r->p.qp_per_peer = 1;
-	ep = ready_ep_to(2); /* P[0] (0,0), P[1] (1,1) */
+	ep = ready_ep_to(2);	/* P[0] (0,0), P[1] (1,1) */
 	a = reg(1, 1ull << 34); /* home 0 */
 	b = reg(2, 1ull << 34); /* home 1 */
 	ga = a.tpriv[KVB_RDMA_TPRIV];
@@ -321,9 +321,9 @@ static void test_nic_failover(void **state)
 	(void) state;
 	two_nics();
 	r->p.qp_per_peer = 1;
-	ep = ready_ep_to(2); /* P[0] (0,0), P[1] (1,1) */
-	a = reg(1, 1 << 20); /* home 0 */
-	b = reg(2, 1 << 20); /* home 1 */
+	ep = ready_ep_to(2);		   /* P[0] (0,0), P[1] (1,1) */
+	a = reg(1, 1 << 20);		   /* home 0 */
+	b = reg(2, 1 << 20);		   /* home 1 */
 	o = xop(&b, 4096, 1, rk, 2, 0x10); /* in flight on NIC 1 */
 	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
 	assert_int_equal(P[1].n, 1);
@@ -336,10 +336,10 @@ static void test_nic_failover(void **state)
 	o = xop(&b, 4096, 1, rk, 2, 0x11);
 	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
 	assert_int_equal(P[0].n, 1);
-	assert_keys(0, ((struct kvb_rdma_reg *) b.tpriv[KVB_RDMA_TPRIV])
-			       ->mr[0]
-			       ->lkey,
-		    0x70);
+	assert_keys(
+		0,
+		((struct kvb_rdma_reg *) b.tpriv[KVB_RDMA_TPRIV])->mr[0]->lkey,
+		0x70);
 	assert_int_equal(t->ops->mr_nic(t, &b, why, sizeof(why)), 0);
 	assert_non_null(strstr(why, "down: through mock0"));
 	o = xop(&a, 4096, 0, rk, 2, 0x12); /* a's own: not moved */
@@ -357,7 +357,8 @@ static void test_nic_failover(void **state)
 	assert_int_equal(seen[0x10] + seen[0x11] + seen[0x12], 3);
 	assert_int_not_equal(st[0x10], 0);
 	assert_int_equal(st[0x11], 0);
-	/* (the error reset the endpoint: READY again, as after a re-handshake) */
+	/* (the error reset the endpoint: READY again, as after a re-handshake)
+	 */
 	ep->state = KVB_RDMA_EP_READY;
 	/* both down: -ENETDOWN */
 	queue_event_on(0, IBV_EVENT_PORT_ERR, 1, NULL);
