@@ -244,6 +244,9 @@ static int open_rdma(struct kvb_broker *b)
 	if (t->ops->time_posts)
 		t->ops->time_posts(t, 1);
 	rdma_watch(b, t);
+	/* events pending since open; the transport keeps the log function
+	 * for its NIC choices (a region's nearest NIC, QP budgets) */
+	kvb_xn_rdma_events(b);
 	log_info("transport rdma ready (%s%s): peers that offer rdma use it",
 		 p.dev_name ? p.dev_name : "first device",
 		 b->opt.transport == KVB_TR_RDMA ? ", no tcp"
