@@ -394,7 +394,8 @@ static void render_nics(struct mbuf *m, struct kvb_broker *b)
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qps", GAUGE,
 		"Queue pairs on the NIC now.", NIC_F(qps), 1);
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_max_qps", GAUGE,
-		"The NIC's QP budget (0: none set).", NIC_F(max_qps), 1);
+		"The NIC's QP budget (--max-qps, else the device's limit).",
+		NIC_F(max_qps), 1);
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_regions", GAUGE,
 		"Regions whose nearest NIC it is.", NIC_F(regions), 0);
 	family(m, "kvbroker_rdma_nic_up", GAUGE,
