@@ -285,8 +285,29 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		  uint64_t tag, int32_t status, uint64_t bytes, uint32_t xfer);
 void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status);
 void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
+/* finish.c: count one ended op of transfer (handle, worker) (none: handle
+ * 0, or it ended already) and end the transfer if that completes it */
 void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		      int status);
+
+/* The one completion of an op the extension built (a layer op), and what
+ * the engine does with it (kvb_op_complete): the descriptor completion
+ * (unless it succeeded and was unsignaled), then the op counted on its
+ * transfer. */
+struct kvb_op_done {
+	uint32_t worker, xfer;
+	uint64_t tag, bytes;
+	int32_t status;
+	uint8_t flags;
+};
+/* finish.c: for an op the extension completes by itself (one failed before
+ * it went out, or issued late from its own events); in the completion
+ * path the hooks hand it back to the engine instead (group_done) */
+void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d);
+/* finish.c: a peer says its writes into x ended (done, or failed with
+ * status): one op counted; a writer asked to stop (x->closing) is no
+ * longer waited for */
+void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status);
 
 /* engine.c: refuse a layer op: completed with rc, counted (broker and
  * worker), logged within the worker's refusal log budget; the transfer
@@ -309,19 +330,29 @@ struct kvb_engine_hooks {
 	/* a worker attached (0 or -errno: it is dropped) / is going away */
 	int (*worker_attached)(struct kvb_broker *b, struct kvb_worker *w);
 	void (*worker_gone)(struct kvb_broker *b, struct kvb_worker *w);
-	/* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
-	void (*layer_op)(struct kvb_broker *b, struct kvb_worker *w,
-			 const struct kvb_sqe *e);
-	/* an in-flight entry with a group (a layer op) completed */
-	void (*group_done)(struct kvb_broker *b, uint32_t group, int status,
-			   uint64_t bytes);
+	/* KVB_OP_LAYER from a worker's ring (already counted as submitted):
+	 * 1 when it completed at once (*done: the engine posts and counts
+	 * it), 0 when taken (queued, deferred) or refused (kvb_layer_refuse) */
+	int (*layer_op)(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_sqe *e, struct kvb_op_done *done);
+	/* an in-flight entry with a group (a layer op) completed: 1 when it
+	 * was the group's last (*done: the layer op's completion, which the
+	 * engine posts and counts), else 0. *stale: a slot of the
+	 * extension's destinations (a peer) whose queued ops the engine then
+	 * fails with -ECONNRESET (0 = none) */
+	int (*group_done)(struct kvb_broker *b, uint32_t group, int status,
+			  uint64_t bytes, struct kvb_op_done *done,
+			  uint32_t *stale);
 	/* Transfers with extension state (x->rx): complete by its rules? */
 	int (*xfer_complete)(const struct kvb_xfer *x);
 	/* ... ending with status (notify the peer, fail deferred ops) */
 	void (*xfer_end)(struct kvb_broker *b, struct kvb_xfer *x, int status);
-	/* ... failing: deferred ops fail now; the rest drains first */
-	void (*xfer_fence)(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status);
+	/* ... failing: deferred ops fail now (their completions posted;
+	 * *failed: how many, the engine counts them); the rest drains first.
+	 * Returns how many peer writers it asked to stop: the engine waits
+	 * for their answers (kvb_xfer_peer_done), its stall timeout at most */
+	uint32_t (*xfer_fence)(struct kvb_broker *b, struct kvb_xfer *x,
+			       int status, uint32_t *failed);
 	/* ... how many peers may still write into it (0: none) */
 	uint32_t (*xfer_writers)(struct kvb_broker *b,
 				 const struct kvb_xfer *x);
@@ -403,21 +434,25 @@ static inline void kvb_hook_worker_gone(struct kvb_broker *b,
 		b->hooks->worker_gone(b, w);
 }
 
-static inline void kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,
-				     const struct kvb_sqe *e)
+static inline int kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,
+				    const struct kvb_sqe *e,
+				    struct kvb_op_done *done)
 {
 	if (KVB_HOOK(b, layer_op))
-		b->hooks->layer_op(b, w, e);
-	else
-		kvb_layer_refuse(b, w, e, -EINVAL,
-				 "layer op for an unknown or local transfer");
+		return b->hooks->layer_op(b, w, e, done);
+	kvb_layer_refuse(b, w, e, -EINVAL,
+			 "layer op for an unknown or local transfer");
+	return 0;
 }
 
-static inline void kvb_hook_group_done(struct kvb_broker *b, uint32_t group,
-				       int status, uint64_t bytes)
+static inline int kvb_hook_group_done(struct kvb_broker *b, uint32_t group,
+				      int status, uint64_t bytes,
+				      struct kvb_op_done *done, uint32_t *stale)
 {
-	if (KVB_HOOK(b, group_done))
-		b->hooks->group_done(b, group, status, bytes);
+	return KVB_HOOK(b, group_done)
+		       ? b->hooks->group_done(b, group, status, bytes, done,
+					      stale)
+		       : 0;
 }
 
 /* Is x complete: by the rules of its module where it has one (x->rx). */
@@ -436,11 +471,14 @@ static inline void kvb_hook_xfer_end(struct kvb_broker *b, struct kvb_xfer *x,
 		b->hooks->xfer_end(b, x, status);
 }
 
-static inline void kvb_hook_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-				       int status)
+static inline uint32_t kvb_hook_xfer_fence(struct kvb_broker *b,
+					   struct kvb_xfer *x, int status,
+					   uint32_t *failed)
 {
-	if (x->rx && KVB_HOOK(b, xfer_fence))
-		b->hooks->xfer_fence(b, x, status);
+	*failed = 0;
+	return x->rx && KVB_HOOK(b, xfer_fence)
+		       ? b->hooks->xfer_fence(b, x, status, failed)
+		       : 0;
 }
 
 static inline uint32_t kvb_hook_xfer_writers(struct kvb_broker *b,

@@ -327,21 +327,10 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->rx->mode != KVB_XFER_WRITE)
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
-	x->progress++; /* a peer's message: the stall clock runs */
-	if (x->closing && x->inbound)
-		x->inbound--; /* a writer we asked to stop has stopped */
-	if (failed) {
-		if (kvb_xn_rlog_ok(kvb_xn_of(b)))
-			log_warn("transfer '%s': the P side's writes failed "
-				 "(%s)",
-				 x->id, strerror(-m->status));
-		x->failed++;
-		if (!x->first_err)
-			x->first_err = m->status;
-	} else {
-		x->completed++;
-	}
-	kvb_xfer_maybe_finish(b, x);
+	if (failed && kvb_xn_rlog_ok(kvb_xn_of(b)))
+		log_warn("transfer '%s': the P side's writes failed (%s)",
+			 x->id, strerror(-m->status));
+	kvb_xfer_peer_done(b, x, failed ? m->status : 0);
 	return 0;
 }
 

@@ -597,28 +597,25 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 	return sent;
 }
 
-void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
+uint32_t kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status,
+			   uint32_t *failed)
 {
 	struct kvb_rxfer *rx = x->rx;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	uint32_t writers = kvb_xn_xfer_writers(b, x);
 
-	if (writers && release_writers(b, x)) {
-		uint32_t stall =
-			x->stall_ms ? x->stall_ms : b->opt.transfer_timeout_ms;
-
-		x->inbound += writers;
-		x->fence_ns = kvb_now_ns() + (int64_t) stall * 1000000;
-	}
-
-	/* layers that never went out fail now: they count as ended ops */
+	if (writers && !release_writers(b, x))
+		writers = 0;
+	/* layers that never went out fail now: they count as ended ops
+	 * (the engine counts them: *failed) */
 	if (rx->ndef && status == -ETIMEDOUT && kvb_xn_of(b))
 		kvb_xn_of(b)->st.defer_expired++;
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
 			     0, handle);
-	x->failed += rx->ndef;
+	*failed = rx->ndef;
 	rx->ndef = 0;
+	return writers;
 }
 
 int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms)

@@ -200,16 +200,18 @@ int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 		    const struct kvb_msg_peer *m);
 int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle);
-void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
-		  const struct kvb_sqe *e);
+int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_sqe *e, struct kvb_op_done *done);
 void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
-void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status);
+uint32_t kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status,
+			   uint32_t *failed);
 uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x);
 int kvb_xn_xfer_deferred(const struct kvb_xfer *x);
 int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
 int kvb_xn_xfer_complete(const struct kvb_xfer *x);
-void kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
-		       uint64_t bytes);
+int kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
+		      uint64_t bytes, struct kvb_op_done *done,
+		      uint32_t *stale);
 void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
 uint64_t kvb_xn_rejected(struct kvb_broker *b);
