@@ -49,11 +49,6 @@ struct kvb_worker {
 	struct kvb_worker_stats st;
 	int64_t since;	   /* accepted at (pending: the HELLO deadline) */
 	uint32_t inf_used; /* in-flight entries of its descriptors */
-	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
-	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
-	uint32_t nkv;
-	uint16_t *grant; /* per KV block: holders, fenced (grants.c) */
-	uint32_t ngrant;
 };
 
 /* A descriptor between drain and completion. */
@@ -184,21 +179,6 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
 
-/* grants.c: the KV blocks a cross-node D transfer holds (WRITE mode) and
- * those a failed one left (fenced), so that tcp writes arriving after it
- * failed are refused. take (its open; lifts the fence): 0 or -ENOMEM; drop
- * (its end; failed: fence them); unfence (another D rank of DP rank dp
- * announced them: P may write every such rank now). */
-int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
-		   const uint32_t *ids, uint32_t n);
-void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
-		    uint32_t n, int failed);
-void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
-		       uint32_t n);
-/* a transport's write gate (transport.h set_write_gate), arg = b */
-int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
-void kvb_grant_free(struct kvb_worker *w);
-
 /* quota.c (docs/security.md, "On the node"). May w take one more
  * transfer table slot (1) or not (0)? */
 int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
@@ -231,6 +211,11 @@ void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 void kvb_wake_workers(struct kvb_broker *b);
 /* Fail and forget everything of a worker that is going away. */
 void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+/* An op in flight touches r (held until kvb_region_put). */
+static inline void kvb_region_hold(struct kvb_region_ent *r)
+{
+	r->refs++;
+}
 /* Region no longer referenced and dead: unmap and free the slot. */
 void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r);
@@ -309,6 +294,13 @@ void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d);
  * longer waited for */
 void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status);
 
+/* A write refused because it came after the transfer that held its
+ * memory failed (the extension's write gate): late_writes_refused. */
+static inline void kvb_count_late_write(struct kvb_broker *b)
+{
+	b->st.late_writes_refused++;
+}
+
 /* engine.c: refuse a layer op: completed with rc, counted (broker and
  * worker), logged within the worker's refusal log budget; the transfer
  * itself is left as it is */
@@ -327,9 +319,12 @@ struct kvb_engine_hooks {
 	/* a region was registered / is about to be freed */
 	void (*region_added)(struct kvb_broker *b, struct kvb_region_ent *r);
 	void (*region_gone)(struct kvb_broker *b, struct kvb_region_ent *r);
-	/* a worker attached (0 or -errno: it is dropped) / is going away */
+	/* a worker attached (0 or -errno: it is dropped) / is going away
+	 * (before its transfers end) / its slot is freed (after they ended:
+	 * the module lets go of what it keeps for it) */
 	int (*worker_attached)(struct kvb_broker *b, struct kvb_worker *w);
 	void (*worker_gone)(struct kvb_broker *b, struct kvb_worker *w);
+	void (*worker_free)(struct kvb_broker *b, struct kvb_worker *w);
 	/* KVB_OP_LAYER from a worker's ring (already counted as submitted):
 	 * 1 when it completed at once (*done: the engine posts and counts
 	 * it), 0 when taken (queued, deferred) or refused (kvb_layer_refuse) */
@@ -397,6 +392,11 @@ static inline void *kvb_engine_ctx(const struct kvb_broker *b)
 {
 	return b->hooks_ctx;
 }
+/* Does the broker run cross-node (a module registered and --host-ip)? */
+static inline int kvb_engine_cross_node(const struct kvb_broker *b)
+{
+	return b->hooks_ctx && b->opt.xnode;
+}
 /* ext.c: wake the daemon's loop when fd turns readable; tag is handed to
  * the event hook (KVB_EP_REMOTE: only the service hook runs). 0 or -errno */
 int kvb_engine_watch_fd(struct kvb_broker *b, int fd, uint64_t tag);
@@ -432,6 +432,13 @@ static inline void kvb_hook_worker_gone(struct kvb_broker *b,
 {
 	if (KVB_HOOK(b, worker_gone))
 		b->hooks->worker_gone(b, w);
+}
+
+static inline void kvb_hook_worker_free(struct kvb_broker *b,
+					struct kvb_worker *w)
+{
+	if (KVB_HOOK(b, worker_free))
+		b->hooks->worker_free(b, w);
 }
 
 static inline int kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,

@@ -151,16 +151,14 @@ static int heads_differ(struct kvb_broker *b, const struct kvb_worker *w,
 {
 	const struct kvb_hs_worker *hw = desc_worker(&p->desc, role, dp, tp);
 
-	for (uint32_t l = 0; hw && l < w->nkv; l++) {
-		const struct kvb_region_ent *r =
-			w->kv_layer[l]
-				? kvb_region_get(&b->regions, w->kv_layer[l])
-				: NULL;
+	for (uint32_t l = 0, n = kvb_xn_nkv(b, w); hw && l < n; l++) {
+		struct kvb_region_ent *r;
+		const struct kvb_xn_region *kv = kvb_xn_kv_layer(b, w, l, &r);
 		const struct kvb_hs_region *hr =
-			r && !r->dead ? desc_layer(hw, l) : NULL;
+			kv && !r->dead ? desc_layer(hw, l) : NULL;
 
 		if (hr)
-			return hr->geom.num_heads != r->geom.num_heads;
+			return hr->geom.num_heads != kv->geom.num_heads;
 	}
 	return 0;
 }
@@ -287,8 +285,8 @@ static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
  * split (merged runs make fewer); *per_target: the most for one rank. */
 static uint64_t layer_entries_max(const struct kvb_peer *p,
 				  const struct kvb_rxfer *rx,
-				  const struct kvb_region_ent *r,
-				  uint16_t layer, uint64_t *per_target)
+				  const struct kvb_kv_geom *g, uint16_t layer,
+				  uint64_t *per_target)
 {
 	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 	uint64_t need = 0;
@@ -299,8 +297,8 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 			&p->desc, role, rx->remote_dp, rx->targets[t]);
 		const struct kvb_hs_region *hr =
 			hw ? desc_layer(hw, layer) : NULL;
-		uint64_t rows = hr && hr->geom.num_heads != r->geom.num_heads
-					? r->geom.block_size
+		uint64_t rows = hr && hr->geom.num_heads != g->num_heads
+					? g->block_size
 					: 1;
 
 		need += 2 * (uint64_t) rx->nlb * rows;
@@ -336,6 +334,7 @@ struct layer_op {
 	struct kvb_worker *w;
 	struct kvb_peer *p;
 	struct kvb_region_ent *r; /* this worker's KV region of the layer */
+	const struct kvb_xn_region *kv; /* ... its geometry, transports */
 	struct kvb_group *g;
 	uint32_t handle, gi;
 	unsigned ts; /* the peer's transport slot */
@@ -358,9 +357,8 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 			   o->layer, o->out);
 		return -1;
 	}
-	if (o->layer < w->nkv && w->kv_layer[o->layer])
-		o->r = kvb_region_get(&b->regions, w->kv_layer[o->layer]);
-	if (!o->r || o->r->dead || !o->r->has_kv) {
+	o->kv = kvb_xn_kv_layer(b, w, o->layer, &o->r);
+	if (!o->kv || o->r->dead) {
 		fail_layer(b, o->x, o->tag, -ENOENT,
 			   "no KV region declared for this layer "
 			   "(kvb_mem_set_kv)",
@@ -373,7 +371,7 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 			   "no transport to the peer", o->layer, o->out);
 		return -1;
 	}
-	if (!(o->ts == KVB_TS_RDMA ? o->r->rdma_reg : o->r->tcp_reg)) {
+	if (!(o->ts == KVB_TS_RDMA ? o->kv->rdma_reg : o->kv->tcp_reg)) {
 		fail_layer(b, o->x, o->tag, -EOPNOTSUPP,
 			   "region not registered with the peer's transport "
 			   "(see the broker log)",
@@ -424,7 +422,8 @@ static int layer_refresh(struct kvb_broker *b, struct layer_op *o)
 static int layer_room(struct kvb_broker *b, struct layer_op *o, uint64_t *ncap)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
-	uint64_t need = layer_entries_max(o->p, o->rx, o->r, o->layer, ncap);
+	uint64_t need =
+		layer_entries_max(o->p, o->rx, &o->kv->geom, o->layer, ncap);
 
 	if (need >= KVB_INFLIGHT_MAX) {
 		fail_layer(b, o->x, o->tag, -ENOBUFS,
@@ -496,7 +495,7 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 		f->bytes = ents[i].len;
 		f->lreg = o->r->mr.id;
 		f->group = o->gi;
-		o->r->refs++;
+		kvb_region_hold(o->r);
 		o->g->remaining++;
 		memset(&op, 0, sizeof(op));
 		op.opcode = o->rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
@@ -522,7 +521,7 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 			 uint32_t rank, struct kvb_kv_xfer *ents, uint64_t ncap)
 {
 	struct kvb_rxfer *rx = o->rx;
-	struct kvb_region_ent *r = o->r;
+	const struct kvb_kv_geom *g = &o->kv->geom;
 	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 	const struct kvb_hs_worker *hw =
 		desc_worker(&o->p->desc, role, rx->remote_dp, rank);
@@ -540,18 +539,18 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 			o->g->err = -ENOENT;
 		return;
 	}
-	if (head_slice(o->w, rx, rank, &r->geom, &hr->geom, &slice)) {
+	if (head_slice(o->w, rx, rank, g, &hr->geom, &slice)) {
 		log_warn("transfer '%s' layer %u: %u heads here, %u at the "
 			 "peer's rank %u: not a head split (one side's TP m "
 			 "times the other's, its ranks holding 1/m of the "
 			 "heads; READ only with more D ranks)",
-			 o->x->id, o->layer, r->geom.num_heads,
-			 hr->geom.num_heads, rank);
+			 o->x->id, o->layer, g->num_heads, hr->geom.num_heads,
+			 rank);
 		if (!o->g->err)
 			o->g->err = -EINVAL;
 		return;
 	}
-	n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb, rx->rb,
+	n = kvb_kv_build_xfers_split(g, &hr->geom, slice, rx->lb, rx->rb,
 				     rx->nlb, ents, (uint32_t) ncap);
 	if (n < 0) {
 		log_warn("transfer '%s' layer %u: block list refused: %s",
