@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "log.h"
@@ -307,6 +308,13 @@ static inline void kvb_count_late_write(struct kvb_broker *b)
 void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e, int rc, const char *why);
 
+/* kvbctl regions: what the extension keeps of a region */
+struct kvb_region_info {
+	uint8_t kv;   /* a KV region (kvb_mem_set_kv) of layer `layer` */
+	uint8_t rdma; /* registered with the rdma transport */
+	uint32_t layer;
+};
+
 /*
  * Hooks: what a module that extends the engine (the cross-node module,
  * bridge/xnode) hands it with kvb_engine_set_hooks(). The engine calls
@@ -380,6 +388,10 @@ struct kvb_engine_hooks {
 	 * -ENOENT for a free slot, -ERANGE past the last one */
 	int (*peer_info)(struct kvb_broker *b, uint32_t i,
 			 struct kvb_peer_info *pi);
+	/* kvbctl regions: region r's part (*ri zeroed first) */
+	void (*region_info)(struct kvb_broker *b,
+			    const struct kvb_region_ent *r,
+			    struct kvb_region_info *ri);
 	/* the daemon shuts down */
 	void (*fini)(struct kvb_broker *b);
 };
@@ -556,6 +568,15 @@ static inline void kvb_hook_service(struct kvb_broker *b)
 static inline uint64_t kvb_hook_rejected(struct kvb_broker *b)
 {
 	return KVB_HOOK(b, rejected) ? b->hooks->rejected(b) : 0;
+}
+
+static inline void kvb_hook_region_info(struct kvb_broker *b,
+					const struct kvb_region_ent *r,
+					struct kvb_region_info *ri)
+{
+	memset(ri, 0, sizeof(*ri));
+	if (KVB_HOOK(b, region_info))
+		b->hooks->region_info(b, r, ri);
 }
 
 static inline int kvb_hook_peer_info(struct kvb_broker *b, uint32_t i,

@@ -5,9 +5,11 @@
  * non-blocking at open(); the caller polls it (kvb_rdma_async_fd) and calls
  * kvb_rdma_async_service() when it turns readable.
  *
- * What they change: while our port is down (PORT_ERR until PORT_ACTIVE),
- * and for good after DEVICE_FATAL, post() refuses chains with -ENETDOWN /
- * -ENODEV at once instead of leaving them to the retry timer. Ops already
+ * What they change: while a NIC's port is down (PORT_ERR until
+ * PORT_ACTIVE), and for good after DEVICE_FATAL, it takes no new chains:
+ * those of its regions go through the next nearest NIC up (rdma.c), and
+ * with none up post() refuses them with -ENETDOWN / -ENODEV at once
+ * instead of leaving them to the retry timer. Ops already
  * posted end by their own work completions, as before. QP and CQ errors
  * are logged and counted; a QP's error reaches its ops as work completions
  * (flushes), which reset its endpoint (ep.c).
@@ -15,6 +17,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "rdma/rdma_priv.h"
 
@@ -40,33 +43,40 @@ static uint32_t our_qpn(const struct kvb_rdma *r, const struct ibv_qp *qp)
 	return 0;
 }
 
-static void handle(struct kvb_rdma *r, const struct ibv_async_event *ev,
-		   kvb_rdma_log_fn log, void *arg)
+static void handle(struct kvb_rdma *r, struct kvb_rdma_nic *n,
+		   const struct ibv_async_event *ev, kvb_rdma_log_fn log,
+		   void *arg)
 {
-	struct kvb_rdma_async_stats *s = &r->async;
+	struct kvb_rdma_async_stats *s = &n->async;
 	const char *name = ibv_event_type_str(ev->event_type);
 	uint32_t qpn;
 
 	s->events++;
 	switch (ev->event_type) {
 	case IBV_EVENT_PORT_ERR:
-		if (ev->element.port_num != r->p.ib_port)
+		if (ev->element.port_num != n->port_num)
 			break;
 		s->port_errors++;
-		if (!s->port_down)
+		if (!s->port_down && r->nnic > 1)
+			say(log, arg, KVB_RDMA_LOG_WARN,
+			    "rdma: %s port %d down (%s): its regions' new "
+			    "chains go through the next nearest NIC up",
+			    n->name, n->port_num, name);
+		else if (!s->port_down)
 			say(log, arg, KVB_RDMA_LOG_WARN,
 			    "rdma: port %d down (%s): new chains fail with "
 			    "-ENETDOWN until it is active again",
-			    r->p.ib_port, name);
+			    n->port_num, name);
 		s->port_down = 1;
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
-		if (ev->element.port_num != r->p.ib_port)
+		if (ev->element.port_num != n->port_num)
 			break;
 		s->port_active++;
 		if (s->port_down)
 			say(log, arg, KVB_RDMA_LOG_INFO,
-			    "rdma: port %d active again", r->p.ib_port);
+			    "rdma: %s port %d active again", n->name,
+			    n->port_num);
 		s->port_down = 0;
 		break;
 	case IBV_EVENT_QP_FATAL:
@@ -91,9 +101,10 @@ static void handle(struct kvb_rdma *r, const struct ibv_async_event *ev,
 		s->device_fatal++;
 		s->device_dead = 1;
 		say(log, arg, KVB_RDMA_LOG_ERR,
-		    "rdma: %s: new chains fail with -ENODEV; restart the "
-		    "broker once the device is back",
-		    name);
+		    "rdma: %s: %s: it takes no new chains (with no other NIC "
+		    "up they fail with -ENODEV); restart the broker once the "
+		    "device is back",
+		    n->name, name);
 		break;
 	case IBV_EVENT_COMM_EST:
 	case IBV_EVENT_SQ_DRAINED:
@@ -111,7 +122,9 @@ int kvb_rdma_async_fd(struct kvb_transport *t)
 {
 	struct kvb_rdma *r = to_rdma(t);
 
-	return r->async_nb ? r->ctx->async_fd : -1;
+	if (r->nnic > 1)
+		return r->async_epfd;
+	return r->nics[0].async_nb ? r->nics[0].ctx->async_fd : -1;
 }
 
 int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
@@ -121,13 +134,20 @@ int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
 	struct ibv_async_event ev;
 	int n = 0;
 
-	if (!r->async_nb)
-		return 0; /* a blocking fd: never read it from the loop */
+	if (log && !r->log)
+		kvb_rdma_set_log(t, log, arg);
 	/* bounded: a device flooding events does not hold the loop */
-	while (n < 64 && ibv_get_async_event(r->ctx, &ev) == 0) {
-		handle(r, &ev, log, arg);
-		ibv_ack_async_event(&ev);
-		n++;
+	for (unsigned i = 0; i < r->nnic; i++) {
+		struct kvb_rdma_nic *nic = &r->nics[i];
+
+		if (!nic->async_nb)
+			continue; /* a blocking fd: never read it from the loop
+				   */
+		while (n < 64 && ibv_get_async_event(nic->ctx, &ev) == 0) {
+			handle(r, nic, &ev, log, arg);
+			ibv_ack_async_event(&ev);
+			n++;
+		}
 	}
 	return n;
 }
@@ -136,6 +156,21 @@ void kvb_rdma_async_get_stats(struct kvb_transport *t,
 			      struct kvb_rdma_async_stats *out)
 {
 	struct kvb_rdma *r = to_rdma(t);
+	unsigned i, down = 0, dead = 0;
 
-	*out = r->async;
+	memset(out, 0, sizeof(*out));
+	for (i = 0; i < r->nnic; i++) {
+		const struct kvb_rdma_async_stats *s = &r->nics[i].async;
+
+		out->events += s->events;
+		out->port_errors += s->port_errors;
+		out->port_active += s->port_active;
+		out->qp_errors += s->qp_errors;
+		out->cq_errors += s->cq_errors;
+		out->device_fatal += s->device_fatal;
+		down += s->port_down || s->device_dead;
+		dead += s->device_dead;
+	}
+	out->port_down = r->nnic && down == r->nnic;
+	out->device_dead = r->nnic && dead == r->nnic;
 }

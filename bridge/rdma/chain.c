@@ -173,10 +173,87 @@ int kvb_chain_build(struct kvb_chain *c, const struct kvb_xop *ops, unsigned n)
 	return kvb_chain_build_max(c, ops, n, UINT64_MAX);
 }
 
+/* WRs the next chain may have: max_wrs, the credit left and ring space
+ * (0: none, or no cookie room) */
+static uint32_t chain_room(const struct kvb_chain *c)
+{
+	uint32_t wr_room = c->wr_mask + 1 - (c->head - c->tail);
+	uint32_t ck_room = c->ck_mask + 1 - (c->ck_head - c->ck_tail);
+	uint32_t lim = c->max_wrs;
+
+	if (lim > c->credits)
+		lim = c->credits;
+	if (lim > wr_room)
+		lim = wr_room;
+	return ck_room ? lim : 0;
+}
+
+/* Staged WR nwr starts with op, whose cookie goes to ring slot ck. */
+static void wr_start(struct kvb_chain *c, uint32_t nwr,
+		     const struct kvb_xop *op, uint32_t ck)
+{
+	struct ibv_send_wr *w = &c->wr[nwr];
+	struct kvb_chain_wr *info = &c->wri[(c->head + nwr) & c->wr_mask];
+
+	w->wr_id = make_wr_id(c, c->head + nwr);
+	w->opcode = op_verb(op);
+	w->send_flags = 0;
+	w->num_sge = 1;
+	w->sg_list->addr = op_laddr(op);
+	w->sg_list->length = (uint32_t) op->len;
+	w->sg_list->lkey = op->local->lkey;
+	w->wr.rdma.remote_addr = op_raddr(op);
+	w->wr.rdma.rkey = op->remote.rkey;
+	info->ck_first = ck;
+	info->ck_count = 1;
+	info->status = 0;
+	info->signaled = 0;
+	info->bytes = op->len;
+}
+
+/* op merged into WR w (how: op_merges()'s answer) */
+static void wr_extend(struct ibv_send_wr *w, struct kvb_chain_wr *info,
+		      const struct kvb_xop *op, int how)
+{
+	struct ibv_sge *s = &w->sg_list[w->num_sge - 1];
+
+	if (how == 2) { /* gather: a local piece of its own */
+		if (s->length) {
+			s++;
+			w->num_sge++;
+		}
+		s->addr = op_laddr(op);
+		s->length = 0;
+		s->lkey = op->local->lkey;
+	}
+	s->length += (uint32_t) op->len;
+	info->ck_count++;
+	info->bytes += op->len;
+}
+
+/* The staged WRs linked, the last and one in every signal_every signaled;
+ * k ops staged. */
+static void chain_seal(struct kvb_chain *c, uint32_t nwr, unsigned k)
+{
+	for (uint32_t i = 0; i < nwr; i++) {
+		struct kvb_chain_wr *wi = &c->wri[(c->head + i) & c->wr_mask];
+		int sig = i + 1 == nwr || (i + 1) % c->p.signal_every == 0;
+
+		/* A zero-length WR carries no SGE. */
+		if (!wi->bytes)
+			c->wr[i].num_sge = 0;
+		c->wr[i].send_flags = sig ? IBV_SEND_SIGNALED : 0;
+		c->wr[i].next = i + 1 < nwr ? &c->wr[i + 1] : NULL;
+		wi->signaled = (uint32_t) sig;
+	}
+	c->staged = nwr;
+	c->staged_ops = k;
+}
+
 int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 			unsigned n, uint64_t max_bytes)
 {
-	uint32_t lim, wr_room, ck_room, nwr = 0, i, ck = c->ck_head;
+	uint32_t lim, ck_room, nwr = 0, ck = c->ck_head;
 	uint64_t bytes = 0;
 	struct kvb_chain_wr *info = NULL;
 	struct ibv_send_wr *w = NULL;
@@ -192,19 +269,12 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 	err = op_check(c, &ops[0]);
 	if (err)
 		return err;
-
-	wr_room = c->wr_mask + 1 - (c->head - c->tail);
 	ck_room = c->ck_mask + 1 - (c->ck_head - c->ck_tail);
-	lim = c->max_wrs;
-	if (lim > c->credits)
-		lim = c->credits;
-	if (lim > wr_room)
-		lim = wr_room;
-	if (!lim || !ck_room) {
+	lim = chain_room(c);
+	if (!lim) {
 		stall(c);
 		return 0;
 	}
-
 	for (k = 0; k < n; k++) {
 		const struct kvb_xop *op = &ops[k];
 
@@ -215,20 +285,7 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 			goto stalled;
 		how = w ? op_merges(c, w, info, op) : 0;
 		if (how) {
-			struct ibv_sge *s = &w->sg_list[w->num_sge - 1];
-
-			if (how == 2) { /* gather: a local piece of its own */
-				if (s->length) {
-					s++;
-					w->num_sge++;
-				}
-				s->addr = op_laddr(op);
-				s->length = 0;
-				s->lkey = op->local->lkey;
-			}
-			s->length += (uint32_t) op->len;
-			info->ck_count++;
-			info->bytes += op->len;
+			wr_extend(w, info, op, how);
 		} else {
 			if (nwr == lim) {
 				/* Out of credit (not just a full chain). */
@@ -236,22 +293,9 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 					goto stalled;
 				break;
 			}
+			wr_start(c, nwr, op, ck);
 			w = &c->wr[nwr];
 			info = &c->wri[(c->head + nwr) & c->wr_mask];
-			w->wr_id = make_wr_id(c, c->head + nwr);
-			w->opcode = op_verb(op);
-			w->send_flags = 0;
-			w->num_sge = 1;
-			w->sg_list->addr = op_laddr(op);
-			w->sg_list->length = (uint32_t) op->len;
-			w->sg_list->lkey = op->local->lkey;
-			w->wr.rdma.remote_addr = op_raddr(op);
-			w->wr.rdma.rkey = op->remote.rkey;
-			info->ck_first = ck;
-			info->ck_count = 1;
-			info->status = 0;
-			info->signaled = 0;
-			info->bytes = op->len;
 			nwr++;
 		}
 		bytes += op->len;
@@ -262,19 +306,7 @@ int kvb_chain_build_max(struct kvb_chain *c, const struct kvb_xop *ops,
 stalled:
 	stall(c);
 built:
-	for (i = 0; i < nwr; i++) {
-		struct kvb_chain_wr *wi = &c->wri[(c->head + i) & c->wr_mask];
-		int sig = i + 1 == nwr || (i + 1) % c->p.signal_every == 0;
-
-		/* A zero-length WR carries no SGE. */
-		if (!wi->bytes)
-			c->wr[i].num_sge = 0;
-		c->wr[i].send_flags = sig ? IBV_SEND_SIGNALED : 0;
-		c->wr[i].next = i + 1 < nwr ? &c->wr[i + 1] : NULL;
-		wi->signaled = (uint32_t) sig;
-	}
-	c->staged = nwr;
-	c->staged_ops = k;
+	chain_seal(c, nwr, k);
 	return (int) k;
 }
 

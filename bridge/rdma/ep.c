@@ -27,7 +27,8 @@ static void qp_destroy(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 			}
 	}
 	r->slots[q->slot] = NULL;
-	r->cq_used -= 2 * (int) q->ch.p.depth;
+	r->nics[q->lnic].cq_used -= 2 * (int) q->ch.p.depth;
+	r->nics[q->lnic].qps--;
 	kvb_chain_fini(&q->ch);
 }
 
@@ -46,16 +47,21 @@ void _kvb_rdma_ep_destroy(struct kvb_rdma *r, struct kvb_ep *ep)
 	free(ep);
 }
 
-/* What every blob of this transport says about the device. */
+/* What every blob of this transport says about its NICs. */
 static void conn_fill_dev(struct kvb_rdma *r, struct kvb_rdma_conn *c)
 {
 	memset(c, 0, sizeof(*c));
 	c->version = KVB_RDMA_CONN_VERSION;
 	c->node = r->node;
-	c->lid = r->port.lid;
-	c->mtu = (uint8_t) r->port.active_mtu;
-	c->port = (uint8_t) r->p.ib_port;
-	memcpy(c->gid, r->gid.raw, 16);
+	c->nnic = (uint8_t) r->nnic;
+	for (unsigned i = 0; i < r->nnic; i++) {
+		const struct kvb_rdma_nic *n = &r->nics[i];
+
+		c->nic[i].lid = n->port.lid;
+		c->nic[i].mtu = (uint8_t) n->port.active_mtu;
+		c->nic[i].port = (uint8_t) n->port_num;
+		memcpy(c->nic[i].gid, n->gid.raw, 16);
+	}
 }
 
 int _kvb_rdma_local_info(struct kvb_transport *t, void *blob, size_t *len)
@@ -83,6 +89,9 @@ int kvb_rdma_ep_info(struct kvb_transport *t, struct kvb_ep *ep, void *blob,
 	for (i = 0; i < ep->nqp; i++) {
 		c.qp[i].qpn = ep->qp[i].qp->qp_num;
 		c.qp[i].psn = ep->qp[i].psn;
+		c.qp[i].lnic = ep->qp[i].lnic;
+		c.qp[i].rnic = ep->qp[i].rnic;
+		c.qp[i].flags = ep->qp[i].parked ? KVB_RDMA_QP_PARKED : 0;
 	}
 	return kvb_rdma_conn_encode(&c, blob, len);
 }
@@ -99,7 +108,7 @@ static int qp_to_init(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT,
 		.pkey_index = 0,
-		.port_num = (uint8_t) r->p.ib_port,
+		.port_num = (uint8_t) r->nics[q->lnic].port_num,
 		.qp_access_flags =
 			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
 	};
@@ -114,38 +123,41 @@ static int qp_to_init(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 	return 0;
 }
 
-/* INIT -> RTR -> RTS against QP i of the peer. Returns 0 or -errno. */
+/* INIT -> RTR -> RTS against QP i of the peer (on its NIC the blob
+ * names). Returns 0 or -errno. */
 static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 		     const struct kvb_rdma_conn *pc, unsigned i)
 {
-	int rd = r->dev.max_qp_rd_atom < KVB_RDMA_RD_ATOM
-			 ? r->dev.max_qp_rd_atom
+	const struct kvb_rdma_nic *n = &r->nics[q->lnic];
+	const struct kvb_rdma_conn_nic *pn = &pc->nic[pc->qp[i].lnic];
+	int rd = n->dev.max_qp_rd_atom < KVB_RDMA_RD_ATOM
+			 ? n->dev.max_qp_rd_atom
 			 : KVB_RDMA_RD_ATOM;
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_RTR,
-		.path_mtu = pc->mtu < r->port.active_mtu
-				    ? (enum ibv_mtu) pc->mtu
-				    : r->port.active_mtu,
+		.path_mtu = pn->mtu < n->port.active_mtu
+				    ? (enum ibv_mtu) pn->mtu
+				    : n->port.active_mtu,
 		.dest_qp_num = pc->qp[i].qpn,
 		.rq_psn = pc->qp[i].psn,
 		.max_dest_rd_atomic = (uint8_t) (rd > 0 ? rd : 1),
 		.min_rnr_timer = 12,
 		.ah_attr =
 			{
-				.dlid = pc->lid,
+				.dlid = pn->lid,
 				.sl = 0,
-				.port_num = (uint8_t) r->p.ib_port,
+				.port_num = (uint8_t) n->port_num,
 			},
 	};
 	static const uint8_t zero[16];
 	int err;
 
 	/* RoCE needs a GRH; IB uses one when the peer sent a GID. */
-	if (r->port.link_layer == IBV_LINK_LAYER_ETHERNET ||
-	    memcmp(pc->gid, zero, 16)) {
+	if (n->port.link_layer == IBV_LINK_LAYER_ETHERNET ||
+	    memcmp(pn->gid, zero, 16)) {
 		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, pc->gid, 16);
-		a.ah_attr.grh.sgid_index = (uint8_t) r->p.gid_index;
+		memcpy(a.ah_attr.grh.dgid.raw, pn->gid, 16);
+		a.ah_attr.grh.sgid_index = (uint8_t) n->gid_index;
 		a.ah_attr.grh.hop_limit = 64;
 	}
 	err = ibv_modify_qp(q->qp, &a,
@@ -172,56 +184,59 @@ static int qp_to_rts(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 
 /* SGEs per WR: gather lists of up to KVB_RDMA_SGE_MAX local pieces, as far
  * as the device allows (1 where it says nothing, as the mock does). */
-static uint32_t rdma_sge(struct kvb_rdma *r)
+static uint32_t rdma_sge(struct kvb_rdma_nic *n)
 {
-	if (!r->sge)
-		r->sge = r->dev.max_sge <= 1 ? 1
-			 : (uint32_t) r->dev.max_sge < KVB_RDMA_SGE_MAX
-				 ? (uint32_t) r->dev.max_sge
+	if (!n->sge)
+		n->sge = n->dev.max_sge <= 1 ? 1
+			 : (uint32_t) n->dev.max_sge < KVB_RDMA_SGE_MAX
+				 ? (uint32_t) n->dev.max_sge
 				 : KVB_RDMA_SGE_MAX;
-	return r->sge;
+	return n->sge;
 }
 
 /*
- * A new RC QP on the transport's CQ (RESET state) for chain ch; NULL with
- * errno set. A device that refuses the gather's SGEs gets QPs of one SGE
- * from then on, and the chain builds WRs of one SGE (its arrays have room
- * for more: only the limit drops).
+ * A new RC QP on NIC n's CQ (RESET state) for chain ch; NULL with errno
+ * set. A device that refuses the gather's SGEs gets QPs of one SGE from
+ * then on, and the chain builds WRs of one SGE (its arrays have room for
+ * more: only the limit drops).
  */
-static struct ibv_qp *qp_new(struct kvb_rdma *r, struct kvb_chain *ch)
+static struct ibv_qp *qp_new(struct kvb_rdma *r, struct kvb_rdma_nic *n,
+			     struct kvb_chain *ch)
 {
 	struct ibv_qp_init_attr ia = {
-		.send_cq = r->cq,
-		.recv_cq = r->cq,
+		.send_cq = n->cq,
+		.recv_cq = n->cq,
 		.cap =
 			{
 				.max_send_wr = r->p.sq_depth,
 				.max_recv_wr = 1,
-				.max_send_sge = rdma_sge(r),
+				.max_send_sge = rdma_sge(n),
 				.max_recv_sge = 1,
 			},
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
 	};
-	struct ibv_qp *qp = ibv_create_qp(r->pd, &ia);
+	struct ibv_qp *qp = ibv_create_qp(n->pd, &ia);
 
-	if (!qp && r->sge > 1) {
-		r->sge = 1;
+	if (!qp && n->sge > 1) {
+		n->sge = 1;
 		ia.cap.max_send_sge = 1;
-		qp = ibv_create_qp(r->pd, &ia);
+		qp = ibv_create_qp(n->pd, &ia);
 	}
-	if (qp && ch->p.max_sge > r->sge)
-		ch->p.max_sge = r->sge;
+	if (qp && ch->p.max_sge > n->sge)
+		ch->p.max_sge = n->sge;
 	return qp;
 }
 
+/* q on our NIC lnic towards the peer's rnic */
 static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
-		     struct kvb_rdma_qp *q)
+		     struct kvb_rdma_qp *q, uint8_t lnic, uint8_t rnic)
 {
+	struct kvb_rdma_nic *n = &r->nics[lnic];
 	struct kvb_chain_params cp = {
 		.depth = r->p.sq_depth,
 		.post_batch = r->p.post_batch_size,
-		.max_sge = rdma_sge(r),
+		.max_sge = rdma_sge(n),
 		.signal_every = r->p.signal_every > 0
 					? (uint32_t) r->p.signal_every
 					: 0,
@@ -229,7 +244,7 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 	unsigned slot;
 	int err;
 
-	if (r->cq_used + 2 * (int) r->p.sq_depth > r->cq_size)
+	if (n->cq_used + 2 * (int) r->p.sq_depth > n->cq_size)
 		return -ENOSPC;
 	for (slot = 0; slot < KVB_RDMA_MAX_SLOTS; slot++)
 		if (!r->slots[slot])
@@ -242,7 +257,9 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 		return err;
 	/* Never reuse a (slot, generation) pair: old CQEs must not match. */
 	q->ch.gen = ++r->slot_gen[slot];
-	q->qp = qp_new(r, &q->ch);
+	q->lnic = lnic;
+	q->rnic = rnic;
+	q->qp = qp_new(r, n, &q->ch);
 	if (!q->qp) {
 		err = errno ? -errno : -ENOMEM;
 		goto err_chain;
@@ -254,7 +271,8 @@ static int qp_create(struct kvb_rdma *r, struct kvb_ep *ep,
 	q->slot = (uint16_t) slot;
 	q->on_ready = 0;
 	r->slots[slot] = q;
-	r->cq_used += 2 * (int) r->p.sq_depth;
+	n->cq_used += 2 * (int) r->p.sq_depth;
+	n->qps++;
 	return 0;
 
 err_qp:
@@ -265,7 +283,10 @@ err_chain:
 	return err;
 }
 
-static struct kvb_ep *ep_create(struct kvb_rdma *r, unsigned nqp, int *errp)
+/* A new endpoint (HALF) with nqp QPs on the NIC pairs lay[] (our NIC,
+ * the peer's). NULL with *errp set. */
+static struct kvb_ep *ep_create(struct kvb_rdma *r, const uint8_t (*lay)[2],
+				unsigned nqp, int *errp)
 {
 	struct kvb_ep *ep;
 	unsigned i;
@@ -280,7 +301,7 @@ static struct kvb_ep *ep_create(struct kvb_rdma *r, unsigned nqp, int *errp)
 	ep->token = rand64();
 	ep->state = KVB_RDMA_EP_HALF;
 	for (i = 0; i < nqp; i++) {
-		err = qp_create(r, ep, &ep->qp[i]);
+		err = qp_create(r, ep, &ep->qp[i], lay[i][0], lay[i][1]);
 		if (err)
 			break;
 		ep->nqp++;
@@ -293,6 +314,112 @@ static struct kvb_ep *ep_create(struct kvb_rdma *r, unsigned nqp, int *errp)
 		return NULL;
 	}
 	return ep;
+}
+
+/* Rails: our NIC i to the peer's i mod m, the peer's j from our j mod n;
+ * each pair once, in that order. Returns how many pairs. */
+static unsigned rail_pairs(unsigned n, unsigned m, uint8_t (*pair)[2])
+{
+	unsigned k = 0, i, j, a, b;
+
+	for (i = 0; i < n + m; i++) {
+		a = i < n ? i : (i - n) % n;
+		b = i < n ? i % m : i - n;
+		for (j = 0; j < k && (pair[j][0] != a || pair[j][1] != b); j++)
+			;
+		if (j == k) {
+			pair[k][0] = (uint8_t) a;
+			pair[k][1] = (uint8_t) b;
+			k++;
+		}
+	}
+	return k;
+}
+
+/* The first of our NICs whose QP budget need[] would pass, or -1. */
+static int budget_over(const struct kvb_rdma *r, const unsigned *need)
+{
+	for (unsigned i = 0; i < r->nnic; i++)
+		if (need[i] && r->nics[i].qps + need[i] > r->nics[i].max_qps)
+			return (int) i;
+	return -1;
+}
+
+/* A connect refused by NIC i's budget: counted, logged (the first and
+ * then every power of two), -EUSERS. */
+static int budget_refuse(struct kvb_rdma *r, unsigned i, unsigned need)
+{
+	struct kvb_rdma_nic *n = &r->nics[i];
+
+	n->qp_refused++;
+	if (!(n->qp_refused & (n->qp_refused - 1)))
+		_kvb_rdma_say(r, KVB_RDMA_LOG_WARN,
+			      "rdma: %s: connect refused: %u more QPs would "
+			      "pass its budget of %u (%u in use; --max-qps); "
+			      "%llu refused so far",
+			      n->name, need, n->max_qps, n->qps,
+			      (unsigned long long) n->qp_refused);
+	return -EUSERS;
+}
+
+/*
+ * Our side's QPs towards a peer with m NICs (we offer): qp_per_peer QPs
+ * on each rail pair, fewer (at least one) where a NIC's budget or the
+ * blob's limit asks for it. lay[i]: (our NIC, the peer's). Returns 0 with
+ * *nqp set, or -EUSERS.
+ */
+static int ep_plan(struct kvb_rdma *r, unsigned m, uint8_t (*lay)[2],
+		   unsigned *nqp)
+{
+	uint8_t pair[2 * KVB_NIC_MAX][2];
+	unsigned np, per, want, i, j, need[KVB_NIC_MAX];
+	int over;
+
+	np = rail_pairs(r->nnic, m ? m : 1, pair);
+	per = want = (unsigned) r->p.qp_per_peer;
+	while (per > 1 && per * np > KVB_RDMA_EP_QP_MAX)
+		per--;
+	for (;; per--) {
+		memset(need, 0, sizeof(need));
+		for (i = 0; i < np; i++)
+			need[pair[i][0]] += per;
+		over = budget_over(r, need);
+		if (over < 0 || per == 1)
+			break;
+	}
+	if (over >= 0)
+		return budget_refuse(r, (unsigned) over, need[over]);
+	if (per < want)
+		_kvb_rdma_say(r, KVB_RDMA_LOG_INFO,
+			      "rdma: %u QPs per NIC pair instead of %u (%u "
+			      "pairs; QP budgets or the %u QPs of an endpoint)",
+			      per, want, np, KVB_RDMA_EP_QP_MAX);
+	for (i = 0; i < np; i++)
+		for (j = 0; j < per; j++) {
+			lay[i * per + j][0] = pair[i][0];
+			lay[i * per + j][1] = pair[i][1];
+		}
+	*nqp = np * per;
+	return 0;
+}
+
+/* Our side of a peer's offer: its QPs mirrored (its rnic is our NIC).
+ * -EPROTO for a NIC we do not have, -EUSERS over a budget. */
+static int ep_mirror(struct kvb_rdma *r, const struct kvb_rdma_conn *pc,
+		     uint8_t (*lay)[2])
+{
+	unsigned need[KVB_NIC_MAX] = {0}, i;
+	int over;
+
+	for (i = 0; i < pc->nqp; i++) {
+		if (pc->qp[i].rnic >= r->nnic)
+			return -EPROTO;
+		lay[i][0] = pc->qp[i].rnic;
+		lay[i][1] = pc->qp[i].lnic;
+		need[lay[i][0]]++;
+	}
+	over = budget_over(r, need);
+	return over < 0 ? 0 : budget_refuse(r, (unsigned) over, need[over]);
 }
 
 static int ep_live(const struct kvb_ep *ep)
@@ -341,7 +468,7 @@ static int qp_renew(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 	struct ibv_qp *old = q->qp;
 	int err;
 
-	q->qp = qp_new(r, &q->ch);
+	q->qp = qp_new(r, &r->nics[q->lnic], &q->ch);
 	if (!q->qp) {
 		q->qp = old;
 		return errno ? -errno : -ENOMEM;
@@ -400,28 +527,81 @@ static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 {
 	unsigned i;
+	int back = 0;
 
 	if (ep->state != KVB_RDMA_EP_READY)
 		return 0;
-	for (i = 0; i < ep->nqp; i++)
+	for (i = 0; i < ep->nqp; i++) {
 		if (ep->qp[i].ch.broken) {
 			ep_reset(r, ep);
 			return 0;
 		}
+		back |= ep->qp[i].parked == QP_PARK_LOCAL &&
+			nic_up(&r->nics[ep->qp[i].lnic]);
+	}
+	/* our NIC is back: connect its QPs by a re-handshake, once nothing
+	 * is in flight (the reset then fails no op) */
+	if (back && !ep_live(ep)) {
+		ep_reset(r, ep);
+		return 0;
+	}
 	return 1;
 }
 
-/* Connect every QP of ep to the peer blob pc. */
+/*
+ * The peer's QP for our QP j: the k-th of the peer's QPs on our NIC pair
+ * seen from its side, k = our QPs on that pair before j (both sides list
+ * a pair's QPs in one order; the pairs' order may differ). -1: none.
+ */
+static int peer_qp(const struct kvb_ep *ep, const struct kvb_rdma_conn *pc,
+		   unsigned j)
+{
+	const struct kvb_rdma_qp *q = &ep->qp[j];
+	unsigned k = 0, i;
+
+	for (i = 0; i < j; i++)
+		k += ep->qp[i].lnic == q->lnic && ep->qp[i].rnic == q->rnic;
+	for (i = 0; i < pc->nqp; i++)
+		if (pc->qp[i].lnic == q->rnic && pc->qp[i].rnic == q->lnic &&
+		    !k--)
+			return (int) i;
+	return -1;
+}
+
+/*
+ * Connect every QP of ep to its QP of the peer blob pc. A QP on a NIC of
+ * ours whose port is down (its route may be gone: RTR fails), or whose
+ * peer QP is parked, stays in INIT, parked: the endpoint works through
+ * its other NIC pairs; a re-handshake connects it again.
+ */
 static int ep_establish(struct kvb_rdma *r, struct kvb_ep *ep,
 			const struct kvb_rdma_conn *pc)
 {
+	/* one NIC on both sides: no other pair to go through, as before */
+	int multi = r->nnic > 1 || pc->nnic > 1;
 	unsigned i;
-	int err;
+	int err, k;
 
 	if (pc->nqp != ep->nqp)
 		return -EPROTO;
 	for (i = 0; i < ep->nqp; i++) {
-		err = qp_to_rts(r, &ep->qp[i], pc, i);
+		struct kvb_rdma_qp *q = &ep->qp[i];
+
+		k = peer_qp(ep, pc, i);
+		if (k < 0)
+			return -EPROTO;
+		q->parked = 0;
+		if (pc->qp[k].flags & KVB_RDMA_QP_PARKED)
+			q->parked = QP_PARK_PEER;
+		else if (multi && !nic_up(&r->nics[q->lnic]))
+			q->parked = QP_PARK_LOCAL;
+		if (q->parked)
+			continue;
+		err = qp_to_rts(r, q, pc, (unsigned) k);
+		if (err && multi && !nic_up(&r->nics[q->lnic])) {
+			q->parked = QP_PARK_LOCAL; /* went down meanwhile */
+			continue;
+		}
 		if (err)
 			return err;
 	}
@@ -465,6 +645,38 @@ static int same_qps(const struct kvb_rdma_conn *a,
 	return 1;
 }
 
+/* connect() with an answer to one of our offers */
+static int conn_answer(struct kvb_rdma *r, const struct kvb_rdma_conn *pc,
+		       struct kvb_ep **out)
+{
+	struct kvb_ep *ep = ep_find(r, pc->to_ep);
+	int err;
+
+	if (!ep)
+		return -ENOENT;
+	/* a late answer of an earlier epoch */
+	if (ep->peer.ep == pc->ep && pc->epoch <= ep->peer.epoch &&
+	    ep->state == KVB_RDMA_EP_RESET) {
+		*out = ep;
+		return 0;
+	}
+	if (ep->state == KVB_RDMA_EP_READY) {
+		/* a crossed offer got there first: the same data; or an
+		 * older epoch: a late answer, ignore */
+		if ((ep->peer.node == pc->node && ep->peer.ep == pc->ep &&
+		     same_qps(&ep->peer, pc)) ||
+		    (ep->peer.ep == pc->ep && pc->epoch < ep->peer.epoch)) {
+			*out = ep;
+			return 0;
+		}
+		return -EPROTO;
+	}
+	err = ep_establish(r, ep, pc);
+	if (!err)
+		*out = ep;
+	return err;
+}
+
 /*
  * connect(): see rdma.h for the broker's rule and docs/rdma.md for the state
  * machine. Returns 0 with *out set, or -errno.
@@ -473,8 +685,10 @@ int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 		      struct kvb_ep **out)
 {
 	struct kvb_rdma *r = to_rdma(t);
+	uint8_t lay[KVB_RDMA_EP_QP_MAX][2];
 	struct kvb_rdma_conn pc;
 	struct kvb_ep *ep;
+	unsigned nqp;
 	int err, created = 0;
 
 	if (!blob || !len) {
@@ -486,7 +700,10 @@ int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 	}
 	if (!pc.nqp) {
 		/* An offer without QPs: start our side (HALF). */
-		ep = ep_create(r, (unsigned) r->p.qp_per_peer, &err);
+		err = ep_plan(r, pc.nnic, lay, &nqp);
+		if (err)
+			return err;
+		ep = ep_create(r, lay, nqp, &err);
 		if (!ep)
 			return err;
 		ep->peer = pc; /* node only; ep 0 */
@@ -494,34 +711,8 @@ int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 		return 0;
 	}
 
-	if (pc.to_ep) {
-		/* An answer to one of our offers. */
-		ep = ep_find(r, pc.to_ep);
-		if (!ep)
-			return -ENOENT;
-		/* a late answer of an earlier epoch */
-		if (ep->peer.ep == pc.ep && pc.epoch <= ep->peer.epoch &&
-		    ep->state == KVB_RDMA_EP_RESET) {
-			*out = ep;
-			return 0;
-		}
-		if (ep->state == KVB_RDMA_EP_READY) {
-			/* a crossed offer got there first: the same data */
-			if (ep->peer.node == pc.node && ep->peer.ep == pc.ep &&
-			    same_qps(&ep->peer, &pc)) {
-				*out = ep;
-				return 0;
-			}
-			/* older epoch: a late answer, ignore */
-			if (ep->peer.ep == pc.ep && pc.epoch < ep->peer.epoch) {
-				*out = ep;
-				return 0;
-			}
-			return -EPROTO;
-		}
-		err = ep_establish(r, ep, &pc);
-		goto done;
-	}
+	if (pc.to_ep)
+		return conn_answer(r, &pc, out);
 
 	/* An offer with QPs: a re-handshake of a known endpoint... */
 	ep = ep_find_peer(r, pc.node, pc.ep);
@@ -545,9 +736,10 @@ int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 			break;
 	/* ...or a new peer: we answer. */
 	if (!ep) {
-		if (pc.nqp > KVB_RDMA_MAX_QP)
-			return -EPROTO;
-		ep = ep_create(r, pc.nqp, &err);
+		err = ep_mirror(r, &pc, lay);
+		if (err)
+			return err;
+		ep = ep_create(r, lay, pc.nqp, &err);
 		if (!ep)
 			return err;
 		created = 1;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * The `rdma` transport: libibverbs RC queue pairs, one shared CQ, chains of
- * RDMA WRITE/READ built by chain.c and posted with one ibv_post_send each.
+ * The `rdma` transport: libibverbs RC queue pairs, one CQ per NIC (nic.c),
+ * chains of RDMA WRITE/READ built by chain.c and posted with one
+ * ibv_post_send each, on the QPs of the NIC pair nearest to the regions.
  *
  * Connection data travels in the broker's own handshake (conn.h), not
  * through librdmacm: see docs/rdma.md for why and for the state machine.
@@ -9,7 +10,6 @@
  * Not thread-safe: the broker's loop owns a transport.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,50 +17,6 @@
 #include "kvbroker/kvbroker.h"
 #include "rdma/rdma_priv.h"
 #include "rdma/resolve.h"
-
-static int fd_nonblock(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
-}
-
-/* "<what><dev>" into the caller's buffer, if any. */
-static void set_why(char *why, size_t len, const char *what, const char *dev)
-{
-	if (why && len)
-		snprintf(why, len, "%s%s", what, dev ? dev : "");
-}
-
-/*
- * With gid_index < 0, pick the first RoCE v2 GID holding an IPv4-mapped
- * address (routable, what rxe and most RoCE fabrics use), else index 0.
- */
-static int pick_gid(struct kvb_rdma *r, int port)
-{
-	static const uint8_t v4map[12] = {0, 0, 0, 0, 0,    0,
-					  0, 0, 0, 0, 0xff, 0xff};
-	union ibv_gid g;
-	int i;
-
-	if (r->p.gid_index >= 0)
-		return r->p.gid_index;
-	if (r->port.link_layer != IBV_LINK_LAYER_ETHERNET)
-		return 0;
-	for (i = 0; i < r->port.gid_tbl_len && i < 256; i++) {
-		struct ibv_gid_entry e;
-
-		if (ibv_query_gid_ex(r->ctx, (uint32_t) port, (uint32_t) i, &e,
-				     0))
-			continue;
-		if (e.gid_type != IBV_GID_TYPE_ROCE_V2)
-			continue;
-		memcpy(&g, &e.gid, sizeof(g));
-		if (!memcmp(g.raw, v4map, sizeof(v4map)))
-			return i;
-	}
-	return 0;
-}
 
 static int rdma_tpriv_slot = -1;
 
@@ -72,16 +28,16 @@ int kvb_rdma_tpriv(void)
 static int rdma_open(const struct kvb_transport_params *p,
 		     struct kvb_transport **out, char *why, size_t why_len)
 {
-	struct ibv_device **list;
-	struct ibv_device *dev = NULL;
 	struct kvb_rdma *r;
-	int i, n = 0, err, port;
+	int err;
 
 	if (kvb_rdma_tpriv() < 0) {
 		if (why && why_len)
 			snprintf(why, why_len, "no kvb_mr.tpriv slot left");
 		return -ENOSPC;
 	}
+	if (p->qp_per_peer > KVB_RDMA_MAX_QP || p->max_qps < 0)
+		return -EINVAL;
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -92,100 +48,14 @@ static int rdma_open(const struct kvb_transport_params *p,
 		r->p.sq_depth = KVB_RDMA_DEPTH_DEFAULT;
 	if (r->p.qp_per_peer <= 0)
 		r->p.qp_per_peer = 1;
-	if (r->p.qp_per_peer > KVB_RDMA_MAX_QP) {
-		err = -EINVAL;
-		goto err_free;
-	}
-	port = p->ib_port > 0 ? p->ib_port : 1;
-
-	list = ibv_get_device_list(&n);
-	if (!list || !n) {
-		set_why(why, why_len, "no RDMA device", NULL);
-		err = -ENODEV;
-		goto err_list;
-	}
-	for (i = 0; i < n; i++)
-		if (!p->dev_name ||
-		    !strcmp(ibv_get_device_name(list[i]), p->dev_name)) {
-			dev = list[i];
-			break;
-		}
-	if (!dev) {
-		set_why(why, why_len, "no RDMA device named ", p->dev_name);
-		err = -ENODEV;
-		goto err_list;
-	}
-	r->ctx = ibv_open_device(dev);
-	if (!r->ctx) {
-		err = errno ? -errno : -ENODEV;
-		set_why(why, why_len, "cannot open ", ibv_get_device_name(dev));
-		goto err_list;
-	}
-	err = ibv_query_device(r->ctx, &r->dev);
+	err = _kvb_rdma_nics_open(r, p->dev_name, why, why_len);
 	if (err) {
-		err = -err;
-		goto err_ctx;
+		free(r);
+		return err;
 	}
-	err = ibv_query_port(r->ctx, (uint8_t) port, &r->port);
-	if (err) {
-		err = -err;
-		set_why(why, why_len, "cannot query the port of ",
-			ibv_get_device_name(dev));
-		goto err_ctx;
-	}
-	if (r->port.state != IBV_PORT_ACTIVE) {
-		set_why(why, why_len, "port not active on ",
-			ibv_get_device_name(dev));
-		err = -ENODEV;
-		goto err_ctx;
-	}
-	r->p.ib_port = port;
-	r->p.gid_index = pick_gid(r, port);
-	err = ibv_query_gid(r->ctx, (uint8_t) port, r->p.gid_index, &r->gid);
-	if (err) {
-		err = -EINVAL;
-		goto err_ctx;
-	}
-	if (r->p.sq_depth > (uint32_t) r->dev.max_qp_wr)
-		r->p.sq_depth = (uint32_t) r->dev.max_qp_wr;
-
-	r->pd = ibv_alloc_pd(r->ctx);
-	if (!r->pd) {
-		err = errno ? -errno : -ENOMEM;
-		goto err_ctx;
-	}
-	r->cq_size = r->dev.max_cqe < KVB_RDMA_CQ_MAX ? r->dev.max_cqe
-						      : KVB_RDMA_CQ_MAX;
-	/* no channel (or no non-blocking fd): poll without wait_fd() */
-	r->chan = ibv_create_comp_channel(r->ctx);
-	if (r->chan && fd_nonblock(r->chan->fd)) {
-		ibv_destroy_comp_channel(r->chan);
-		r->chan = NULL;
-	}
-	r->cq = ibv_create_cq(r->ctx, r->cq_size, NULL, r->chan, 0);
-	if (!r->cq) {
-		err = errno ? -errno : -ENOMEM;
-		goto err_chan;
-	}
-	/* device events (port down, QP errors) for kvb_rdma_async_service */
-	r->async_nb = fd_nonblock(r->ctx->async_fd) == 0;
 	r->node = rand64();
-	ibv_free_device_list(list);
 	*out = &r->base;
 	return 0;
-
-err_chan:
-	if (r->chan)
-		ibv_destroy_comp_channel(r->chan);
-	ibv_dealloc_pd(r->pd);
-err_ctx:
-	ibv_close_device(r->ctx);
-err_list:
-	if (list)
-		ibv_free_device_list(list);
-err_free:
-	free(r);
-	return err;
 }
 
 static void rdma_close(struct kvb_transport *t)
@@ -195,97 +65,8 @@ static void rdma_close(struct kvb_transport *t)
 	while (r->eps)
 		_kvb_rdma_ep_destroy(r, r->eps);
 	free(r->orphan);
-	/* ibv_destroy_cq waits until every event read has been acked */
-	if (r->unacked)
-		ibv_ack_cq_events(r->cq, r->unacked);
-	ibv_destroy_cq(r->cq);
-	if (r->chan)
-		ibv_destroy_comp_channel(r->chan);
-	/* Fails (EBUSY) if the broker left regions registered; nothing to do.
-	 */
-	ibv_dealloc_pd(r->pd);
-	ibv_close_device(r->ctx);
+	_kvb_rdma_nics_close(r);
 	free(r);
-}
-
-/*
- * The access a region is registered with: LOCAL_WRITE always (the sink of
- * our own READs, and REMOTE_WRITE needs it), REMOTE_WRITE / REMOTE_READ only
- * where its KVB_MEM_REMOTE_* flags grant them. A region offered to nobody
- * then has no remote access at all: a peer that guesses its rkey gets a
- * remote access error, not the bytes.
- */
-static int mr_access(const struct kvb_mr *mr)
-{
-	int access = IBV_ACCESS_LOCAL_WRITE;
-
-	if (mr->flags & KVB_MEM_REMOTE_WRITE)
-		access |= IBV_ACCESS_REMOTE_WRITE;
-	if (mr->flags & KVB_MEM_REMOTE_READ)
-		access |= IBV_ACCESS_REMOTE_READ;
-	return access;
-}
-
-static void mr_store(struct kvb_mr *mr, struct ibv_mr *imr)
-{
-	mr->tpriv[KVB_RDMA_TPRIV] = imr;
-	mr->lkey = imr->lkey;
-	mr->rkey = imr->rkey;
-}
-
-static int rdma_reg_mr(struct kvb_transport *t, struct kvb_mr *mr)
-{
-	struct kvb_rdma *r = to_rdma(t);
-	struct ibv_mr *imr;
-
-	if (mr->tpriv[KVB_RDMA_TPRIV])
-		return -EBUSY;
-	if (!mr->addr || !mr->len)
-		return -EINVAL;
-	imr = ibv_reg_mr(r->pd, mr->addr, mr->len, mr_access(mr));
-	if (!imr)
-		return errno ? -errno : -ENOMEM;
-	mr_store(mr, imr);
-	return 0;
-}
-
-int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
-			uint64_t offset)
-{
-	struct kvb_rdma *r = to_rdma(t);
-	struct ibv_mr *imr;
-	int rc;
-
-	if (mr->tpriv[KVB_RDMA_TPRIV])
-		return -EBUSY;
-	if (!mr->len)
-		return -EINVAL;
-	if (fd >= 0) {
-		imr = ibv_reg_dmabuf_mr(r->pd, offset, mr->len,
-					(uint64_t) (uintptr_t) mr->addr, fd,
-					mr_access(mr));
-		if (imr) {
-			mr_store(mr, imr);
-			return 0;
-		}
-		if (errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL &&
-		    errno != EPROTONOSUPPORT)
-			return errno ? -errno : -ENOMEM;
-	}
-	rc = rdma_reg_mr(t, mr);
-	return rc ? rc : 1;
-}
-
-static void rdma_dereg_mr(struct kvb_transport *t, struct kvb_mr *mr)
-{
-	struct ibv_mr *imr = mr->tpriv[KVB_RDMA_TPRIV];
-
-	if (!imr)
-		return;
-	ibv_dereg_mr(imr);
-	mr->tpriv[KVB_RDMA_TPRIV] = NULL;
-	mr->lkey = 0;
-	mr->rkey = 0;
 }
 
 void _kvb_rdma_ready_push(struct kvb_rdma *r, struct kvb_rdma_qp *q)
@@ -296,8 +77,9 @@ void _kvb_rdma_ready_push(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 	}
 }
 
-/* Route one work completion to its chain; returns 1 if it failed live ops. */
-static int wc_apply(struct kvb_rdma *r, const struct ibv_wc *wc)
+/* Route one work completion of NIC `nic` to its chain; returns 1 if it
+ * failed live ops. */
+static int wc_apply(struct kvb_rdma *r, unsigned nic, const struct ibv_wc *wc)
 {
 	uint16_t slot = kvb_chain_wr_id_qp(wc->wr_id);
 	int32_t st = kvb_chain_wc_errno(wc->status);
@@ -305,8 +87,9 @@ static int wc_apply(struct kvb_rdma *r, const struct ibv_wc *wc)
 	uint64_t err_before;
 
 	q = slot < KVB_RDMA_MAX_SLOTS ? r->slots[slot] : NULL;
-	if (!q || !q->qp || q->qp->qp_num != wc->qp_num)
-		return 0; /* a QP destroyed since */
+	/* a QP destroyed since (QP numbers repeat across devices) */
+	if (!q || !q->qp || q->lnic != nic || q->qp->qp_num != wc->qp_num)
+		return 0;
 	err_before = q->ch.st.wc_errors;
 	kvb_chain_complete(&q->ch, wc->wr_id, st);
 	_kvb_rdma_ready_push(r, q);
@@ -325,22 +108,33 @@ void _kvb_rdma_cq_drain(struct kvb_rdma *r)
 {
 	/* its own buffer: rdma_poll's batch may still be in r->wc */
 	struct ibv_wc wc[KVB_RDMA_POLL_BATCH];
+	unsigned n;
 	int k, i;
 
-	while ((k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, wc)) > 0) {
-		r->base.stats.cqes += (uint64_t) k;
-		for (i = 0; i < k; i++)
-			wc_apply(r, &wc[i]);
-	}
+	for (n = 0; n < r->nnic; n++)
+		while ((k = ibv_poll_cq(r->nics[n].cq, KVB_RDMA_POLL_BATCH,
+					wc)) > 0) {
+			r->base.stats.cqes += (uint64_t) k;
+			for (i = 0; i < k; i++)
+				wc_apply(r, n, &wc[i]);
+		}
+}
+
+/* The QPs of ep a chain may take: on our NICs lmask, to the peer's rmask */
+static inline int qp_in(const struct kvb_rdma_qp *q, uint32_t lmask,
+			uint32_t rmask)
+{
+	return !q->parked && (lmask >> q->lnic & 1) && (rmask >> q->rnic & 1);
 }
 
 /*
- * The QP of ep that takes the next chain: one with credit (not broken)
- * with the fewest bytes in flight, ties going round robin from ep->rr;
- * NULL when none has credit. *sum and *usable: the bytes in flight on
- * the QPs with credit and their number.
+ * The QP of ep (among those in the masks) that takes the next chain: one
+ * with credit (not broken) with the fewest bytes in flight, ties going
+ * round robin from ep->rr; NULL when none has credit. *sum and *usable:
+ * the bytes in flight on the QPs with credit and their number.
  */
-static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep, uint64_t *sum,
+static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep, uint32_t lmask,
+				   uint32_t rmask, uint64_t *sum,
 				   unsigned *usable)
 {
 	struct kvb_rdma_qp *best = NULL;
@@ -352,7 +146,7 @@ static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep, uint64_t *sum,
 		unsigned k = (ep->rr + i) % ep->nqp;
 		struct kvb_rdma_qp *q = &ep->qp[k];
 
-		if (!q->ch.credits || q->ch.broken)
+		if (!qp_in(q, lmask, rmask) || !q->ch.credits || q->ch.broken)
 			continue;
 		*sum += q->ch.inflight_bytes;
 		(*usable)++;
@@ -364,6 +158,33 @@ static struct kvb_rdma_qp *ep_pick(struct kvb_ep *ep, uint64_t *sum,
 	if (best)
 		ep->rr = (at + 1) % ep->nqp;
 	return best;
+}
+
+/* The first QP in the masks from ep->rr on (to count a stall on), or NULL */
+static struct kvb_rdma_qp *ep_first(struct kvb_ep *ep, uint32_t lmask,
+				    uint32_t rmask)
+{
+	for (unsigned i = 0; i < ep->nqp; i++) {
+		struct kvb_rdma_qp *q = &ep->qp[(ep->rr + i) % ep->nqp];
+
+		if (qp_in(q, lmask, rmask))
+			return q;
+	}
+	return NULL;
+}
+
+/* One doorbell of nwr WRs through q's NIC: the transport's and its
+ * counters */
+static void count_doorbell(struct kvb_rdma *r, struct kvb_rdma_qp *q,
+			   unsigned nwr)
+{
+	struct kvb_rdma_nic *n = &r->nics[q->lnic];
+	uint64_t bytes = kvb_chain_staged_bytes(&q->ch, nwr);
+
+	kvb_stats_doorbell(&r->base.stats, nwr, bytes);
+	n->doorbells++;
+	n->wrs += nwr;
+	n->bytes += bytes;
 }
 
 /* One chain of ops[0..n) on q, at most max_bytes (ops[0] always): the
@@ -392,8 +213,7 @@ static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
 	}
 	if (!err) {
-		kvb_stats_doorbell(&r->base.stats, nwr,
-				   kvb_chain_staged_bytes(&q->ch, nwr));
+		count_doorbell(r, q, nwr);
 		kvb_chain_commit(&q->ch, nwr);
 		return got;
 	}
@@ -410,8 +230,7 @@ static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 		q->ch.staged = 0;
 		return -err;
 	}
-	kvb_stats_doorbell(&r->base.stats, nwr,
-			   kvb_chain_staged_bytes(&q->ch, nwr));
+	count_doorbell(r, q, nwr);
 	acc = kvb_chain_commit(&q->ch, nwr);
 	{
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
@@ -422,42 +241,152 @@ static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 }
 
 /*
- * With several QPs per peer, a chain is spread so that their bytes in
- * flight stay level: the QP with the fewest takes ops up to the level
- * (its in-flight bytes and the chain's shared out evenly), never less than
- * KVB_RDMA_STRIPE_MIN, and the rest goes on to the next pick. Soft-RoCE
- * serves each QP on one kernel thread, a NIC spreads QPs over its engines:
- * one 5 MiB chain on one QP left the others idle. Chains below the minimum
- * (small blocks) stay whole, one doorbell.
+ * Where an op goes (several NICs): L, our NIC its local region leaves
+ * from (its home, or the nearest one up: moved); R, the peer's NIC of the
+ * remote region; `allowed`, the peer's NICs we hold a key of it for.
  */
-static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
-		     const struct kvb_xop *ops, unsigned n)
-{
-	struct kvb_rdma *r = to_rdma(t);
-	uint64_t left = 0;
-	unsigned done = 0, i;
+struct route {
+	int L;
+	unsigned R;
+	uint32_t allowed;
+	int moved;
+};
 
-	if (!ep || !_kvb_rdma_ep_usable(r, ep))
-		return -ENOTCONN;
-	if (!n)
-		return 0;
-	if (r->async.device_dead || r->async.port_down) /* async.c */
-		return r->async.device_dead ? -ENODEV : -ENETDOWN;
-	if (ep->nqp > 1)
-		for (i = 0; i < n; i++)
-			left += ops[i].len;
+static uint32_t up_mask(const struct kvb_rdma *r)
+{
+	uint32_t m = 0;
+
+	for (unsigned i = 0; i < r->nnic; i++)
+		if (nic_up(&r->nics[i]))
+			m |= 1u << i;
+	return m;
+}
+
+static void op_route(const struct kvb_rdma *r, const struct kvb_ep *ep,
+		     const struct kvb_xop *op, struct route *rt)
+{
+	unsigned pn = ep->peer.nnic ? ep->peer.nnic : 1, nk = 0;
+
+	rt->L = _kvb_rdma_mr_nic_use(r, op->local, &rt->moved);
+	rt->R = op->remote.nic < pn ? op->remote.nic : 0;
+	if (op->remote.rkeys)
+		nk = op->remote.nrkeys < pn ? op->remote.nrkeys : pn;
+	rt->allowed = (nk ? (1u << nk) - 1 : 0) | 1u << rt->R;
+}
+
+/* The ops from ops[0] on that go ops[0]'s way (at most RUN_MAX) */
+static unsigned run_len(const struct kvb_rdma *r, const struct kvb_ep *ep,
+			const struct kvb_xop *ops, unsigned n,
+			const struct route *rt)
+{
+	unsigned k;
+
+	for (k = 1; k < n && k < KVB_RDMA_RUN_MAX; k++) {
+		struct route o;
+
+		op_route(r, ep, &ops[k], &o);
+		if (o.L != rt->L || o.R != rt->R || o.allowed != rt->allowed ||
+		    o.moved != rt->moved)
+			break;
+	}
+	return k;
+}
+
+static int ep_has(const struct kvb_ep *ep, uint32_t lmask, uint32_t rmask)
+{
+	for (unsigned i = 0; i < ep->nqp; i++)
+		if (qp_in(&ep->qp[i], lmask, rmask))
+			return 1;
+	return 0;
+}
+
+/*
+ * The QPs a run may take, nearest first: the pair (L, R); L to another
+ * peer NIC we hold a key for; a NIC up to R (the only key we have may be
+ * R's); any up to any allowed. A large run takes every pair up that can
+ * carry it. -ENETDOWN when no QP of ep can.
+ */
+static int run_masks(const struct kvb_rdma *r, const struct kvb_ep *ep,
+		     const struct route *rt, int large, uint32_t *lm,
+		     uint32_t *rm)
+{
+	uint32_t up = up_mask(r), rr = 1u << rt->R;
+	uint32_t l = rt->L < 0 ? 0 : 1u << rt->L;
+	const uint32_t cand[4][2] = {
+		{l, rr}, {l, rt->allowed}, {up, rr}, {up, rt->allowed}};
+
+	if (rt->L < 0)
+		return -ENETDOWN;
+	for (unsigned i = large ? 3 : 0; i < 4; i++)
+		if (ep_has(ep, cand[i][0], cand[i][1])) {
+			*lm = cand[i][0];
+			*rm = cand[i][1];
+			return 0;
+		}
+	return -ENETDOWN;
+}
+
+/* ops[0..n) with the keys of q's NIC pair (the local region registered on
+ * q's NIC, the remote one's key on the peer's) */
+static const struct kvb_xop *xlate(struct kvb_rdma *r,
+				   const struct kvb_rdma_qp *q,
+				   const struct kvb_xop *ops, unsigned n)
+{
+	int slot = KVB_RDMA_TPRIV;
+
+	for (unsigned i = 0; i < n; i++) {
+		struct kvb_xop *x = &r->xops[i];
+		struct kvb_rdma_reg *g;
+
+		*x = ops[i];
+		g = x->local ? x->local->tpriv[slot] : NULL;
+		if (g)
+			x->local = &g->on[q->lnic];
+		if (x->remote.rkeys && x->remote.nrkeys > q->rnic)
+			x->remote.rkey = x->remote.rkeys[q->rnic];
+	}
+	return r->xops;
+}
+
+/*
+ * One run of ops going the same way, spread over the QPs its masks allow
+ * so that their bytes in flight stay level: the QP with the fewest takes
+ * ops up to the level (its in-flight bytes and the run's shared out
+ * evenly), never less than KVB_RDMA_STRIPE_MIN, and the rest goes on to
+ * the next pick. Soft-RoCE serves each QP on one kernel thread, a NIC
+ * spreads QPs over its engines: one 5 MiB chain on one QP left the others
+ * idle. Runs below the minimum (small blocks) stay whole, one doorbell.
+ * Returns the ops taken or -errno.
+ */
+static int post_run(struct kvb_rdma *r, struct kvb_ep *ep,
+		    const struct kvb_xop *ops, unsigned n,
+		    const struct route *rt, int xl)
+{
+	uint64_t left = 0;
+	uint32_t lm = ~0u, rm = ~0u;
+	unsigned done = 0, i;
+	int err;
+
+	for (i = 0; i < n; i++)
+		left += ops[i].len;
+	if (xl) {
+		err = run_masks(r, ep, rt, left >= KVB_RDMA_NIC_STRIPE_MIN, &lm,
+				&rm);
+		if (err)
+			return err;
+	}
 	while (done < n) {
 		uint64_t sum, level, cap = UINT64_MAX;
 		unsigned usable;
-		struct kvb_rdma_qp *q = ep_pick(ep, &sum, &usable);
+		struct kvb_rdma_qp *q = ep_pick(ep, lm, rm, &sum, &usable);
 		int got;
 
 		if (!q) {
 			if (done)
 				break;
 			/* no credit anywhere: build counts the stall */
-			q = &ep->qp[ep->rr % ep->nqp];
-		} else if (ep->nqp > 1) {
+			q = ep_first(ep, lm, rm);
+		} else if (usable > 1) {
 			level = (sum + left) / usable;
 			cap = level > q->ch.inflight_bytes
 				      ? level - q->ch.inflight_bytes
@@ -465,14 +394,71 @@ static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
 			if (cap < KVB_RDMA_STRIPE_MIN)
 				cap = KVB_RDMA_STRIPE_MIN;
 		}
-		got = qp_post(r, q, ops + done, n - done, cap);
+		got = qp_post(r, q,
+			      xl ? xlate(r, q, ops + done, n - done)
+				 : ops + done,
+			      n - done, cap);
 		if (got < 0)
 			return done ? (int) done : got;
 		if (!got)
 			break;
+		if (rt->moved)
+			r->nics[q->lnic].moved++;
 		for (i = done; i < done + (unsigned) got; i++)
-			left -= ep->nqp > 1 ? ops[i].len : 0;
+			left -= ops[i].len;
 		done += (unsigned) got;
+	}
+	return (int) done;
+}
+
+/* -ENODEV when every NIC is dead, -ENETDOWN when none is up, else 0 */
+static int nics_state(const struct kvb_rdma *r)
+{
+	unsigned i, dead = 0;
+
+	for (i = 0; i < r->nnic; i++) {
+		if (nic_up(&r->nics[i]))
+			return 0;
+		dead += r->nics[i].async.device_dead;
+	}
+	return dead == r->nnic ? -ENODEV : -ENETDOWN;
+}
+
+/*
+ * post(): the ops in runs that go the same way (one NIC pair, see
+ * run_masks; one run for a single NIC on both sides), each spread over
+ * its QPs by post_run.
+ */
+static int rdma_post(struct kvb_transport *t, struct kvb_ep *ep,
+		     const struct kvb_xop *ops, unsigned n)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	unsigned done = 0;
+	int xl, err;
+
+	if (!ep || !_kvb_rdma_ep_usable(r, ep))
+		return -ENOTCONN;
+	if (!n)
+		return 0;
+	err = nics_state(r); /* async.c keeps the port states */
+	if (err)
+		return err;
+	xl = r->nnic > 1 || ep->peer.nnic > 1;
+	while (done < n) {
+		struct route rt = {0};
+		unsigned run = n - done;
+		int got;
+
+		if (xl) {
+			op_route(r, ep, &ops[done], &rt);
+			run = run_len(r, ep, ops + done, run, &rt);
+		}
+		got = post_run(r, ep, ops + done, run, &rt, xl);
+		if (got < 0)
+			return done ? (int) done : got;
+		done += (unsigned) got;
+		if ((unsigned) got < run)
+			break; /* out of credit */
 	}
 	return (int) done;
 }
@@ -498,35 +484,31 @@ static unsigned reap_ready(struct kvb_rdma *r, struct kvb_xcqe *out,
 }
 
 /* Read the completion events that came; ack them in batches. */
-static void events_read(struct kvb_rdma *r)
+static void events_read(struct kvb_rdma_nic *n)
 {
 	struct ibv_cq *cq;
 	void *ctx;
 
-	while (ibv_get_cq_event(r->chan, &cq, &ctx) == 0) {
-		r->unacked++;
-		r->armed = 0;
+	while (ibv_get_cq_event(n->chan, &cq, &ctx) == 0) {
+		n->unacked++;
+		n->armed = 0;
 	}
-	if (r->unacked >= 64) {
-		ibv_ack_cq_events(r->cq, r->unacked);
-		r->unacked = 0;
+	if (n->unacked >= 64) {
+		ibv_ack_cq_events(n->cq, n->unacked);
+		n->unacked = 0;
 	}
 }
 
-static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
-		     unsigned max)
+/* NIC `nic`'s CQ into out (up to max); how many, or -EIO */
+static int poll_nic(struct kvb_rdma *r, unsigned nic, struct kvb_xcqe *out,
+		    unsigned max)
 {
 	struct kvb_ep *bad[KVB_RDMA_POLL_BATCH];
-	struct kvb_rdma *r = to_rdma(t);
-	unsigned n, nbad;
+	unsigned n = 0, nbad;
 	int k, i;
 
-	n = 0;
-	while (n < max && r->orphan_head < r->norphan)
-		out[n++] = r->orphan[r->orphan_head++];
-	n += reap_ready(r, out + n, max - n);
 	while (n < max) {
-		k = ibv_poll_cq(r->cq, KVB_RDMA_POLL_BATCH, r->wc);
+		k = ibv_poll_cq(r->nics[nic].cq, KVB_RDMA_POLL_BATCH, r->wc);
 		if (k < 0)
 			return n ? (int) n : -EIO;
 		if (!k)
@@ -544,7 +526,7 @@ static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 			struct kvb_ep *ep;
 			unsigned j;
 
-			if (!wc_apply(r, wc))
+			if (!wc_apply(r, nic, wc))
 				continue;
 			ep = r->slots[kvb_chain_wr_id_qp(wc->wr_id)]->ep;
 			for (j = 0; j < nbad && bad[j] != ep; j++)
@@ -556,6 +538,25 @@ static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 		for (unsigned j = 0; j < nbad; j++)
 			_kvb_rdma_ep_usable(r, bad[j]);
 		n += reap_ready(r, out + n, max - n);
+	}
+	return (int) n;
+}
+
+static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
+		     unsigned max)
+{
+	struct kvb_rdma *r = to_rdma(t);
+	unsigned n = 0, i;
+	int k;
+
+	while (n < max && r->orphan_head < r->norphan)
+		out[n++] = r->orphan[r->orphan_head++];
+	n += reap_ready(r, out + n, max - n);
+	for (i = 0; i < r->nnic && n < max; i++) {
+		k = poll_nic(r, i, out + n, max - n);
+		if (k < 0)
+			return n ? (int) n : k;
+		n += (unsigned) k;
 	}
 	return (int) n;
 }
@@ -574,6 +575,8 @@ int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
 	out->depth = q->ch.p.depth;
 	out->in_flight = q->ch.head - q->ch.done;
 	out->chain = q->ch.st;
+	out->lnic = q->lnic;
+	out->rnic = q->rnic;
 	return 0;
 }
 
@@ -591,26 +594,32 @@ static int rdma_wait_fd(struct kvb_transport *t)
 {
 	struct kvb_rdma *r = to_rdma(t);
 
-	return r->chan ? r->chan->fd : -1;
+	if (r->nnic > 1)
+		return r->wait_epfd;
+	return r->nics[0].chan ? r->nics[0].chan->fd : -1;
 }
 
 /*
  * The caller is about to sleep on wait_fd(): ask for an event at the next
- * completion (unless one is asked for and has not come), then take what
- * the CQ already holds: a completion that landed before the request has
- * no event of its own. Returns 1 when completions wait for poll(), else 0
- * (also without a channel, or when the request fails: then only the
- * caller's polls, every 1 ms while work is in flight, reap).
+ * completion on every NIC (unless one is asked for and has not come), then
+ * take what the CQs already hold: a completion that landed before the
+ * request has no event of its own. Returns 1 when completions wait for
+ * poll(), else 0 (also without a channel, or when the request fails: then
+ * only the caller's polls, every 1 ms while work is in flight, reap).
  */
 static int rdma_arm(struct kvb_transport *t)
 {
 	struct kvb_rdma *r = to_rdma(t);
 	uint64_t cqes = r->base.stats.cqes;
 
-	if (r->chan) {
-		events_read(r);
-		if (!r->armed && !ibv_req_notify_cq(r->cq, 0))
-			r->armed = 1;
+	for (unsigned i = 0; i < r->nnic; i++) {
+		struct kvb_rdma_nic *n = &r->nics[i];
+
+		if (!n->chan)
+			continue;
+		events_read(n);
+		if (!n->armed && !ibv_req_notify_cq(n->cq, 0))
+			n->armed = 1;
 	}
 	_kvb_rdma_cq_drain(r);
 	return r->base.stats.cqes != cqes || r->nready ||
@@ -621,8 +630,8 @@ const struct kvb_transport_ops kvb_rdma_ops = {
 	.name = "rdma",
 	.open = rdma_open,
 	.close = rdma_close,
-	.reg_mr = rdma_reg_mr,
-	.dereg_mr = rdma_dereg_mr,
+	.reg_mr = _kvb_rdma_reg_mr,
+	.dereg_mr = _kvb_rdma_dereg_mr,
 	.local_info = _kvb_rdma_local_info,
 	.connect = _kvb_rdma_connect,
 	.disconnect = _kvb_rdma_disconnect,
@@ -638,4 +647,7 @@ const struct kvb_transport_ops kvb_rdma_ops = {
 	.time_posts = kvb_rdma_time_posts,
 	.stats_format = kvb_rdma_stats_format,
 	.resolve = kvb_rdma_resolve_op,
+	.nics = _kvb_rdma_nics,
+	.mr_nic = _kvb_rdma_mr_nic,
+	.mr_keys = _kvb_rdma_mr_keys,
 };

@@ -68,11 +68,12 @@ struct kvb_rdma_qp_stats {
 	uint32_t depth;
 	uint32_t in_flight; /* WRs posted, not retired */
 	struct kvb_chain_stats chain;
+	uint8_t lnic, rnic; /* our NIC, the peer's (several NICs) */
 };
 
 /*
- * Counters of QP `i` (0 .. qp_per_peer - 1) of an endpoint. Returns 0 or
- * -ENOENT. Same thread as post()/poll().
+ * Counters of QP `i` (0 .. QPs of the endpoint - 1) of an endpoint. Returns 0
+ * or -ENOENT. Same thread as post()/poll().
  */
 int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
 		      struct kvb_rdma_qp_stats *out);
@@ -101,12 +102,15 @@ int kvb_rdma_reg_dmabuf(struct kvb_transport *t, struct kvb_mr *mr, int fd,
 			uint64_t offset);
 
 /*
- * The device's asynchronous events (async.c). kvb_rdma_async_fd() is the
- * context's async fd, non-blocking, readable when events are pending (-1:
- * it could not be made non-blocking; then events are not read).
+ * The devices' asynchronous events (async.c). kvb_rdma_async_fd() is the
+ * context's async fd (several NICs: an epoll fd over theirs), non-blocking,
+ * readable when events are pending (-1: it could not be made non-blocking;
+ * then events are not read).
  * kvb_rdma_async_service() reads and acks up to 64 pending events and
  * returns how many: our port going down makes post() refuse chains with
- * -ENETDOWN until PORT_ACTIVE, DEVICE_FATAL with -ENODEV for good; QP and
+ * -ENETDOWN until PORT_ACTIVE, DEVICE_FATAL with -ENODEV for good (with
+ * several NICs: a NIC down takes no new chains, they go through the next
+ * nearest NIC up; post() refuses only when none is up); QP and
  * CQ errors are counted. Each event worth a line goes to `log` (may be
  * NULL) with a KVB_RDMA_LOG_* level. Same thread as post()/poll().
  */
@@ -128,6 +132,21 @@ struct kvb_rdma_async_stats {
 	int device_dead; /* DEVICE_FATAL came */
 };
 
+/*
+ * Lines about the NIC choices (a region's nearest NIC at registration, QP
+ * budgets) go to log (NULL: none); kvb_rdma_async_service's log is taken
+ * when none was set.
+ */
+void kvb_rdma_set_log(struct kvb_transport *t, kvb_rdma_log_fn log, void *arg);
+
+/*
+ * The PCI bus id of GPU `device` ("0000:19:00.0"), so that its regions
+ * registered afterwards go to the NIC nearest to it (topo.c); without one
+ * GPU memory takes the least used NIC. 0, -EINVAL (device >= 16 or a bad
+ * id).
+ */
+int kvb_rdma_gpu_bus(struct kvb_transport *t, int device, const char *bus_id);
+
 /* ops->stats_format: the device's state and events (ep NULL), or the
  * per-QP counters of an endpoint (JSON: a list's members) */
 size_t kvb_rdma_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
@@ -136,6 +155,7 @@ size_t kvb_rdma_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
 int kvb_rdma_async_fd(struct kvb_transport *t);
 int kvb_rdma_async_service(struct kvb_transport *t, kvb_rdma_log_fn log,
 			   void *arg);
+/* summed over the NICs; port_down / device_dead: on every NIC */
 void kvb_rdma_async_get_stats(struct kvb_transport *t,
 			      struct kvb_rdma_async_stats *out);
 

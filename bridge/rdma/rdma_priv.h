@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Internals of the rdma transport shared by rdma.c (device, memory, post,
- * poll) and ep.c (QP state machine, handshake, recovery). Not installed.
+ * Internals of the rdma transport shared by rdma.c (open, post, poll),
+ * nic.c (the devices, memory registration on each, the nearest NIC), ep.c
+ * (QP state machine, NIC pairs, handshake, recovery) and async.c (device
+ * events). Not installed.
  */
 #ifndef KVB_BRIDGE_RDMA_PRIV_H
 #define KVB_BRIDGE_RDMA_PRIV_H
@@ -15,6 +17,7 @@
 #include "rdma/chain.h"
 #include "rdma/conn.h"
 #include "rdma/rdma.h"
+#include "rdma/topo.h"
 
 #define KVB_RDMA_DEPTH_DEFAULT 256
 #define KVB_RDMA_CQ_MAX	       (1 << 16)
@@ -24,6 +27,12 @@
 #define KVB_RDMA_FLUSH_WAIT_NS (200 * 1000000ull)
 /* a chain spread over a peer's QPs gives each at least this many bytes */
 #define KVB_RDMA_STRIPE_MIN (256u << 10)
+/* a chain at least this large is spread over the QPs of every NIC pair
+ * that can carry it (the region's nearest NIC first); smaller ones stay
+ * on the nearest NIC */
+#define KVB_RDMA_NIC_STRIPE_MIN (4u << 20)
+/* ops rewritten for one NIC pair's keys at a time (several NICs) */
+#define KVB_RDMA_RUN_MAX 256
 /* SGEs per WR at most: a gather of local pieces to one remote range (a
  * head split's tokens, scattered P blocks into contiguous D blocks) */
 #define KVB_RDMA_SGE_MAX 16u
@@ -35,7 +44,14 @@ struct kvb_rdma_qp {
 	uint32_t psn;	  /* our initial send PSN of this incarnation */
 	uint16_t slot;	  /* index into kvb_rdma.slots, in every wr_id */
 	uint8_t on_ready; /* queued in kvb_rdma.ready */
+	uint8_t lnic;	  /* our NIC (index into kvb_rdma.nics) */
+	uint8_t rnic;	  /* the peer's NIC (index into its blob's list) */
+	/* not connected at the last handshake (takes no chains): our NIC's
+	 * port was down (QP_PARK_LOCAL), or the peer's QP was parked */
+	uint8_t parked;
 };
+
+enum { QP_PARK_LOCAL = 1, QP_PARK_PEER = 2 };
 
 struct kvb_ep {
 	struct kvb_rdma *t;
@@ -46,12 +62,15 @@ struct kvb_ep {
 	struct kvb_rdma_conn peer; /* last peer blob applied (or offer) */
 	unsigned nqp;
 	unsigned rr;
-	struct kvb_rdma_qp qp[KVB_RDMA_MAX_QP];
+	struct kvb_rdma_qp qp[KVB_RDMA_EP_QP_MAX];
 };
 
-struct kvb_rdma {
-	struct kvb_transport base;
-	struct kvb_transport_params p;
+/*
+ * One verbs device (NIC) of the transport: its own PD, CQ, completion
+ * channel and async events. NIC 0 alone is what a single-device transport
+ * has, as before several NICs existed.
+ */
+struct kvb_rdma_nic {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
@@ -68,9 +87,51 @@ struct kvb_rdma {
 	int cq_size;
 	int cq_used;  /* CQE budget taken by QPs (2 x depth each) */
 	uint32_t sge; /* SGEs per WR new QPs get (0: not chosen yet) */
+	int port_num; /* port used */
+	int gid_index;
 	struct ibv_device_attr dev;
 	struct ibv_port_attr port;
 	union ibv_gid gid;
+	int async_nb; /* ctx->async_fd is non-blocking: read it */
+	struct kvb_rdma_async_stats async; /* counters and port state */
+	char name[64];
+	int numa;			/* NUMA node, -1 unknown (topo.c) */
+	char pci[32];			/* PCI address, "" unknown */
+	uint64_t bytes, wrs, doorbells; /* chains posted through it */
+	uint64_t regions;		/* regions whose home it is */
+	uint64_t moved;			/* chains it took for a down NIC */
+	uint64_t qp_refused;		/* connects over its QP budget */
+	uint32_t qps, max_qps;		/* QPs now, and the budget */
+};
+
+/* A region's registration (kvb_mr.tpriv[KVB_RDMA_TPRIV]): on every NIC */
+struct kvb_rdma_reg {
+	struct ibv_mr *mr[KVB_NIC_MAX];
+	/* the region with NIC i's keys: what chains on NIC i carry */
+	struct kvb_mr on[KVB_NIC_MAX];
+	uint8_t home;		    /* its nearest NIC */
+	uint8_t order[KVB_NIC_MAX]; /* NICs nearest first (home first) */
+	char why[160];		    /* why home */
+};
+
+static inline int nic_up(const struct kvb_rdma_nic *n)
+{
+	return !n->async.port_down && !n->async.device_dead;
+}
+
+struct kvb_rdma {
+	struct kvb_transport base;
+	struct kvb_transport_params p;
+	struct kvb_rdma_nic nics[KVB_NIC_MAX];
+	unsigned nnic;
+	/* several NICs: one epoll fd over their completion channels
+	 * (wait_fd) and one over their async fds (events_fd); -1 otherwise */
+	int wait_epfd, async_epfd;
+	struct kvb_topo *topo; /* sysfs topology (NULL: none read) */
+	/* bus ids of GPUs by device number (kvb_rdma_gpu_bus), "" unknown */
+	char gpu_bus[16][16];
+	kvb_rdma_log_fn log; /* lines about NIC choices (may be NULL) */
+	void *log_arg;
 	uint64_t node;
 	struct kvb_ep *eps;
 	struct kvb_rdma_qp *slots[KVB_RDMA_MAX_SLOTS];
@@ -82,9 +143,8 @@ struct kvb_rdma {
 	/* completions of disconnected endpoints' ops, handed out by poll() */
 	struct kvb_xcqe *orphan;
 	unsigned norphan, orphan_head, orphan_cap;
-	/* asynchronous events (async.c) */
-	int async_nb; /* ctx->async_fd is non-blocking: read it */
-	struct kvb_rdma_async_stats async; /* counters and port state */
+	/* a run of ops with one NIC pair's keys (several NICs) */
+	struct kvb_xop xops[KVB_RDMA_RUN_MAX];
 };
 
 #define to_rdma(t) container_of(t, struct kvb_rdma, base)
@@ -115,6 +175,26 @@ static inline uint32_t rand_psn(void)
 /* rdma.c */
 void _kvb_rdma_ready_push(struct kvb_rdma *r, struct kvb_rdma_qp *q);
 void _kvb_rdma_cq_drain(struct kvb_rdma *r);
+
+/* nic.c */
+__attribute__((format(printf, 3, 4))) void
+_kvb_rdma_say(struct kvb_rdma *r, int level, const char *fmt, ...);
+int _kvb_rdma_nics_open(struct kvb_rdma *r, const char *dev_name, char *why,
+			size_t why_len);
+void _kvb_rdma_nics_close(struct kvb_rdma *r);
+int _kvb_rdma_mem_numa(const void *addr);
+/* the NIC a region's chains leave from: its home, or the nearest one up
+ * (*moved = 1 then); -1 when none is up */
+int _kvb_rdma_mr_nic_use(const struct kvb_rdma *r, const struct kvb_mr *mr,
+			 int *moved);
+int _kvb_rdma_reg_mr(struct kvb_transport *t, struct kvb_mr *mr);
+void _kvb_rdma_dereg_mr(struct kvb_transport *t, struct kvb_mr *mr);
+int _kvb_rdma_nics(struct kvb_transport *t, struct kvb_transport_nic *out,
+		   unsigned max);
+int _kvb_rdma_mr_nic(struct kvb_transport *t, const struct kvb_mr *mr,
+		     char *why, size_t why_len);
+int _kvb_rdma_mr_keys(struct kvb_transport *t, const struct kvb_mr *mr,
+		      uint32_t *rkeys, unsigned max, unsigned *home);
 
 /* ep.c */
 void _kvb_rdma_ep_destroy(struct kvb_rdma *r, struct kvb_ep *ep);

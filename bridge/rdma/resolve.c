@@ -269,6 +269,14 @@ static int no_device_address(const char *ip)
 	return !memcmp(g, any6, 15) && g[15] <= 1;
 }
 
+/* dev is the first device of a --rdma-dev list ("rxe0" of "rxe0,rxe1") */
+static int first_is(const char *list, const char *dev)
+{
+	size_t n = strcspn(list, ",");
+
+	return strlen(dev) == n && !memcmp(list, dev, n);
+}
+
 int kvb_rdma_params_resolve(struct kvb_transport_params *p, const char *host_ip,
 			    struct kvb_rdma_where *w)
 {
@@ -286,10 +294,12 @@ int kvb_rdma_params_resolve(struct kvb_transport_params *p, const char *host_ip,
 			 "; GID by the default rule");
 		return err;
 	}
-	if (p->dev_name && strcmp(p->dev_name, w->dev)) {
+	/* a list: the address and GID index are its first device's (the
+	 * others pick theirs by the default rule) */
+	if (p->dev_name && !first_is(p->dev_name, w->dev)) {
 		snprintf(w->why, sizeof(w->why),
-			 "--host-ip %s is on %s, not on --rdma-dev %s: GID by "
-			 "the default rule",
+			 "--host-ip %s is on %s, not on the first device of "
+			 "--rdma-dev %s: GID by the default rule",
 			 host_ip, w->dev, p->dev_name);
 		return -EXDEV;
 	}

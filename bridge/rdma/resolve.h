@@ -71,7 +71,10 @@ int kvb_rdma_resolve(const char *ip, int timeout_ms, struct kvb_rdma_where *w);
  * Returns 0 (p changed; w->why says to what), 1 (nothing to do:
  * --gid-index given, or a loopback/wildcard/empty address), or -errno (p
  * unchanged, the transport's default rule applies; w->why says why; a
- * p->dev_name other than the address's device gives -EXDEV).
+ * p->dev_name other than the address's device gives -EXDEV). With a
+ * device list in p->dev_name ("rxe0,rxe1") the address must be on its
+ * first device: the GID index found is that NIC's (the others pick theirs
+ * by the default rule), the port every listed device's.
  */
 int kvb_rdma_params_resolve(struct kvb_transport_params *p, const char *host_ip,
 			    struct kvb_rdma_where *w);

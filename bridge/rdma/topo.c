@@ -446,7 +446,28 @@ int kvb_topo_nearest_pci(const struct kvb_topo *t, const char *bus_id, int *idx,
 	return err;
 }
 
-static const char *near_text(enum kvb_topo_near n)
+int kvb_topo_score_pci(const struct kvb_topo *t, const char *bus_id, int i,
+		       enum kvb_topo_near *near)
+{
+	struct target g = {.what = "GPU"};
+	char bdf[16], anc[KVB_TOPO_NAME_LEN], *path = NULL;
+	enum kvb_topo_near nr;
+	int err;
+
+	if (i < 0 || i >= t->n)
+		return -ENOENT;
+	err = target_pci(t, bus_id, bdf, sizeof(bdf), &path, &g.numa);
+	if (err)
+		return err;
+	g.path = path;
+	err = score(&t->devs[i], &g, &nr, anc, sizeof(anc));
+	free(path);
+	if (near)
+		*near = nr;
+	return err;
+}
+
+const char *kvb_topo_near_text(enum kvb_topo_near n)
 {
 	switch (n) {
 	case KVB_TOPO_SWITCH:
@@ -476,15 +497,16 @@ static void explain(const struct kvb_topo *t, const struct target *g,
 
 	score(d, g, &near, anc, sizeof(anc));
 	if (anc[0])
-		snprintf(where, sizeof(where), "%s %s as %s", near_text(near),
-			 anc, g->what);
+		snprintf(where, sizeof(where), "%s %s as %s",
+			 kvb_topo_near_text(near), anc, g->what);
 	else if (near == KVB_TOPO_NUMA_SAME)
 		snprintf(where, sizeof(where), "same NUMA node %d as %s%s",
 			 g->numa, g->what,
 			 g->path ? "; no NIC on its root complex" : "");
 	else
 		snprintf(where, sizeof(where), "%s (NIC node %d, %s node %d)%s",
-			 near_text(near), d->pub.numa, g->what, g->numa,
+			 kvb_topo_near_text(near), d->pub.numa, g->what,
+			 g->numa,
 			 g->path ? "; no NIC on its root complex" : "");
 	n = snprintf(p->why, sizeof(p->why), "%s port %d: %s", p->dev, p->port,
 		     where);

@@ -97,6 +97,18 @@ int kvb_topo_nearest_pci(const struct kvb_topo *t, const char *bus_id, int *idx,
 			 int max, enum kvb_topo_near *near);
 
 /*
+ * How near device i is to the PCI device `bus_id`: a score (larger is
+ * nearer; comparable between devices for one bus id) with its class in
+ * *near (if not NULL), or -errno as kvb_topo_nearest_pci (-ENOENT also
+ * for i out of range). Port states play no part.
+ */
+int kvb_topo_score_pci(const struct kvb_topo *t, const char *bus_id, int i,
+		       enum kvb_topo_near *near);
+
+/* "same PCIe switch", "same NUMA node", ... */
+const char *kvb_topo_near_text(enum kvb_topo_near n);
+
+/*
  * Pick a NIC port for memory of the GPU at `bus_id` (kvb_topo_pick_pci)
  * or for host memory on NUMA node `numa` (kvb_topo_pick_numa; -1 =
  * unknown: any NIC, by load). The pick counts as a use of that port until

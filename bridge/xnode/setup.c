@@ -18,6 +18,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "nic.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
 
@@ -95,6 +96,22 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r,
 			 strerror(-rc));
 	else
 		x->rdma_reg = 1;
+	if (!rc)
+		kvb_xn_log_region_nic(t, r);
+}
+
+/* The region_info hook (kvbctl regions): what the module keeps of r. */
+static void region_info(struct kvb_broker *b, const struct kvb_region_ent *r,
+			struct kvb_region_info *ri)
+{
+	const struct kvb_xn_region *x =
+		kvb_xn_region(kvb_xn_state(b), r->mr.id);
+
+	if (!x)
+		return;
+	ri->kv = x->has_kv;
+	ri->layer = x->layer;
+	ri->rdma = x->rdma_reg;
 }
 
 static void rdma_event_log(void *arg, int level, const char *line)
@@ -211,6 +228,7 @@ static int open_rdma(struct kvb_broker *b)
 		.gid_index = b->opt.gid_index,
 		.post_batch_size = b->opt.post_batch_size,
 		.qp_per_peer = b->opt.qp_per_transfer,
+		.max_qps = b->opt.max_qps,
 	};
 	char why[256] = "";
 	struct kvb_transport_where where = {0}; /* p.dev_name may point here */
@@ -246,6 +264,9 @@ static int open_rdma(struct kvb_broker *b)
 	if (t->ops->time_posts)
 		t->ops->time_posts(t, 1);
 	rdma_watch(b, t);
+	/* events pending since open; the transport keeps the log function
+	 * for its NIC choices (a region's nearest NIC, QP budgets) */
+	kvb_xn_rdma_events(b);
 	log_info("transport rdma ready (%s%s): peers that offer rdma use it",
 		 p.dev_name ? p.dev_name : "first device",
 		 b->opt.transport == KVB_TR_RDMA ? ", no tcp"
@@ -284,6 +305,7 @@ static const struct kvb_engine_hooks xn_hooks = {
 	.rejected = kvb_xn_rejected,
 	.stats = kvb_xn_stats,
 	.peer_info = kvb_xn_peer_info,
+	.region_info = region_info,
 	.fini = xn_fini,
 };
 

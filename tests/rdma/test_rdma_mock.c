@@ -28,6 +28,7 @@
  *    good; every event read is acked, at most 64 per call;
  *  - gather lists: QPs and chains get min(device max_sge, 16) SGEs, and
  *    one SGE from then on when the device refuses more at create time.
+ * The mock verbs are in mock_verbs.c; several NICs: test_rdma_nics.c.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -40,313 +41,7 @@
 
 #include <cmocka.h>
 
-#include "rdma/rdma_priv.h"
-
-#define MAXQ 16
-
-static struct ibv_context mctx;
-static struct ibv_cq mcq;
-static struct ibv_wc cqes[256]; /* the mock CQ */
-static int ncqe;
-static uint32_t next_qpn = 100;
-static struct posted {
-	struct ibv_qp *qp;
-	uint64_t id[64]; /* wr_ids posted, not completed */
-	int n, err;
-} P[MAXQ];
-static int np;
-
-/* realloc() of the code under test (-Wl,--wrap=realloc): the next
- * fail_reallocs calls fail as when memory runs out. */
-static int fail_reallocs, failed_reallocs;
-void *__real_realloc(void *p, size_t n);
-void *__wrap_realloc(void *p, size_t n);
-
-void *__wrap_realloc(void *p, size_t n)
-{
-	if (fail_reallocs > 0) {
-		fail_reallocs--;
-		failed_reallocs++;
-		errno = ENOMEM;
-		return NULL;
-	}
-	return __real_realloc(p, n);
-}
-
-static struct posted *find(struct ibv_qp *qp)
-{
-	for (int i = 0; i < np; i++)
-		if (P[i].qp == qp)
-			return &P[i];
-	return NULL;
-}
-
-/* Complete the oldest WR posted on P[i] with st. */
-static void cq_push(int i, enum ibv_wc_status st)
-{
-	struct posted *p = &P[i];
-
-	assert_true(p->n > 0);
-	memset(&cqes[ncqe], 0, sizeof(cqes[0]));
-	cqes[ncqe].wr_id = p->id[0];
-	cqes[ncqe].status = st;
-	cqes[ncqe].qp_num = p->qp->qp_num;
-	ncqe++;
-	memmove(p->id, p->id + 1, (size_t) --p->n * sizeof(p->id[0]));
-}
-
-static int mock_poll(struct ibv_cq *c, int num, struct ibv_wc *wc)
-{
-	int k = num < ncqe ? num : ncqe;
-
-	(void) c;
-	memcpy(wc, cqes, (size_t) k * sizeof(*wc));
-	memmove(cqes, cqes + k, (size_t) (ncqe - k) * sizeof(*wc));
-	ncqe -= k;
-	return k;
-}
-
-static int mock_post(struct ibv_qp *qp, struct ibv_send_wr *wr,
-		     struct ibv_send_wr **bad)
-{
-	struct posted *p = find(qp);
-
-	(void) bad;
-	for (; wr; wr = wr->next)
-		p->id[p->n++] = wr->wr_id;
-	return 0;
-}
-
-static int fail_creates; /* the next n ibv_create_qp() calls fail */
-
-/* SGEs per WR the mock device takes (ibv_create_qp refuses more) */
-static uint32_t sge_cap = 1;
-
-struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
-{
-	struct ibv_qp *qp;
-
-	(void) pd;
-	if (a->cap.max_send_sge > sge_cap) {
-		errno = EINVAL;
-		return NULL;
-	}
-	if (fail_creates > 0) {
-		fail_creates--;
-		errno = ENOMEM;
-		return NULL;
-	}
-	qp = calloc(1, sizeof(*qp));
-	if (!qp || np == MAXQ) {
-		free(qp);
-		return NULL;
-	}
-	qp->context = &mctx;
-	qp->qp_num = next_qpn++;
-	P[np++] = (struct posted){.qp = qp};
-	return qp;
-}
-
-int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
-{
-	struct posted *p = find(qp);
-
-	(void) mask;
-	if (a->qp_state == IBV_QPS_ERR && !p->err) {
-		p->err = 1; /* the hardware flushes what the QP holds */
-		while (p->n)
-			cq_push((int) (p - P), IBV_WC_WR_FLUSH_ERR);
-	}
-	if (a->qp_state == IBV_QPS_RESET)
-		p->err = 0;
-	return 0;
-}
-
-int ibv_destroy_qp(struct ibv_qp *qp)
-{
-	struct posted *p = find(qp);
-
-	if (p)
-		p->qp = NULL;
-	free(qp);
-	return 0;
-}
-
-/* completion events: a channel whose reads the test feeds */
-static struct ibv_comp_channel mchan = {.fd = -1};
-static int events_pending, arms, acked, push_on_arm = -1;
-
-int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq,
-		     void **ctx)
-{
-	assert_ptr_equal(ch, &mchan);
-	if (!events_pending) {
-		errno = EAGAIN; /* the fd is non-blocking */
-		return -1;
-	}
-	events_pending--;
-	*cq = &mcq;
-	*ctx = NULL;
-	return 0;
-}
-
-void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
-{
-	assert_ptr_equal(cq, &mcq);
-	acked += (int) n;
-}
-
-static int mock_notify(struct ibv_cq *cq, int solicited)
-{
-	(void) cq;
-	(void) solicited;
-	arms++;
-	/* a completion that lands between the empty poll and the arming */
-	if (push_on_arm >= 0) {
-		cq_push(push_on_arm, IBV_WC_SUCCESS);
-		push_on_arm = -1;
-	}
-	return 0;
-}
-
-/* device events: a queue the test feeds, read by ibv_get_async_event */
-static struct ibv_async_event aev[128];
-static int naev, aev_head, aev_acked, aev_reads;
-static char last_log[3][256]; /* by level */
-
-int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
-{
-	assert_ptr_equal(ctx, &mctx);
-	aev_reads++;
-	if (aev_head == naev) {
-		errno = EAGAIN; /* the fd is non-blocking */
-		return -1;
-	}
-	*ev = aev[aev_head++];
-	return 0;
-}
-
-void ibv_ack_async_event(struct ibv_async_event *ev)
-{
-	(void) ev;
-	aev_acked++;
-}
-
-static void queue_event(enum ibv_event_type type, int port, struct ibv_qp *qp)
-{
-	assert_true(naev < 128);
-	memset(&aev[naev], 0, sizeof(aev[naev]));
-	aev[naev].event_type = type;
-	if (qp)
-		aev[naev].element.qp = qp;
-	else
-		aev[naev].element.port_num = port;
-	naev++;
-}
-
-static void log_line(void *arg, int level, const char *line)
-{
-	(void) arg;
-	assert_true(level >= KVB_RDMA_LOG_INFO && level <= KVB_RDMA_LOG_ERR);
-	snprintf(last_log[level], sizeof(last_log[level]), "%s", line);
-}
-
-static struct kvb_rdma *r;
-static struct kvb_transport *t;
-static char lbuf[1 << 16];
-static struct kvb_mr mr = {.id = 1, .addr = lbuf, .len = sizeof(lbuf)};
-
-static int setup(void **state)
-{
-	(void) state;
-	memset(P, 0, sizeof(P));
-	np = 0;
-	ncqe = 0;
-	fail_reallocs = failed_reallocs = 0;
-	fail_creates = 0;
-	sge_cap = 1;
-	r = calloc(1, sizeof(*r));
-	assert_non_null(r);
-	t = &r->base;
-	mctx.ops.poll_cq = mock_poll;
-	mctx.ops.post_send = mock_post;
-	mctx.ops.req_notify_cq = mock_notify;
-	events_pending = arms = acked = 0;
-	push_on_arm = -1;
-	mcq.context = &mctx;
-	r->base.ops = &kvb_rdma_ops;
-	r->cq = &mcq;
-	r->cq_size = 1 << 16;
-	r->p.sq_depth = 8;
-	r->p.qp_per_peer = 2;
-	r->p.ib_port = 1;
-	r->dev.max_qp_rd_atom = 16;
-	r->ctx = &mctx;
-	r->async_nb = 1;
-	naev = aev_head = aev_acked = aev_reads = 0;
-	memset(last_log, 0, sizeof(last_log));
-	mr.lkey = 7;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	(void) state;
-	while (r->eps)
-		_kvb_rdma_ep_destroy(r, r->eps);
-	free(r->orphan);
-	free(r);
-	return 0;
-}
-
-static struct kvb_ep *ready_ep(void)
-{
-	struct kvb_ep *ep;
-
-	assert_int_equal(_kvb_rdma_connect(t, NULL, 0, &ep), 0);
-	ep->state = KVB_RDMA_EP_READY; /* as if the peer's blob came */
-	return ep;
-}
-
-/* n writes never contiguous (one WR each), cookies c0, c0 + 1, ... */
-static void post_n(struct kvb_ep *ep, unsigned n, uint64_t c0)
-{
-	struct kvb_xop op[8];
-
-	assert_true(n <= 8);
-	memset(op, 0, sizeof(op));
-	for (unsigned i = 0; i < n; i++) {
-		op[i].opcode = KVB_XOP_WRITE;
-		op[i].local = &mr;
-		op[i].local_off = i * 8192;
-		op[i].len = 4096;
-		op[i].remote.addr = 0x100000;
-		op[i].remote.rkey = 9;
-		op[i].remote_off = i * 16384;
-		op[i].cookie = c0 + i;
-	}
-	assert_int_equal(t->ops->post(t, ep, op, n), (int) n);
-}
-
-/* poll() until it gives nothing; the cookies' statuses into st[cookie &
- * 0xff] (each counted in seen[]) */
-static unsigned drain(int32_t *st, unsigned *seen)
-{
-	struct kvb_xcqe out[32];
-	unsigned total = 0;
-
-	for (int round = 0; round < 8; round++) {
-		int n = t->ops->poll(t, out, 32);
-
-		assert_true(n >= 0);
-		for (int i = 0; i < n; i++) {
-			st[out[i].cookie & 0xff] = out[i].status;
-			seen[out[i].cookie & 0xff]++;
-		}
-		total += (unsigned) n;
-	}
-	return total;
-}
+#include "mock_verbs.h"
 
 static void test_device_events(void **state)
 {
@@ -417,7 +112,7 @@ static void test_device_events(void **state)
 	assert_int_equal(aev_acked, naev);
 
 	/* a blocking fd is never read from the loop */
-	r->async_nb = 0;
+	r->nics[0].async_nb = 0;
 	aev_reads = 0;
 	queue_event(IBV_EVENT_PORT_ERR, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, NULL, NULL), 0);
@@ -433,18 +128,18 @@ static void test_sge_choice(void **state)
 	struct kvb_ep *ep;
 
 	(void) state;
-	r->dev.max_sge = 32;
+	r->nics[0].dev.max_sge = 32;
 	sge_cap = 16;
 	ep = ready_ep();
-	assert_int_equal(r->sge, 16);
+	assert_int_equal(r->nics[0].sge, 16);
 	assert_int_equal(ep->qp[0].ch.p.max_sge, 16);
 	_kvb_rdma_ep_destroy(r, ep);
 
-	r->sge = 0; /* a device that says 8 but takes only 1 */
-	r->dev.max_sge = 8;
+	r->nics[0].sge = 0; /* a device that says 8 but takes only 1 */
+	r->nics[0].dev.max_sge = 8;
 	sge_cap = 1;
 	ep = ready_ep();
-	assert_int_equal(r->sge, 1);
+	assert_int_equal(r->nics[0].sge, 1);
 	assert_int_equal(ep->qp[0].ch.p.max_sge, 1);
 	assert_int_equal(ep->qp[1].ch.p.max_sge, 1);
 	post_n(ep, 1, 0x30); /* and it posts */
@@ -556,7 +251,7 @@ static void test_completion_events(void **state)
 	/* no channel: nothing to arm, nothing waiting */
 	assert_int_equal(t->ops->wait_fd(t), -1);
 	assert_int_equal(t->ops->arm(t), 0);
-	r->chan = &mchan;
+	r->nics[0].chan = &mchan;
 	mchan.fd = 42;
 	assert_int_equal(t->ops->wait_fd(t), 42);
 	/* busy polling never arms */
@@ -598,11 +293,11 @@ static void test_completion_events(void **state)
 	events_pending = 70;
 	assert_int_equal(t->ops->arm(t), 0);
 	assert_int_equal(acked, 72);
-	assert_int_equal(r->unacked, 0);
+	assert_int_equal(r->nics[0].unacked, 0);
 	events_pending = 1;
 	assert_int_equal(t->ops->arm(t), 0);
-	assert_int_equal(r->unacked, 1);
-	r->chan = NULL; /* the mock channel is not the library's */
+	assert_int_equal(r->nics[0].unacked, 1);
+	r->nics[0].chan = NULL; /* the mock channel is not the library's */
 }
 
 /* A blob of 2 QPs from endpoint `ep` of peer `node`: an answer to our
@@ -614,8 +309,8 @@ static size_t peer_blob(void *buf, uint64_t node, uint64_t ep, uint64_t to_ep)
 				  .node = node,
 				  .ep = ep,
 				  .to_ep = to_ep,
-				  .mtu = IBV_MTU_1024,
-				  .port = 1};
+				  .nnic = 1,
+				  .nic = {{.mtu = IBV_MTU_1024, .port = 1}}};
 	size_t len = KVB_RDMA_CONN_MAX;
 
 	c.qp[0].qpn = 900;
