@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "log.h"
@@ -49,11 +50,6 @@ struct kvb_worker {
 	struct kvb_worker_stats st;
 	int64_t since;	   /* accepted at (pending: the HELLO deadline) */
 	uint32_t inf_used; /* in-flight entries of its descriptors */
-	struct kvb_notify *notify; /* cross-node: this worker's notify ports */
-	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
-	uint32_t nkv;
-	uint16_t *grant; /* per KV block: holders, fenced (grants.c) */
-	uint32_t ngrant;
 };
 
 /* A descriptor between drain and completion. */
@@ -184,21 +180,6 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
 
-/* grants.c: the KV blocks a cross-node D transfer holds (WRITE mode) and
- * those a failed one left (fenced), so that tcp writes arriving after it
- * failed are refused. take (its open; lifts the fence): 0 or -ENOMEM; drop
- * (its end; failed: fence them); unfence (another D rank of DP rank dp
- * announced them: P may write every such rank now). */
-int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
-		   const uint32_t *ids, uint32_t n);
-void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
-		    uint32_t n, int failed);
-void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
-		       uint32_t n);
-/* a transport's write gate (transport.h set_write_gate), arg = b */
-int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
-void kvb_grant_free(struct kvb_worker *w);
-
 /* quota.c (docs/security.md, "On the node"). May w take one more
  * transfer table slot (1) or not (0)? */
 int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
@@ -231,6 +212,11 @@ void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 void kvb_wake_workers(struct kvb_broker *b);
 /* Fail and forget everything of a worker that is going away. */
 void kvb_engine_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+/* An op in flight touches r (held until kvb_region_put). */
+static inline void kvb_region_hold(struct kvb_region_ent *r)
+{
+	r->refs++;
+}
 /* Region no longer referenced and dead: unmap and free the slot. */
 void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r);
@@ -285,14 +271,49 @@ void kvb_post_cqe(struct kvb_broker *b, uint32_t worker, uint8_t op,
 		  uint64_t tag, int32_t status, uint64_t bytes, uint32_t xfer);
 void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status);
 void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
+/* finish.c: count one ended op of transfer (handle, worker) (none: handle
+ * 0, or it ended already) and end the transfer if that completes it */
 void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		      int status);
+
+/* The one completion of an op the extension built (a layer op), and what
+ * the engine does with it (kvb_op_complete): the descriptor completion
+ * (unless it succeeded and was unsignaled), then the op counted on its
+ * transfer. */
+struct kvb_op_done {
+	uint32_t worker, xfer;
+	uint64_t tag, bytes;
+	int32_t status;
+	uint8_t flags;
+};
+/* finish.c: for an op the extension completes by itself (one failed before
+ * it went out, or issued late from its own events); in the completion
+ * path the hooks hand it back to the engine instead (group_done) */
+void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d);
+/* finish.c: a peer says its writes into x ended (done, or failed with
+ * status): one op counted; a writer asked to stop (x->closing) is no
+ * longer waited for */
+void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status);
+
+/* A write refused because it came after the transfer that held its
+ * memory failed (the extension's write gate): late_writes_refused. */
+static inline void kvb_count_late_write(struct kvb_broker *b)
+{
+	b->st.late_writes_refused++;
+}
 
 /* engine.c: refuse a layer op: completed with rc, counted (broker and
  * worker), logged within the worker's refusal log budget; the transfer
  * itself is left as it is */
 void kvb_layer_refuse(struct kvb_broker *b, struct kvb_worker *w,
 		      const struct kvb_sqe *e, int rc, const char *why);
+
+/* kvbctl regions: what the extension keeps of a region */
+struct kvb_region_info {
+	uint8_t kv;   /* a KV region (kvb_mem_set_kv) of layer `layer` */
+	uint8_t rdma; /* registered with the rdma transport */
+	uint32_t layer;
+};
 
 /*
  * Hooks: what a module that extends the engine (the cross-node module,
@@ -306,22 +327,35 @@ struct kvb_engine_hooks {
 	/* a region was registered / is about to be freed */
 	void (*region_added)(struct kvb_broker *b, struct kvb_region_ent *r);
 	void (*region_gone)(struct kvb_broker *b, struct kvb_region_ent *r);
-	/* a worker attached (0 or -errno: it is dropped) / is going away */
+	/* a worker attached (0 or -errno: it is dropped) / is going away
+	 * (before its transfers end) / its slot is freed (after they ended:
+	 * the module lets go of what it keeps for it) */
 	int (*worker_attached)(struct kvb_broker *b, struct kvb_worker *w);
 	void (*worker_gone)(struct kvb_broker *b, struct kvb_worker *w);
-	/* KVB_OP_LAYER from a worker's ring (already counted as submitted) */
-	void (*layer_op)(struct kvb_broker *b, struct kvb_worker *w,
-			 const struct kvb_sqe *e);
-	/* an in-flight entry with a group (a layer op) completed */
-	void (*group_done)(struct kvb_broker *b, uint32_t group, int status,
-			   uint64_t bytes);
+	void (*worker_free)(struct kvb_broker *b, struct kvb_worker *w);
+	/* KVB_OP_LAYER from a worker's ring (already counted as submitted):
+	 * 1 when it completed at once (*done: the engine posts and counts
+	 * it), 0 when taken (queued, deferred) or refused (kvb_layer_refuse) */
+	int (*layer_op)(struct kvb_broker *b, struct kvb_worker *w,
+			const struct kvb_sqe *e, struct kvb_op_done *done);
+	/* an in-flight entry with a group (a layer op) completed: 1 when it
+	 * was the group's last (*done: the layer op's completion, which the
+	 * engine posts and counts), else 0. *stale: a slot of the
+	 * extension's destinations (a peer) whose queued ops the engine then
+	 * fails with -ECONNRESET (0 = none) */
+	int (*group_done)(struct kvb_broker *b, uint32_t group, int status,
+			  uint64_t bytes, struct kvb_op_done *done,
+			  uint32_t *stale);
 	/* Transfers with extension state (x->rx): complete by its rules? */
 	int (*xfer_complete)(const struct kvb_xfer *x);
 	/* ... ending with status (notify the peer, fail deferred ops) */
 	void (*xfer_end)(struct kvb_broker *b, struct kvb_xfer *x, int status);
-	/* ... failing: deferred ops fail now; the rest drains first */
-	void (*xfer_fence)(struct kvb_broker *b, struct kvb_xfer *x,
-			   int status);
+	/* ... failing: deferred ops fail now (their completions posted;
+	 * *failed: how many, the engine counts them); the rest drains first.
+	 * Returns how many peer writers it asked to stop: the engine waits
+	 * for their answers (kvb_xfer_peer_done), its stall timeout at most */
+	uint32_t (*xfer_fence)(struct kvb_broker *b, struct kvb_xfer *x,
+			       int status, uint32_t *failed);
 	/* ... how many peers may still write into it (0: none) */
 	uint32_t (*xfer_writers)(struct kvb_broker *b,
 				 const struct kvb_xfer *x);
@@ -354,6 +388,10 @@ struct kvb_engine_hooks {
 	 * -ENOENT for a free slot, -ERANGE past the last one */
 	int (*peer_info)(struct kvb_broker *b, uint32_t i,
 			 struct kvb_peer_info *pi);
+	/* kvbctl regions: region r's part (*ri zeroed first) */
+	void (*region_info)(struct kvb_broker *b,
+			    const struct kvb_region_ent *r,
+			    struct kvb_region_info *ri);
 	/* the daemon shuts down */
 	void (*fini)(struct kvb_broker *b);
 };
@@ -365,6 +403,11 @@ void kvb_engine_set_hooks(struct kvb_broker *b,
 static inline void *kvb_engine_ctx(const struct kvb_broker *b)
 {
 	return b->hooks_ctx;
+}
+/* Does the broker run cross-node (a module registered and --host-ip)? */
+static inline int kvb_engine_cross_node(const struct kvb_broker *b)
+{
+	return b->hooks_ctx && b->opt.xnode;
 }
 /* ext.c: wake the daemon's loop when fd turns readable; tag is handed to
  * the event hook (KVB_EP_REMOTE: only the service hook runs). 0 or -errno */
@@ -403,21 +446,32 @@ static inline void kvb_hook_worker_gone(struct kvb_broker *b,
 		b->hooks->worker_gone(b, w);
 }
 
-static inline void kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,
-				     const struct kvb_sqe *e)
+static inline void kvb_hook_worker_free(struct kvb_broker *b,
+					struct kvb_worker *w)
 {
-	if (KVB_HOOK(b, layer_op))
-		b->hooks->layer_op(b, w, e);
-	else
-		kvb_layer_refuse(b, w, e, -EINVAL,
-				 "layer op for an unknown or local transfer");
+	if (KVB_HOOK(b, worker_free))
+		b->hooks->worker_free(b, w);
 }
 
-static inline void kvb_hook_group_done(struct kvb_broker *b, uint32_t group,
-				       int status, uint64_t bytes)
+static inline int kvb_hook_layer_op(struct kvb_broker *b, struct kvb_worker *w,
+				    const struct kvb_sqe *e,
+				    struct kvb_op_done *done)
 {
-	if (KVB_HOOK(b, group_done))
-		b->hooks->group_done(b, group, status, bytes);
+	if (KVB_HOOK(b, layer_op))
+		return b->hooks->layer_op(b, w, e, done);
+	kvb_layer_refuse(b, w, e, -EINVAL,
+			 "layer op for an unknown or local transfer");
+	return 0;
+}
+
+static inline int kvb_hook_group_done(struct kvb_broker *b, uint32_t group,
+				      int status, uint64_t bytes,
+				      struct kvb_op_done *done, uint32_t *stale)
+{
+	return KVB_HOOK(b, group_done)
+		       ? b->hooks->group_done(b, group, status, bytes, done,
+					      stale)
+		       : 0;
 }
 
 /* Is x complete: by the rules of its module where it has one (x->rx). */
@@ -436,11 +490,14 @@ static inline void kvb_hook_xfer_end(struct kvb_broker *b, struct kvb_xfer *x,
 		b->hooks->xfer_end(b, x, status);
 }
 
-static inline void kvb_hook_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x,
-				       int status)
+static inline uint32_t kvb_hook_xfer_fence(struct kvb_broker *b,
+					   struct kvb_xfer *x, int status,
+					   uint32_t *failed)
 {
-	if (x->rx && KVB_HOOK(b, xfer_fence))
-		b->hooks->xfer_fence(b, x, status);
+	*failed = 0;
+	return x->rx && KVB_HOOK(b, xfer_fence)
+		       ? b->hooks->xfer_fence(b, x, status, failed)
+		       : 0;
 }
 
 static inline uint32_t kvb_hook_xfer_writers(struct kvb_broker *b,
@@ -511,6 +568,15 @@ static inline void kvb_hook_service(struct kvb_broker *b)
 static inline uint64_t kvb_hook_rejected(struct kvb_broker *b)
 {
 	return KVB_HOOK(b, rejected) ? b->hooks->rejected(b) : 0;
+}
+
+static inline void kvb_hook_region_info(struct kvb_broker *b,
+					const struct kvb_region_ent *r,
+					struct kvb_region_info *ri)
+{
+	memset(ri, 0, sizeof(*ri));
+	if (KVB_HOOK(b, region_info))
+		b->hooks->region_info(b, r, ri);
 }
 
 static inline int kvb_hook_peer_info(struct kvb_broker *b, uint32_t i,

@@ -175,6 +175,41 @@ static void inbound_done(struct kvb_broker *b, uint32_t dxfer, uint32_t downer)
 		kvb_xfer_maybe_finish(b, y);
 }
 
+static void inflight_release(struct kvb_broker *b, uint32_t idx)
+{
+	struct kvb_inflight *e = &b->inf[idx];
+
+	e->group = 0;
+	e->dxfer = 0;
+	e->used = 0;
+	b->inf_free[b->inf_nfree++] = idx;
+}
+
+/*
+ * An entry of an extension's group (a piece of a layer op) ended: the
+ * group_done hook counts it; when it was the group's last, the engine
+ * completes the layer op (kvb_op_complete: its completion, then its count
+ * on the transfer); when the hook marked the peer stale, the ops still
+ * queued to it fail. The slot is free first: both may re-enter here.
+ */
+static void complete_group(struct kvb_broker *b, struct kvb_inflight *e,
+			   uint32_t idx, int status)
+{
+	struct kvb_op_done done;
+	uint32_t stale = 0;
+	uint32_t dx = e->dxfer, downer = e->downer;
+	int last = kvb_hook_group_done(b, e->group, status, e->bytes, &done,
+				       &stale);
+
+	inflight_release(b, idx);
+	if (dx)
+		inbound_done(b, dx, downer);
+	if (last)
+		kvb_op_complete(b, &done);
+	for (unsigned ts = KVB_TS_TCP; stale && ts < KVB_TS_MAX; ts++)
+		kvb_dest_fail(b, ts, stale, -ECONNRESET);
+}
+
 /* Complete a (possibly merged) chain of in-flight descriptors. */
 void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 {
@@ -197,8 +232,11 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		if (!status)
 			b->st.bytes += e->bytes;
 		if (e->group) {
-			kvb_hook_group_done(b, e->group, status, e->bytes);
-		} else if (w) {
+			complete_group(b, e, idx, status);
+			idx = next;
+			continue;
+		}
+		if (w) {
 			if (w->inf_used)
 				w->inf_used--;
 			w->st.completed++;
@@ -211,14 +249,11 @@ void kvb_complete_inflight(struct kvb_broker *b, uint32_t idx, int status)
 		}
 		{
 			uint32_t dx = e->dxfer, downer = e->downer;
-			uint32_t xf = e->group ? 0 : e->xfer, wid = e->worker;
+			uint32_t xf = e->xfer, wid = e->worker;
 
 			/* the slot is free before the accounting, which may
 			 * end transfers and so re-enter here */
-			e->group = 0;
-			e->dxfer = 0;
-			e->used = 0;
-			b->inf_free[b->inf_nfree++] = idx;
+			inflight_release(b, idx);
 			if (dx)
 				inbound_done(b, dx, downer);
 			kvb_xfer_account(b, xf, wid, status);
@@ -524,11 +559,15 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	case KVB_OP_NOP:
 		kvb_post_cqe(b, w->id, KVB_CQ_DESC, e->tag, 0, 0, e->transfer);
 		return;
-	case KVB_OP_LAYER:
+	case KVB_OP_LAYER: {
+		struct kvb_op_done done;
+
 		b->st.descriptors_submitted++;
 		w->st.submitted++;
-		kvb_hook_layer_op(b, w, e);
+		if (kvb_hook_layer_op(b, w, e, &done))
+			kvb_op_complete(b, &done);
 		return;
+	}
 	default:
 		break;
 	}

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * How a transfer ends: counting its ops (kvb_xfer_account), deciding it is
+ * How a transfer ends: counting its ops (kvb_xfer_account, and for the
+ * extension's ops kvb_op_complete, kvb_xfer_peer_done), deciding it is
  * complete (kvb_xfer_maybe_finish), and failing it quietly
  * (kvb_xfer_finish: queued ops dropped, ops in flight drained first, the
  * extension told through its hooks) before its completion goes out.
@@ -134,6 +135,24 @@ static void drop_queued(struct kvb_broker *b, uint32_t h, uint32_t wid)
 	free(gone);
 }
 
+/* A failing transfer's extension part: its deferred ops fail (counted
+ * here), and the peer writers it asked to stop are waited for, the stall
+ * timeout at most (kvb_engine_timers). */
+static void fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
+{
+	uint32_t failed;
+	uint32_t writers = kvb_hook_xfer_fence(b, x, status, &failed);
+
+	x->failed += failed;
+	if (writers) {
+		uint32_t stall =
+			x->stall_ms ? x->stall_ms : b->opt.transfer_timeout_ms;
+
+		x->inbound += writers;
+		x->fence_ns = kvb_now_ns() + (int64_t) stall * 1000000;
+	}
+}
+
 /*
  * End a transfer with `status`, tell its worker and its destinations. A
  * failure with ops still in flight closes it first: nothing new is taken,
@@ -160,7 +179,7 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	b->st.transfers_fenced++;
 	x->closing = 1;
 	x->close_err = status;
-	kvb_hook_xfer_fence(b, x, status);
+	fence(b, x, status);
 	h = kvb_xfer_handle(&b->xfers, x);
 	wid = x->worker;
 	drop_queued(b, h, wid);
@@ -191,6 +210,29 @@ void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 	if (!x)
 		return; /* ended already (timeout, abort): nothing to count */
 	x->progress++;
+	if (status) {
+		x->failed++;
+		if (!x->first_err)
+			x->first_err = status;
+	} else {
+		x->completed++;
+	}
+	kvb_xfer_maybe_finish(b, x);
+}
+
+void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d)
+{
+	if (d->status || !(d->flags & KVB_SQE_F_UNSIGNALED))
+		kvb_post_cqe(b, d->worker, KVB_CQ_DESC, d->tag, d->status,
+			     d->status ? 0 : d->bytes, d->xfer);
+	kvb_xfer_account(b, d->xfer, d->worker, d->status);
+}
+
+void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status)
+{
+	x->progress++; /* a peer's message: the stall clock runs */
+	if (x->closing && x->inbound)
+		x->inbound--; /* a writer we asked to stop has stopped */
 	if (status) {
 		x->failed++;
 		if (!x->first_err)

@@ -152,6 +152,7 @@ static void nics_view(struct kvb_broker *b, int json, char *buf, size_t cap,
 /* The NIC region r's traffic goes through: its name into name (or "-") and
  * why; -errno when there is none to tell. */
 static int region_nic(struct kvb_broker *b, const struct kvb_region_ent *r,
+		      const struct kvb_region_info *ri,
 		      const struct kvb_transport_nic *nic, int n, char *why,
 		      size_t why_len)
 {
@@ -159,7 +160,7 @@ static int region_nic(struct kvb_broker *b, const struct kvb_region_ent *r,
 	int i;
 
 	why[0] = '\0';
-	if (!t || !t->ops->mr_nic || !r->rdma_reg || n <= 0)
+	if (!t || !t->ops->mr_nic || !ri->rdma || n <= 0)
 		return -ENOTSUP;
 	i = t->ops->mr_nic(t, &r->mr, why, why_len);
 	if (i >= n)
@@ -172,11 +173,15 @@ static void region_row(struct kvb_broker *b, const struct kvb_region_ent *r,
 		       char *buf, size_t cap, size_t *len, unsigned k)
 {
 	char why[256];
-	int i = region_nic(b, r, nic, n, why, sizeof(why));
+	struct kvb_region_info ri;
+	int i;
 	uint32_t worker = r->owner; /* its worker's id */
 	const char *kind = r->mr.kind == KVB_MEM_GPU ? "gpu" : "host";
 	char access[3] = {r->mr.flags & KVB_MEM_REMOTE_READ ? 'r' : '-',
 			  r->mr.flags & KVB_MEM_REMOTE_WRITE ? 'w' : '-', 0};
+
+	kvb_hook_region_info(b, r, &ri); /* the cross-node module's part */
+	i = region_nic(b, r, &ri, nic, n, why, sizeof(why));
 
 	if (json) {
 		put(buf, cap, len,
@@ -185,11 +190,10 @@ static void region_row(struct kvb_broker *b, const struct kvb_region_ent *r,
 		    "\"remote_write\":%s,\"state\":\"%s\",\"rdma\":%s,\"nic\":",
 		    k ? "," : "", r->mr.id, worker,
 		    (unsigned long long) r->mr.len, kind,
-		    r->has_kv ? "true" : "false", r->layer,
+		    ri.kv ? "true" : "false", ri.layer,
 		    access[0] == 'r' ? "true" : "false",
 		    access[1] == 'w' ? "true" : "false",
-		    r->dead ? "freeing" : "live",
-		    r->rdma_reg ? "true" : "false");
+		    r->dead ? "freeing" : "live", ri.rdma ? "true" : "false");
 		if (i >= 0) {
 			put_name(buf, cap, len, nic[i].name, 1);
 			put(buf, cap, len, ",\"nic_index\":%d,\"why\":", i);
@@ -210,7 +214,7 @@ static void region_row(struct kvb_broker *b, const struct kvb_region_ent *r,
 	}
 	put(buf, cap, len, "%#-10x %-8u %14llu %-4s %-3s %5u %-6s %-7s ",
 	    r->mr.id, worker, (unsigned long long) r->mr.len, kind,
-	    r->has_kv ? "yes" : "no", r->layer, access,
+	    ri.kv ? "yes" : "no", ri.layer, access,
 	    r->dead ? "freeing" : "live");
 	if (i >= 0)
 		put_name(buf, cap, len, nic[i].name, 0);

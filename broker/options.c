@@ -65,137 +65,140 @@ void kvb_options_default(struct kvb_options *o)
 	o->max_undelivered = 16384;
 }
 
+/*
+ * --help: the options, one entry each: the option and its argument, and
+ * its text, lines separated by '\n'. The first line goes at column
+ * USAGE_COL + 3 when the option fits in USAGE_COL columns, else right
+ * after the option (whose gap is written in it); the others at that
+ * column.
+ */
+#define USAGE_COL 22
+struct usage_opt {
+	const char *opt, *text;
+};
+
+static const struct usage_opt usage_opts[] = {
+	{"--socket PATH",
+	 "Unix socket (default $KVB_SOCKET, else kvbroker.sock in\n"
+	 "$XDG_RUNTIME_DIR/kvbroker/, /run/kvbroker/ (root)\n"
+	 "or /tmp/kvbroker-UID/: a 0700 directory of this uid)"},
+	{"--transport NAME", "local|tcp|rdma|gpu|auto (default local)"},
+	{"--log-level LEVEL", "error|warn|info|debug (default info)"},
+	{"--log-format FMT", "text|json|journal|auto (default auto: journal\n"
+			     "under systemd's journal, else text)"},
+	{"--config FILE",
+	 "read options from FILE first (\"key = value\" lines,\n"
+	 "keys the long options without --); the command\n"
+	 "line wins"},
+	{"--busy-poll-us N", "spin N us idle before sleeping (default 50)"},
+	{"--sq-entries N", "submission ring slots per worker (default 4096)"},
+	{"--cq-entries N", "completion ring slots per worker (default 8192)"},
+	{"--max-workers N", "(default 256)"},
+	{"--burst N", "descriptors drained per worker per round (default 64,\n"
+		      "at most 256)"},
+	{"--post-batch-size N", "WRs per chain, -1 = all pending (default -1)"},
+	{"--transfer-deadline S",
+	 "seconds a transfer may take in all, from its open,\n"
+	 "waiting its turn included (default 600)"},
+	{"--stall-timeout S",
+	 "seconds a transfer that started (ops submitted or\n"
+	 "completed, a peer's message) may go without progress\n"
+	 "(default 30); one that only waits its turn (opened,\n"
+	 "nothing submitted, no peer activity) fails at its\n"
+	 "deadline only"},
+	{"--transfer-timeout S", "the same as --stall-timeout (older name)"},
+	{"--defer-timeout S",
+	 "seconds a write waits for remote blocks (default 60)\n"
+	 "(each clock settable per transfer: kvb_transfer_set_timeouts)"},
+	{"--host-ip IP", "this node's address: enables the cross-node\n"
+			 "bridge (notify ports, handshake port, tcp)"},
+	{"--data-port N", "tcp transport port (default 0 = any free)"},
+	{"--notify-port N", "(default 61005)"},
+	{"--handshake-port N", "(default 6301)"},
+	{"--read-mode", "ignored (MoRIIO compatibility): the client picks\n"
+			"WRITE or READ per transfer (kvb_remote_xfer.mode)"},
+	{"--trusted-hosts LIST",
+	 "comma-separated peer IP addresses allowed to\n"
+	 "hand-shake and to send to the notify ports"},
+	{"--rdma-dev NAME",
+	 "--ib-port N (1)  --gid-index N (auto)\n"
+	 "NAME: a device, a comma-separated list (at most 8)\n"
+	 "or all"},
+	{"--max-qps N",
+	 "rdma: QPs per device (default 0 = the device's limit)"},
+	{"--qp-per-transfer N", "QPs per peer (default 1, at most 16)"},
+	{"--tcp-conns N", "tcp: connections per peer (default 4, at most 16);\n"
+			  "each chain goes to the one with the fewest bytes\n"
+			  "in flight"},
+	{"--tcp-max-conns N",
+	 "tcp data port: connections served in all (default 256)"},
+	{"--tcp-max-conns-per-host N",
+	 "\n"
+	 "... from one source address (default 32)"},
+	{"--tcp-auth-timeout MS",
+	 "ms a data-port connection has to authenticate\n"
+	 "(default 2000)"},
+	{"--cluster-key FILE",
+	 "secret shared by the cluster's brokers: authenticates\n"
+	 "handshakes and goes into the data port's keys\n"
+	 "(docs/security.md)"},
+	{"--gpu-streams N", "copy streams (default 64)"},
+	{"--copy-threads N|auto",
+	 "threads that copy large same-node chains with the\n"
+	 "broker thread (0 = broker thread only; auto:\n"
+	 "min(4, CPUs - 1), the default)"},
+	{"--copy-plain", "same-node copies with memcpy only (default: copies\n"
+			 "of >= 32 KiB use non-temporal stores where the CPU\n"
+			 "has AVX2)"},
+	{"--hello-timeout-ms N", "close connections that have not said HELLO\n"
+				 "within N ms (default 2000)"},
+	{"--max-pending N",
+	 "connections before HELLO, apart from the worker\n"
+	 "slots (default 64; the oldest is closed for a new one)"},
+	{"--max-ring-entries N",
+	 "largest ring a worker may ask for (default 65536)"},
+	{"--max-transfers-per-worker N  ",
+	 "hard cap (default 0: fair share only)"},
+	{"--max-inflight-per-worker N   ",
+	 "hard cap (default 0: fair share only)"},
+	{"--max-undelivered N",
+	 "completions queued for a worker past its full\n"
+	 "completion ring before its submissions wait\n"
+	 "(default 16384)"},
+	{"--metrics-listen ADDR:PORT  ",
+	 "serve Prometheus metrics on http://ADDR:PORT/metrics\n"
+	 "(default off; 19476 suggested; docs/metrics.md)"},
+	{"--help, --version", ""},
+};
+
+static void usage_opt_print(FILE *f, const struct usage_opt *u)
+{
+	const char *t = u->text, *nl = strchr(t, '\n');
+	int n = nl ? (int) (nl - t) : (int) strlen(t);
+
+	if (strlen(u->opt) > USAGE_COL)
+		fprintf(f, "  %s%.*s\n", u->opt, n, t);
+	else if (!n)
+		fprintf(f, "  %s\n", u->opt);
+	else
+		fprintf(f, "  %-*s %.*s\n", USAGE_COL, u->opt, n, t);
+	while (nl) {
+		t = nl + 1;
+		nl = strchr(t, '\n');
+		n = nl ? (int) (nl - t) : (int) strlen(t);
+		fprintf(f, "%*s%.*s\n", USAGE_COL + 3, "", n, t);
+	}
+}
+
 void kvb_options_usage(FILE *f)
 {
 	fputs("Usage: kvbroker [OPTIONS]\n"
 	      "One KV-cache transfer broker per node: workers attach over a "
 	      "Unix socket\n"
-	      "and submit descriptors through shared-memory rings.\n\n"
-	      "  --socket PATH          Unix socket (default $KVB_SOCKET, else "
-	      "kvbroker.sock in\n"
-	      "                         $XDG_RUNTIME_DIR/kvbroker/, "
-	      "/run/kvbroker/ (root)\n"
-	      "                         or /tmp/kvbroker-UID/: a 0700 "
-	      "directory of this uid)\n"
-	      "  --transport NAME       local|tcp|rdma|gpu|auto (default "
-	      "local)\n"
-	      "  --log-level LEVEL      error|warn|info|debug (default info)\n"
-	      "  --log-format FMT       text|json|journal|auto (default auto: "
-	      "journal\n"
-	      "                         under systemd's journal, else text)\n"
-	      "  --config FILE          read options from FILE first "
-	      "(\"key = value\" lines,\n"
-	      "                         keys the long options without --); "
-	      "the command\n"
-	      "                         line wins\n"
-	      "  --busy-poll-us N       spin N us idle before sleeping "
-	      "(default 50)\n"
-	      "  --sq-entries N         submission ring slots per worker "
-	      "(default 4096)\n"
-	      "  --cq-entries N         completion ring slots per worker "
-	      "(default 8192)\n"
-	      "  --max-workers N        (default 256)\n"
-	      "  --burst N              descriptors drained per worker per "
-	      "round (default 64,\n"
-	      "                         at most 256)\n"
-	      "  --post-batch-size N    WRs per chain, -1 = all pending "
-	      "(default -1)\n"
-	      "  --transfer-deadline S  seconds a transfer may take in all, "
-	      "from its open,\n"
-	      "                         waiting its turn included (default "
-	      "600)\n"
-	      "  --stall-timeout S      seconds a transfer that started (ops "
-	      "submitted or\n"
-	      "                         completed, a peer's message) may go "
-	      "without progress\n"
-	      "                         (default 30); one that only waits its "
-	      "turn (opened,\n"
-	      "                         nothing submitted, no peer activity) "
-	      "fails at its\n"
-	      "                         deadline only\n"
-	      "  --transfer-timeout S   the same as --stall-timeout (older "
-	      "name)\n"
-	      "  --defer-timeout S      seconds a write waits for remote "
-	      "blocks (default 60)\n"
-	      "                         (each clock settable per transfer: "
-	      "kvb_transfer_set_timeouts)\n"
-	      "  --host-ip IP           this node's address: enables the "
-	      "cross-node\n"
-	      "                         bridge (notify ports, handshake port, "
-	      "tcp)\n"
-	      "  --data-port N          tcp transport port (default 0 = any "
-	      "free)\n"
-	      "  --notify-port N        (default 61005)\n"
-	      "  --handshake-port N     (default 6301)\n"
-	      "  --read-mode            ignored (MoRIIO compatibility): the "
-	      "client picks\n"
-	      "                         WRITE or READ per transfer "
-	      "(kvb_remote_xfer.mode)\n"
-	      "  --trusted-hosts LIST   comma-separated peer IP addresses "
-	      "allowed to\n"
-	      "                         hand-shake and to send to the "
-	      "notify ports\n"
-	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
-	      "                         NAME: a device, a comma-separated "
-	      "list (at most 8)\n"
-	      "                         or all\n"
-	      "  --max-qps N            rdma: QPs per device (default 0 = "
-	      "the device's limit)\n"
-	      "  --qp-per-transfer N    QPs per peer (default 1, at most 16)\n"
-	      "  --tcp-conns N          tcp: connections per peer (default 4, "
-	      "at most 16);\n"
-	      "                         each chain goes to the one with the "
-	      "fewest bytes\n"
-	      "                         in flight\n"
-	      "  --tcp-max-conns N      tcp data port: connections served in "
-	      "all (default 256)\n"
-	      "  --tcp-max-conns-per-host N\n"
-	      "                         ... from one source address (default "
-	      "32)\n"
-	      "  --tcp-auth-timeout MS  ms a data-port connection has to "
-	      "authenticate\n"
-	      "                         (default 2000)\n"
-	      "  --cluster-key FILE     secret shared by the cluster's "
-	      "brokers: authenticates\n"
-	      "                         handshakes and goes into the data "
-	      "port's keys\n"
-	      "                         (docs/security.md)\n"
-	      "  --gpu-streams N        copy streams (default 64)\n"
-	      "  --copy-threads N|auto  threads that copy large same-node "
-	      "chains with the\n"
-	      "                         broker thread (0 = broker thread "
-	      "only; auto:\n"
-	      "                         min(4, CPUs - 1), the default)\n"
-	      "  --copy-plain           same-node copies with memcpy only "
-	      "(default: copies\n"
-	      "                         of >= 32 KiB use non-temporal "
-	      "stores where the CPU\n"
-	      "                         has AVX2)\n"
-	      "  --hello-timeout-ms N   close connections that have not said "
-	      "HELLO\n"
-	      "                         within N ms (default 2000)\n"
-	      "  --max-pending N        connections before HELLO, apart from "
-	      "the worker\n"
-	      "                         slots (default 64; the oldest is "
-	      "closed "
-	      "for a new one)\n"
-	      "  --max-ring-entries N   largest ring a worker may ask for "
-	      "(default 65536)\n"
-	      "  --max-transfers-per-worker N  hard cap (default 0: fair share "
-	      "only)\n"
-	      "  --max-inflight-per-worker N   hard cap (default 0: fair share "
-	      "only)\n"
-	      "  --max-undelivered N    completions queued for a worker past "
-	      "its full\n"
-	      "                         completion ring before its "
-	      "submissions wait\n"
-	      "                         (default 16384)\n"
-	      "  --metrics-listen ADDR:PORT  serve Prometheus metrics on "
-	      "http://ADDR:PORT/metrics\n"
-	      "                         (default off; 19476 suggested; "
-	      "docs/metrics.md)\n"
-	      "  --help, --version\n",
+	      "and submit descriptors through shared-memory rings.\n\n",
 	      f);
+	for (size_t i = 0; i < sizeof(usage_opts) / sizeof(usage_opts[0]); i++)
+		usage_opt_print(f, &usage_opts[i]);
 }
 
 static int fail(char *err, size_t len, const char *fmt, ...)

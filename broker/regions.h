@@ -11,7 +11,6 @@
 
 #include "segment.h"
 #include "transport.h"
-#include "kv_geom.h"
 
 #define KVB_MAX_REGIONS 65536u
 
@@ -26,11 +25,6 @@ struct kvb_region_ent {
 	uint8_t dead;	/* freed or owner gone: unmapped when refs == 0 */
 	void *map_base; /* what to munmap (host) */
 	uint64_t map_len;
-	uint8_t has_kv;	  /* kvb_mem_set_kv(): offered to peer brokers */
-	uint8_t tcp_reg;  /* registered with the tcp transport too */
-	uint8_t rdma_reg; /* ... and with the rdma transport */
-	uint32_t layer;
-	struct kvb_kv_geom geom;
 };
 
 struct kvb_regions {

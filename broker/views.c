@@ -190,8 +190,8 @@ static void peers(struct kvb_broker *b, struct vout *o, int json)
 
 	if (json)
 		put(o, "{\"cross_node\":%s,\"peers\":[",
-		    kvb_engine_ctx(b) ? "true" : "false");
-	else if (!kvb_engine_ctx(b))
+		    kvb_engine_cross_node(b) ? "true" : "false");
+	else if (!kvb_engine_cross_node(b))
 		put(o, "(no cross-node bridge: the broker runs without "
 		       "--host-ip)\n");
 	else

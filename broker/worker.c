@@ -963,10 +963,7 @@ void kvb_worker_drop(struct kvb_broker *b, struct kvb_worker *w,
 		return;
 	}
 	free(w->ovf);
-	free(w->kv_layer);
-	kvb_grant_free(w);
-	w->kv_layer = NULL;
-	w->nkv = 0;
+	kvb_hook_worker_free(b, w);
 	w->id = 0;
 	w->attached = 0;
 	b->nworkers--;

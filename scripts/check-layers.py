@@ -20,6 +20,15 @@ Besides: the engine includes no particular transport's header (it reaches
 transports through common/transport.h only). With the order above, no
 engine file includes a cross-node one, so the two cannot form a cycle.
 
+And the cross-node module's state stays its own: the engine's structs
+(struct kvb_worker in broker/broker.h, struct kvb_region_ent in
+broker/regions.h) declare none of its fields (MODULE_FIELDS), no file
+outside bridge/xnode/ touches them by those names, and bridge/xnode/ does
+not count ops on the engine's transfers itself (no kvb_xfer_account call,
+no write to a transfer's counters or to a region's refs): the engine does,
+through kvb_op_complete, kvb_xfer_peer_done and the hooks' results
+(docs/design.md, "Structure").
+
 Usage: scripts/check-layers.py [REPO_ROOT]
 """
 import os
@@ -47,6 +56,69 @@ PLACES = [
 SEARCH = ["", "shm", "common", "client", "client/include", "bridge", "broker"]
 
 INC = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+# fields of the cross-node module's state: never in these engine structs
+MODULE_FIELDS = ["notify", "kv_layer", "nkv", "grant", "ngrant", "has_kv",
+                 "tcp_reg", "rdma_reg", "layer", "geom"]
+ENGINE_STRUCTS = [("broker/broker.h", "kvb_worker"),
+                  ("broker/regions.h", "kvb_region_ent")]
+# ... and by these names (unambiguous ones) nowhere outside bridge/xnode/
+MODULE_ACCESS = re.compile(
+    r"->\s*(kv_layer|nkv|has_kv|tcp_reg|rdma_reg|ngrant)\b|\bw->notify\b")
+# what bridge/xnode/ must not do to the engine's transfers and regions
+ACCOUNTING = [
+    (re.compile(r"\bkvb_xfer_account\s*\("),
+     "calls kvb_xfer_account (the engine counts the module's ops)"),
+    (re.compile(r"\b(?!rx->)\w+->(completed|failed|inbound|fence_ns|"
+                r"first_err|progress)\s*(\+\+|--|[-+|]?=(?!=))"),
+     "writes a transfer's counters (the engine's)"),
+    (re.compile(r"->\s*refs\s*(\+\+|--|[-+]?=(?!=))"),
+     "writes a region's refs (kvb_region_hold)"),
+]
+
+
+def struct_fields(text, name):
+    m = re.search(r"struct\s+%s\s*\{(.*?)\n\};" % name, text, re.S)
+    if not m:
+        return None
+    body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+    return set(re.findall(r"\b(\w+)\s*(?:\[[^]]*\])?\s*[;,]", body))
+
+
+def module_state(root):
+    """Where the module's state leaks into the engine: messages."""
+    bad = []
+    for path, name in ENGINE_STRUCTS:
+        with open(os.path.join(root, path), errors="replace") as fh:
+            fields = struct_fields(fh.read(), name)
+        if fields is None:
+            bad.append("%s: struct %s not found" % (path, name))
+            continue
+        for f in MODULE_FIELDS:
+            if f in fields:
+                bad.append("%s: struct %s has the module's field %s" %
+                           (path, name, f))
+    for top in ("shm", "common", "client", "bridge", "broker", "bench"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if not f.endswith((".c", ".h")):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, f), root)
+                inside = path.startswith("bridge/xnode/")
+                with open(os.path.join(root, path), errors="replace") as fh:
+                    for no, line in enumerate(fh, 1):
+                        code = line.split("//")[0]
+                        if not inside and MODULE_ACCESS.search(code):
+                            bad.append("%s:%d: the module's state outside "
+                                       "bridge/xnode/: %s" %
+                                       (path, no, line.strip()))
+                        if not inside:
+                            continue
+                        for rx, why in ACCOUNTING:
+                            if rx.search(code):
+                                bad.append("%s:%d: %s: %s" %
+                                           (path, no, why, line.strip()))
+    return bad
 
 
 def layer_of(path):
@@ -106,13 +178,21 @@ def main():
                                            LAYERS.index(e[0][1]))):
         if s != d:
             print("  %-10s -> %-10s %4d" % (s, d, n))
+    state = module_state(root)
     if bad:
         print("upward includes (a layer including a later one) and engine -> transport:")
         for b in bad:
             print("  " + b)
-        return 1
-    print("no include to a later layer")
-    return 0
+    else:
+        print("no include to a later layer, no transport header in the engine")
+    if state:
+        print("the cross-node module's state or accounting across the line:")
+        for b in state:
+            print("  " + b)
+    else:
+        print("the module's state stays in bridge/xnode/ (%s); it counts "
+              "nothing on the engine's transfers" % ", ".join(MODULE_FIELDS))
+    return 1 if bad or state else 0
 
 
 if __name__ == "__main__":

@@ -295,19 +295,17 @@ static void frames_free(struct tcp_frame *f)
 	}
 }
 
-/* Ops [0, take) into frames; ops failing op_check complete at once. */
-static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
-		    uint64_t *bytes, unsigned *good)
+/* Allocate the frames ops [0, take) go in (*first: a list), before
+ * anything is committed: 0 or -ENOMEM (none left allocated). */
+static int frames_alloc(struct tcp_transport *tt, const struct kvb_xop *ops,
+			unsigned take, struct tcp_frame **first)
 {
-	struct tcp_transport *tt = ep->tt;
-	struct tcp_frame *first = NULL, **link = &first, *f;
-	struct kvb_tcp_hdr h;
-	struct kvb_tcp_rec last = {0}; /* the frame's last record so far */
-	unsigned i, nrec, nseg, rec = 0, seg = 0, left = 0, fops = 0;
-	uint32_t code = 0, lead = TCP_NO_SLOT, tail = TCP_NO_SLOT;
+	struct tcp_frame **link = first, *f;
+	unsigned nrec, nseg, left = 0;
+	uint32_t code = 0;
 
-	/* allocate every frame first: nothing is committed on -ENOMEM */
-	for (i = 0; i < take; i++) {
+	*first = NULL;
+	for (unsigned i = 0; i < take; i++) {
 		if (op_check(tt, &ops[i]))
 			continue;
 		if (left && ops[i].opcode == code) {
@@ -318,7 +316,8 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		f = _kvb_tcp_frame_new(
 			nseg, KVB_TCP_HDR_LEN + nrec * KVB_TCP_REC_LEN, 0);
 		if (!f) {
-			frames_free(first);
+			frames_free(*first);
+			*first = NULL;
 			return -ENOMEM;
 		}
 		*link = f;
@@ -326,12 +325,118 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		code = ops[i].opcode;
 		left = nrec - 1;
 	}
+	return 0;
+}
 
-	memset(&h, 0, sizeof(h));
-	f = NULL;
-	for (i = 0; i < take; i++) {
+/* The frame being filled: its header, its last record so far (which a
+ * WRITE continuing its remote range grows), counts, and the slots of that
+ * record's first and last ops. */
+struct frame_fill {
+	struct tcp_frame *f;
+	struct kvb_tcp_hdr h;
+	struct kvb_tcp_rec last;
+	unsigned rec, seg, fops;
+	uint32_t lead, tail;
+};
+
+/* Take a free slot of ep for op, filled in; its index. */
+static uint32_t slot_take(struct kvb_ep *ep, const struct kvb_xop *op)
+{
+	uint32_t idx = ep->free_head;
+	struct tcp_slot *s = &ep->slots[idx];
+
+	ep->free_head = s->next_free;
+	s->seq = (((s->seq >> 32) + 1) << 32) | idx;
+	s->cookie = op->cookie;
+	s->local = op->local;
+	s->len = op->len;
+	s->opcode = op->opcode;
+	s->err = 0;
+	s->used = 1;
+	s->answered = 0;
+	s->lead = idx;
+	s->rider = TCP_NO_SLOT;
+	/* set when its frame is queued for a WRITE with payload; a
+	 * zero-length one has nothing to wait for, whatever the slot's last
+	 * op left here (a stream since cleared by a reconnect starts from 0) */
+	s->tx_end = 0;
+	s->dst = op->opcode == KVB_XOP_READ
+			 ? (char *) op->local->addr + op->local_off
+			 : NULL;
+	return idx;
+}
+
+/* op (slot idx) as a record of the frame: a new one, or the growth of the
+ * last one when its remote range continues it. */
+static void frame_record(struct kvb_ep *ep, struct frame_fill *ff,
+			 const struct kvb_xop *op, uint32_t idx)
+{
+	struct kvb_tcp_rec *last = &ff->last;
+
+	if (op->opcode == KVB_XOP_WRITE && op->len && ff->lead != TCP_NO_SLOT &&
+	    last->len && last->region == op->remote.region &&
+	    last->off + last->len == op->remote_off &&
+	    last->len < TCP_MERGE_MAX && op->len <= TCP_MERGE_MAX - last->len) {
+		/* the remote range continues the frame's last record: it
+		 * grows, this payload goes right after, and the op ends with
+		 * the record's answer (its own error first) */
+		ep->slots[idx].lead = ff->lead;
+		ep->slots[ff->tail].rider = idx;
+		ff->tail = idx;
+		last->len += op->len;
+		kvb_tcp_rec_encode(last,
+				   ff->f->meta + KVB_TCP_HDR_LEN +
+					   (ff->rec - 1) * KVB_TCP_REC_LEN);
+		ep->tt->st.ops_merged++;
+		return;
+	}
+	memset(last, 0, sizeof(*last));
+	last->seq = ep->slots[idx].seq;
+	last->region = op->remote.region;
+	last->off = op->remote_off;
+	last->len = op->len;
+	kvb_tcp_rec_encode(last, ff->f->meta + KVB_TCP_HDR_LEN +
+					 ff->rec * KVB_TCP_REC_LEN);
+	ff->rec++;
+	ff->lead = ff->tail = idx;
+}
+
+/* The frame is full: its header, where each record's payload ends in the
+ * send stream (its lead op's tx_end), onto the send queue. */
+static void frame_close(struct kvb_ep *ep, struct frame_fill *ff)
+{
+	struct tcp_frame *f = ff->f;
+	uint64_t end;
+
+	f->meta_len = KVB_TCP_HDR_LEN + ff->rec * KVB_TCP_REC_LEN;
+	ff->h.count = (uint16_t) ff->rec;
+	kvb_tcp_hdr_encode(&ff->h, f->meta);
+	end = ep->tx.queued + f->meta_len;
+	for (unsigned k = 0; k < f->nseg; k++) {
+		/* the op whose record it is: its last payload's */
+		uint32_t ld = ep->slots[f->seg[k].ref].lead;
+
+		end += f->seg[k].len;
+		ep->slots[ld].tx_end = end;
+	}
+	_kvb_tcp_txq_push(&ep->tx, f);
+	ep->tt->st.frames_tx++;
+	ff->f = NULL;
+}
+
+/* Ops [0, take) into frames; ops failing op_check complete at once. */
+static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
+		    uint64_t *bytes, unsigned *good)
+{
+	struct tcp_transport *tt = ep->tt;
+	struct tcp_frame *first;
+	struct frame_fill ff = {.f = NULL};
+
+	/* allocate every frame first: nothing is committed on -ENOMEM */
+	if (frames_alloc(tt, ops, take, &first))
+		return -ENOMEM;
+	for (unsigned i = 0; i < take; i++) {
 		const struct kvb_xop *op = &ops[i];
-		struct tcp_slot *s;
 		uint32_t idx;
 		int err = op_check(tt, op);
 
@@ -340,75 +445,24 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 			tt->base.stats.errors++;
 			continue;
 		}
-		if (!f) {
-			f = first;
-			first = f->next;
-			memset(&h, 0, sizeof(h));
-			h.type = op->opcode == KVB_XOP_WRITE
-					 ? KVB_TCP_F_WRITE
-					 : KVB_TCP_F_READ_REQ;
-			rec = 0;
-			seg = 0;
-			fops = 0;
-			lead = TCP_NO_SLOT;
+		if (!ff.f) {
+			memset(&ff, 0, sizeof(ff));
+			ff.f = first;
+			first = ff.f->next;
+			ff.h.type = op->opcode == KVB_XOP_WRITE
+					    ? KVB_TCP_F_WRITE
+					    : KVB_TCP_F_READ_REQ;
+			ff.lead = ff.tail = TCP_NO_SLOT;
 		}
-		idx = ep->free_head;
-		s = &ep->slots[idx];
-		ep->free_head = s->next_free;
-		s->seq = (((s->seq >> 32) + 1) << 32) | idx;
-		s->cookie = op->cookie;
-		s->local = op->local;
-		s->len = op->len;
-		s->opcode = op->opcode;
-		s->err = 0;
-		s->used = 1;
-		s->answered = 0;
-		s->lead = idx;
-		s->rider = TCP_NO_SLOT;
-		/* set below for a WRITE with payload; a zero-length one has
-		 * nothing to wait for, whatever the slot's last op left here
-		 * (a stream since cleared by a reconnect starts from 0) */
-		s->tx_end = 0;
-		s->dst = op->opcode == KVB_XOP_READ
-				 ? (char *) op->local->addr + op->local_off
-				 : NULL;
-		if (op->opcode == KVB_XOP_WRITE && op->len &&
-		    lead != TCP_NO_SLOT && last.len &&
-		    last.region == op->remote.region &&
-		    last.off + last.len == op->remote_off &&
-		    last.len < TCP_MERGE_MAX &&
-		    op->len <= TCP_MERGE_MAX - last.len) {
-			/* the remote range continues the frame's last record:
-			 * it grows, this payload goes right after, and the op
-			 * ends with the record's answer (its own error first)
-			 */
-			s->lead = lead;
-			ep->slots[tail].rider = idx;
-			tail = idx;
-			last.len += op->len;
-			kvb_tcp_rec_encode(&last,
-					   f->meta + KVB_TCP_HDR_LEN +
-						   (rec - 1) * KVB_TCP_REC_LEN);
-			tt->st.ops_merged++;
-		} else {
-			memset(&last, 0, sizeof(last));
-			last.seq = s->seq;
-			last.region = op->remote.region;
-			last.off = op->remote_off;
-			last.len = op->len;
-			kvb_tcp_rec_encode(&last,
-					   f->meta + KVB_TCP_HDR_LEN +
-						   rec * KVB_TCP_REC_LEN);
-			rec++;
-			lead = tail = idx;
-		}
+		idx = slot_take(ep, op);
+		frame_record(ep, &ff, op, idx);
 		if (op->opcode == KVB_XOP_WRITE && op->len) {
-			f->seg[seg].base =
+			ff.f->seg[ff.seg].base =
 				(const char *) op->local->addr + op->local_off;
-			f->seg[seg].len = op->len;
-			f->seg[seg].mr = op->local;
-			f->seg[seg++].ref = idx;
-			h.payload += op->len;
+			ff.f->seg[ff.seg].len = op->len;
+			ff.f->seg[ff.seg].mr = op->local;
+			ff.f->seg[ff.seg++].ref = idx;
+			ff.h.payload += op->len;
 		}
 		if (!ep->used)
 			ep->last_progress = tcp_now();
@@ -418,27 +472,9 @@ static int ep_queue(struct kvb_ep *ep, const struct kvb_xop *ops, unsigned take,
 		(*good)++;
 		*bytes += op->len;
 		/* the frame was sized for one record per op (run_size) */
-		if (++fops * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN == f->meta_len) {
-			/* where each payload (a record's: its last) ends in
-			 * the send stream */
-			uint64_t end;
-
-			f->meta_len = KVB_TCP_HDR_LEN + rec * KVB_TCP_REC_LEN;
-			h.count = (uint16_t) rec;
-			kvb_tcp_hdr_encode(&h, f->meta);
-			end = ep->tx.queued + f->meta_len;
-			for (unsigned k = 0; k < f->nseg; k++) {
-				/* the op whose record it is: its last payload's
-				 */
-				uint32_t ld = ep->slots[f->seg[k].ref].lead;
-
-				end += f->seg[k].len;
-				ep->slots[ld].tx_end = end;
-			}
-			_kvb_tcp_txq_push(&ep->tx, f);
-			tt->st.frames_tx++;
-			f = NULL;
-		}
+		if (++ff.fops * KVB_TCP_REC_LEN + KVB_TCP_HDR_LEN ==
+		    ff.f->meta_len)
+			frame_close(ep, &ff);
 	}
 	return 0;
 }

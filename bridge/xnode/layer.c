@@ -80,15 +80,19 @@ static int conn_error(int status)
 	       status == -ENETUNREACH;
 }
 
-void kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
-		       uint64_t bytes)
+/* The group_done hook: entry gi's piece ended. The layer op's completion
+ * goes back to the engine (*done), which posts and counts it. */
+int kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
+		      uint64_t bytes, struct kvb_op_done *done, uint32_t *stale)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_group *g;
 	struct kvb_peer *p;
+	int last = 0;
 
+	*stale = 0;
 	if (!xn || !gi || gi >= MAX_GROUPS || !xn->groups[gi].used)
-		return;
+		return 0;
 	g = &xn->groups[gi];
 	p = kvb_xn_peer_get(xn, g->peer);
 	if (status && !g->err)
@@ -96,39 +100,47 @@ void kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
 	if (!status)
 		g->bytes += bytes;
 	if (!--g->remaining) {
-		uint32_t xfer = g->xfer, worker = g->worker;
-		int err = g->err;
-
-		if (err || !(g->flags & KVB_SQE_F_UNSIGNALED))
-			kvb_post_cqe(b, worker, KVB_CQ_DESC, g->tag, err,
-				     err ? 0 : g->bytes, xfer);
+		*done = (struct kvb_op_done){.worker = g->worker,
+					     .xfer = g->xfer,
+					     .tag = g->tag,
+					     .bytes = g->err ? 0 : g->bytes,
+					     .status = g->err,
+					     .flags = g->flags};
 		group_free(xn, gi);
-		kvb_xfer_account(b, xfer, worker, err);
+		last = 1;
 	}
 	/*
 	 * A connection error: the peer may come back as another broker
 	 * instance with other regions behind the same ids. Post nothing more
-	 * to it until a new handshake (which reconnects to a new instance).
-	 * Done last: failing the queued ops re-enters this function.
+	 * to it until a new handshake (which reconnects to a new instance):
+	 * the engine fails what is queued to it (*stale), after this
+	 * completion.
 	 */
 	if (status && conn_error(status) && p && !p->stale) {
 		p->stale = 1;
-		for (unsigned ts = KVB_TS_TCP; ts < KVB_TS_MAX; ts++)
-			kvb_xn_fail_dest_ops(b, kvb_xn_peer_id(xn, p), ts,
-					     -ECONNRESET);
+		*stale = PEER_SLOT(kvb_xn_peer_id(xn, p));
 	}
+	return last;
 }
 
-static void fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
-		       int status, const char *why, uint16_t layer)
+/* A layer op that failed before it went out: its completion, into *out
+ * (for the engine: the layer_op hook's) or, without out, now. Returns 1. */
+static int fail_layer(struct kvb_broker *b, struct kvb_xfer *x, uint64_t tag,
+		      int status, const char *why, uint16_t layer,
+		      struct kvb_op_done *out)
 {
-	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
-	uint32_t worker = x->worker;
+	struct kvb_op_done d = {.worker = x->worker,
+				.xfer = kvb_xfer_handle(&b->xfers, x),
+				.tag = tag,
+				.status = status};
 
 	log_warn("transfer '%s' layer %u: %s (%s)", x->id, layer, why,
 		 strerror(-status));
-	kvb_post_cqe(b, worker, KVB_CQ_DESC, tag, status, 0, handle);
-	kvb_xfer_account(b, handle, worker, status);
+	if (out)
+		*out = d;
+	else
+		kvb_op_complete(b, &d);
+	return 1;
 }
 
 /* Remote ranks a layer op of this transfer touches (sets rx->targets). */
@@ -140,16 +152,14 @@ static int heads_differ(struct kvb_broker *b, const struct kvb_worker *w,
 {
 	const struct kvb_hs_worker *hw = desc_worker(&p->desc, role, dp, tp);
 
-	for (uint32_t l = 0; hw && l < w->nkv; l++) {
-		const struct kvb_region_ent *r =
-			w->kv_layer[l]
-				? kvb_region_get(&b->regions, w->kv_layer[l])
-				: NULL;
+	for (uint32_t l = 0, n = kvb_xn_nkv(b, w); hw && l < n; l++) {
+		struct kvb_region_ent *r;
+		const struct kvb_xn_region *kv = kvb_xn_kv_layer(b, w, l, &r);
 		const struct kvb_hs_region *hr =
-			r && !r->dead ? desc_layer(hw, l) : NULL;
+			kv && !r->dead ? desc_layer(hw, l) : NULL;
 
 		if (hr)
-			return hr->geom.num_heads != r->geom.num_heads;
+			return hr->geom.num_heads != kv->geom.num_heads;
 	}
 	return 0;
 }
@@ -276,8 +286,8 @@ static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
  * split (merged runs make fewer); *per_target: the most for one rank. */
 static uint64_t layer_entries_max(const struct kvb_peer *p,
 				  const struct kvb_rxfer *rx,
-				  const struct kvb_region_ent *r,
-				  uint16_t layer, uint64_t *per_target)
+				  const struct kvb_kv_geom *g, uint16_t layer,
+				  uint64_t *per_target)
 {
 	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 	uint64_t need = 0;
@@ -288,8 +298,8 @@ static uint64_t layer_entries_max(const struct kvb_peer *p,
 			&p->desc, role, rx->remote_dp, rx->targets[t]);
 		const struct kvb_hs_region *hr =
 			hw ? desc_layer(hw, layer) : NULL;
-		uint64_t rows = hr && hr->geom.num_heads != r->geom.num_heads
-					? r->geom.block_size
+		uint64_t rows = hr && hr->geom.num_heads != g->num_heads
+					? g->block_size
 					: 1;
 
 		need += 2 * (uint64_t) rx->nlb * rows;
@@ -325,12 +335,15 @@ struct layer_op {
 	struct kvb_worker *w;
 	struct kvb_peer *p;
 	struct kvb_region_ent *r; /* this worker's KV region of the layer */
+	const struct kvb_xn_region *kv; /* ... its geometry, transports */
 	struct kvb_group *g;
 	uint32_t handle, gi;
 	unsigned ts; /* the peer's transport slot */
 	uint16_t layer;
 	uint8_t flags;
 	uint64_t tag;
+	struct kvb_op_done *out; /* its completion, if it completes at once
+				  * (NULL: complete it now) */
 };
 
 /* Can it go out: worker, peer, region, transport, targets? 0, or -1 when
@@ -342,29 +355,28 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 
 	if (!w || !o->p) {
 		fail_layer(b, o->x, o->tag, -EHOSTUNREACH, "peer gone",
-			   o->layer);
+			   o->layer, o->out);
 		return -1;
 	}
-	if (o->layer < w->nkv && w->kv_layer[o->layer])
-		o->r = kvb_region_get(&b->regions, w->kv_layer[o->layer]);
-	if (!o->r || o->r->dead || !o->r->has_kv) {
+	o->kv = kvb_xn_kv_layer(b, w, o->layer, &o->r);
+	if (!o->kv || o->r->dead) {
 		fail_layer(b, o->x, o->tag, -ENOENT,
 			   "no KV region declared for this layer "
 			   "(kvb_mem_set_kv)",
-			   o->layer);
+			   o->layer, o->out);
 		return -1;
 	}
 	o->ts = kvb_xn_peer_ts(b, o->p);
 	if (!o->ts || !b->trs[o->ts]) {
 		fail_layer(b, o->x, o->tag, -EHOSTUNREACH,
-			   "no transport to the peer", o->layer);
+			   "no transport to the peer", o->layer, o->out);
 		return -1;
 	}
-	if (!(o->ts == KVB_TS_RDMA ? o->r->rdma_reg : o->r->tcp_reg)) {
+	if (!(o->ts == KVB_TS_RDMA ? o->kv->rdma_reg : o->kv->tcp_reg)) {
 		fail_layer(b, o->x, o->tag, -EOPNOTSUPP,
 			   "region not registered with the peer's transport "
 			   "(see the broker log)",
-			   o->layer);
+			   o->layer, o->out);
 		return -1;
 	}
 	rc = kvb_xn_compute_targets(b, w, o->p, o->rx);
@@ -372,7 +384,7 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 		fail_layer(b, o->x, o->tag, rc,
 			   "the peer has no workers of that DP rank with a "
 			   "compatible TP size",
-			   o->layer);
+			   o->layer, o->out);
 		return -1;
 	}
 	return 0;
@@ -411,19 +423,21 @@ static int layer_refresh(struct kvb_broker *b, struct layer_op *o)
 static int layer_room(struct kvb_broker *b, struct layer_op *o, uint64_t *ncap)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
-	uint64_t need = layer_entries_max(o->p, o->rx, o->r, o->layer, ncap);
+	uint64_t need =
+		layer_entries_max(o->p, o->rx, &o->kv->geom, o->layer, ncap);
 
 	if (need >= KVB_INFLIGHT_MAX) {
 		fail_layer(b, o->x, o->tag, -ENOBUFS,
 			   "more entries than the broker's in-flight table "
 			   "holds (65,536): fewer blocks per layer op",
-			   o->layer);
+			   o->layer, o->out);
 		return -1;
 	}
 	if (need <= kvb_inflight_free(b))
 		return 0;
 	if (defer_layer(b, o->rx, o->layer, o->tag, o->flags) < 0) {
-		fail_layer(b, o->x, o->tag, -ENOMEM, "out of memory", o->layer);
+		fail_layer(b, o->x, o->tag, -ENOMEM, "out of memory", o->layer,
+			   o->out);
 		return -1;
 	}
 	xn->st.layers_starved++;
@@ -443,7 +457,7 @@ static int layer_group(struct kvb_broker *b, struct layer_op *o)
 	o->gi = group_alloc(xn);
 	if (!o->gi) {
 		fail_layer(b, o->x, o->tag, -ENOBUFS,
-			   "too many layer ops in flight", o->layer);
+			   "too many layer ops in flight", o->layer, o->out);
 		return -1;
 	}
 	g = o->g = &xn->groups[o->gi];
@@ -482,7 +496,7 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 		f->bytes = ents[i].len;
 		f->lreg = o->r->mr.id;
 		f->group = o->gi;
-		o->r->refs++;
+		kvb_region_hold(o->r);
 		o->g->remaining++;
 		memset(&op, 0, sizeof(op));
 		op.opcode = o->rx->role == KVB_ROLE_P ? KVB_XOP_WRITE
@@ -509,7 +523,7 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 			 uint32_t rank, struct kvb_kv_xfer *ents, uint64_t ncap)
 {
 	struct kvb_rxfer *rx = o->rx;
-	struct kvb_region_ent *r = o->r;
+	const struct kvb_kv_geom *g = &o->kv->geom;
 	uint32_t role = rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P;
 	const struct kvb_hs_worker *hw =
 		desc_worker(&o->p->desc, role, rx->remote_dp, rank);
@@ -527,18 +541,18 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 			o->g->err = -ENOENT;
 		return;
 	}
-	if (head_slice(o->w, rx, rank, &r->geom, &hr->geom, &slice)) {
+	if (head_slice(o->w, rx, rank, g, &hr->geom, &slice)) {
 		log_warn("transfer '%s' layer %u: %u heads here, %u at the "
 			 "peer's rank %u: not a head split (one side's TP m "
 			 "times the other's, its ranks holding 1/m of the "
 			 "heads; READ only with more D ranks)",
-			 o->x->id, o->layer, r->geom.num_heads,
-			 hr->geom.num_heads, rank);
+			 o->x->id, o->layer, g->num_heads, hr->geom.num_heads,
+			 rank);
 		if (!o->g->err)
 			o->g->err = -EINVAL;
 		return;
 	}
-	n = kvb_kv_build_xfers_split(&r->geom, &hr->geom, slice, rx->lb, rx->rb,
+	n = kvb_kv_build_xfers_split(g, &hr->geom, slice, rx->lb, rx->rb,
 				     rx->nlb, ents, (uint32_t) ncap);
 	if (n < 0) {
 		log_warn("transfer '%s' layer %u: block list refused: %s",
@@ -552,8 +566,10 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 	layer_queue(b, o, hr, ents, n);
 }
 
-static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
-			uint16_t layer, uint64_t tag, uint8_t flags)
+/* Issue a layer op now. 1 when it completed at once with its completion
+ * in *out (out NULL: completed already), else 0. */
+static int issue_layer(struct kvb_broker *b, struct kvb_xfer *x, uint16_t layer,
+		       uint64_t tag, uint8_t flags, struct kvb_op_done *out)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 	struct layer_op o = {
@@ -565,13 +581,23 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		.layer = layer,
 		.flags = flags,
 		.tag = tag,
+		.out = out,
 	};
 	struct kvb_kv_xfer *ents;
+	struct kvb_op_done done;
+	uint32_t stale;
 	uint64_t ncap;
+	int rc;
 
-	if (layer_check(b, &o) || layer_refresh(b, &o) ||
-	    layer_room(b, &o, &ncap) || layer_group(b, &o))
-		return;
+	rc = layer_check(b, &o);
+	if (!rc)
+		rc = layer_refresh(b, &o);
+	if (!rc)
+		rc = layer_room(b, &o, &ncap);
+	if (!rc)
+		rc = layer_group(b, &o);
+	if (rc) /* -1: failed, 1: deferred */
+		return rc < 0 && out;
 	ents = malloc((ncap ? ncap : 1) * sizeof(*ents)); /* 0: no target */
 	if (!ents)
 		o.g->err = -ENOMEM;
@@ -579,7 +605,15 @@ static void issue_layer(struct kvb_broker *b, struct kvb_xfer *x,
 		layer_target(b, &o, o.rx->targets[t], ents, ncap);
 	free(ents);
 	xn->st.layer_ops++;
-	kvb_xn_group_done(b, o.gi, 0, 0); /* drop the building hold */
+	/* drop the building hold: the last one if every piece ended */
+	if (!kvb_xn_group_done(b, o.gi, 0, 0, &done, &stale))
+		return 0;
+	if (!out) {
+		kvb_op_complete(b, &done);
+		return 0;
+	}
+	*out = done;
+	return 1;
 }
 
 static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
@@ -620,7 +654,7 @@ void kvb_xn_issue_deferred(struct kvb_broker *b, struct kvb_xfer *x)
 		/* the transfer may end while issuing (a failure) */
 		if (!x->used || x->rx != rx)
 			break;
-		issue_layer(b, x, d[i].layer, d[i].tag, d[i].flags);
+		issue_layer(b, x, d[i].layer, d[i].tag, d[i].flags, NULL);
 	}
 	free(d);
 }
@@ -637,8 +671,9 @@ void kvb_xn_issue_deferred_of_peer(struct kvb_broker *b, uint32_t pid)
 	}
 }
 
-void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
-		  const struct kvb_sqe *e)
+/* The layer_op hook: 1 when the op completed at once (*done), else 0. */
+int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_sqe *e, struct kvb_op_done *done)
 {
 	struct kvb_xfer *x = kvb_xfer_get(&b->xfers, e->transfer, w->id);
 	struct kvb_rxfer *rx = x ? x->rx : NULL;
@@ -648,44 +683,42 @@ void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
 	if (!rx || !kvb_xn_of(b)) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer op for an unknown or local transfer");
-		return;
+		return 0;
 	}
 	if (x->closing) {
 		kvb_layer_refuse(b, w, e, x->close_err, "the transfer failed");
-		return;
+		return 0;
 	}
 	if (e->layer >= MAX_LAYERS) {
 		kvb_layer_refuse(b, w, e, -EINVAL, "layer out of range");
-		return;
+		return 0;
 	}
 	if (!((rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) ||
 	      (rx->role == KVB_ROLE_D && rx->mode == KVB_XFER_READ))) {
 		kvb_layer_refuse(b, w, e, -EINVAL,
 				 "layer ops are for P in WRITE mode and D in "
 				 "READ mode");
-		return;
+		return 0;
 	}
 	if (rx->layers[e->layer / 64] & (1ull << (e->layer % 64))) {
 		kvb_layer_refuse(b, w, e, -EEXIST, "layer submitted twice");
-		return;
+		return 0;
 	}
 	rx->layers[e->layer / 64] |= 1ull << (e->layer % 64);
 	x->submitted++;
 	rc = layer_ready(b, rx, &why);
-	if (rc < 0) {
-		fail_layer(b, x, e->tag, rc, why, e->layer);
-		return;
-	}
+	if (rc < 0)
+		return fail_layer(b, x, e->tag, rc, why, e->layer, done);
 	if (rc == 1 || rx->ndef) { /* keep the order of deferred layers */
 		struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
 		if (defer_layer(b, rx, e->layer, e->tag, e->flags) < 0)
-			fail_layer(b, x, e->tag, -ENOMEM, "out of memory",
-				   e->layer);
-		else if (p && p->stale && p->state != PEER_HS &&
-			 kvb_now_ns() >= p->next_refresh)
+			return fail_layer(b, x, e->tag, -ENOMEM,
+					  "out of memory", e->layer, done);
+		if (p && p->stale && p->state != PEER_HS &&
+		    kvb_now_ns() >= p->next_refresh)
 			kvb_xn_peer_start_hs(b, p);
-		return;
+		return 0;
 	}
-	issue_layer(b, x, e->layer, e->tag, e->flags);
+	return issue_layer(b, x, e->layer, e->tag, e->flags, done);
 }

@@ -31,7 +31,7 @@ static int reject(struct kvb_broker *b, struct kvb_worker *w,
 	 * that called on_notify (messages_rejected) */
 	(void) m;
 	kvb_xn_of(b)->st.rejected++;
-	kvb_notify_reject_why(w->notify, why);
+	kvb_notify_reject_why(kvb_xn_notify(b, w), why);
 	return rc;
 }
 
@@ -327,21 +327,10 @@ static int d_write_done(struct kvb_broker *b, struct kvb_worker *w,
 	if (x->rx->mode != KVB_XFER_WRITE)
 		return reject(b, w, m, -EPROTO,
 			      "write_done for a READ-mode transfer");
-	x->progress++; /* a peer's message: the stall clock runs */
-	if (x->closing && x->inbound)
-		x->inbound--; /* a writer we asked to stop has stopped */
-	if (failed) {
-		if (kvb_xn_rlog_ok(kvb_xn_of(b)))
-			log_warn("transfer '%s': the P side's writes failed "
-				 "(%s)",
-				 x->id, strerror(-m->status));
-		x->failed++;
-		if (!x->first_err)
-			x->first_err = m->status;
-	} else {
-		x->completed++;
-	}
-	kvb_xfer_maybe_finish(b, x);
+	if (failed && kvb_xn_rlog_ok(kvb_xn_of(b)))
+		log_warn("transfer '%s': the P side's writes failed (%s)",
+			 x->id, strerror(-m->status));
+	kvb_xfer_peer_done(b, x, failed ? m->status : 0);
 	return 0;
 }
 
@@ -388,21 +377,23 @@ static void on_notify_log(void *arg, int level, const char *line)
 
 void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w)
 {
+	struct kvb_xn *xn = kvb_xn_state(b);
+	struct kvb_xn_wctx *ws = kvb_xn_w(xn, w);
 	struct kvb_notify_stats st;
 	int fds[KVB_NOTIFY_MAX_SOCKS], n;
 
-	if (!w->notify)
+	if (!ws->notify)
 		return;
-	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
+	n = kvb_notify_fds(ws->notify, fds, KVB_NOTIFY_MAX_SOCKS);
 	for (int i = 0; i < n; i++)
 		kvb_xn_ep_del(b, fds[i]);
-	kvb_notify_get_stats(w->notify, &st);
-	kvb_xn_of(b)->st.notify_rejected_closed += st.messages_rejected;
-	kvb_xn_of(b)->st.notify_received_closed += st.messages_received;
-	kvb_xn_of(b)->st.notify_sent_closed += st.messages_sent;
-	kvb_xn_of(b)->st.send_errors_closed += st.send_errors;
-	kvb_notify_close(w->notify);
-	w->notify = NULL;
+	kvb_notify_get_stats(ws->notify, &st);
+	xn->st.notify_rejected_closed += st.messages_rejected;
+	xn->st.notify_received_closed += st.messages_received;
+	xn->st.notify_sent_closed += st.messages_sent;
+	xn->st.send_errors_closed += st.send_errors;
+	kvb_notify_close(ws->notify);
+	ws->notify = NULL;
 }
 
 /* --trusted-hosts, where given, holds for the notify ports too (an
@@ -432,16 +423,17 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 		.on_msg = on_notify,
 		.on_log = on_notify_log,
 		.sender_ok = notify_sender_ok,
-		.arg = &kvb_xn_of(b)->wctx[KVB_WSLOT(w->id)],
+		.arg = kvb_xn_w(kvb_xn_of(b), w),
 		.zmq_ctx = kvb_xn_of(b)->zctx,
 	};
+	struct kvb_xn_wctx *ws = kvb_xn_w(kvb_xn_of(b), w);
 	int fds[KVB_NOTIFY_MAX_SOCKS], n, rc;
 
-	kvb_xn_of(b)->wctx[KVB_WSLOT(w->id)] =
-		(struct kvb_xn_wctx){.xn = kvb_xn_of(b), .wid = w->id};
-	rc = kvb_notify_open(&w->notify, &c);
+	ws->xn = kvb_xn_of(b);
+	ws->wid = w->id;
+	rc = kvb_notify_open(&ws->notify, &c);
 	if (rc) {
-		w->notify = NULL;
+		ws->notify = NULL;
 		return rc;
 	}
 	if (alias) {
@@ -460,9 +452,9 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 				taken = 1;
 		}
 		if (!taken)
-			kvb_notify_bind_alias(w->notify);
+			kvb_notify_bind_alias(ws->notify);
 	}
-	n = kvb_notify_fds(w->notify, fds, KVB_NOTIFY_MAX_SOCKS);
+	n = kvb_notify_fds(ws->notify, fds, KVB_NOTIFY_MAX_SOCKS);
 	for (int i = 0; i < n; i++)
 		kvb_xn_ep_add(b, fds[i]);
 	return 0;
@@ -485,8 +477,9 @@ int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 		for (uint32_t i = 0; i < b->nlive; i++) {
 			struct kvb_worker *v = &b->workers[b->live[i]];
 
-			if (v == w || !v->notify ||
-			    kvb_notify_ports(v->notify, ports, 2) != 2 ||
+			if (v == w || !kvb_xn_notify(b, v) ||
+			    kvb_notify_ports(kvb_xn_notify(b, v), ports, 2) !=
+				    2 ||
 			    ports[1] != mine)
 				continue;
 			kvb_xn_notify_close(b, v);
@@ -502,7 +495,7 @@ int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
 			 kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
 				     w->tp_size, KVB_PORT_DP_TIMES_TP),
 			 strerror(-rc));
-	else if (kvb_notify_ports(w->notify, ports, 2) > 0)
+	else if (kvb_notify_ports(kvb_xn_notify(b, w), ports, 2) > 0)
 		log_info("worker %u: notify port %u", w->id, ports[0]);
 	return rc;
 }
@@ -512,4 +505,20 @@ void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 	if (!kvb_xn_of(b))
 		return;
 	kvb_xn_notify_close(b, w);
+}
+
+/* The worker_free hook: w's slot is freed (its transfers ended): what the
+ * module kept for it goes (its KV layout, its grants). */
+void kvb_xn_worker_free(struct kvb_broker *b, struct kvb_worker *w)
+{
+	struct kvb_xn *xn = kvb_xn_state(b);
+	struct kvb_xn_wctx *ws;
+
+	if (!xn)
+		return;
+	ws = kvb_xn_w(xn, w); /* the slot's: whatever is there goes */
+	kvb_xn_notify_close(b, w); /* closed at worker_gone already */
+	free(ws->kv_layer);
+	kvb_grant_free(ws);
+	memset(ws, 0, sizeof(*ws));
 }

@@ -55,35 +55,33 @@ static int desc_transport_add(struct kvb_hs_desc *d, struct kvb_transport *t,
 static int desc_worker_add(struct kvb_broker *b, struct kvb_worker *w,
 			   struct kvb_hs_worker *hw)
 {
-	uint32_t nr = 0;
+	uint32_t nr = 0, nkv = kvb_xn_nkv(b, w);
 
 	hw->role = w->role == KVB_ROLE_P ? KVB_HS_ROLE_P : KVB_HS_ROLE_D;
 	hw->dp_rank = w->dp_rank;
 	hw->tp_rank = w->tp_rank;
 	hw->tp_size = w->tp_size;
-	if (w->nkv) {
-		hw->regions = calloc(w->nkv, sizeof(*hw->regions));
+	if (nkv) {
+		hw->regions = calloc(nkv, sizeof(*hw->regions));
 		if (!hw->regions)
 			return -ENOMEM;
 	}
-	for (uint32_t l = 0; l < w->nkv && nr < KVB_HS_REGIONS_MAX; l++) {
-		struct kvb_region_ent *r =
-			w->kv_layer[l]
-				? kvb_region_get(&b->regions, w->kv_layer[l])
-				: NULL;
+	for (uint32_t l = 0; l < nkv && nr < KVB_HS_REGIONS_MAX; l++) {
+		struct kvb_region_ent *r;
+		const struct kvb_xn_region *kv = kvb_xn_kv_layer(b, w, l, &r);
 		struct kvb_hs_region *hr = &hw->regions[nr];
 
 		/* peers only see what they may access */
-		if (!r || r->dead || !r->has_kv ||
+		if (!kv || r->dead ||
 		    !(r->mr.flags &
 		      (KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
 			continue;
 		hr->id = r->mr.id;
 		hr->size = r->mr.len;
-		hr->geom = r->geom;
+		hr->geom = kv->geom;
 		hr->addr = (uint64_t) (uintptr_t) r->mr.addr;
 		hr->rkey = r->mr.rkey;
-		if (r->rdma_reg)
+		if (kv->rdma_reg)
 			kvb_xn_region_keys(b->trs[KVB_TS_RDMA], &r->mr, hr);
 		hr->layer = l;
 		nr++;

@@ -22,16 +22,19 @@
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
 
-static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r);
+static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r,
+		     struct kvb_xn_region *x);
 static void xn_fini(struct kvb_broker *b);
 
 void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
-
+	struct kvb_xn_region *x = &kvb_xn_state(b)->regs[r->mr.id & 0xffffu];
 	int rc;
 
-	rdma_reg(b, r);
+	memset(x, 0, sizeof(*x));
+	x->id = r->mr.id;
+	rdma_reg(b, r, x);
 	/* every region: the tcp receiver checks the KVB_MEM_REMOTE_* flags
 	 * itself before landing or sending a byte; GPU memory goes through
 	 * its host staging buffers, copied by the gpu runtime */
@@ -45,7 +48,7 @@ void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 				 ? " (GPU memory, and no gpu runtime open)"
 				 : "");
 	else
-		r->tcp_reg = 1;
+		x->tcp_reg = 1;
 }
 
 /* GPU memory for the NIC: as a dmabuf where the runtime exports one, else
@@ -73,7 +76,8 @@ static int rdma_reg_gpu(struct kvb_transport *t, struct kvb_region_ent *r)
 	return rc < 0 ? rc : 0;
 }
 
-static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
+static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r,
+		     struct kvb_xn_region *x)
 {
 	struct kvb_transport *t = b->trs[KVB_TS_RDMA];
 	int rc;
@@ -91,9 +95,23 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 		log_warn("region %#x: rdma registration failed: %s", r->mr.id,
 			 strerror(-rc));
 	else
-		r->rdma_reg = 1;
+		x->rdma_reg = 1;
 	if (!rc)
 		kvb_xn_log_region_nic(t, r);
+}
+
+/* The region_info hook (kvbctl regions): what the module keeps of r. */
+static void region_info(struct kvb_broker *b, const struct kvb_region_ent *r,
+			struct kvb_region_info *ri)
+{
+	const struct kvb_xn_region *x =
+		kvb_xn_region(kvb_xn_state(b), r->mr.id);
+
+	if (!x)
+		return;
+	ri->kv = x->has_kv;
+	ri->layer = x->layer;
+	ri->rdma = x->rdma_reg;
 }
 
 static void rdma_event_log(void *arg, int level, const char *line)
@@ -117,15 +135,17 @@ void kvb_xn_rdma_events(struct kvb_broker *b)
 
 void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r)
 {
+	struct kvb_xn_region *x = kvb_xn_region(kvb_xn_state(b), r->mr.id);
 	struct kvb_transport *t = b->trs[KVB_TS_TCP];
 
-	if (t && r->tcp_reg)
+	if (!x)
+		return;
+	if (t && x->tcp_reg)
 		t->ops->dereg_mr(t, &r->mr);
-	r->tcp_reg = 0;
 	t = b->trs[KVB_TS_RDMA];
-	if (t && r->rdma_reg)
+	if (t && x->rdma_reg)
 		t->ops->dereg_mr(t, &r->mr);
-	r->rdma_reg = 0;
+	memset(x, 0, sizeof(*x)); /* its KV layout goes with it */
 }
 
 static void parse_trusted(struct kvb_xn *xn, const char *list)
@@ -171,7 +191,7 @@ static int open_tcp(struct kvb_broker *b)
 	t = b->trs[KVB_TS_TCP];
 	/* late writes into the blocks of a failed transfer (grants.c) */
 	if (t->ops->set_write_gate)
-		t->ops->set_write_gate(t, kvb_grant_gate, b);
+		t->ops->set_write_gate(t, kvb_grant_gate, kvb_xn_state(b));
 	if (t->ops->wait_fd) {
 		int fd = t->ops->wait_fd(t);
 
@@ -265,6 +285,7 @@ static const struct kvb_engine_hooks xn_hooks = {
 	.region_gone = kvb_xn_dereg,
 	.worker_attached = kvb_xn_worker_attached,
 	.worker_gone = kvb_xn_worker_gone,
+	.worker_free = kvb_xn_worker_free,
 	.layer_op = kvb_xn_layer,
 	.group_done = kvb_xn_group_done,
 	.xfer_complete = kvb_xn_xfer_complete,
@@ -284,6 +305,7 @@ static const struct kvb_engine_hooks xn_hooks = {
 	.rejected = kvb_xn_rejected,
 	.stats = kvb_xn_stats,
 	.peer_info = kvb_xn_peer_info,
+	.region_info = region_info,
 	.fini = xn_fini,
 };
 
@@ -296,19 +318,20 @@ int kvb_xn_init(struct kvb_broker *b)
 	int64_t maxmsg = KVB_HS_BYTES_MAX + 1024;
 
 	/* registered with or without --host-ip: a worker's KV layout is kept
-	 * all the same (xn NULL: every other request is refused) */
-	kvb_engine_set_hooks(b, &xn_hooks, NULL);
-	if (!b->opt.xnode)
-		return 0;
+	 * all the same (xn->on 0: every other request is refused) */
 	xn = calloc(1, sizeof(*xn));
 	if (!xn)
 		return -ENOMEM;
 	xn->b = b;
+	xn->router_fd = -1;
 	kvb_engine_set_hooks(b, &xn_hooks, xn);
 	xn->wctx = calloc(b->opt.max_workers, sizeof(*xn->wctx));
-	if (!xn->wctx)
+	xn->regs = calloc(KVB_MAX_REGIONS, sizeof(*xn->regs));
+	if (!xn->wctx || !xn->regs)
 		return -ENOMEM;
-	xn->router_fd = -1;
+	if (!b->opt.xnode)
+		return 0;
+	xn->on = 1;
 	kvb_ratelimit_init(&xn->log_rl, RLOG_BURST, 1000000000);
 	xn->npeers_max =
 		b->opt.max_workers < MAX_PEERS ? b->opt.max_workers : MAX_PEERS;
@@ -382,13 +405,18 @@ int kvb_xn_init(struct kvb_broker *b)
 
 static void xn_fini(struct kvb_broker *b)
 {
-	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_xn *xn = kvb_xn_state(b);
 
 	if (!xn)
 		return;
-	for (uint32_t i = 0; i < b->opt.max_workers && b->workers; i++)
-		if (b->workers[i].notify)
+	for (uint32_t i = 0; i < b->opt.max_workers && xn->wctx; i++) {
+		struct kvb_xn_wctx *ws = &xn->wctx[i];
+
+		if (ws->notify && b->workers)
 			kvb_xn_notify_close(b, &b->workers[i]);
+		free(ws->kv_layer);
+		kvb_grant_free(ws);
+	}
 	for (uint32_t i = 1; i < xn->npeers_max; i++) {
 		struct kvb_peer *p = &xn->peers[i];
 
@@ -400,7 +428,8 @@ static void xn_fini(struct kvb_broker *b)
 		kvb_hs_fini(&p->desc);
 		free(p->offer);
 	}
-	kvb_xn_auth_fini(xn);
+	if (xn->on)
+		kvb_xn_auth_fini(xn);
 	if (xn->router)
 		zmq_close(xn->router);
 	if (xn->zctx)
@@ -409,5 +438,6 @@ static void xn_fini(struct kvb_broker *b)
 	free(xn->gfree);
 	free(xn->ufifo);
 	free(xn->wctx);
+	free(xn->regs);
 	free(xn);
 }

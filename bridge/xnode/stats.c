@@ -70,11 +70,12 @@ static void notify_sums(struct kvb_broker *b, const struct kvb_xn *xn,
 	t->serr = xn->st.send_errors_closed + xn->st.send_errors;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
+		struct kvb_notify *n = kvb_xn_w(xn, w)->notify;
 		struct kvb_notify_stats st;
 
-		if (!w->notify)
+		if (!n)
 			continue;
-		kvb_notify_get_stats(w->notify, &st);
+		kvb_notify_get_stats(n, &st);
 		t->rx += st.messages_received;
 		t->rej += st.messages_rejected;
 		t->sent += st.messages_sent;
@@ -240,11 +241,13 @@ uint64_t kvb_xn_rejected(struct kvb_broker *b)
 	rej = xn->st.notify_rejected_closed + xn->st.hs_refused +
 	      xn->st.hs_bad_replies;
 	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_notify *n =
+			kvb_xn_w(xn, &b->workers[b->live[i]])->notify;
 		struct kvb_notify_stats st;
 
-		if (!b->workers[b->live[i]].notify)
+		if (!n)
 			continue;
-		kvb_notify_get_stats(b->workers[b->live[i]].notify, &st);
+		kvb_notify_get_stats(n, &st);
 		rej += st.messages_rejected;
 	}
 	return rej;
@@ -254,7 +257,7 @@ int kvb_xn_peer_info(struct kvb_broker *b, uint32_t i, struct kvb_peer_info *pi)
 {
 	static const char *const sn[] = {"free", "handshaking", "ready",
 					 "failed"};
-	struct kvb_xn *xn = kvb_engine_ctx(b);
+	struct kvb_xn *xn = kvb_xn_of(b);
 	const struct kvb_peer *p;
 	unsigned ts;
 

@@ -281,8 +281,10 @@ static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
 
 	/* a failed kvb_notify_send() is counted and logged (rate-limited)
 	 * by the endpoint itself */
-	if (w && w->notify)
-		return kvb_notify_send(w->notify, host, port, m);
+	struct kvb_notify *n = w ? kvb_xn_notify(b, w) : NULL;
+
+	if (n)
+		return kvb_notify_send(n, host, port, m);
 	kvb_xn_of(b)->st.send_errors++;
 	if (kvb_xn_rlog_ok(kvb_xn_of(b)))
 		log_warn("worker %u: cannot send %s for '%s' to %s:%u: %s",
@@ -597,28 +599,25 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 	return sent;
 }
 
-void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status)
+uint32_t kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status,
+			   uint32_t *failed)
 {
 	struct kvb_rxfer *rx = x->rx;
 	uint32_t handle = kvb_xfer_handle(&b->xfers, x);
 	uint32_t writers = kvb_xn_xfer_writers(b, x);
 
-	if (writers && release_writers(b, x)) {
-		uint32_t stall =
-			x->stall_ms ? x->stall_ms : b->opt.transfer_timeout_ms;
-
-		x->inbound += writers;
-		x->fence_ns = kvb_now_ns() + (int64_t) stall * 1000000;
-	}
-
-	/* layers that never went out fail now: they count as ended ops */
+	if (writers && !release_writers(b, x))
+		writers = 0;
+	/* layers that never went out fail now: they count as ended ops
+	 * (the engine counts them: *failed) */
 	if (rx->ndef && status == -ETIMEDOUT && kvb_xn_of(b))
 		kvb_xn_of(b)->st.defer_expired++;
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
 			     0, handle);
-	x->failed += rx->ndef;
+	*failed = rx->ndef;
 	rx->ndef = 0;
+	return writers;
 }
 
 int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms)
@@ -731,10 +730,52 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 /* ------------------------------------------------------------------ */
 /* regions */
 
+/* w's layer table, for w (an entry of an earlier worker of the slot was
+ * freed with it: worker_free) */
+static struct kvb_xn_wctx *kv_table(struct kvb_broker *b,
+				    const struct kvb_worker *w)
+{
+	struct kvb_xn *xn = kvb_xn_state(b);
+	struct kvb_xn_wctx *ws = xn ? kvb_xn_w(xn, w) : NULL;
+
+	return ws && ws->wid == w->id ? ws : NULL;
+}
+
+uint32_t kvb_xn_nkv(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	struct kvb_xn_wctx *ws = kv_table(b, w);
+
+	return ws ? ws->nkv : 0;
+}
+
+const struct kvb_xn_region *kvb_xn_kv_layer(struct kvb_broker *b,
+					    const struct kvb_worker *w,
+					    uint32_t l,
+					    struct kvb_region_ent **r)
+{
+	struct kvb_xn_wctx *ws = kv_table(b, w);
+	const struct kvb_xn_region *kv;
+
+	*r = ws && l < ws->nkv && ws->kv_layer[l]
+		     ? kvb_region_get(&b->regions, ws->kv_layer[l])
+		     : NULL;
+	kv = *r ? kvb_xn_region(kvb_xn_state(b), (*r)->mr.id) : NULL;
+	if (!kv || !kv->has_kv) {
+		*r = NULL;
+		return NULL;
+	}
+	return kv;
+}
+
+/* The mem_kv hook: region m->region of w holds layer m->layer's KV cache,
+ * with that geometry (the module owns KV layouts). */
 int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 		  const struct kvb_msg_mem_kv *m)
 {
+	struct kvb_xn *xn = kvb_xn_state(b);
 	struct kvb_region_ent *r = kvb_region_get(&b->regions, m->region);
+	struct kvb_xn_region *x = r ? kvb_xn_region(xn, r->mr.id) : NULL;
+	struct kvb_xn_wctx *ws = kvb_xn_w(xn, w);
 	struct kvb_kv_geom g = {
 		.layout = m->layout,
 		.num_blocks = m->num_blocks,
@@ -744,32 +785,38 @@ int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 		.elem_size = m->elem_size,
 	};
 
-	if (!r || r->dead || r->owner != w->id)
+	if (!r || r->dead || r->owner != w->id || !x)
 		return -ENOENT;
 	if (m->layer >= MAX_LAYERS || kvb_kv_geom_check(&g) ||
-	    kvb_kv_region_len(&g) > r->mr.len || r->has_kv)
-		return r->has_kv ? -EEXIST : -EINVAL;
-	if (m->layer >= w->nkv) {
+	    kvb_kv_region_len(&g) > r->mr.len || x->has_kv)
+		return x->has_kv ? -EEXIST : -EINVAL;
+	if (ws->wid != w->id) { /* the first of this worker */
+		free(ws->kv_layer);
+		ws->kv_layer = NULL;
+		ws->nkv = 0;
+		ws->wid = w->id;
+	}
+	if (m->layer >= ws->nkv) {
 		uint32_t n = m->layer + 1 < 64 ? 64 : 2 * (m->layer + 1);
-		uint32_t *v = realloc(w->kv_layer, n * sizeof(*v));
+		uint32_t *v = realloc(ws->kv_layer, n * sizeof(*v));
 
 		if (!v)
 			return -ENOMEM;
-		memset(v + w->nkv, 0, (n - w->nkv) * sizeof(*v));
-		w->kv_layer = v;
-		w->nkv = n;
+		memset(v + ws->nkv, 0, (n - ws->nkv) * sizeof(*v));
+		ws->kv_layer = v;
+		ws->nkv = n;
 	}
-	if (w->kv_layer[m->layer]) {
+	if (ws->kv_layer[m->layer]) {
 		struct kvb_region_ent *o =
-			kvb_region_get(&b->regions, w->kv_layer[m->layer]);
+			kvb_region_get(&b->regions, ws->kv_layer[m->layer]);
 
 		if (o && !o->dead)
 			return -EEXIST;
 	}
-	w->kv_layer[m->layer] = r->mr.id;
-	r->has_kv = 1;
-	r->layer = m->layer;
-	r->geom = g;
+	ws->kv_layer[m->layer] = r->mr.id;
+	x->has_kv = 1;
+	x->layer = m->layer;
+	x->geom = g;
 	return 0;
 }
 
@@ -839,8 +886,10 @@ void kvb_xn_service(struct kvb_broker *b)
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_worker *w = &b->workers[b->live[i]];
 
-		if (w->notify)
-			while (kvb_notify_recv(w->notify, NOTIFY_BUDGET) ==
+		struct kvb_notify *n = kvb_xn_w(xn, w)->notify;
+
+		if (n)
+			while (kvb_notify_recv(n, NOTIFY_BUDGET) ==
 			       (int) NOTIFY_BUDGET)
 				;
 	}

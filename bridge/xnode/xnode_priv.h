@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "broker.h"
+#include "kv_geom.h"
 #include "xnode.h"
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
@@ -117,15 +118,35 @@ struct kvb_rxfer {
 	uint32_t targets[MAX_TARGETS];
 };
 
-/* What a worker's notify endpoint hands its callbacks. */
+/* What the module keeps per worker slot (xn->wctx[KVB_WSLOT(id)], for
+ * worker wid; freed by the worker_free hook), and what the worker's notify
+ * endpoint hands its callbacks. */
 struct kvb_xn_wctx {
 	struct kvb_xn *xn;
 	uint32_t wid;
+	struct kvb_notify *notify; /* its notify ports (with --host-ip) */
+	uint32_t *kv_layer;	   /* layer -> region id (kvb_mem_set_kv) */
+	uint32_t nkv;
+	uint16_t *grant; /* per KV block: holders, fenced (grants.c) */
+	uint32_t ngrant;
+};
+
+/* What the module keeps per region slot (xn->regs[id & 0xffff], for region
+ * id; cleared by the region_gone hook). */
+struct kvb_xn_region {
+	uint32_t id;	  /* 0: nothing kept */
+	uint8_t has_kv;	  /* kvb_mem_set_kv(): offered to peer brokers */
+	uint8_t tcp_reg;  /* registered with the tcp transport too */
+	uint8_t rdma_reg; /* ... and with the rdma transport */
+	uint32_t layer;
+	struct kvb_kv_geom geom;
 };
 
 struct kvb_xn {
-	struct kvb_broker *b;	  /* the engine it extends */
-	struct kvb_xn_wctx *wctx; /* [worker slot] */
+	struct kvb_broker *b;	    /* the engine it extends */
+	int on;			    /* --host-ip: the cross-node bridge is up */
+	struct kvb_xn_wctx *wctx;   /* [worker slot] */
+	struct kvb_xn_region *regs; /* [region slot] */
 	void *zctx;
 	void *router;
 	int router_fd;
@@ -174,12 +195,56 @@ struct kvb_xn {
 	struct kvb_ratelimit log_rl; /* kvb_xn_rlog_ok() */
 };
 
-/* The module's state: registered with the engine's hooks (NULL when the
- * broker runs without --host-ip). */
-static inline struct kvb_xn *kvb_xn_of(const struct kvb_broker *b)
+/* The module's state, registered with the engine's hooks: with or
+ * without --host-ip (a worker's KV layout is kept all the same). */
+static inline struct kvb_xn *kvb_xn_state(const struct kvb_broker *b)
 {
 	return (struct kvb_xn *) kvb_engine_ctx(b);
 }
+
+/* ... and where the cross-node bridge is up (--host-ip), else NULL: every
+ * cross-node request is refused. */
+static inline struct kvb_xn *kvb_xn_of(const struct kvb_broker *b)
+{
+	struct kvb_xn *xn = kvb_xn_state(b);
+
+	return xn && xn->on ? xn : NULL;
+}
+
+/* What the module keeps for worker w. */
+static inline struct kvb_xn_wctx *kvb_xn_w(const struct kvb_xn *xn,
+					   const struct kvb_worker *w)
+{
+	return &xn->wctx[KVB_WSLOT(w->id)];
+}
+
+/* w's notify endpoint (NULL: none, or no bridge) */
+static inline struct kvb_notify *kvb_xn_notify(struct kvb_broker *b,
+					       const struct kvb_worker *w)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+
+	return xn ? kvb_xn_w(xn, w)->notify : NULL;
+}
+
+/* What the module keeps for region id, NULL if nothing. */
+static inline struct kvb_xn_region *kvb_xn_region(struct kvb_xn *xn,
+						  uint32_t id)
+{
+	struct kvb_xn_region *x = xn ? &xn->regs[id & 0xffffu] : NULL;
+
+	return x && id && x->id == id ? x : NULL;
+}
+
+/* xnode.c: w's KV region of layer l (kvb_mem_set_kv): the engine's entry
+ * into *r (live, or dead and still referenced) and the module's part with
+ * its geometry; NULL (and *r NULL) when there is none. */
+const struct kvb_xn_region *kvb_xn_kv_layer(struct kvb_broker *b,
+					    const struct kvb_worker *w,
+					    uint32_t l,
+					    struct kvb_region_ent **r);
+/* ... how many layer slots w has (layers < that may have a region) */
+uint32_t kvb_xn_nkv(struct kvb_broker *b, const struct kvb_worker *w);
 
 /* xnode.c */
 int kvb_xn_ep_add(struct kvb_broker *b, int fd);
@@ -194,22 +259,25 @@ void kvb_xn_rdma_events(struct kvb_broker *b);
 void kvb_xn_timers(struct kvb_broker *b, int64_t now);
 int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w);
 void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w);
+void kvb_xn_worker_free(struct kvb_broker *b, struct kvb_worker *w);
 int kvb_xn_mem_kv(struct kvb_broker *b, struct kvb_worker *w,
 		  const struct kvb_msg_mem_kv *m);
 int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 		    const struct kvb_msg_peer *m);
 int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle);
-void kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
-		  const struct kvb_sqe *e);
+int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_sqe *e, struct kvb_op_done *done);
 void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);
-void kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status);
+uint32_t kvb_xn_xfer_fence(struct kvb_broker *b, struct kvb_xfer *x, int status,
+			   uint32_t *failed);
 uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x);
 int kvb_xn_xfer_deferred(const struct kvb_xfer *x);
 int kvb_xn_set_defer(struct kvb_xfer *x, uint32_t defer_ms);
 int kvb_xn_xfer_complete(const struct kvb_xfer *x);
-void kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
-		       uint64_t bytes);
+int kvb_xn_group_done(struct kvb_broker *b, uint32_t group, int status,
+		      uint64_t bytes, struct kvb_op_done *done,
+		      uint32_t *stale);
 void kvb_xn_reg(struct kvb_broker *b, struct kvb_region_ent *r);
 void kvb_xn_dereg(struct kvb_broker *b, struct kvb_region_ent *r);
 uint64_t kvb_xn_rejected(struct kvb_broker *b);
@@ -286,6 +354,23 @@ void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx);
 void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx);
 /* notify.c */
 void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w);
+
+/* grants.c: the KV blocks a cross-node D transfer holds (WRITE mode) and
+ * those a failed one left (fenced), so that tcp writes arriving after it
+ * failed are refused. take (its open; lifts the fence): 0 or -ENOMEM; drop
+ * (its end; failed: fence them); unfence (another D rank of DP rank dp
+ * announced them: P may write every such rank now). */
+int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
+		   const uint32_t *ids, uint32_t n);
+void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
+		    uint32_t n, int failed);
+void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
+		       uint32_t n);
+/* a transport's write gate (transport.h set_write_gate), arg = the
+ * module's state */
+int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
+/* w's grants go (the worker_free hook) */
+void kvb_grant_free(struct kvb_xn_wctx *ws);
 
 /* auth.c: key pair, cluster key, the tcp data port's caps, trusted
  * hosts and log; 0 or -errno */

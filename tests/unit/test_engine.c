@@ -532,23 +532,38 @@ static struct {
 	unsigned layer_ops, groups, ends;
 	uint64_t group_bytes;
 	int group_status;
+	int group_last; /* h_group: say the group completed */
+	int layer_now;	/* h_layer: say the layer op completed at once */
 } seen;
 
-static void h_layer(struct kvb_broker *b, struct kvb_worker *w,
-		    const struct kvb_sqe *e)
+static int h_layer(struct kvb_broker *b, struct kvb_worker *w,
+		   const struct kvb_sqe *e, struct kvb_op_done *done)
 {
-	(void) b, (void) w, (void) e;
+	(void) b;
 	seen.layer_ops++;
+	if (!seen.layer_now)
+		return 0;
+	*done = (struct kvb_op_done){
+		.worker = w->id, .tag = e->tag, .status = -ENOENT};
+	return 1;
 }
 
-static void h_group(struct kvb_broker *b, uint32_t g, int status,
-		    uint64_t bytes)
+static int h_group(struct kvb_broker *b, uint32_t g, int status, uint64_t bytes,
+		   struct kvb_op_done *done, uint32_t *stale)
 {
 	(void) b;
 	assert_int_equal(g, 7);
 	seen.groups++;
 	seen.group_bytes += bytes;
 	seen.group_status = status;
+	*stale = 0;
+	if (!seen.group_last)
+		return 0;
+	*done = (struct kvb_op_done){.worker = WID,
+				     .tag = 77,
+				     .bytes = seen.group_bytes,
+				     .status = status};
+	return 1;
 }
 
 static void h_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
@@ -611,6 +626,37 @@ static void test_hooks(void **state)
 	assert_int_equal(seen.group_bytes, 3 * BLK);
 	assert_int_equal(seen.group_status, 0);
 	assert_int_equal(reap(f, c, 8), 0);
+
+	/* the hook says that was the group's last entry: the engine posts
+	 * the layer op's completion that the hook handed back */
+	seen.group_last = 1;
+	idx = kvb_inflight_alloc(&f->b);
+	assert_int_not_equal(idx, 0);
+	f->b.inf[idx].worker = WID;
+	f->b.inf[idx].group = 7;
+	f->b.inf[idx].bytes = BLK;
+	op.len = BLK;
+	op.cookie = idx;
+	assert_int_equal(
+		kvb_dest_append(&f->b, KVB_TS_HOST * f->b.opt.max_workers, &op),
+		0);
+	kvb_engine_round(&f->b);
+	complete_all(f, 0);
+	assert_int_equal(seen.groups, 2);
+	assert_int_equal(reap(f, c, 8), 1);
+	assert_int_equal(c[0].opcode, KVB_CQ_DESC);
+	assert_int_equal(c[0].tag, 77);
+	assert_int_equal(c[0].status, 0);
+	assert_int_equal(c[0].bytes, 4 * BLK);
+
+	/* a layer op the hook completes at once: the engine posts it */
+	seen.layer_now = 1;
+	assert_int_equal(kvb_ring_enqueue_burst(&f->w->seg.sq, &e, 1), 1);
+	kvb_engine_round(&f->b);
+	assert_int_equal(seen.layer_ops, 2);
+	assert_int_equal(reap(f, c, 8), 1);
+	assert_int_equal(c[0].tag, 5);
+	assert_int_equal(c[0].status, -ENOENT);
 
 	/* a transfer without extension state (x->rx NULL) never reaches
 	 * the xfer hooks */

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests for broker/grants.c, the tcp write gate: a write into a KV block
- * that a failed transfer held and none holds now is refused (and counted);
- * one into a block never held, held now, left by a transfer that succeeded,
- * or announced again by another D rank of the same DP rank lands; both
- * layouts (the V half of KV_FIRST, the K and V of a BLOCK_FIRST block),
+ * Unit tests for bridge/xnode/grants.c, the tcp write gate: a write into a KV
+ * block that a failed transfer held and none holds now is refused (and
+ * counted); one into a block never held, held now, left by a transfer that
+ * succeeded, or announced again by another D rank of the same DP rank lands;
+ * both layouts (the V half of KV_FIRST, the K and V of a BLOCK_FIRST block),
  * writes spanning blocks, two transfers holding one block, a region that is
- * not a KV region.
+ * not a KV region. The KV layout is declared as a worker does
+ * (kvb_mem_set_kv: the engine's mem_kv hook), into the module's state.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -20,51 +21,60 @@
 #include <cmocka.h>
 
 #include "broker.h"
+#include "xnode/xnode.h"
+#include "xnode/xnode_priv.h"
 #include "zmq/blocks.h"
 #include "kvbroker/kvbroker.h"
 
 #define WID 0x2003u /* worker id, slot 3 */
 
-/* the daemon's clock (broker/main.c), which the library's code calls */
-int64_t kvb_now_ns(void)
-{
-	return 0;
-}
-
 struct fix {
 	struct kvb_broker b;
 	uint32_t region;
 	uint64_t bl; /* block length */
+	struct kvb_kv_geom geom;
 };
 
 static int setup_layout(void **state, uint32_t layout)
 {
 	struct fix *f = calloc(1, sizeof(*f));
 	struct kvb_region_ent *r;
+	struct kvb_msg_mem_kv m = {.layer = 0};
 
 	assert_non_null(f);
 	f->b.opt.max_workers = 8;
 	f->b.workers = calloc(8, sizeof(*f->b.workers));
 	assert_non_null(f->b.workers);
 	assert_int_equal(kvb_regions_init(&f->b.regions), 0);
-	r = kvb_region_alloc(&f->b.regions);
-	assert_non_null(r);
-	r->owner = WID;
-	r->has_kv = 1;
-	r->geom = (struct kvb_kv_geom){.layout = layout,
+	/* the module, without --host-ip: it keeps KV layouts all the same */
+	assert_int_equal(kvb_xn_init(&f->b), 0);
+	assert_non_null(kvb_xn_state(&f->b));
+	assert_null(kvb_xn_of(&f->b));
+	f->geom = (struct kvb_kv_geom){.layout = layout,
 				       .num_blocks = 16,
 				       .block_size = 4,
 				       .num_heads = 1,
 				       .head_dim = 8,
 				       .elem_size = 2};
-	r->mr.len = kvb_kv_region_len(&r->geom);
+	r = kvb_region_alloc(&f->b.regions);
+	assert_non_null(r);
+	r->owner = WID;
+	r->mr.len = kvb_kv_region_len(&f->geom);
+	kvb_hook_region_added(&f->b, r);
 	f->region = r->mr.id;
-	f->bl = kvb_kv_block_len(&r->geom);
+	f->bl = kvb_kv_block_len(&f->geom);
 	f->b.workers[3].id = WID;
-	f->b.workers[3].kv_layer = calloc(1, sizeof(uint32_t));
-	assert_non_null(f->b.workers[3].kv_layer);
-	f->b.workers[3].kv_layer[0] = r->mr.id;
-	f->b.workers[3].nkv = 1;
+	f->b.workers[3].attached = 1;
+	m.region = r->mr.id;
+	m.layout = f->geom.layout;
+	m.num_blocks = f->geom.num_blocks;
+	m.block_size = f->geom.block_size;
+	m.num_heads = f->geom.num_heads;
+	m.head_dim = f->geom.head_dim;
+	m.elem_size = f->geom.elem_size;
+	assert_int_equal(kvb_hook_mem_kv(&f->b, &f->b.workers[3], &m), 0);
+	/* once per region */
+	assert_int_equal(kvb_hook_mem_kv(&f->b, &f->b.workers[3], &m), -EEXIST);
 	*state = f;
 	return 0;
 }
@@ -83,8 +93,7 @@ static int teardown(void **state)
 {
 	struct fix *f = *state;
 
-	kvb_grant_free(&f->b.workers[3]);
-	free(f->b.workers[3].kv_layer);
+	kvb_engine_hooks_fini(&f->b); /* the module frees what it kept */
 	free(f->b.workers);
 	kvb_regions_fini(&f->b.regions);
 	free(f);
@@ -93,16 +102,15 @@ static int teardown(void **state)
 
 static int gate(struct fix *f, uint64_t off, uint64_t len)
 {
-	return kvb_grant_gate(&f->b, f->region, off, len);
+	return kvb_grant_gate(kvb_xn_state(&f->b), f->region, off, len);
 }
 
 /* Byte offset of K (v 0) or V (v 1) of block i. */
 static uint64_t at(struct fix *f, uint32_t i, int v)
 {
-	struct kvb_region_ent *r = kvb_region_get(&f->b.regions, f->region);
 	uint64_t off;
 
-	assert_int_equal(kvb_kv_block_off(&r->geom, i, v, &off), 0);
+	assert_int_equal(kvb_kv_block_off(&f->geom, i, v, &off), 0);
 	return off;
 }
 
@@ -196,11 +204,11 @@ static void out_of_range(void **state)
 {
 	struct fix *f = *state;
 	struct kvb_worker *w = &f->b.workers[3];
-	struct kvb_region_ent *r = kvb_region_get(&f->b.regions, f->region);
+	struct kvb_xn_region *r = kvb_xn_region(kvb_xn_state(&f->b), f->region);
 	const uint32_t big[] = {16, 1u << 30, 0};
 
 	assert_int_equal(kvb_grant_take(&f->b, w, big, 3), 0);
-	assert_int_equal(w->ngrant, 16);
+	assert_int_equal(kvb_xn_w(kvb_xn_state(&f->b), w)->ngrant, 16);
 	kvb_grant_drop(&f->b, WID, big, 3, 1);
 	assert_int_equal(gate(f, at(f, 0, 0), f->bl), -ECANCELED);
 	/* a zero-length write touches nothing */
@@ -214,6 +222,35 @@ static void out_of_range(void **state)
 	w->id = WID;
 }
 
+/* The worker's slot is freed (worker_free): its KV layout and grants go;
+ * the region's part goes with the region (region_gone). */
+static void freed_with_worker(void **state)
+{
+	struct fix *f = *state;
+	struct kvb_worker *w = &f->b.workers[3];
+	struct kvb_xn *xn = kvb_xn_state(&f->b);
+	struct kvb_region_ent *r;
+	const uint32_t a[] = {2};
+
+	assert_non_null(kvb_xn_kv_layer(&f->b, w, 0, &r));
+	assert_int_equal(r->mr.id, f->region);
+	assert_null(kvb_xn_kv_layer(&f->b, w, 1, &r));
+	assert_null(r);
+	assert_int_equal(kvb_grant_take(&f->b, w, a, 1), 0);
+	kvb_grant_drop(&f->b, WID, a, 1, 1);
+	assert_int_equal(gate(f, at(f, 2, 0), f->bl), -ECANCELED);
+	kvb_hook_worker_free(&f->b, w);
+	assert_null(kvb_xn_w(xn, w)->kv_layer);
+	assert_null(kvb_xn_w(xn, w)->grant);
+	assert_int_equal(kvb_xn_nkv(&f->b, w), 0);
+	assert_null(kvb_xn_kv_layer(&f->b, w, 0, &r));
+	assert_int_equal(gate(f, at(f, 2, 0), f->bl), 0);
+	r = kvb_region_get(&f->b.regions, f->region);
+	assert_non_null(kvb_xn_region(xn, f->region));
+	kvb_hook_region_gone(&f->b, r);
+	assert_null(kvb_xn_region(xn, f->region));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -225,6 +262,8 @@ int main(void)
 						setup_kv_first, teardown),
 		cmocka_unit_test_setup_teardown(out_of_range, setup_kv_first,
 						teardown),
+		cmocka_unit_test_setup_teardown(freed_with_worker,
+						setup_kv_first, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

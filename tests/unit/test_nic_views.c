@@ -30,7 +30,22 @@ struct fix {
 	struct kvb_transport_ops ops;
 	struct fake_nic_tr f;
 	struct kvb_region_ent *r[4];
+	struct kvb_region_info ri[4]; /* what the extension keeps of each */
 };
+
+/* The extension's part of a region (its KV layer, its rdma registration):
+ * the engine asks its region_info hook; this one answers from x->ri. */
+static void region_info(struct kvb_broker *b, const struct kvb_region_ent *r,
+			struct kvb_region_info *ri)
+{
+	struct fix *x = kvb_engine_ctx(b);
+
+	for (int i = 0; i < 4; i++)
+		if (x->r[i] == r)
+			*ri = x->ri[i];
+}
+
+static const struct kvb_engine_hooks hooks = {.region_info = region_info};
 
 static int setup(void **state)
 {
@@ -50,13 +65,14 @@ static int setup(void **state)
 			return -1;
 		r->owner = 7 + (uint32_t) i;
 		r->mr.len = 4096u << i;
-		r->rdma_reg = i != 3; /* the last one: not with rdma */
+		x->ri[i].rdma = i != 3; /* the last one: not with rdma */
 		r->mr.kind = i == 2 ? KVB_MEM_GPU : KVB_MEM_HOST;
 		r->mr.flags = i == 0 ? KVB_MEM_REMOTE_WRITE : 0;
-		r->has_kv = i == 0;
-		r->layer = i == 0 ? 5 : 0;
+		x->ri[i].kv = i == 0;
+		x->ri[i].layer = i == 0 ? 5 : 0;
 		x->r[i] = r;
 	}
+	kvb_engine_set_hooks(&x->b, &hooks, x);
 	*state = x;
 	return 0;
 }

@@ -22,14 +22,15 @@
  * are one-sided and not seen here: they are fenced by the release / answer
  * exchange only.
  */
+#include "xnode_priv.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "broker.h"
 #include "kvbroker/kvbroker.h"
 #include "log.h"
-#include "kv_geom.h"
+#include "zmq/blocks.h"
 
 #define FENCED	  0x8000u    /* a transfer that held it failed */
 #define HOLDERS	  0x7fffu    /* transfers holding it now */
@@ -38,45 +39,46 @@
 /* The most blocks any KV region of w has (0: none declared). */
 static uint32_t kv_blocks(struct kvb_broker *b, const struct kvb_worker *w)
 {
-	uint32_t n = 0;
+	uint32_t n = 0, nkv = kvb_xn_nkv(b, w);
 
-	for (uint32_t l = 0; l < w->nkv; l++) {
-		struct kvb_region_ent *r =
-			w->kv_layer[l]
-				? kvb_region_get(&b->regions, w->kv_layer[l])
-				: NULL;
+	for (uint32_t l = 0; l < nkv; l++) {
+		struct kvb_region_ent *r;
+		const struct kvb_xn_region *kv = kvb_xn_kv_layer(b, w, l, &r);
 
-		if (r && r->has_kv && r->geom.num_blocks > n)
-			n = r->geom.num_blocks;
+		if (kv && kv->geom.num_blocks > n)
+			n = kv->geom.num_blocks;
 	}
 	return n < GRANT_MAX ? n : GRANT_MAX;
 }
 
 /* Make room for w's blocks (as many as its KV regions have). */
-static int grow(struct kvb_broker *b, struct kvb_worker *w)
+static int grow(struct kvb_broker *b, struct kvb_worker *w,
+		struct kvb_xn_wctx *ws)
 {
 	uint32_t nb = kv_blocks(b, w);
 	uint16_t *v;
 
-	if (nb <= w->ngrant)
+	if (nb <= ws->ngrant)
 		return 0;
-	v = realloc(w->grant, nb * sizeof(*v));
+	v = realloc(ws->grant, nb * sizeof(*v));
 	if (!v)
 		return -ENOMEM;
-	memset(v + w->ngrant, 0, (nb - w->ngrant) * sizeof(*v));
-	w->grant = v;
-	w->ngrant = nb;
+	memset(v + ws->ngrant, 0, (nb - ws->ngrant) * sizeof(*v));
+	ws->grant = v;
+	ws->ngrant = nb;
 	return 0;
 }
 
 int kvb_grant_take(struct kvb_broker *b, struct kvb_worker *w,
 		   const uint32_t *ids, uint32_t n)
 {
-	if (grow(b, w))
+	struct kvb_xn_wctx *ws = kvb_xn_w(kvb_xn_state(b), w);
+
+	if (grow(b, w, ws))
 		return -ENOMEM;
 	/* ids past the regions' blocks name no memory: nothing to hold */
 	for (uint32_t i = 0; i < n; i++) {
-		uint16_t *g = ids[i] < w->ngrant ? &w->grant[ids[i]] : NULL;
+		uint16_t *g = ids[i] < ws->ngrant ? &ws->grant[ids[i]] : NULL;
 
 		if (g && (*g & HOLDERS) < HOLDERS)
 			*g = (uint16_t) (((*g & HOLDERS) + 1) & HOLDERS);
@@ -95,12 +97,13 @@ void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
 		    uint32_t n, int failed)
 {
 	struct kvb_worker *w = kvb_worker_by_id(b, worker);
+	struct kvb_xn_wctx *ws = w ? kvb_xn_w(kvb_xn_state(b), w) : NULL;
 	int late = 0;
 
-	if (!w || !w->grant)
+	if (!ws || !ws->grant)
 		return;
 	for (uint32_t i = 0; i < n; i++) {
-		uint16_t *g = ids[i] < w->ngrant ? &w->grant[ids[i]] : NULL;
+		uint16_t *g = ids[i] < ws->ngrant ? &ws->grant[ids[i]] : NULL;
 
 		if (!g)
 			continue;
@@ -117,21 +120,24 @@ void kvb_grant_drop(struct kvb_broker *b, uint32_t worker, const uint32_t *ids,
 void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
 		       uint32_t n)
 {
+	struct kvb_xn *xn = kvb_xn_state(b);
+
 	for (uint32_t k = 0; k < b->nlive; k++) {
 		struct kvb_worker *w = &b->workers[b->live[k]];
+		struct kvb_xn_wctx *ws = kvb_xn_w(xn, w);
 
-		if (w->role != KVB_ROLE_D || w->dp_rank != dp || !w->grant)
+		if (w->role != KVB_ROLE_D || w->dp_rank != dp || !ws->grant)
 			continue;
 		for (uint32_t i = 0; i < n; i++)
-			if (ids[i] < w->ngrant)
-				w->grant[ids[i]] &= (uint16_t) ~FENCED;
+			if (ids[i] < ws->ngrant)
+				ws->grant[ids[i]] &= (uint16_t) ~FENCED;
 	}
 }
 
 /* Did a transfer holding block bi of w fail, and none holds it now? */
-static int late(const struct kvb_worker *w, uint64_t bi)
+static int late(const struct kvb_xn_wctx *ws, uint64_t bi)
 {
-	return bi < w->ngrant && w->grant[bi] == FENCED;
+	return bi < ws->ngrant && ws->grant[bi] == FENCED;
 }
 
 /*
@@ -140,49 +146,52 @@ static int late(const struct kvb_worker *w, uint64_t bi)
  */
 int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
 {
-	struct kvb_broker *b = arg;
+	struct kvb_xn *xn = arg;
+	struct kvb_broker *b = xn->b;
 	struct kvb_region_ent *r = kvb_region_get(&b->regions, region);
+	const struct kvb_xn_region *kv = r ? kvb_xn_region(xn, r->mr.id) : NULL;
+	const struct kvb_kv_geom *g;
 	struct kvb_worker *w;
+	struct kvb_xn_wctx *ws;
 	uint64_t bl, nb, half, bi, end = off + len, x = off;
 
-	if (!r || !r->has_kv || !len)
+	if (!kv || !kv->has_kv || !len)
 		return 0;
 	w = kvb_worker_by_id(b, r->owner);
-	if (!w || !w->grant)
+	ws = w ? kvb_xn_w(xn, w) : NULL;
+	if (!ws || !ws->grant)
 		return 0;
-	/* kvb_kv_block_len(), computed here: the engine needs nothing of the
-	 * cross-node bridge */
-	bl = (uint64_t) r->geom.block_size * r->geom.num_heads *
-	     r->geom.head_dim * r->geom.elem_size;
-	nb = r->geom.num_blocks;
+	g = &kv->geom;
+	bl = kvb_kv_block_len(g);
+	nb = g->num_blocks;
 	half = nb * bl; /* KV_FIRST: where the V blocks start */
 	while (x < end) {
 		uint64_t base = 0, step = bl;
 
-		if (r->geom.layout == KVB_KV_LAYOUT_BLOCK_FIRST)
+		if (g->layout == KVB_KV_LAYOUT_BLOCK_FIRST)
 			step = 2 * bl;
 		else if (x >= half)
 			base = half;
 		bi = (x - base) / step;
 		if (bi >= nb)
 			break;
-		if (late(w, bi))
+		if (late(ws, bi))
 			goto refuse;
 		x = base + (bi + 1) * step;
 	}
 	return 0;
 refuse:
-	b->st.late_writes_refused++;
+	kvb_count_late_write(b);
 	log_warn_rl("tcp: a write into block %llu of worker %u's region %#x "
 		    "(layer %u) came after the transfer holding it failed: "
 		    "refused (late_writes_refused)",
-		    (unsigned long long) bi, w->id, region, r->layer);
+		    (unsigned long long) bi, w->id, region, kv->layer);
 	return -ECANCELED;
 }
 
-void kvb_grant_free(struct kvb_worker *w)
+void kvb_grant_free(struct kvb_xn_wctx *ws)
 {
-	free(w->grant);
-	w->grant = NULL;
-	w->ngrant = 0;
+	free(ws->grant);
+	ws->grant = NULL;
+	ws->ngrant = 0;
 }
