@@ -17,12 +17,12 @@ static const struct {
 	const char *name;
 	uint32_t view; /* struct kvb_msg_stats's view */
 } cmds[] = {
-	{"stats", 0},
-	{"workers", 1},
-	{"transfers", 2},
-	{"peers", 3},
-	{"nics", 4},
-	{"regions", 5},
+	{"stats", 0},	  /* counters */
+	{"workers", 1},	  /* attached workers */
+	{"transfers", 2}, /* open transfers */
+	{"peers", 3},	  /* peer brokers */
+	{"nics", 4},	  /* the rdma transport's NICs */
+	{"regions", 5},	  /* registered regions */
 };
 
 static void usage(FILE *f)
@@ -159,7 +159,62 @@ static int parse_count(const char *a, long *out)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* What the command line asked for */
+struct args {
+	char path[sizeof(((struct sockaddr_un *) 0)->sun_path)];
+	int json;
+	double watch;
+	long count;
+	unsigned cmd; /* index in cmds[] */
+};
+
+/* One option into *a: -1 to go on, else the exit status */
+static int parse_opt(int c, struct args *a)
+{
+	switch (c) {
+	case 's':
+		if (!*optarg || strlen(optarg) >= sizeof(a->path)) {
+			fprintf(stderr, "kvbctl: --socket: %s\n",
+				*optarg ? "socket path too long"
+					: "empty path");
+			return 2;
+		}
+		memcpy(a->path, optarg, strlen(optarg) + 1);
+		return -1;
+	case 'j':
+		a->json = 1;
+		return -1;
+	case 'w':
+		if (parse_watch(optarg, &a->watch)) {
+			fprintf(stderr,
+				"kvbctl: --watch: bad seconds '%s' "
+				"(0.1 .. 3600)\n",
+				optarg);
+			return 2;
+		}
+		return -1;
+	case 'c':
+		if (parse_count(optarg, &a->count)) {
+			fprintf(stderr, "kvbctl: --count: bad number '%s'\n",
+				optarg);
+			return 2;
+		}
+		return -1;
+	case 'V':
+		printf("kvbctl %s (protocol %u)\n", KVB_VERSION_STRING,
+		       KVB_PROTO_VERSION);
+		return 0;
+	case 'h':
+		usage(stdout);
+		return 0;
+	default:
+		usage(stderr);
+		return 2;
+	}
+}
+
+/* The command line into *a: -1 to go on, else the exit status */
+static int parse_args(int argc, char **argv, struct args *a)
 {
 	static const struct option lo[] = {
 		{"socket", required_argument, NULL, 's'},
@@ -170,65 +225,21 @@ int main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	char path[sizeof(((struct sockaddr_un *) 0)->sun_path)] = "";
-	char dflt[sizeof(path)] = "";
-	int c, json = 0, rc;
-	double watch = 0;
-	long count = 0;
-	unsigned k;
+	const unsigned ncmds = sizeof(cmds) / sizeof(cmds[0]);
+	int c, rc;
 
 	/* no "+": options after the command are taken too */
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		switch (c) {
-		case 's':
-			if (!*optarg || strlen(optarg) >= sizeof(path)) {
-				fprintf(stderr, "kvbctl: --socket: %s\n",
-					*optarg ? "socket path too long"
-						: "empty path");
-				return 2;
-			}
-			memcpy(path, optarg, strlen(optarg) + 1);
-			break;
-		case 'j':
-			json = 1;
-			break;
-		case 'w':
-			if (parse_watch(optarg, &watch)) {
-				fprintf(stderr,
-					"kvbctl: --watch: bad seconds '%s' "
-					"(0.1 .. 3600)\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'c':
-			if (parse_count(optarg, &count)) {
-				fprintf(stderr,
-					"kvbctl: --count: bad number '%s'\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'V':
-			printf("kvbctl %s (protocol %u)\n", KVB_VERSION_STRING,
-			       KVB_PROTO_VERSION);
-			return 0;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1)
+		if ((rc = parse_opt(c, a)) >= 0)
+			return rc;
 	if (optind >= argc) {
 		usage(stderr);
 		return 2;
 	}
-	for (k = 0; k < sizeof(cmds) / sizeof(cmds[0]); k++)
-		if (!strcmp(argv[optind], cmds[k].name))
+	for (a->cmd = 0; a->cmd < ncmds; a->cmd++)
+		if (!strcmp(argv[optind], cmds[a->cmd].name))
 			break;
-	if (k == sizeof(cmds) / sizeof(cmds[0])) {
+	if (a->cmd == ncmds) {
 		fprintf(stderr, "kvbctl: unknown command '%s'\n", argv[optind]);
 		usage(stderr);
 		return 2;
@@ -238,27 +249,40 @@ int main(int argc, char **argv)
 			argv[optind + 1]);
 		return 2;
 	}
-	if (count && !watch) {
+	if (a->count && !a->watch) {
 		fprintf(stderr, "kvbctl: --count needs --watch\n");
 		return 2;
 	}
-	if (!path[0]) {
-		if (kvb_default_socket(path, sizeof(path)) < 0) {
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a = {0};
+	char dflt[sizeof(a.path)] = "";
+	int rc;
+
+	rc = parse_args(argc, argv, &a);
+	if (rc >= 0)
+		return rc;
+	if (!a.path[0]) {
+		if (kvb_default_socket(a.path, sizeof(a.path)) < 0) {
 			fprintf(stderr, "kvbctl: socket path too long\n");
 			return 2;
 		}
-		memcpy(dflt, path, sizeof(path));
+		memcpy(dflt, a.path, sizeof(a.path));
 	}
-	if (check_dir(path, dflt))
+	if (check_dir(a.path, dflt))
 		return 1;
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	for (long i = 0;; i++) {
-		rc = show(path, cmds[k].name, cmds[k].view, json, watch > 0);
+		rc = show(a.path, cmds[a.cmd].name, cmds[a.cmd].view, a.json,
+			  a.watch > 0);
 		/* watching: a broker that went away ends it (exit 1) */
-		if (rc || !watch || stop || (count && i + 1 >= count))
+		if (rc || !a.watch || stop || (a.count && i + 1 >= a.count))
 			break;
-		nap(watch);
+		nap(a.watch);
 		if (stop)
 			break;
 	}
