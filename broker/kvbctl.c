@@ -21,6 +21,8 @@ static const struct {
 	{"workers", 1},
 	{"transfers", 2},
 	{"peers", 3},
+	{"nics", 4},
+	{"regions", 5},
 };
 
 static void usage(FILE *f)
@@ -39,6 +41,13 @@ static void usage(FILE *f)
 	      "ops, id\n"
 	      "  peers      cross-node peers: address, state, transport, "
 	      "node\n"
+	      "  nics       the rdma transport's NICs: port state, NUMA "
+	      "node, PCI,\n"
+	      "             bytes, wrs, doorbells, QPs, refused, moved, "
+	      "regions\n"
+	      "  regions    registered regions: id, worker, size, kind, "
+	      "layer, access,\n"
+	      "             the NIC their traffic goes through\n"
 	      "Options:\n"
 	      "  --socket PATH  the broker's socket (default: $KVB_SOCKET, "
 	      "else\n"

@@ -330,6 +330,82 @@ static void render_transports(struct mbuf *m, struct kvb_broker *b)
 	}
 }
 
+/* a NIC name as a label value: \, " and newlines escaped */
+static void nic_label(char *dst, size_t cap, const char *s)
+{
+	size_t n = 0;
+
+	for (; *s && n + 3 < cap; s++) {
+		if (*s == '\\' || *s == '"') {
+			dst[n++] = '\\';
+			dst[n++] = *s;
+		} else if (*s == '\n') {
+			dst[n++] = '\\';
+			dst[n++] = 'n';
+		} else {
+			dst[n++] = *s;
+		}
+	}
+	dst[n] = '\0';
+}
+
+/* one family over the rdma transport's NICs */
+static void per_nic(struct mbuf *m, const struct kvb_transport_nic *nic, int n,
+		    const char (*lbl)[160], const char *name, enum mtype t,
+		    const char *help, size_t off, int u32)
+{
+	family(m, name, t, help);
+	for (int i = 0; i < n; i++) {
+		const char *f = (const char *) &nic[i] + off;
+		unsigned long long v =
+			u32 ? *(const uint32_t *) f : *(const uint64_t *) f;
+
+		out(m, "%s%s{nic=\"%s\"} %llu\n", name,
+		    t == COUNTER ? "_total" : "", lbl[i], v);
+	}
+}
+
+/* the rdma transport's NICs, when it tells them (ops->nics) */
+static void render_nics(struct mbuf *m, struct kvb_broker *b)
+{
+	struct kvb_transport_nic nic[KVB_NIC_MAX];
+	char lbl[KVB_NIC_MAX][160];
+	int n = kvb_nics_get(b, nic, KVB_NIC_MAX);
+
+	if (n <= 0)
+		return;
+	for (int i = 0; i < n; i++)
+		nic_label(lbl[i], sizeof(lbl[i]), nic[i].name);
+#define NIC_F(f) offsetof(struct kvb_transport_nic, f)
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_bytes", COUNTER,
+		"Bytes of the chains posted through the NIC.", NIC_F(bytes), 0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_wrs", COUNTER,
+		"Work requests posted through the NIC.", NIC_F(wrs), 0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_doorbells", COUNTER,
+		"Doorbells (chains posted) through the NIC.", NIC_F(doorbells),
+		0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_moved", COUNTER,
+		"Chains sent through the NIC because their region's own NIC "
+		"was down.",
+		NIC_F(moved), 0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qp_refused", COUNTER,
+		"Connections refused by the NIC's QP budget (--max-qps).",
+		NIC_F(qp_refused), 0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qps", GAUGE,
+		"Queue pairs on the NIC now.", NIC_F(qps), 1);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_max_qps", GAUGE,
+		"The NIC's QP budget (--max-qps, else the device's limit).",
+		NIC_F(max_qps), 1);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_regions", GAUGE,
+		"Regions whose nearest NIC it is.", NIC_F(regions), 0);
+	family(m, "kvbroker_rdma_nic_up", GAUGE,
+	       "1 while the NIC's port is active, 0 while it is down.");
+	for (int i = 0; i < n; i++)
+		out(m, "kvbroker_rdma_nic_up{nic=\"%s\"} %d\n", lbl[i],
+		    nic[i].port_up ? 1 : 0);
+#undef NIC_F
+}
+
 static void render_node(struct mbuf *m, struct kvb_broker *b)
 {
 	static const char *const ps[] = {"handshaking", "ready", "failed"};
@@ -516,6 +592,7 @@ int kvb_metrics_render(struct kvb_broker *b, int openmetrics, char **outp,
 	render_descriptors(&m, b);
 	render_transfers(&m, b);
 	render_transports(&m, b);
+	render_nics(&m, b);
 	render_node(&m, b);
 	render_workers(&m, b);
 	render_self(&m, b);

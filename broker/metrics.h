@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The broker's Prometheus endpoint (--metrics-listen ADDR:PORT) and the
- * views `kvbctl workers|transfers|peers` print (docs/metrics.md,
+ * views `kvbctl workers|transfers|peers|nics|regions` print (docs/metrics.md,
  * docs/kvbctl.md). The HTTP server is non-blocking and runs in the broker's
  * own epoll loop: no thread, no lock, no copy of the counters.
  */
@@ -90,11 +90,27 @@ enum kvb_stats_view {
 	KVB_VIEW_WORKERS = 1,
 	KVB_VIEW_TRANSFERS = 2,
 	KVB_VIEW_PEERS = 3,
+	KVB_VIEW_NICS = 4,    /* the rdma transport's NICs: nics.c */
+	KVB_VIEW_REGIONS = 5, /* regions and their NICs: nics.c */
 };
 
 /* A view as text or JSON into buf (NUL-terminated): its length, or
  * -EINVAL for an unknown view. */
 int kvb_view_format(struct kvb_broker *b, uint32_t view, int json, char *buf,
 		    size_t cap);
+
+/* KVB_VIEW_NICS or KVB_VIEW_REGIONS (nics.c), as kvb_view_format. */
+int kvb_view_nics(struct kvb_broker *b, uint32_t view, int json, char *buf,
+		  size_t cap);
+
+struct kvb_transport_nic;
+/* The rdma transport's NICs (ops->nics), at most max into out: how many,
+ * or -ENOTSUP when there is no such transport or it tells none. */
+int kvb_nics_get(struct kvb_broker *b, struct kvb_transport_nic *out,
+		 unsigned max);
+/* Append the NICs to buf at *len: JSON a `"nics":[...]` member (empty
+ * without them), text a table (nothing without them). */
+void kvb_nics_put(struct kvb_broker *b, int json, char *buf, size_t cap,
+		  size_t *len);
 
 #endif

@@ -11,6 +11,10 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "transport.h" /* KVB_NIC_MAX */
+
+_Static_assert(KVB_RDMA_DEV_LEN >= KVB_NIC_MAX * KVB_RDMA_NAME_MAX,
+	       "--rdma-dev holds KVB_NIC_MAX names");
 
 int kvb_default_socket(char *buf, unsigned long len);
 int kvb_default_socket_dir(char *buf, unsigned long len);
@@ -132,6 +136,11 @@ void kvb_options_usage(FILE *f)
 	      "                         hand-shake and to send to the "
 	      "notify ports\n"
 	      "  --rdma-dev NAME        --ib-port N (1)  --gid-index N (auto)\n"
+	      "                         NAME: a device, a comma-separated "
+	      "list (at most 8)\n"
+	      "                         or all\n"
+	      "  --max-qps N            rdma: QPs per device (default 0 = "
+	      "the device's limit)\n"
 	      "  --qp-per-transfer N    QPs per peer (default 1, at most 16)\n"
 	      "  --tcp-conns N          tcp: connections per peer (default 4, "
 	      "at most 16);\n"
@@ -264,6 +273,7 @@ enum {
 	O_METRICS,
 	O_LOGFMT,
 	O_CONFIG,
+	O_MAXQPS,
 };
 
 static const struct option longopts[] = {
@@ -292,6 +302,7 @@ static const struct option longopts[] = {
 	{"ib-port", required_argument, NULL, O_IBPORT},
 	{"gid-index", required_argument, NULL, O_GID},
 	{"qp-per-transfer", required_argument, NULL, O_QPS},
+	{"max-qps", required_argument, NULL, O_MAXQPS},
 	{"tcp-conns", required_argument, NULL, O_TCP_CONNS},
 	{"gpu-streams", required_argument, NULL, O_GSTREAMS},
 	{"copy-threads", required_argument, NULL, O_COPYT},
@@ -363,6 +374,7 @@ static const struct num_opt num_opts[] = {
 	NUM(O_IBPORT, 1, 255, 0, ib_port),
 	NUM(O_GID, -1, 255, 0, gid_index),
 	NUM(O_QPS, 1, KVB_QP_PER_PEER_MAX, 0, qp_per_transfer),
+	NUM(O_MAXQPS, 0, 1 << 24, 0, max_qps),
 	NUM(O_TCP_CONNS, 1, KVB_TCP_CONNS_MAX, 0, tcp_conns),
 	NUM(O_GSTREAMS, 1, 1024, 0, gpu_streams),
 	NUM(O_COPYT, 0, 64, N_AUTO, copy_threads),
@@ -427,6 +439,51 @@ static int parse_num(struct kvb_options *o, int c, const char *a, char *err,
 	memcpy((char *) o + n->off,
 	       n->size == sizeof(u16) ? (void *) &u16 : (void *) &i32, n->size);
 	return 0;
+}
+
+/*
+ * --rdma-dev: "all", or device names separated by commas: none empty, none
+ * longer than a verbs device name, at most KVB_NIC_MAX, none twice.
+ */
+static int check_rdma_dev(const char *a, char *err, size_t err_len)
+{
+	const char *name[KVB_NIC_MAX];
+	size_t len[KVB_NIC_MAX];
+	unsigned n = 0;
+
+	if (!strcmp(a, "all"))
+		return 0;
+	for (const char *s = a;; s++) {
+		size_t l = strcspn(s, ",");
+
+		if (!l)
+			return fail(err, err_len,
+				    "--rdma-dev: '%s' has an empty device name",
+				    a);
+		if (l >= KVB_RDMA_NAME_MAX)
+			return fail(err, err_len,
+				    "--rdma-dev: a device name longer than %d "
+				    "bytes in '%s'",
+				    KVB_RDMA_NAME_MAX - 1, a);
+		if (l == 3 && !strncmp(s, "all", 3))
+			return fail(err, err_len,
+				    "--rdma-dev: 'all' stands alone, not in a "
+				    "list");
+		if (n == KVB_NIC_MAX)
+			return fail(err, err_len,
+				    "--rdma-dev: more than %d devices in '%s'",
+				    KVB_NIC_MAX, a);
+		for (unsigned i = 0; i < n; i++)
+			if (len[i] == l && !memcmp(name[i], s, l))
+				return fail(err, err_len,
+					    "--rdma-dev: '%.*s' named twice",
+					    (int) l, s);
+		name[n] = s;
+		len[n++] = l;
+		s += l;
+		if (!*s)
+			return 0;
+	}
 }
 
 /* A string or flag option: 0, or -EINVAL with the message in err. */
@@ -495,7 +552,7 @@ static int parse_other(struct kvb_options *o, int c, const char *a,
 			return fail(err, err_len,
 				    "--%s: too long (at most %zu bytes)",
 				    opt_name(c), cap - 1);
-		return 0;
+		return c == O_RDEV ? check_rdma_dev(a, err, err_len) : 0;
 	}
 	case O_READ:
 		o->read_mode = 1;

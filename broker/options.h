@@ -10,6 +10,10 @@
 #define KVB_TCP_CONNS_DEF   4
 /* --max-pending: at most; worker slot ids have 12 bits for all slots */
 #define KVB_PENDING_MAX 1024u
+/* --rdma-dev: a verbs device name's bytes with its NUL (IBV_SYSFS_NAME_MAX),
+ * and the whole list: KVB_NIC_MAX (transport.h) of them with their commas */
+#define KVB_RDMA_NAME_MAX 64
+#define KVB_RDMA_DEV_LEN  (8 * KVB_RDMA_NAME_MAX)
 
 #include <stddef.h>
 #include <stdint.h>
@@ -50,7 +54,10 @@ struct kvb_options {
 	uint16_t handshake_port;
 	int read_mode;
 	char trusted_hosts[1024];
-	char rdma_dev[64];
+	/* --rdma-dev: one device, a comma-separated list of at most
+	 * KVB_NIC_MAX, or "all" ("" = the first usable one) */
+	char rdma_dev[KVB_RDMA_DEV_LEN];
+	int max_qps; /* --max-qps: QPs per device, 0 = the device's limit */
 	int ib_port;
 	int gid_index;
 	int qp_per_transfer;

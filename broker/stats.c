@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* `kvbctl stats`: the broker's counters as a table or as JSON. */
 #include "broker.h"
+#include "metrics.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -236,6 +237,8 @@ static void format_json(struct kvb_broker *b, struct out *o,
 		    (unsigned long long) x->post_ns);
 	}
 	put(o, "],");
+	kvb_nics_put(b, 1, o->buf, o->cap, &o->len);
+	put(o, ",");
 	gpu_stats(b, o, 1);
 	o->len += kvb_hook_stats(b, 1, o->buf + o->len, o->cap - o->len);
 	guard_stats(b, o, 1);
@@ -325,6 +328,7 @@ static void format_text(struct kvb_broker *b, struct out *o,
 			put(o, "  %-10s %llu\n",
 			    hist_label(i, lbl, sizeof(lbl)),
 			    (unsigned long long) s->t.wr_hist[i]);
+	kvb_nics_put(b, 0, o->buf, o->cap, &o->len);
 	text_workers(b, o);
 }
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * `kvbctl workers`, `kvbctl transfers`, `kvbctl peers`: the broker's tables
+ * `kvbctl workers`, `kvbctl transfers`, `kvbctl peers` (`nics` and `regions`:
+ * nics.c): the broker's tables
  * as text or JSON, in the reply to a STATS request whose view field names
  * them (docs/kvbctl.md). Rows that do not fit in one reply (KVB_MSG_MAX)
  * are counted ("omitted"), never cut, so the JSON stays whole.
@@ -262,6 +263,9 @@ int kvb_view_format(struct kvb_broker *b, uint32_t view, int json, char *buf,
 	case KVB_VIEW_PEERS:
 		peers(b, &o, json);
 		break;
+	case KVB_VIEW_NICS:
+	case KVB_VIEW_REGIONS:
+		return kvb_view_nics(b, view, json, buf, cap);
 	default:
 		return -EINVAL;
 	}

@@ -472,7 +472,8 @@ random, less the two clock reads' own cost measured at start; **broker: the
 broker process's whole CPU time / WRs, an upper bound** that also counts
 draining rings, validation, completions and idle spinning; **n/a on \`tcp\`**:
 sending goes on in \`poll()\` after \`post()\` returns, so no post-only figure
-exists); \`MsgRate\` = descriptors/s; \`BW\` in GB/s (1e9 B); latency from a
+exists; **on \`rdma\`: wall time inside \`ibv_post_send\` per
+WR in both modes**, not CPU time: see "rdma: CPU inside ibv_post_send per WR"); \`MsgRate\` = descriptors/s; \`BW\` in GB/s (1e9 B); latency from a
 request's first write to its write_done; \`cpu\` = CPU seconds of the P
 workers, plus the broker's in broker mode (\`tcp\`: P workers + D side, the
 receivers or D workers, verification excluded, + both brokers);
@@ -647,8 +648,11 @@ NIC's.
   one kernel thread), so 1 QP would measure rxe, not the broker. Figures from the P broker's stats
   (per_transport `rdma`); `post_cpu` = wall time inside `ibv_post_send`
   per WR, in the workers (direct) or in the P broker (stats `post_ns`). On
-  soft-RoCE `ibv_post_send` is a system call in which the kernel may
-  already process the WRs, so it grows with WRs, not only doorbells.
+  soft-RoCE (kernel 6.12) `ibv_post_send` writes the WQEs into the send
+  queue and makes one system call that only queues the QP's work on rxe's
+  workqueue (kernel threads run the requester); as wall time it also
+  counts the time the posting thread then waits for a vCPU, which is why
+  this ratio stays near 1: see "rdma: CPU inside ibv_post_send per WR".
 - Message rate and latency are bound by the rxe kernel threads, which
   share the guest's two vCPUs with every worker, receiver and broker;
   broker-mode latency also carries the control path (`remote_blocks`,
@@ -688,8 +692,10 @@ EOF
 		cat bench/results/save_kv_layer.md
 		echo
 	fi
-	# measured by hand too (bench/rate_sweep.py, bench/rate_workers.py)
-	for f in bench/results/rate-sweep.md bench/results/rate-workers.md; do
+	# measured by hand too (bench/rate_sweep.py, bench/rate_workers.py,
+	# tests/rdma/post-cpu.sh)
+	for f in bench/results/rate-sweep.md bench/results/rate-workers.md \
+		bench/results/post-cpu-rdma.md; do
 		if [ -f "$f" ]; then
 			cat "$f"
 			echo

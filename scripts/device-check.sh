@@ -56,7 +56,7 @@ CF="-std=gnu11 -O2 -g -D_GNU_SOURCE -DKVB_HAVE_GPU=1 -Wall -Wno-unused-parameter
 gcc $CF shm/ring.c shm/segment.c client/ctl.c common/*.c common/gpu/*.c bridge/local/local.c bridge/transports.c bridge/gpu/*.c \
 	broker/log.c broker/options.c broker/config.c broker/sdnotify.c broker/regions.c broker/xfer.c broker/worker.c \
 	broker/engine.c broker/finish.c broker/quota.c broker/grants.c broker/stats.c broker/gpu.c broker/ext.c broker/main.c \
-	broker/metrics.c broker/http.c broker/views.c \
+	broker/metrics.c broker/http.c broker/views.c broker/nics.c \
 	-ldl -lpthread -o "$B/kvbroker" || { echo "RESULT2: BUILD-FAILED (broker)"; exit 1; }
 # shellcheck disable=SC2086
 gcc $CF tests/gpu/gpu_broker_test.c client/*.c shm/ring.c \

@@ -696,9 +696,9 @@ int kvb_bench_workload_main(int argc, char **argv)
 		}
 	}
 	if (c.transport == KVB_BENCH_TR_RDMA)
-		printf("post_cpu: direct = time inside ibv_post_send per WR, "
-		       "broker = the same in the P broker (stats post_ns); "
-		       "cpu = P workers + D side + brokers\n");
+		printf("post_cpu: direct = wall time inside ibv_post_send per "
+		       "WR, broker = the same in the P broker (stats post_ns), "
+		       "not CPU time; cpu = P workers + D side + brokers\n");
 	else if (c.transport == KVB_BENCH_TR_TCP)
 		printf("post_cpu n/a on tcp (sending continues in poll()); cpu "
 		       "= "

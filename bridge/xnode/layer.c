@@ -16,6 +16,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "nic.h"
 #include "zmq/blocks.h"
 #include "zmq/handshake.h"
 
@@ -491,6 +492,7 @@ static void layer_queue(struct kvb_broker *b, struct layer_op *o,
 		op.remote.region = hr->id;
 		op.remote.addr = hr->addr;
 		op.remote.rkey = hr->rkey;
+		kvb_xn_remote_keys(&op.remote, hr);
 		op.remote_off = ents[i].remote_off;
 		op.len = ents[i].len;
 		op.cookie = idx;

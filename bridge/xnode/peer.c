@@ -15,6 +15,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "nic.h"
 #include "zmq/blocks.h"
 #include "zmq/codec.h"
 #include "zmq/handshake.h"
@@ -82,6 +83,8 @@ static int desc_worker_add(struct kvb_broker *b, struct kvb_worker *w,
 		hr->geom = r->geom;
 		hr->addr = (uint64_t) (uintptr_t) r->mr.addr;
 		hr->rkey = r->mr.rkey;
+		if (r->rdma_reg)
+			kvb_xn_region_keys(b->trs[KVB_TS_RDMA], &r->mr, hr);
 		hr->layer = l;
 		nr++;
 	}
@@ -165,6 +168,9 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 	p->have_desc = 1;
 	p->stale = 0;
 	if (same) {
+		kvb_xn_rekey_queued(b,
+				    PEER_SLOT(kvb_xn_peer_id(kvb_xn_of(b), p)),
+				    &p->desc);
 		kvb_xn_auth_tcp_peer(
 			b, p); /* the regions offered may have grown */
 		return 0;

@@ -18,6 +18,7 @@
 
 #include "kvbroker/kvbroker.h"
 #include "log.h"
+#include "nic.h"
 #include "zmq/handshake.h"
 #include "zmq/notify.h"
 
@@ -91,6 +92,8 @@ static void rdma_reg(struct kvb_broker *b, struct kvb_region_ent *r)
 			 strerror(-rc));
 	else
 		r->rdma_reg = 1;
+	if (!rc)
+		kvb_xn_log_region_nic(t, r);
 }
 
 static void rdma_event_log(void *arg, int level, const char *line)
@@ -205,6 +208,7 @@ static int open_rdma(struct kvb_broker *b)
 		.gid_index = b->opt.gid_index,
 		.post_batch_size = b->opt.post_batch_size,
 		.qp_per_peer = b->opt.qp_per_transfer,
+		.max_qps = b->opt.max_qps,
 	};
 	char why[256] = "";
 	struct kvb_transport_where where = {0}; /* p.dev_name may point here */

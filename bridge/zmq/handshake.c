@@ -10,8 +10,10 @@
 #define HS_REGIONS_TOTAL 65536
 /* Depth is checked by the typed walk; the scan only keeps msgpack-c sane. */
 #define HS_SCAN_DEPTH 16
+/* a region: 14 keys and values, its map, "rkeys"' array and entries */
+#define HS_REGION_OBJECTS (14u * 2 + 2 + KVB_NIC_MAX)
 #define HS_MAX_OBJECTS \
-	(HS_REGIONS_TOTAL * 24u + KVB_HS_WORKERS_MAX * 16u + 256u)
+	(HS_REGIONS_TOTAL * HS_REGION_OBJECTS + KVB_HS_WORKERS_MAX * 16u + 256u)
 #define HS_MAX_FIELDS 32
 
 static int bad(const char **reason, const char *why)
@@ -60,6 +62,43 @@ static int region_check(const struct kvb_hs_region *r)
 		return -EINVAL;
 	if (r->addr && r->addr + r->size < r->addr)
 		return -EINVAL;
+	if (r->nrkeys > KVB_NIC_MAX || (r->nrkeys && r->nic >= r->nrkeys) ||
+	    (!r->nrkeys && r->nic))
+		return -EINVAL;
+	return 0;
+}
+
+/* Optional "rkeys" (1..KVB_NIC_MAX u32) and "nic" (< their count). */
+static int decode_rkeys(struct kvb_hs_region *r, const msgpack_object *map,
+			const char **reason)
+{
+	const msgpack_object *a = _kvb_mp_map_get(map, "rkeys");
+	const msgpack_object *nic = _kvb_mp_map_get(map, "nic");
+	uint32_t i;
+
+	if (a) {
+		if (a->type != MSGPACK_OBJECT_ARRAY || !a->via.array.size ||
+		    a->via.array.size > KVB_NIC_MAX)
+			return bad(reason, "region rkeys is not an array of "
+					   "1 to 8 keys");
+		for (i = 0; i < a->via.array.size; i++) {
+			const msgpack_object *k = &a->via.array.ptr[i];
+
+			if (k->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+			    k->via.u64 > UINT32_MAX)
+				return bad(reason, "region rkeys entry is not "
+						   "a u32");
+			r->rkeys[i] = (uint32_t) k->via.u64;
+		}
+		r->nrkeys = a->via.array.size;
+	}
+	if (nic) {
+		if (nic->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+		    nic->via.u64 >= r->nrkeys)
+			return bad(reason, "region nic is not an index into "
+					   "its rkeys");
+		r->nic = (uint32_t) nic->via.u64;
+	}
 	return 0;
 }
 
@@ -114,6 +153,9 @@ static int decode_region(struct kvb_hs_region *r, const msgpack_object *map,
 			return bad(reason, "region layer");
 		r->layer = o ? (uint32_t) o->via.u64 : 0;
 	}
+	ret = decode_rkeys(r, map, reason);
+	if (ret)
+		return ret;
 	if (region_check(r))
 		return bad(reason, "region geometry does not fit its size");
 	return 0;
@@ -392,7 +434,7 @@ static int pack_region(msgpack_packer *pk, const struct kvb_hs_region *r)
 {
 	int e = 0;
 
-	e |= msgpack_pack_map(pk, 11);
+	e |= msgpack_pack_map(pk, r->nrkeys ? 13 : 11);
 	e |= pack_kv_u64(pk, "id", r->id);
 	e |= pack_kv_u64(pk, "layer", r->layer);
 	e |= pack_kv_u64(pk, "size", r->size);
@@ -405,6 +447,13 @@ static int pack_region(msgpack_packer *pk, const struct kvb_hs_region *r)
 	e |= pack_kv_u64(pk, "elem_size", r->geom.elem_size);
 	e |= pack_kv_u64(pk, "addr", r->addr);
 	e |= pack_kv_u64(pk, "rkey", r->rkey);
+	if (r->nrkeys) {
+		e |= _kvb_mp_pack_cstr(pk, "rkeys");
+		e |= msgpack_pack_array(pk, r->nrkeys);
+		for (uint32_t i = 0; i < r->nrkeys; i++)
+			e |= msgpack_pack_uint32(pk, r->rkeys[i]);
+		e |= pack_kv_u64(pk, "nic", r->nic);
+	}
 	return e;
 }
 

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "transport.h" /* KVB_NIC_MAX */
 #include "zmq/blocks.h"
 
 #define KVB_HS_VERSION	     1
@@ -49,6 +50,15 @@ struct kvb_hs_region {
 	uint64_t addr; /* remote virtual address of offset 0 (0 if none) */
 	uint32_t rkey;
 	uint32_t layer; /* model layer the region holds ("layer", default 0) */
+	/*
+	 * Optional ("rkeys", "nic"): a peer with several NICs registers the
+	 * region on each; rkeys[i] is its key on NIC i (the order of its
+	 * transport blob), nic the NIC nearest the region. nrkeys 0: absent
+	 * (rkey alone, one NIC); then nic is 0.
+	 */
+	uint32_t nrkeys; /* 0..KVB_NIC_MAX */
+	uint32_t nic;	 /* < nrkeys */
+	uint32_t rkeys[KVB_NIC_MAX];
 };
 
 struct kvb_hs_worker {
@@ -98,7 +108,8 @@ int kvb_hs_encode(const struct kvb_hs_desc *d, char **out, size_t *len);
  *
  * Returns 0; -EPROTONOSUPPORT for another version (reason says which);
  * -EBADMSG for anything malformed (types, missing fields, bounds, a region
- * whose geometry does not fit its size, duplicate region ids in a worker);
+ * whose geometry does not fit its size, duplicate region ids in a worker,
+ * more than KVB_NIC_MAX rkeys or a nic outside them);
  * -ENOMEM.
  */
 int kvb_hs_decode(struct kvb_hs_desc *d, const void *buf, size_t len,

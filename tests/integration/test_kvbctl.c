@@ -4,7 +4,8 @@
  * id, role, dp, tp, pid, descriptors, bytes, ring fill), `transfers` (an
  * open transfer with its state and age, gone once it ends), `peers` (none
  * without --host-ip; a ready peer and a failed one between two brokers on
- * loopback), each as a table and as JSON; `--watch S --count N`,
+ * loopback), `nics` and `regions` (no NICs without rdma; the fixture's
+ * regions), each as a table and as JSON; `--watch S --count N`,
  * `--version`, `-h`, and the usage errors (exit 2).
  */
 #include <errno.h>
@@ -180,6 +181,43 @@ static void test_peers(void **state)
 	broker_cleanup(&bb);
 }
 
+/* `nics` and `regions` on a broker without rdma: no NICs, the regions
+ * (each without one) */
+static void test_nics_regions(void **state)
+{
+	char row[128];
+
+	(void) state;
+	assert_int_equal(ctl(&fx.br, "nics", NULL, NULL, NULL), 0);
+	assert_non_null(strstr(out, "(no NICs to show"));
+	assert_int_equal(ctl(&fx.br, "nics", "--json", NULL, NULL), 0);
+	assert_string_equal(out, "{\"transport\":null,\"nics\":[]}\n");
+	assert_int_equal(ctl(&fx.br, "--json", "stats", NULL, NULL), 0);
+	assert_non_null(strstr(out, ",\"nics\":[],"));
+
+	assert_int_equal(ctl(&fx.br, "regions", NULL, NULL, NULL), 0);
+	assert_non_null(strstr(out, "region     worker"));
+	snprintf(row, sizeof(row), "%#-10x %-8u %14u host ", fx.src.id,
+		 kvb_worker_id(fx.ctx), SIZE);
+	if (!strstr(out, row))
+		fail_msg("no row '%s' in:\n%s", row, out);
+	snprintf(row, sizeof(row), "%#-10x %-8u %14u host ", fx.dst.id,
+		 kvb_worker_id(fx.ctx), SIZE);
+	assert_non_null(strstr(out, row));
+	assert_non_null(strstr(strstr(out, row), " live    -\n"));
+	assert_int_equal(ctl(&fx.br, "regions", "--json", NULL, NULL), 0);
+	assert_int_equal(out[0], '{');
+	assert_true(stat_get(out, "live") >= 2);
+	assert_int_equal(stat_get(out, "omitted"), 0);
+	snprintf(row, sizeof(row), "{\"id\":%u,\"worker\":%u,\"size\":%u,",
+		 fx.src.id, kvb_worker_id(fx.ctx), SIZE);
+	assert_non_null(strstr(out, row));
+	assert_non_null(strstr(out, "\"kind\":\"host\""));
+	assert_non_null(strstr(out,
+			       "\"rdma\":false,\"nic\":null,\"nic_index\":null,"
+			       "\"why\":null}"));
+}
+
 static void test_watch(void **state)
 {
 	int64_t t0 = now_ns();
@@ -239,6 +277,7 @@ int main(void)
 		cmocka_unit_test(test_transfers),
 		cmocka_unit_test(test_peers_none),
 		cmocka_unit_test(test_peers),
+		cmocka_unit_test(test_nics_regions),
 		cmocka_unit_test(test_watch),
 		cmocka_unit_test(test_usage),
 	};

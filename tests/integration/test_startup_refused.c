@@ -6,7 +6,8 @@
  * a socket another broker serves (which keeps serving), a --host-ip not on
  * this node, a handshake or data port already taken, an rdma device that is
  * not there, a gpu transport without a GPU backend. Nothing is left
- * listening on its socket path.
+ * listening on its socket path. A bad option (an --rdma-dev list) is a
+ * usage error: exit status 2.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -198,6 +199,36 @@ static void test_rdma_device_missing(void **state)
 	refused("transport rdma: ", args);
 }
 
+/* A bad option is a usage error: exit 2 with the option's message. */
+static void usage_error(const char *why, const char *const *args)
+{
+	const struct broker_opts o = {.args = args};
+	struct broker b;
+	int rc = broker_run_to_exit(&b, &o, REFUSE_MS);
+
+	if (rc != 2 || !broker_log_has(&b, why)) {
+		broker_log_dump(&b);
+		broker_cleanup(&b);
+		fail_msg("exit %d, want 2 with '%s' in the log", rc, why);
+	}
+	broker_cleanup(&b);
+}
+
+static void test_rdma_dev_list_bad(void **state)
+{
+	static const char *const dup[] = {"--rdma-dev", "rxe0,rxe1,rxe0", NULL};
+	static const char *const empty[] = {"--rdma-dev", "rxe0,,rxe1", NULL};
+	static const char *const many[] = {"--rdma-dev", "a,b,c,d,e,f,g,h,i",
+					   NULL};
+	static const char *const qps[] = {"--max-qps", "-1", NULL};
+
+	(void) state;
+	usage_error("kvbroker: --rdma-dev: 'rxe0' named twice", dup);
+	usage_error("--rdma-dev: 'rxe0,,rxe1' has an empty device name", empty);
+	usage_error("--rdma-dev: more than 8 devices", many);
+	usage_error("--max-qps: bad value '-1'", qps);
+}
+
 static void test_gpu_unavailable(void **state)
 {
 	static const char *const args[] = {"--transport", "gpu", NULL};
@@ -220,6 +251,7 @@ int main(void)
 		cmocka_unit_test(test_ports_taken),
 		cmocka_unit_test(test_rdma_device_missing),
 		cmocka_unit_test(test_gpu_unavailable),
+		cmocka_unit_test(test_rdma_dev_list_bad),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

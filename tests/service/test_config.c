@@ -92,7 +92,9 @@ static void test_settings(void **state)
 		   "read-mode = false\n"
 		   "socket = \"/tmp/kvb conf.sock\"\n"
 		   "trusted-hosts = 192.0.2.2,192.0.2.3\n"
-		   "stall-timeout = 12\n");
+		   "stall-timeout = 12\n"
+		   "rdma-dev = mlx5_0,mlx5_1\n"
+		   "max-qps = 256\n");
 	assert_int_equal(load(&o, err, sizeof(err), "--config", path, NULL), 0);
 	assert_int_equal(o.transport, KVB_TR_TCP);
 	assert_string_equal(o.host_ip, "192.0.2.1");
@@ -105,6 +107,8 @@ static void test_settings(void **state)
 	assert_string_equal(o.socket_path, "/tmp/kvb conf.sock");
 	assert_string_equal(o.trusted_hosts, "192.0.2.2,192.0.2.3");
 	assert_int_equal(o.transfer_timeout_ms, 12000);
+	assert_string_equal(o.rdma_dev, "mlx5_0,mlx5_1");
+	assert_int_equal(o.max_qps, 256);
 	assert_string_equal(o.config_path, path);
 	/* what the file does not set keeps its default */
 	assert_int_equal(o.sq_entries, 4096);
@@ -156,6 +160,9 @@ static void test_refusals(void **state)
 	refused("burst = 8\n# ok\nbogus = 1\n", -EINVAL,
 		":3: unknown key 'bogus'");
 	refused("\n\nburst = 999\n", -EINVAL, ":3: --burst: bad value '999'");
+	refused("rdma-dev = rxe0,rxe0\n", -EINVAL,
+		":1: --rdma-dev: 'rxe0' named twice");
+	refused("max-qps = -3\n", -EINVAL, ":1: --max-qps: bad value '-3'");
 	refused("transport = carrier-pigeon\n", -EINVAL,
 		":1: --transport: 'carrier-pigeon' is not one of");
 	refused("log-format = xml\n", -EINVAL, ":1: --log-format: 'xml'");

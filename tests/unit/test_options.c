@@ -99,6 +99,7 @@ static void test_defaults(void **state)
 	assert_int_equal(o.read_mode, 0);
 	assert_string_equal(o.trusted_hosts, "");
 	assert_string_equal(o.rdma_dev, "");
+	assert_int_equal(o.max_qps, 0);
 	assert_int_equal(o.ib_port, 1);
 	assert_int_equal(o.gid_index, -1);
 	assert_int_equal(o.qp_per_transfer, 1);
@@ -216,8 +217,9 @@ static void test_every_option(void **state)
 		      "--max-ring-entries", "1024",
 		      "--max-transfers-per-worker", "100",
 		      "--max-inflight-per-worker", "200", "--max-undelivered",
-		      "300", NULL),
+		      "300", "--max-qps", "500", NULL),
 		0);
+	assert_int_equal(o.max_qps, 500);
 	assert_int_equal(o.hello_timeout_ms, 150);
 	assert_int_equal(o.max_pending, 8);
 	assert_int_equal(o.max_ring_entries, 1024);
@@ -397,6 +399,61 @@ static void test_bad_strings(void **state)
 	}
 }
 
+/* --rdma-dev: one device, a list, all; --max-qps */
+static void test_rdma_devs(void **state)
+{
+	static const char *const good[] = {
+		"mlx5_0",	  "mlx5_0,mlx5_1",   "all",
+		"rxe0,rxe1,rxe2", "a,b,c,d,e,f,g,h", /* KVB_NIC_MAX */
+		"alla,all_1", /* names that start with "all" */
+	};
+	struct kvb_options o;
+	char err[256] = "", name63[64], list[KVB_RDMA_DEV_LEN];
+
+	(void) state;
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		if (parse(&o, err, sizeof(err), "--rdma-dev", good[i], NULL))
+			fail_msg("'%s' refused: %s", good[i], err);
+		assert_string_equal(o.rdma_dev, good[i]);
+	}
+	/* the longest list: 8 names of 63 bytes */
+	memset(name63, 'n', 63);
+	name63[63] = '\0';
+	list[0] = '\0';
+	for (int i = 0; i < 8; i++) {
+		name63[0] = (char) ('a' + i);
+		snprintf(list + strlen(list), sizeof(list) - strlen(list),
+			 "%s%s", i ? "," : "", name63);
+	}
+	assert_int_equal(strlen(list), sizeof(list) - 1);
+	assert_int_equal(parse(&o, err, sizeof(err), "--rdma-dev", list, NULL),
+			 0);
+	assert_string_equal(o.rdma_dev, list);
+
+	refused("empty device name", "--rdma-dev", "", NULL);
+	refused("empty device name", "--rdma-dev", ",mlx5_0", NULL);
+	refused("empty device name", "--rdma-dev", "mlx5_0,", NULL);
+	refused("empty device name", "--rdma-dev", "mlx5_0,,mlx5_1", NULL);
+	refused("more than 8 devices", "--rdma-dev", "a,b,c,d,e,f,g,h,i", NULL);
+	refused("'mlx5_0' named twice", "--rdma-dev", "mlx5_0,mlx5_1,mlx5_0",
+		NULL);
+	refused("'all' stands alone", "--rdma-dev", "all,mlx5_0", NULL);
+	refused("'all' stands alone", "--rdma-dev", "mlx5_0,all", NULL);
+	name63[0] = 'x';
+	snprintf(list, sizeof(list), "a,%sz", name63); /* a 64-byte name */
+	refused("longer than 63", "--rdma-dev", list, NULL);
+
+	assert_int_equal(parse(&o, err, sizeof(err), "--max-qps", "0", NULL),
+			 0);
+	assert_int_equal(o.max_qps, 0);
+	assert_int_equal(
+		parse(&o, err, sizeof(err), "--max-qps=16777216", NULL), 0);
+	assert_int_equal(o.max_qps, 1 << 24);
+	refused("--max-qps", "--max-qps", "-1", NULL);
+	refused("--max-qps", "--max-qps", "16777217", NULL);
+	refused("--max-qps", "--max-qps", "many", NULL);
+}
+
 static void test_bad_usage(void **state)
 {
 	(void) state;
@@ -456,6 +513,7 @@ static void test_help_version(void **state)
 					    "--ib-port",
 					    "--gid-index",
 					    "--qp-per-transfer",
+					    "--max-qps",
 					    "--tcp-conns",
 					    "--gpu-streams",
 					    "--copy-threads",
@@ -552,6 +610,7 @@ int main(void)
 		cmocka_unit_test(test_bad_rings),
 		cmocka_unit_test(test_bad_numbers),
 		cmocka_unit_test(test_bad_strings),
+		cmocka_unit_test(test_rdma_devs),
 		cmocka_unit_test(test_bad_usage),
 		cmocka_unit_test(test_help_version),
 		cmocka_unit_test(test_small_err_buffer),
