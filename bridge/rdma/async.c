@@ -73,10 +73,13 @@ static void handle(struct kvb_rdma *r, struct kvb_rdma_nic *n,
 		if (ev->element.port_num != n->port_num)
 			break;
 		s->port_active++;
-		if (s->port_down)
+		if (s->port_down && r->nnic > 1)
 			say(log, arg, KVB_RDMA_LOG_INFO,
 			    "rdma: %s port %d active again", n->name,
 			    n->port_num);
+		else if (s->port_down)
+			say(log, arg, KVB_RDMA_LOG_INFO,
+			    "rdma: port %d active again", n->port_num);
 		s->port_down = 0;
 		break;
 	case IBV_EVENT_QP_FATAL:
@@ -100,11 +103,17 @@ static void handle(struct kvb_rdma *r, struct kvb_rdma_nic *n,
 	case IBV_EVENT_DEVICE_FATAL:
 		s->device_fatal++;
 		s->device_dead = 1;
-		say(log, arg, KVB_RDMA_LOG_ERR,
-		    "rdma: %s: %s: it takes no new chains (with no other NIC "
-		    "up they fail with -ENODEV); restart the broker once the "
-		    "device is back",
-		    n->name, name);
+		if (r->nnic > 1)
+			say(log, arg, KVB_RDMA_LOG_ERR,
+			    "rdma: %s: %s: it takes no new chains (with no "
+			    "other NIC up they fail with -ENODEV); restart the "
+			    "broker once the device is back",
+			    n->name, name);
+		else
+			say(log, arg, KVB_RDMA_LOG_ERR,
+			    "rdma: %s: new chains fail with -ENODEV; restart "
+			    "the broker once the device is back",
+			    name);
 		break;
 	case IBV_EVENT_COMM_EST:
 	case IBV_EVENT_SQ_DRAINED:

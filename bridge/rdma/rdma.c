@@ -386,6 +386,8 @@ static int post_run(struct kvb_rdma *r, struct kvb_ep *ep,
 				break;
 			/* no credit anywhere: build counts the stall */
 			q = ep_first(ep, lm, rm);
+			if (!q)
+				return -ENETDOWN; /* every QP parked */
 		} else if (usable > 1) {
 			level = (sum + left) / usable;
 			cap = level > q->ch.inflight_bytes

@@ -6,7 +6,7 @@
 # D workers on broker B (tests/xnode/xnode_worker: every byte checked at D).
 #
 #   broker-pair.sh BUILD_DIR CASE
-#   CASE: write | read | wcerr | gpu_write | port_events | write_split
+#   CASE: write | read | wcerr | gpu_write | port_events | write_split | nics
 #
 # wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
 # old region fail with a remote access error, exactly the transfers that hit
@@ -20,6 +20,11 @@
 # port_events: the interface under rxe0 goes down and up between two good
 # runs: both brokers read the device's PORT_ERR and PORT_ACTIVE events,
 # log them and show the port's state in `kvbctl stats`.
+# nics: both brokers drive two NICs, --rdma-dev rxe0,rxe1 (rxe1 on dummy1,
+# 192.0.2.3/32, made here and removed at the end; only in the rxe guest):
+# WRITE and READ byte-checked, each broker's regions homed on both NICs
+# (logged) and both NICs carried bytes (the peer's keys and nearest NIC of
+# each region come in the handshake).
 # Exits 77 without an RDMA device or without root.
 set -u
 BUILD=${1:?build dir}
@@ -42,6 +47,10 @@ cleanup() {
 	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -rf "$T"
+	if [ -n "${RXE1:-}" ]; then
+		rdma link delete rxe1 2>/dev/null
+		ip link del dummy1 2>/dev/null
+	fi
 }
 trap cleanup EXIT
 fail() {
@@ -56,7 +65,7 @@ TTO=${KVB_PAIR_TTO:-8}
 start_broker() { # name hs_port notify_port
 	"$BROKER" --socket "$T/$1.sock" --host-ip "$IP" --transport rdma \
 		--handshake-port "$2" --notify-port "$3" \
-		--transfer-timeout "$TTO" --defer-timeout "$TTO" \
+		--transfer-timeout "$TTO" --defer-timeout "$TTO" ${BROKER_ARGS:-} \
 		>>"$T/broker-$1.log" 2>&1 &
 	PIDS+=($!)
 	eval "BPID_$1=$!"
@@ -94,6 +103,21 @@ run() {
 
 # GPU regions: the brokers open the host gpu backend too
 [ "$CASE" = gpu_write ] && export KVB_GPU_BACKEND=host
+# two NICs: rxe1 on dummy1 next to the guest's rxe0
+if [ "$CASE" = nics ]; then
+	[ "${KVB_RXE_GUEST:-}" = 1 ] || skip "nics: only in the rxe guest"
+	[ -e /sys/class/infiniband/rxe1 ] && skip "rxe1 exists already"
+	RXE1=1
+	ip link add dummy1 type dummy && ip addr add 192.0.2.3/32 dev dummy1 &&
+		ip link set dummy1 up && rdma link add rxe1 type rxe netdev dummy1 ||
+		fail "cannot add rxe1 on dummy1"
+	for _ in $(seq 200); do # the GID table fills asynchronously
+		grep -qx '0000:0000:0000:0000:0000:ffff:c000:0203' \
+			/sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null && break
+		sleep 0.1
+	done
+	BROKER_ARGS="--rdma-dev rxe0,rxe1"
+fi
 start_broker a 6301 61005
 start_broker b 6401 62005
 
@@ -141,6 +165,30 @@ port_events)
 	[ "$(port_state a)" = active ] || fail "A's stats: port $(port_state a), not active"
 	run write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after ||
 		fail "WRITE after the port came back"
+	;;
+nics)
+	run write 2 2 --layers 8 --xfers 6 --conc 3 ||
+		fail "WRITE over two NICs"
+	run read 2 2 --layers 8 --xfers 4 --conc 2 --prefix rd ||
+		fail "READ over two NICs"
+	for side in a b; do
+		python3 - "$(stats $side)" "$side" <<'PY' || fail "broker $side: NICs"
+import json, sys
+d = json.loads(sys.argv[1])
+nics = d["remote"]["rdma_nics"]
+for n in nics:
+    print(f"broker {sys.argv[2]} {n['name']}: {n['regions']} regions, "
+          f"{n['qps']} QPs, {n['bytes']} bytes in {n['doorbells']} "
+          f"doorbells, {n['moved']} moved")
+assert len(nics) == 2, "not two NICs"
+assert all(n["bytes"] > 0 for n in nics), "a NIC carried no bytes"
+PY
+		# the workers' regions (gone with them now) went to both NICs
+		for d in rxe0 rxe1; do
+			grep -q "registered on 2 NICs, nearest $d" "$T/broker-$side.log" ||
+				fail "broker $side: no region homed on $d"
+		done
+	done
 	;;
 bench)
 	# not a test: 8 P workers x 32 layers through one broker pair

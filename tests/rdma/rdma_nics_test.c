@@ -6,7 +6,9 @@
  * ("rxe0,rxe1"); the handshake as the broker does it (offer, answer, and
  * an offer again after a reset).
  *
- *   test  Two regions on each side, one homed on each NIC (equally near:
+ *   test  Device lists: "all" opens both, a name not there, one listed
+ *         twice or an empty one is refused with its reason. Two regions on
+ *         each side, one homed on each NIC (equally near:
  *         the one with fewer regions). WRITE A's to B's and READ them back,
  *         every byte checked; A's per-NIC counters show each region's
  *         bytes went through its own NIC. Then a stream of writes from the
@@ -426,6 +428,42 @@ static int case_failover(const char *cmd)
 	return 0;
 }
 
+/* Device lists: "all" opens both, a name not there or listed twice is
+ * refused with a reason */
+static int case_lists(void)
+{
+	static const struct {
+		const char *devs;
+		int err;
+		const char *why;
+	} c[] = {
+		{"rxe0,nosuch", -ENODEV, "no RDMA device named nosuch"},
+		{"rxe0,rxe0", -EINVAL, "listed twice: rxe0"},
+		{"rxe0,", -EINVAL, "no RDMA device named "},
+	};
+	struct kvb_transport_params p = {.ib_port = 1, .gid_index = -1};
+	struct kvb_transport_nic n[KVB_NIC_MAX];
+	struct kvb_transport *t;
+	char why[160];
+	int err;
+
+	for (unsigned i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		p.dev_name = c[i].devs;
+		why[0] = '\0';
+		err = ops->open(&p, &t, why, sizeof(why));
+		CHECK(err == c[i].err && strstr(why, c[i].why),
+		      "open(%s): %d (%s)", c[i].devs, err, why);
+		printf("open(\"%s\"): %s\n", c[i].devs, why);
+	}
+	p.dev_name = "all";
+	CHECK(ops->open(&p, &t, why, sizeof(why)) == 0, "open(all): %s", why);
+	err = ops->nics(t, n, KVB_NIC_MAX);
+	ops->close(t);
+	CHECK(err >= 2, "open(all): %d NICs", err);
+	printf("open(\"all\"): %d NICs\n", err);
+	return 0;
+}
+
 static int test(void)
 {
 	const char *devs = getenv("KVB_RDMA_DEVS");
@@ -450,6 +488,7 @@ static int test(void)
 	CHECK(A.home[0] != A.home[1] && B.home[0] != B.home[1],
 	      "regions not spread over the NICs (A %u %u, B %u %u)", A.home[0],
 	      A.home[1], B.home[0], B.home[1]);
+	CHECK(case_lists() == 0, "device lists");
 	CHECK(handshake(1) == 0, "handshake");
 	CHECK(case_rails(KVB_XOP_WRITE, 1) == 0, "write");
 	CHECK(case_rails(KVB_XOP_READ, 3) == 0, "read");

@@ -124,6 +124,37 @@ static void test_h100_gpus(void **state)
 	pick_gpu(f->t, "00000000:5C:00.0", "mlx5_3", 1, KVB_TOPO_SWITCH, &p);
 }
 
+/* kvb_topo_score_pci (the rdma transport's home NIC of a GPU region):
+ * the NIC under the GPU's switch scores highest, the same socket's
+ * others next (same NUMA node), the other socket's lowest; port states
+ * play no part; bad ids and indices are errors. */
+static void test_h100_score(void **state)
+{
+	struct fx *f = *state;
+	enum kvb_topo_near near;
+	int s[8], i;
+
+	for (i = 0; i < 8; i++)
+		s[i] = kvb_topo_score_pci(f->t, "0000:5c:00.0", i, NULL);
+	assert_int_equal(kvb_topo_score_pci(f->t, "0000:5c:00.0", 3, &near),
+			 s[3]);
+	assert_int_equal(near, KVB_TOPO_SWITCH);
+	for (i = 0; i < 8; i++)
+		if (i != 3)
+			assert_true(s[i] < s[3]);
+	assert_true(s[0] > s[4]); /* socket 0 before socket 1 */
+	kvb_topo_score_pci(f->t, "0000:5c:00.0", 0, &near);
+	assert_int_equal(near, KVB_TOPO_NUMA_SAME);
+	assert_string_equal(kvb_topo_near_text(near), "same NUMA node");
+	kvb_topo_score_pci(f->t, "0000:5c:00.0", 7, &near);
+	assert_int_equal(near, KVB_TOPO_NUMA_OTHER);
+	assert_int_equal(kvb_topo_score_pci(f->t, "0000:5c:00.0", 8, NULL),
+			 -ENOENT);
+	assert_int_equal(kvb_topo_score_pci(f->t, "5c:00.0", 0, NULL), -EINVAL);
+	assert_int_equal(kvb_topo_score_pci(f->t, "0000:77:00.0", 0, NULL),
+			 -ENOENT);
+}
+
 /* Host memory: the NICs of its NUMA node, spread by load. */
 static void test_h100_numa(void **state)
 {
@@ -317,6 +348,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_h100_gpus, setup_h100,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_h100_numa, setup_h100,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_h100_score, setup_h100,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_nonic, setup_nonic,
 						teardown),
