@@ -55,6 +55,9 @@ int kvb_broker_gpu_import(struct kvb_region_ent *r, const void *payload,
 	r->mr.addr = ptr;
 	r->mr.gpu_device = dev;
 	r->mr.kind = KVB_MEM_GPU;
+	/* the exporter's PCI bus id names the same GPU node-wide */
+	memcpy(r->mr.pci, h->bus_id, sizeof(r->mr.pci) - 1);
+	r->mr.pci[sizeof(r->mr.pci) - 1] = '\0';
 	return 0;
 }
 

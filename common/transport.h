@@ -40,6 +40,9 @@ struct kvb_mr {
 	enum kvb_mem_kind kind;
 	int gpu_device; /* for KVB_MEM_GPU */
 	void *addr;	/* broker-side address (host or device pointer) */
+	/* KVB_MEM_GPU: the GPU's PCI bus id ("0000:19:00.0", "" unknown), so
+	 * that a transport with several NICs registers it on the nearest */
+	char pci[24];
 	uint64_t len;
 	void *tpriv[KVB_TPRIV_MAX]; /* per-transport registration:
 				       kvb_transport_tpriv() */

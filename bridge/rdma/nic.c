@@ -48,18 +48,6 @@ void kvb_rdma_set_log(struct kvb_transport *t, kvb_rdma_log_fn log, void *arg)
 	r->log_arg = arg;
 }
 
-int kvb_rdma_gpu_bus(struct kvb_transport *t, int device, const char *bus_id)
-{
-	struct kvb_rdma *r = to_rdma(t);
-	char bdf[16];
-
-	if (device < 0 || device >= 16 ||
-	    kvb_topo_bus_id(bus_id, bdf, sizeof(bdf)))
-		return -EINVAL;
-	memcpy(r->gpu_bus[device], bdf, sizeof(bdf));
-	return 0;
-}
-
 static int fd_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
@@ -461,13 +449,14 @@ static void home_pick(struct kvb_rdma *r, const struct kvb_mr *mr,
 		      struct kvb_rdma_reg *g)
 {
 	const char *bus = NULL;
+	char bdf[16];
 	int score[KVB_NIC_MAX], numa = -1, n;
 	unsigned i, ties;
 	enum kvb_topo_near near = KVB_TOPO_NUMA_UNKNOWN;
 
-	if (mr->kind == KVB_MEM_GPU && mr->gpu_device >= 0 &&
-	    mr->gpu_device < 16 && r->gpu_bus[mr->gpu_device][0] && r->topo)
-		bus = r->gpu_bus[mr->gpu_device];
+	if (mr->kind == KVB_MEM_GPU && mr->pci[0] && r->topo &&
+	    !kvb_topo_bus_id(mr->pci, bdf, sizeof(bdf)))
+		bus = bdf;
 	else if (mr->kind != KVB_MEM_GPU)
 		numa = _kvb_rdma_mem_numa(mr->addr);
 	for (i = 0; i < r->nnic; i++)

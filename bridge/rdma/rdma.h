@@ -139,14 +139,6 @@ struct kvb_rdma_async_stats {
  */
 void kvb_rdma_set_log(struct kvb_transport *t, kvb_rdma_log_fn log, void *arg);
 
-/*
- * The PCI bus id of GPU `device` ("0000:19:00.0"), so that its regions
- * registered afterwards go to the NIC nearest to it (topo.c); without one
- * GPU memory takes the least used NIC. 0, -EINVAL (device >= 16 or a bad
- * id).
- */
-int kvb_rdma_gpu_bus(struct kvb_transport *t, int device, const char *bus_id);
-
 /* ops->stats_format: the device's state and events (ep NULL), or the
  * per-QP counters of an endpoint (JSON: a list's members) */
 size_t kvb_rdma_stats_format(struct kvb_transport *t, struct kvb_ep *ep,

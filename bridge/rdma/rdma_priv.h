@@ -128,8 +128,6 @@ struct kvb_rdma {
 	 * (wait_fd) and one over their async fds (events_fd); -1 otherwise */
 	int wait_epfd, async_epfd;
 	struct kvb_topo *topo; /* sysfs topology (NULL: none read) */
-	/* bus ids of GPUs by device number (kvb_rdma_gpu_bus), "" unknown */
-	char gpu_bus[16][16];
 	kvb_rdma_log_fn log; /* lines about NIC choices (may be NULL) */
 	void *log_arg;
 	uint64_t node;

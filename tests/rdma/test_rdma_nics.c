@@ -27,7 +27,9 @@
 
 #include <cmocka.h>
 
+#include "fake_sysfs.h"
 #include "mock_verbs.h"
+#include "rdma/topo.h"
 
 static void two_nics(void)
 {
@@ -126,6 +128,60 @@ static void test_nic_regions(void **state)
 	assert_int_equal(t->ops->mr_nic(t, &a, NULL, 0), -ENOENT);
 	assert_int_equal(t->ops->nics(t, n, KVB_NIC_MAX), 2);
 	assert_int_equal(n[0].regions + n[1].regions, 0);
+}
+
+/* GPU memory goes to the NIC under its GPU's PCIe switch: the bus id the
+ * broker copies into mr.pci (from the worker's export handle) is looked up
+ * in the sysfs tree, whatever the regions' count says. */
+static void test_nic_gpu_home(void **state)
+{
+	static const char desc[] =
+		"nic mock0 pci0000:15/0000:15:01.0/0000:16:00.0/"
+		"0000:17:00.0/0000:18:00.0 0 1:active:eth\n"
+		"nic mock1 pci0000:58/0000:58:01.0/0000:59:00.0/"
+		"0000:5a:00.0/0000:5b:00.0 0 1:active:eth\n"
+		"pci pci0000:58/0000:58:01.0/0000:59:00.0/"
+		"0000:5a:01.0/0000:5c:00.0 0\n";
+	struct kvb_topo *saved = r->topo, *topo = NULL;
+	struct kvb_mr a, g, u;
+	char root[256], why[256];
+
+	(void) state;
+	two_nics();
+	assert_int_equal(fake_sysfs_build(desc, root, sizeof(root)), 0);
+	assert_int_equal(kvb_topo_open(root, &topo, NULL, 0), 0);
+	r->topo = topo;
+	a = reg(1, 4096); /* host, NUMA unknown to the tree: NIC 0 */
+	g = (struct kvb_mr){.id = 2,
+			    .addr = lbuf,
+			    .len = 4096,
+			    .kind = KVB_MEM_GPU,
+			    .pci = "0000:5c:00.0"};
+	assert_int_equal(t->ops->reg_mr(t, &g), 0);
+	/* a tie by count would give NIC 1 too: a second GPU region on the
+	 * same GPU shows that the switch, not the count, decides */
+	u = (struct kvb_mr){.id = 3,
+			    .addr = lbuf,
+			    .len = 4096,
+			    .kind = KVB_MEM_GPU,
+			    .pci = "0000:5c:00.0"};
+	assert_int_equal(t->ops->reg_mr(t, &u), 0);
+	assert_int_equal(t->ops->mr_nic(t, &g, why, sizeof(why)), 1);
+	assert_non_null(strstr(why, "mock1"));
+	assert_non_null(strstr(why, "0000:5c:00.0"));
+	assert_int_equal(t->ops->mr_nic(t, &u, NULL, 0), 1);
+	t->ops->dereg_mr(t, &u);
+	t->ops->dereg_mr(t, &g);
+	/* without a bus id: the NIC with the fewest regions, said so */
+	g.pci[0] = '\0';
+	assert_int_equal(t->ops->reg_mr(t, &g), 0);
+	assert_int_equal(t->ops->mr_nic(t, &g, why, sizeof(why)), 1);
+	assert_non_null(strstr(why, "PCI address unknown"));
+	t->ops->dereg_mr(t, &g);
+	t->ops->dereg_mr(t, &a);
+	r->topo = saved;
+	kvb_topo_close(topo);
+	fake_sysfs_remove(root);
 }
 
 /* QPs per NIC pair, as the rails go: 2 x 2 NICs (0,0) (1,1); 2 x 1
@@ -504,6 +560,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_nic_regions, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_nic_gpu_home, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_nic_pairs_budget, setup,
 						teardown),
