@@ -549,12 +549,8 @@ static int reg_all(struct kvb_rdma *r, struct kvb_mr *mr, int fd,
 		g->on[i].lkey = g->mr[i]->lkey;
 		g->on[i].rkey = g->mr[i]->rkey;
 	}
-	if (r->nnic > 1)
-		_kvb_rdma_say(r, KVB_RDMA_LOG_INFO,
-			      "rdma: region %#x (%llu bytes) registered on %u "
-			      "NICs, nearest %s",
-			      mr->id, (unsigned long long) mr->len, r->nnic,
-			      g->why);
+	/* the choice is not logged here: mr_nic() tells it, and the broker
+	 * logs it once per region, rate-limited */
 	return dmabuf && fd >= 0 ? 0 : 1;
 }
 

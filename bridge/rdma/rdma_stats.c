@@ -47,49 +47,6 @@ static size_t qp_stats(struct kvb_transport *t, struct kvb_ep *ep, int json,
 	return len;
 }
 
-/* Each NIC's state and counters ("rdma_nics" list / a line each). */
-static size_t nic_stats(struct kvb_transport *t, int json, char *buf,
-			size_t cap)
-{
-	struct kvb_transport_nic n[KVB_NIC_MAX];
-	int k = t->ops->nics(t, n, KVB_NIC_MAX);
-	size_t len = 0;
-
-	if (json)
-		PUT("\"rdma_nics\":[");
-	for (int i = 0; i < k && i < KVB_NIC_MAX; i++) {
-		if (json)
-			PUT("%s{\"name\":\"%s\",\"port\":%d,\"up\":%d,"
-			    "\"numa\":%d,\"pci\":\"%s\",\"regions\":%llu,"
-			    "\"qps\":%u,\"max_qps\":%u,\"qp_refused\":%llu,"
-			    "\"bytes\":%llu,\"wrs\":%llu,\"doorbells\":%llu,"
-			    "\"moved\":%llu}",
-			    i ? "," : "", n[i].name, n[i].port, n[i].port_up,
-			    n[i].numa, n[i].pci,
-			    (unsigned long long) n[i].regions, n[i].qps,
-			    n[i].max_qps, (unsigned long long) n[i].qp_refused,
-			    (unsigned long long) n[i].bytes,
-			    (unsigned long long) n[i].wrs,
-			    (unsigned long long) n[i].doorbells,
-			    (unsigned long long) n[i].moved);
-		else
-			PUT("rdma nic %-13s %s port %d, NUMA %d, PCI %s: %llu "
-			    "regions, %u/%u QPs (%llu refused), %llu bytes in "
-			    "%llu WRs, %llu doorbells, %llu moved here\n",
-			    n[i].name, n[i].port_up ? "up" : "DOWN", n[i].port,
-			    n[i].numa, n[i].pci[0] ? n[i].pci : "-",
-			    (unsigned long long) n[i].regions, n[i].qps,
-			    n[i].max_qps, (unsigned long long) n[i].qp_refused,
-			    (unsigned long long) n[i].bytes,
-			    (unsigned long long) n[i].wrs,
-			    (unsigned long long) n[i].doorbells,
-			    (unsigned long long) n[i].moved);
-	}
-	if (json)
-		PUT("],");
-	return len;
-}
-
 /* The device's state and events ("rdma_device" object / a line). */
 static size_t device_stats(struct kvb_transport *t, int json, char *buf,
 			   size_t cap)
@@ -127,12 +84,8 @@ size_t kvb_rdma_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
 {
 	if (!cap)
 		return 0;
-	size_t len;
-
 	if (ep)
 		return qp_stats(t, ep, json, buf, cap);
-	len = device_stats(t, json, buf, cap);
-	if (len < cap)
-		len += nic_stats(t, json, buf + len, cap - len);
-	return len;
+	/* the NICs' rows: the broker's, from ops->nics() */
+	return device_stats(t, json, buf, cap);
 }
