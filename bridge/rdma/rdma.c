@@ -187,6 +187,24 @@ static void count_doorbell(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 	n->bytes += bytes;
 }
 
+/* ibv_post_send of q's staged chain of nwr WRs, on a random 1 in 16
+ * doorbells with the thread's CPU time around it (stats post_cpu_*) */
+static int timed_post(struct kvb_rdma *r, struct kvb_rdma_qp *q, unsigned nwr,
+		      struct ibv_send_wr **bad)
+{
+	uint64_t c0;
+	int err;
+
+	if (!kvb_post_cpu_pick(&r->pcpu))
+		return ibv_post_send(q->qp, q->ch.wr, bad);
+	c0 = kvb_thread_cpu_ns();
+	err = ibv_post_send(q->qp, q->ch.wr, bad);
+	r->base.stats.post_cpu_ns +=
+		kvb_post_cpu_net(c0, kvb_thread_cpu_ns(), r->pcpu.ovh_ns);
+	r->base.stats.post_cpu_wrs += nwr;
+	return err;
+}
+
 /* One chain of ops[0..n) on q, at most max_bytes (ops[0] always): the
  * ops it took (>= 1), 0 on no credit, or -errno as post() */
 static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
@@ -207,7 +225,7 @@ static int qp_post(struct kvb_rdma *r, struct kvb_rdma_qp *q,
 	if (r->time_posts) {
 		uint64_t t0 = now_ns();
 
-		err = ibv_post_send(q->qp, q->ch.wr, &bad);
+		err = timed_post(r, q, nwr, &bad);
 		r->base.stats.post_ns += now_ns() - t0;
 	} else {
 		err = ibv_post_send(q->qp, q->ch.wr, &bad);
@@ -582,6 +600,9 @@ int kvb_rdma_qp_stats(struct kvb_transport *t, struct kvb_ep *ep, unsigned i,
 
 void kvb_rdma_time_posts(struct kvb_transport *t, int on)
 {
+	if (on)
+		kvb_post_cpu_calibrate(&to_rdma(t)->pcpu,
+				       now_ns() ^ (uintptr_t) t);
 	to_rdma(t)->time_posts = on;
 }
 
