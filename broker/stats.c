@@ -228,13 +228,16 @@ static void format_json(struct kvb_broker *b, struct out *o,
 		    "%s{\"name\":\"%s\",\"doorbells\":%llu,\"wrs\":%"
 		    "llu,"
 		    "\"bytes\":%llu,\"cqes\":%llu,\"errors\":%llu,"
-		    "\"post_ns\":%llu}",
+		    "\"post_ns\":%llu,\"post_cpu_ns\":%llu,"
+		    "\"post_cpu_wrs\":%llu}",
 		    nw++ ? "," : "", b->trs[i]->ops->name,
 		    (unsigned long long) x->doorbells,
 		    (unsigned long long) x->wrs, (unsigned long long) x->bytes,
 		    (unsigned long long) x->cqes,
 		    (unsigned long long) x->errors,
-		    (unsigned long long) x->post_ns);
+		    (unsigned long long) x->post_ns,
+		    (unsigned long long) x->post_cpu_ns,
+		    (unsigned long long) x->post_cpu_wrs);
 	}
 	put(o, "],");
 	kvb_nics_put(b, 1, o->buf, o->cap, &o->len);

@@ -632,8 +632,9 @@ NIC's.
   worker, which holds the registered regions and answers the QP handshake
   (`connect`/`kvb_rdma_ep_info` offer and answer, over a socketpair between
   the two processes). One `ibv_post_send` per (request, layer) chain:
-  WR/db = B. `post_cpu` = wall time inside `ibv_post_send`
-  (`kvb_rdma_time_posts`) per WR: on soft-RoCE the post is a syscall into
+  WR/db = B. `post_cpu` = the thread's CPU time inside `ibv_post_send`
+  on a random 1 doorbell in 16 (`kvb_rdma_time_posts`, stats
+  `post_cpu_ns`) per WR of those: on soft-RoCE the post is a syscall into
   the rxe driver, on a NIC it is a doorbell write. A worker with nothing
   to reap spins 20 us, then arms the CQ (`ops->arm`) and sleeps on its
   completion channel, as the broker does.
@@ -646,13 +647,14 @@ NIC's.
   WR/db is several times direct's. With one QP the brokers' bandwidth
   stayed at 0.043-0.047 GB/s from W = 1 to 8 (soft-RoCE serves a QP on
   one kernel thread), so 1 QP would measure rxe, not the broker. Figures from the P broker's stats
-  (per_transport `rdma`); `post_cpu` = wall time inside `ibv_post_send`
-  per WR, in the workers (direct) or in the P broker (stats `post_ns`). On
-  soft-RoCE (kernel 6.12) `ibv_post_send` writes the WQEs into the send
-  queue and makes one system call that only queues the QP's work on rxe's
-  workqueue (kernel threads run the requester); as wall time it also
-  counts the time the posting thread then waits for a vCPU, which is why
-  this ratio stays near 1: see "rdma: CPU inside ibv_post_send per WR".
+  (per_transport `rdma`); `post_cpu` = CPU time inside `ibv_post_send`
+  (one doorbell in 16) per WR of those, in the workers' transports
+  (direct) or in the P broker (stats `post_cpu_ns` / `post_cpu_wrs`); the
+  wall time of every call per WR is in the JSON (`post_wall_us_per_wr`).
+  On soft-RoCE (kernel 6.12) `ibv_post_send` writes the WQEs into the
+  send queue and makes one system call that only queues the QP's work on
+  rxe's workqueue (kernel threads run the requester): see "rdma: CPU
+  inside ibv_post_send per WR".
 - Message rate and latency are bound by the rxe kernel threads, which
   share the guest's two vCPUs with every worker, receiver and broker;
   broker-mode latency also carries the control path (`remote_blocks`,

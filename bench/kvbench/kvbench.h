@@ -93,6 +93,9 @@ struct wl_pres {
 	uint64_t verify_ns;	  /* D side: thread CPU spent verifying */
 	volatile uint64_t opened; /* tcp broker D: requests opened so far */
 	uint64_t verbs_post_ns;	  /* rdma direct: wall time in ibv_post_send */
+	/* rdma direct: thread CPU in ibv_post_send on the transport's sampled
+	 * doorbells (stats post_cpu_ns), and their WRs (post_cpu_wrs) */
+	uint64_t verbs_post_cpu_ns, verbs_post_cpu_wrs;
 	volatile int port; /* tcp direct D: the receiver's listening port */
 	int ok;		   /* 1 = finished cleanly */
 };
@@ -106,6 +109,9 @@ struct wl_figs {
 	double cpu_workers_s, cpu_broker_s, elapsed_s, bytes, open_wait_s;
 	double cpu_d_s;	  /* tcp: the D side's processes (not verifying) */
 	double layer_ops; /* tcp broker: the P broker's remote layer ops */
+	/* rdma: wall time inside ibv_post_send per WR (every doorbell), and
+	 * the WRs of the doorbells whose CPU time was sampled */
+	double post_wall_us_per_wr, post_cpu_wrs;
 	uint64_t verified_bytes, bad_bytes, failed;
 };
 
@@ -154,6 +160,15 @@ void wl_post_end(struct wl_post_timer *pt, struct wl_pres *res, unsigned n);
  * (a short run may have none: not measured, never a 0).
  */
 double wl_post_cpu_us_per_wr(int64_t post_cpu_ns, uint64_t post_timed);
+/*
+ * rdma: the transports' sampled CPU time inside ibv_post_send (stats
+ * post_cpu_ns, summed or a delta) over the WRs of those doorbells
+ * (post_cpu_wrs), in us per WR; a negative sum counts as 0; NAN when no
+ * doorbell was sampled.
+ */
+double wl_sampled_us_per_wr(double post_cpu_ns, double post_cpu_wrs);
+/* What the rdma post_cpu column measures (the footer line). */
+extern const char wl_rdma_post_note[];
 /*
  * Parse an unsigned number with an optional K/M/G (binary) suffix into
  * [min, max]; on error print "kvbench: OPT: ..." and return -1.

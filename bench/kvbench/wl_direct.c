@@ -250,7 +250,7 @@ int wl_direct_p_run(const struct wl_direct *d, int ready_fd, int go_fd,
 	struct kvb_transport *t = d->t;
 	struct prun s = {.d = d, .res = res};
 	struct kvb_xop *ops = calloc(c->blocks, sizeof(*ops));
-	uint64_t cpu0, db0, wrs0, pns0 = 0;
+	uint64_t cpu0, db0, wrs0, pns0 = 0, pc0, pcw0;
 	int64_t go_ns;
 	int rc = -1;
 
@@ -267,6 +267,8 @@ int wl_direct_p_run(const struct wl_direct *d, int ready_fd, int go_fd,
 	wrs0 = t->stats.wrs;
 	if (d->post_ns)
 		pns0 = d->post_ns(t);
+	pc0 = t->stats.post_cpu_ns;
+	pcw0 = t->stats.post_cpu_wrs;
 	wl_post_timer_init(&s.pt, d->rank + 1);
 	if (wl_sync_start(ready_fd, go_fd))
 		goto out;
@@ -281,6 +283,8 @@ int wl_direct_p_run(const struct wl_direct *d, int ready_fd, int go_fd,
 	res->wrs = t->stats.wrs - wrs0;
 	if (d->post_ns)
 		res->verbs_post_ns = d->post_ns(t) - pns0;
+	res->verbs_post_cpu_ns = t->stats.post_cpu_ns - pc0;
+	res->verbs_post_cpu_wrs = t->stats.post_cpu_wrs - pcw0;
 	res->ok = 1;
 	rc = 0;
 out:

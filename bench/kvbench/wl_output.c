@@ -12,6 +12,21 @@
 	{                                             \
 #name, offsetof(struct wl_figs, name) \
 	}
+const char wl_rdma_post_note[] =
+	"post_cpu: thread CPU time (CLOCK_THREAD_CPUTIME_ID) inside "
+	"ibv_post_send on a random 1 in 16 doorbells, net of the clock's "
+	"cost, / the WRs of those doorbells; direct = the P workers' "
+	"transports, broker = the P broker's (stats post_cpu_ns / "
+	"post_cpu_wrs); JSON post_wall_us_per_wr = wall time of every call "
+	"/ WRs; cpu = P workers + D side + brokers";
+
+double wl_sampled_us_per_wr(double post_cpu_ns, double post_cpu_wrs)
+{
+	if (!(post_cpu_wrs > 0))
+		return NAN; /* no doorbell sampled: not measured */
+	return post_cpu_ns > 0 ? post_cpu_ns / 1e3 / post_cpu_wrs : 0;
+}
+
 static const struct {
 	const char *name;
 	size_t off;
@@ -35,6 +50,8 @@ static const struct {
 	FIG(open_wait_s),
 	FIG(cpu_d_s),
 	FIG(layer_ops),
+	FIG(post_wall_us_per_wr),
+	FIG(post_cpu_wrs),
 };
 #define NFIGS_RATIO 10u /* the figures: ratio for these */
 
@@ -282,10 +299,16 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 			? "n/a on tcp: sending continues in poll() after "
 			  "post() (rest of a sendmsg, acks)"
 		: c->transport == KVB_BENCH_TR_RDMA
-			? (broker ? "wall time inside the P broker's "
-				    "ibv_post_send calls (stats post_ns) / WRs"
-				  : "wall time inside ibv_post_send "
-				    "(kvb_rdma_post_ns) / WRs")
+			? (broker ? "thread CPU inside the P broker's "
+				    "ibv_post_send on 1 in 16 doorbells, net "
+				    "of the clock (stats post_cpu_ns) / their "
+				    "WRs (post_cpu_wrs); post_wall: wall time "
+				    "of every call (post_ns) / WRs"
+				  : "thread CPU inside the P workers' "
+				    "ibv_post_send on 1 in 16 doorbells, net "
+				    "of the clock (stats post_cpu_ns) / their "
+				    "WRs (post_cpu_wrs); post_wall: wall time "
+				    "of every call (post_ns) / WRs")
 		: broker ? "broker process CPU / WRs (upper bound)"
 			 : "thread CPU inside post() / WRs",
 		(unsigned long long) x->verified_bytes,

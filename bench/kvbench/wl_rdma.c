@@ -19,9 +19,11 @@
  *    distinct ports (tests/rdma/broker-pair.sh), the broker workers of
  *    wl_tcp.c unchanged.
  *
- * post_cpu (direct): wall time inside ibv_post_send (kvb_rdma_time_posts /
- * kvb_rdma_post_ns) per WR; broker mode: the same inside the P broker's
- * ibv_post_send calls (kvbctl stats per_transport post_ns) per WR.
+ * post_cpu: the thread's CPU time inside ibv_post_send on the transport's
+ * sampled doorbells (kvb_rdma_time_posts: 1 in 16, stats post_cpu_ns) per
+ * WR of those (post_cpu_wrs); direct: the P workers' transports, broker
+ * mode: the P broker's (kvbctl stats per_transport). post_wall: the wall
+ * time of every call (post_ns) per WR.
  */
 #include "kvbench.h"
 

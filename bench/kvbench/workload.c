@@ -291,8 +291,9 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	int rdma = c->transport == KVB_BENCH_TR_RDMA;
 	/* rdma and gpu: a socketpair per worker pair (handshake first) */
 	int hs = rdma || c->transport == KVB_BENCH_TR_GPU;
-	uint64_t verbs_ns = 0;
+	uint64_t verbs_ns = 0, verbs_cpu_ns = 0, verbs_cpu_wrs = 0;
 	double bpost_ns = -1; /* tcp/rdma broker: P broker's post_ns */
+	double bcpu_ns = 0, bcpu_wrs = 0; /* its post_cpu_ns, post_cpu_wrs */
 	struct run_pids rp = {.n = 0};
 	void *maps[KVB_BENCH_MAX_WORKERS] = {NULL};
 	int ready[2] = {-1, -1}, go[2] = {-1, -1}, go2[2] = {-1, -1};
@@ -431,6 +432,8 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		post_ns += p->post_cpu_ns;
 		post_timed += p->post_timed;
 		verbs_ns += p->verbs_post_ns;
+		verbs_cpu_ns += p->verbs_post_cpu_ns;
+		verbs_cpu_wrs += p->verbs_post_cpu_wrs;
 		f->open_wait_s += (double) p->ctl_ns / 1e9;
 		cpu_ns += p->cpu_ns;
 		dcpu_ns += d->cpu_ns;
@@ -467,6 +470,10 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->cpu_broker_s = bcpu1 - bcpu0;
 		bpost_ns = tr_num(js1, tr_str(c), "post_ns") -
 			   tr_num(js0, tr_str(c), "post_ns");
+		bcpu_ns = tr_num(js1, tr_str(c), "post_cpu_ns") -
+			  tr_num(js0, tr_str(c), "post_cpu_ns");
+		bcpu_wrs = tr_num(js1, tr_str(c), "post_cpu_wrs") -
+			   tr_num(js0, tr_str(c), "post_cpu_wrs");
 	} else if (mode == MODE_BROKER) {
 		f->doorbells = kvb_bench_json_num(js1, "doorbells") -
 			       kvb_bench_json_num(js0, "doorbells");
@@ -492,15 +499,28 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 	}
 	if (tcp) {
 		/* tcp: not measurable, a WR's sending goes on in poll() after
-		 * post() (the rest of a sendmsg, the acks); rdma: wall time
-		 * inside ibv_post_send per WR (direct: each worker's calls;
-		 * broker: the P broker's, stats post_ns) */
+		 * post() (the rest of a sendmsg, the acks); rdma: thread CPU
+		 * inside ibv_post_send on the transports' sampled doorbells
+		 * per WR of those (direct: the P workers' transports; broker:
+		 * the P broker's, stats post_cpu_ns / post_cpu_wrs), and the
+		 * wall time of every call per WR (stats post_ns) */
 		f->post_cpu_us_per_wr = NAN;
-		if (rdma && mode == MODE_DIRECT && f->wrs > 0)
+		f->post_wall_us_per_wr = NAN;
+		if (rdma && mode == MODE_DIRECT) {
+			f->post_cpu_us_per_wr = wl_sampled_us_per_wr(
+				(double) verbs_cpu_ns, (double) verbs_cpu_wrs);
+			f->post_cpu_wrs = (double) verbs_cpu_wrs;
+			if (f->wrs > 0)
+				f->post_wall_us_per_wr =
+					(double) verbs_ns / 1e3 / f->wrs;
+		} else if (rdma && bpost_ns >= 0) {
 			f->post_cpu_us_per_wr =
-				(double) verbs_ns / 1e3 / f->wrs;
-		else if (rdma && f->wrs > 0 && bpost_ns >= 0)
-			f->post_cpu_us_per_wr = bpost_ns / 1e3 / f->wrs;
+				wl_sampled_us_per_wr(bcpu_ns, bcpu_wrs);
+			f->post_cpu_wrs = bcpu_wrs;
+			if (f->wrs > 0)
+				f->post_wall_us_per_wr =
+					bpost_ns / 1e3 / f->wrs;
+		}
 		f->cpu_d_s = (double) dcpu_ns / 1e9;
 	}
 	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s + f->cpu_d_s;
@@ -696,9 +716,7 @@ int kvb_bench_workload_main(int argc, char **argv)
 		}
 	}
 	if (c.transport == KVB_BENCH_TR_RDMA)
-		printf("post_cpu: direct = wall time inside ibv_post_send per "
-		       "WR, broker = the same in the P broker (stats post_ns), "
-		       "not CPU time; cpu = P workers + D side + brokers\n");
+		printf("%s\n", wl_rdma_post_note);
 	else if (c.transport == KVB_BENCH_TR_TCP)
 		printf("post_cpu n/a on tcp (sending continues in poll()); cpu "
 		       "= "

@@ -18,6 +18,7 @@
 #include "rdma/conn.h"
 #include "rdma/rdma.h"
 #include "rdma/topo.h"
+#include "post_cpu.h"
 
 #define KVB_RDMA_DEPTH_DEFAULT 256
 #define KVB_RDMA_CQ_MAX	       (1 << 16)
@@ -137,6 +138,7 @@ struct kvb_rdma {
 	struct kvb_rdma_qp *ready[KVB_RDMA_MAX_SLOTS];
 	unsigned nready;
 	int time_posts;
+	struct kvb_post_cpu pcpu; /* sampled CPU timing of the posts */
 	struct ibv_wc wc[KVB_RDMA_POLL_BATCH];
 	/* completions of disconnected endpoints' ops, handed out by poll() */
 	struct kvb_xcqe *orphan;

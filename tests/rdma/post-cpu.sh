@@ -10,8 +10,9 @@
 #  3. kvbench at 8 workers, 512 B blocks, direct and broker alternating
 #     (3 trials each), its JSON in OUT.json (default
 #     bench/results/post-cpu-rdma.json).
-# A build with post_cpu_ns in the transport's stats (the thread's CPU time
-# inside ibv_post_send next to the wall time) prints EXPPOST lines with both.
+# kvbench's post_cpu is the thread's CPU time inside ibv_post_send on 1
+# doorbell in 16 per WR of those (stats post_cpu_ns / post_cpu_wrs), its
+# JSON post_wall_us_per_wr the wall time of every call per WR.
 set -u
 bdir=${1:?usage: post-cpu.sh BUILD_DIR [OUT]}
 out=${2:-bench/results/post-cpu-rdma}
@@ -58,8 +59,8 @@ timeout 420 "$bdir/bench/kvbench/kvbench" workload --transport rdma \
 	--no-verify --mode both --repeat 3 --iters 10 \
 	--broker-opts --qp-per-transfer=8 --json "$out.json" 2>"$out.err"
 rc=$?
-# progress lines and per-process clock calibrations: not for the log
+# progress lines: not for the log
 tr '\r' '\n' <"$out.err" | sed 's/\x1b\[K//g' | grep -av 'requests .* s$' |
-	grep -av -e '^EXP rdma post timing' -e '^$' | head -20
+	grep -av '^$' | head -20
 rm -f "$out.err"
 exit $rc

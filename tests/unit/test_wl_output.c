@@ -184,6 +184,77 @@ static void json_strings_escaped(void **state)
 	free(j);
 }
 
+/* rdma post_cpu: the sampled CPU over the sampled doorbells' WRs */
+static void sampled_post_cpu(void **state)
+{
+	/* direct: two workers' transports summed */
+	double d_ns = 1.5e6 + 2.5e6, d_wrs = 160 + 240;
+	/* broker: a delta of the P broker's stats, fewer WRs sampled */
+	double b_ns = 9.0e6 - 8.0e6, b_wrs = 3400 - 3000;
+
+	(void) state;
+	assert_float_equal(wl_sampled_us_per_wr(d_ns, d_wrs), 10.0, 1e-9);
+	assert_float_equal(wl_sampled_us_per_wr(b_ns, b_wrs), 2.5, 1e-9);
+	assert_float_equal(wl_sampled_us_per_wr(d_ns, d_wrs) /
+				   wl_sampled_us_per_wr(b_ns, b_wrs),
+			   4.0, 1e-9);
+	/* nothing sampled: n/a, never 0 */
+	assert_true(isnan(wl_sampled_us_per_wr(0, 0)));
+	assert_true(isnan(wl_sampled_us_per_wr(5e3, 0)));
+	/* net of the clock a sum can fall below 0: 0 */
+	assert_float_equal(wl_sampled_us_per_wr(-20, 16), 0, 0);
+	/* the footer says what is measured */
+	assert_non_null(strstr(wl_rdma_post_note, "CLOCK_THREAD_CPUTIME_ID"));
+	assert_non_null(strstr(wl_rdma_post_note, "1 in 16 doorbells"));
+	assert_non_null(strstr(wl_rdma_post_note, "post_cpu_wrs"));
+	assert_null(strstr(wl_rdma_post_note, "not CPU time"));
+}
+
+/* rdma JSON: the wall figure next to the CPU one, and what each is */
+static void json_rdma_post_wall(void **state)
+{
+	struct wl_figs res[1][2] = {{trial(1, 1, 6.5), trial(1, 1, 2.5)}};
+	char path[] = "/tmp/kvb-wl-json.XXXXXX";
+	struct bench_net nw = {.rdma = 1};
+	struct wl_cfg c = {.layers = 1,
+			   .blocks = 1,
+			   .block_bytes = 8,
+			   .requests = 1,
+			   .iters = 1,
+			   .repeat = 1,
+			   .transport = KVB_BENCH_TR_RDMA,
+			   .nw = &nw,
+			   .json = path};
+	unsigned ws[1] = {8};
+	int fd = mkstemp(path);
+	char *j;
+
+	(void) state;
+	res[0][0].post_wall_us_per_wr = 51.25;
+	res[0][0].post_cpu_wrs = 640;
+	res[0][1].post_wall_us_per_wr = 20.5;
+	res[0][1].post_cpu_wrs = 2752;
+	assert_true(fd >= 0);
+	close(fd);
+	snprintf(nw.rdma_dev, sizeof(nw.rdma_dev), "rxe0");
+	snprintf(nw.ip[0], sizeof(nw.ip[0]), "192.0.2.1");
+	assert_int_equal(wl_write_json(&c, ws, 1,
+				       (const struct wl_figs(*)[2]) res, NULL),
+			 0);
+	j = slurp(path);
+	unlink(path);
+	assert_non_null(strstr(j, "\"post_wall_us_per_wr\":51.25"));
+	assert_non_null(strstr(j, "\"post_wall_us_per_wr\":20.5"));
+	assert_non_null(strstr(j, "\"post_cpu_wrs\":640"));
+	assert_non_null(strstr(j, "\"post_cpu_wrs\":2752"));
+	assert_non_null(strstr(j, "thread CPU inside the P workers' "
+				  "ibv_post_send on 1 in 16 doorbells"));
+	assert_non_null(strstr(j, "thread CPU inside the P broker's "
+				  "ibv_post_send on 1 in 16 doorbells"));
+	assert_null(strstr(j, "\"wall time inside"));
+	free(j);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -191,6 +262,8 @@ int main(void)
 		cmocka_unit_test(median_na_invalid_counts),
 		cmocka_unit_test(json_trials),
 		cmocka_unit_test(json_strings_escaped),
+		cmocka_unit_test(sampled_post_cpu),
+		cmocka_unit_test(json_rdma_post_wall),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
