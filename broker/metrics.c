@@ -391,6 +391,10 @@ static void render_nics(struct mbuf *m, struct kvb_broker *b)
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qp_refused", COUNTER,
 		"Connections refused by the NIC's QP budget (--max-qps).",
 		NIC_F(qp_refused), 0);
+	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qp_parked", COUNTER,
+		"Its QPs that failed and were parked while their endpoint "
+		"went on through other NICs.",
+		NIC_F(qp_parked), 0);
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_qps", GAUGE,
 		"Queue pairs on the NIC now.", NIC_F(qps), 1);
 	per_nic(m, nic, n, lbl, "kvbroker_rdma_nic_max_qps", GAUGE,

@@ -77,11 +77,11 @@ static void nic_json(char *buf, size_t cap, size_t *len,
 	put(buf, cap, len,
 	    ",\"bytes\":%llu,\"wrs\":%llu,\"doorbells\":%llu,"
 	    "\"qps\":%u,\"max_qps\":%u,\"qp_refused\":%llu,\"moved\":%llu,"
-	    "\"regions\":%llu}",
+	    "\"qp_parked\":%llu,\"regions\":%llu}",
 	    (unsigned long long) c->bytes, (unsigned long long) c->wrs,
 	    (unsigned long long) c->doorbells, c->qps, c->max_qps,
 	    (unsigned long long) c->qp_refused, (unsigned long long) c->moved,
-	    (unsigned long long) c->regions);
+	    (unsigned long long) c->qp_parked, (unsigned long long) c->regions);
 }
 
 static void nic_text(char *buf, size_t cap, size_t *len,

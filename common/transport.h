@@ -165,6 +165,8 @@ struct kvb_transport_nic {
 	uint64_t qp_refused;		/* connects refused by the budget */
 	uint64_t moved;			/* chains sent through it because
 					   the region's own NIC was down */
+	uint64_t qp_parked; /* its QPs that failed and were parked while
+			       their endpoint went on through other NICs */
 };
 
 struct kvb_transport;

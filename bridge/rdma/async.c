@@ -12,7 +12,8 @@
  * instead of leaving them to the retry timer. Ops already
  * posted end by their own work completions, as before. QP and CQ errors
  * are logged and counted; a QP's error reaches its ops as work completions
- * (flushes), which reset its endpoint (ep.c).
+ * (flushes), which reset its endpoint, or over several NICs park that QP
+ * alone (ep.c).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -90,7 +91,8 @@ static void handle(struct kvb_rdma *r, struct kvb_rdma_nic *n,
 		qpn = our_qpn(r, ev->element.qp);
 		say(log, arg, KVB_RDMA_LOG_WARN,
 		    "rdma: QP %u: %s (its ops complete with errors; the "
-		    "endpoint resets)",
+		    "endpoint resets, or parks the QP if another NIC pair "
+		    "works)",
 		    qpn, name);
 		break;
 	case IBV_EVENT_CQ_ERR:

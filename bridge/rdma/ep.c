@@ -520,9 +520,45 @@ static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 	return ret;
 }
 
+/* Another QP of ep than q that takes chains (connected, not broken) */
+static int ep_other_live(const struct kvb_ep *ep, const struct kvb_rdma_qp *q)
+{
+	for (unsigned i = 0; i < ep->nqp; i++)
+		if (&ep->qp[i] != q && !ep->qp[i].parked &&
+		    !ep->qp[i].ch.broken)
+			return 1;
+	return 0;
+}
+
+/*
+ * A QP that failed on an endpoint over several NICs, while a QP of another
+ * NIC pair still works (a port going down, a cable pulled): parked alone
+ * rather than the whole endpoint reset, so the chains in flight on the
+ * other pairs are not cancelled and no re-handshake holds up the chains
+ * moved to them. Its chain already failed what it held (chain.c). Like a
+ * QP parked at a handshake, it is connected again by the reset that
+ * follows once its NIC is up and the endpoint idle (below).
+ */
+static int qp_park_failed(struct kvb_rdma *r, struct kvb_ep *ep,
+			  struct kvb_rdma_qp *q)
+{
+	if ((r->nnic < 2 && ep->peer.nnic < 2) || !ep_other_live(ep, q))
+		return 0;
+	q->parked = QP_PARK_LOCAL;
+	r->nics[q->lnic].qp_parked++;
+	_kvb_rdma_say(r, KVB_RDMA_LOG_WARN,
+		      "rdma: QP %u on %s failed: parked; its endpoint goes on "
+		      "through its other NIC pairs and re-handshakes once "
+		      "%s is up and the endpoint idle",
+		      q->qp ? q->qp->qp_num : 0, r->nics[q->lnic].name,
+		      r->nics[q->lnic].name);
+	return 1;
+}
+
 /*
  * A READY endpoint with a failed QP (seen while another endpoint drained the
- * CQ) is reset now. Returns 1 if ep is READY afterwards.
+ * CQ) is reset now, unless the QP can be parked (above). Returns 1 if ep
+ * is READY afterwards.
  */
 int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 {
@@ -532,12 +568,13 @@ int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 	if (ep->state != KVB_RDMA_EP_READY)
 		return 0;
 	for (i = 0; i < ep->nqp; i++) {
-		if (ep->qp[i].ch.broken) {
+		struct kvb_rdma_qp *q = &ep->qp[i];
+
+		if (q->ch.broken && !q->parked && !qp_park_failed(r, ep, q)) {
 			ep_reset(r, ep);
 			return 0;
 		}
-		back |= ep->qp[i].parked == QP_PARK_LOCAL &&
-			nic_up(&r->nics[ep->qp[i].lnic]);
+		back |= q->parked == QP_PARK_LOCAL && nic_up(&r->nics[q->lnic]);
 	}
 	/* our NIC is back: connect its QPs by a re-handshake, once nothing
 	 * is in flight (the reset then fails no op) */

@@ -628,6 +628,7 @@ int _kvb_rdma_nics(struct kvb_transport *t, struct kvb_transport_nic *out,
 		o->qps = n->qps;
 		o->max_qps = n->max_qps;
 		o->qp_refused = n->qp_refused;
+		o->qp_parked = n->qp_parked;
 		o->moved = n->moved;
 	}
 	return (int) r->nnic;

@@ -102,6 +102,7 @@ struct kvb_rdma_nic {
 	uint64_t regions;		/* regions whose home it is */
 	uint64_t moved;			/* chains it took for a down NIC */
 	uint64_t qp_refused;		/* connects over its QP budget */
+	uint64_t qp_parked;		/* failed QPs parked (ep.c) */
 	uint32_t qps, max_qps;		/* QPs now, and the budget */
 };
 

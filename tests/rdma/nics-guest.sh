@@ -1,13 +1,15 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 #
-# nics-guest.sh BUILD [bench MIB] - the rdma transport over two verbs
+# nics-guest.sh BUILD [bench MIB | small N] - the rdma transport over two verbs
 # devices in the soft-RoCE guest of rxe-runner.sh: adds rxe1 on dummy1
 # (192.0.2.3/32; rxe0 on dummy0 is the guest's), runs rdma_nics_test
 # (regions on each NIC, WRITE/READ byte-checked, then `ip link set dummy1
 # down` mid-run), and removes rxe1 and dummy1 again.
 # With "bench MIB": MIB MiB of large writes over rxe0 alone (1 QP, then 2
 # QPs) and over rxe0,rxe1 (1 QP per NIC pair), one run each.
+# With "small N": N small writes per region over rxe0 alone, rxe1 alone
+# and rxe0,rxe1 (one region homed on each NIC), then over both regions.
 # Exit 77 outside the guest (KVB_RXE_GUEST=1) or without rxe0.
 set -u
 BUILD=${1:?build dir}
@@ -53,6 +55,12 @@ if [ "$MODE" = bench ]; then
 	"$PROG" bench rxe0 "$MIB" 1 || fail "bench rxe0"
 	"$PROG" bench rxe0 "$MIB" 2 || fail "bench rxe0, 2 QPs"
 	"$PROG" bench rxe0,rxe1 "$MIB" 1 || fail "bench rxe0,rxe1"
+	exit 0
+fi
+if [ "$MODE" = small ]; then
+	for d in rxe0 rxe1 rxe0,rxe1; do
+		"$PROG" small $d "$MIB" || fail "small $d"
+	done
 	exit 0
 fi
 KVB_RDMA_DEVS=rxe0,rxe1 KVB_NICS_DOWN="ip link set dummy1 down" \

@@ -15,13 +15,18 @@
  *         region on NIC 1 while `KVB_NICS_DOWN` (a shell command: "ip link
  *         set dummy1 down") takes NIC 1's port down mid-run: the port-down
  *         event comes, new chains go through NIC 0 (its `moved` counter),
- *         every op completes (ok or an error) within 60 s, the endpoint
- *         re-handshakes after the errors, and the writes that completed ok
- *         hold the right bytes. Timings printed.
+ *         every op completes (ok or an error) within 60 s, NIC 1's failed
+ *         QP is parked (its `qp_parked`) with no re-handshake, and the
+ *         writes that completed ok hold the right bytes. Timings printed.
  *   bench DEVS MIB
  *         MIB MiB of large writes (16 MiB chains of 1 MiB ops that do not
  *         merge, 4 chains in flight) from A to B over the devices DEVS,
  *         MiB/s printed: compare "rxe0" with "rxe0,rxe1".
+ *   small DEVS N
+ *         N small writes (512 B, 4 KiB apart so none merge, chains of
+ *         16, 64 in flight) from each of A's two regions in turn, then
+ *         from both at once; writes/s and each NIC's WRs and doorbells
+ *         printed: with "rxe0,rxe1" each region is homed on its own NIC.
  *
  * Exit: 0 pass, 1 fail, 77 no such devices.
  */
@@ -393,8 +398,12 @@ static int case_failover(const char *cmd)
 	struct fo_times tm = {0};
 	unsigned nic = A.home[1], other = A.home[0], hs = 0, bad = 0, i;
 	unsigned checked = 0;
+	struct kvb_transport_nic nn[KVB_NIC_MAX];
+	uint64_t parked0;
 	double t0 = now();
 
+	nics_get(nn);
+	parked0 = nn[nic].qp_parked;
 	fill(A.buf[1], 7, REGION);
 	memset(ok, 0, sizeof(ok));
 	for (i = 0; i < N; i++)
@@ -414,6 +423,12 @@ static int case_failover(const char *cmd)
 	       tm.moved ? tm.moved - tm.down : -1.0);
 	CHECK(tm.event, "no port-down event for NIC %u", nic);
 	CHECK(tm.moved, "no chain moved to NIC %u", other);
+	nics_get(nn);
+	CHECK(nn[nic].qp_parked == parked0 + 1,
+	      "NIC %u: %llu QPs parked, want 1", nic,
+	      (unsigned long long) (nn[nic].qp_parked - parked0));
+	CHECK(hs == 0, "%u re-handshakes: the failed QP was not parked alone",
+	      hs);
 	for (i = 0; i < NBLK; i++) {
 		int64_t at;
 
@@ -560,6 +575,96 @@ static int bench(const char *devs, unsigned mib)
 	return 0;
 }
 
+/* n small writes from the regions in mask (bit r: A's region r to B's),
+ * chains of SMALL_CHAIN taken in turn from each; 64 in flight at most */
+enum { SMALL = 512, SMALL_GAP = 4096, SMALL_CHAIN = 16, SMALL_DEPTH = 64 };
+
+static int small_run(unsigned n, unsigned mask)
+{
+	static const char *const which[4] = {"", "region 0", "region 1",
+					     "regions 0+1"};
+	static struct kvb_xop o[NCK];
+	struct kvb_transport_nic n0[KVB_NIC_MAX], n1[KVB_NIC_MAX];
+	unsigned slots = (unsigned) (REGION / SMALL_GAP), done = 0, i, hs = 0;
+	unsigned got = 0;
+	double t0, dt;
+
+	CHECK(n && n < NCK && mask && mask <= 3, "N out of range");
+	for (i = 0; i < n; i++) {
+		/* both regions: chains alternate between them */
+		unsigned c = i / SMALL_CHAIN, r = mask == 3 ? c % 2 : mask >> 1;
+
+		o[i] = xop(KVB_XOP_WRITE, (int) r, (int) r, 0);
+		o[i].len = SMALL;
+		o[i].local_off = o[i].remote_off =
+			(uint64_t) (i % slots) * SMALL_GAP;
+	}
+	nics_get(n0);
+	t0 = now();
+	while (done < n) {
+		unsigned want = n - done < SMALL_CHAIN ? n - done : SMALL_CHAIN;
+		int k = done - got + want <= SMALL_DEPTH
+				? post_chain(o + done, want, &hs)
+				: 0;
+		int c;
+
+		CHECK(k >= 0 && !hs, "post");
+		done += (unsigned) k;
+		c = reap_once();
+		CHECK(c >= 0, "poll");
+		got += (unsigned) c;
+		CHECK(now() - t0 < 300, "timeout");
+	}
+	while (got < n) {
+		int c = reap_once();
+
+		CHECK(c >= 0 && now() - t0 < 300, "wait");
+		got += (unsigned) c;
+	}
+	dt = now() - t0;
+	for (i = 0; i < n; i++)
+		CHECK(st[o[i].cookie % NCK] == 0, "op %u: %d", i,
+		      st[o[i].cookie % NCK]);
+	for (int r = 0; r < 2; r++)
+		for (i = 0; (mask >> r & 1) && i < slots && i < n; i++)
+			CHECK(verify(B.buf[r], 7 + (uint32_t) r,
+				     (uint64_t) i * SMALL_GAP, SMALL) < 0,
+			      "region %d: bytes differ", r);
+	nics_get(n1);
+	printf("small: %s, %u writes of %u B in %.3f s = %.0f writes/s\n",
+	       which[mask], n, SMALL, dt, n / dt);
+	for (i = 0; i < KVB_NIC_MAX && n1[i].name[0]; i++)
+		printf("small:   NIC %s: %llu WRs, %llu doorbells\n",
+		       n1[i].name, (unsigned long long) (n1[i].wrs - n0[i].wrs),
+		       (unsigned long long) (n1[i].doorbells -
+					     n0[i].doorbells));
+	return 0;
+}
+
+/* small writes per region (per home NIC), then over both regions */
+static int small(const char *devs, unsigned n)
+{
+	int rc = open_side(&A, devs, "A", 2);
+
+	if (!rc)
+		rc = open_side(&B, devs, "B", 2);
+	if (rc)
+		return rc;
+	CHECK(handshake(1) == 0, "handshake");
+	for (int r = 0; r < 2; r++) {
+		fill(A.buf[r], 7 + (uint32_t) r, REGION);
+		printf("small %s: region %d on A's NIC %u, B's region on B's "
+		       "NIC %u\n",
+		       devs, r, A.home[r], B.home[r]);
+	}
+	CHECK(small_run(n, 1) == 0, "region 0");
+	CHECK(small_run(n, 2) == 0, "region 1");
+	CHECK(small_run(n, 3) == 0, "regions 0+1");
+	close_side(&A, 2);
+	close_side(&B, 2);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -569,6 +674,8 @@ int main(int argc, char **argv)
 		if (argc >= 5)
 			qp_per_peer = atoi(argv[4]);
 		rc = bench(argv[2], (unsigned) atoi(argv[3]));
+	} else if (argc >= 4 && !strcmp(argv[1], "small")) {
+		rc = small(argv[2], (unsigned) atoi(argv[3]));
 	} else {
 		rc = test();
 	}

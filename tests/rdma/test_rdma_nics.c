@@ -11,8 +11,9 @@
  *  - post() on the pair of the regions' NICs with that pair's keys; a
  *    large chain over both pairs;
  *  - a NIC's port down moves new chains to the other (counted), what it
- *    had in flight completes, none up is -ENETDOWN; back up, chains go
- *    home; a handshake while a NIC is down parks its QPs (flag in the
+ *    had in flight completes, its failed QP is parked (counted) with no
+ *    reset, none up is -ENETDOWN; back up and idle, a re-handshake and
+ *    chains go home; a handshake while a NIC is down parks its QPs (flag in the
  *    blob) and a re-handshake reconnects them once it is up and idle;
  *  - per-NIC counters in nics() and stats_format.
  */
@@ -357,10 +358,51 @@ static void test_nic_post_pair(void **state)
 	t->ops->dereg_mr(t, &b);
 }
 
+/* The peer's answer to our endpoint e (QPs (0,0) and (1,1)) */
+static size_t answer(void *buf, const struct kvb_ep *e)
+{
+	struct kvb_rdma_conn c = {.nnic = 2,
+				  .node = e->peer.node,
+				  .ep = 0xabc,
+				  .to_ep = e->token,
+				  .nqp = 2};
+	size_t len = KVB_RDMA_CONN_MAX;
+
+	c.nic[0].mtu = c.nic[1].mtu = IBV_MTU_1024;
+	c.qp[0].qpn = 900;
+	c.qp[1].qpn = 901;
+	c.qp[1].lnic = c.qp[1].rnic = 1;
+	assert_int_equal(kvb_rdma_conn_encode(&c, buf, &len), 0);
+	return len;
+}
+
+/* The peer's offer again (a re-handshake of e, at epoch), its QP on NIC 1
+ * flagged f1 */
+static size_t reoffer(void *buf, const struct kvb_ep *e, uint32_t epoch,
+		      uint8_t f1)
+{
+	struct kvb_rdma_conn c = {.nnic = 2,
+				  .node = e->peer.node,
+				  .ep = 0xabc,
+				  .epoch = epoch,
+				  .nqp = 2};
+	size_t len = KVB_RDMA_CONN_MAX;
+
+	c.nic[0].mtu = c.nic[1].mtu = IBV_MTU_1024;
+	c.qp[0].qpn = 910;
+	c.qp[1].qpn = 911;
+	c.qp[1].lnic = c.qp[1].rnic = 1;
+	c.qp[1].flags = f1;
+	assert_int_equal(kvb_rdma_conn_encode(&c, buf, &len), 0);
+	return len;
+}
+
 /* A NIC whose port goes down takes no new chains: its regions' chains go
  * through the next NIC up (counted as moved there), what it had in
- * flight still completes once; with no NIC up post() is -ENETDOWN; back
- * up, its regions come home. */
+ * flight still completes once; its QP that failed is parked (counted)
+ * and the endpoint goes on through NIC 0's pair, no reset; with no NIC
+ * up post() is -ENETDOWN; back up and idle, the endpoint resets for a
+ * re-handshake that reconnects NIC 1's QP, and its regions come home. */
 static void test_nic_failover(void **state)
 {
 	static const uint32_t rk[2] = {0x70, 0x71};
@@ -368,15 +410,21 @@ static void test_nic_failover(void **state)
 	struct kvb_rdma_async_stats s;
 	int32_t st[256];
 	unsigned seen[256] = {0};
+	uint8_t blob[KVB_RDMA_CONN_MAX];
 	struct kvb_mr a, b;
 	struct kvb_xop o;
-	struct kvb_ep *ep;
+	struct kvb_ep *ep, *e2;
 	char why[256];
+	size_t len;
 
 	(void) state;
 	two_nics();
 	r->p.qp_per_peer = 1;
-	ep = ready_ep_to(2);		   /* P[0] (0,0), P[1] (1,1) */
+	len = peer_info(blob, 0x42, 2);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &ep), 0);
+	len = answer(blob, ep); /* P[0] (0,0), P[1] (1,1) */
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
 	a = reg(1, 1 << 20);		   /* home 0 */
 	b = reg(2, 1 << 20);		   /* home 1 */
 	o = xop(&b, 4096, 1, rk, 2, 0x10); /* in flight on NIC 1 */
@@ -412,9 +460,20 @@ static void test_nic_failover(void **state)
 	assert_int_equal(seen[0x10] + seen[0x11] + seen[0x12], 3);
 	assert_int_not_equal(st[0x10], 0);
 	assert_int_equal(st[0x11], 0);
-	/* (the error reset the endpoint: READY again, as after a re-handshake)
-	 */
-	ep->state = KVB_RDMA_EP_READY;
+	/* NIC 1's failed QP parked, the endpoint READY on NIC 0's pair */
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	assert_int_equal(ep->qp[1].parked, QP_PARK_LOCAL);
+	assert_int_equal(ep->qp[0].parked, 0);
+	assert_int_equal(t->ops->nics(t, n, KVB_NIC_MAX), 2);
+	assert_int_equal(n[1].qp_parked, 1);
+	assert_int_equal(n[0].qp_parked, 0);
+	assert_non_null(strstr(last_log[KVB_RDMA_LOG_WARN], "failed: parked"));
+	o = xop(&b, 4096, 1, rk, 2, 0x16);
+	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
+	assert_int_equal(P[0].n, 1); /* NIC 0's QP (the others drained) */
+	cq_push(0, IBV_WC_SUCCESS);
+	assert_int_equal(drain(st, seen), 1);
+	assert_int_equal(st[0x16], 0);
 	/* both down: -ENETDOWN */
 	queue_event_on(0, IBV_EVENT_PORT_ERR, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
@@ -422,10 +481,18 @@ static void test_nic_failover(void **state)
 	assert_int_equal(t->ops->post(t, ep, &o, 1), -ENETDOWN);
 	kvb_rdma_async_get_stats(t, &s);
 	assert_true(s.port_down);
-	/* NIC 1 back: b's chains go home again */
+	/* NIC 1 back, nothing in flight: a reset for a re-handshake, which
+	 * connects NIC 1's renewed QP; b's chains go home again */
 	queue_event_on(1, IBV_EVENT_PORT_ACTIVE, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
 	o = xop(&b, 4096, 1, rk, 2, 0x14);
+	assert_int_equal(t->ops->post(t, ep, &o, 1), -ENOTCONN);
+	assert_int_equal(ep->state, KVB_RDMA_EP_RESET);
+	len = reoffer(blob, ep, 1, 0);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
+	assert_ptr_equal(e2, ep);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	assert_int_equal(ep->qp[1].parked, 0);
 	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
 	assert_int_equal(P[3].n, 1); /* NIC 1's renewed QP */
 	assert_int_equal(P[3].qp->context, &mctx[1]);
@@ -436,24 +503,6 @@ static void test_nic_failover(void **state)
 	assert_int_equal(r->nics[1].moved, 1);
 	t->ops->dereg_mr(t, &a);
 	t->ops->dereg_mr(t, &b);
-}
-
-/* The peer's answer to our endpoint e (QPs (0,0) and (1,1)) */
-static size_t answer(void *buf, const struct kvb_ep *e)
-{
-	struct kvb_rdma_conn c = {.nnic = 2,
-				  .node = e->peer.node,
-				  .ep = 0xabc,
-				  .to_ep = e->token,
-				  .nqp = 2};
-	size_t len = KVB_RDMA_CONN_MAX;
-
-	c.nic[0].mtu = c.nic[1].mtu = IBV_MTU_1024;
-	c.qp[0].qpn = 900;
-	c.qp[1].qpn = 901;
-	c.qp[1].lnic = c.qp[1].rnic = 1;
-	assert_int_equal(kvb_rdma_conn_encode(&c, buf, &len), 0);
-	return len;
 }
 
 /* A handshake while NIC 1's port is down leaves its QP parked (and says
@@ -513,19 +562,7 @@ static void test_nic_parked(void **state)
 	assert_int_equal(e->state, KVB_RDMA_EP_RESET);
 	/* the peer re-offers (a new epoch) with its QP on NIC 1 parked:
 	 * ours stays parked though NIC 1 is up, and no reset follows */
-	memset(&c, 0, sizeof(c));
-	c.nnic = 2;
-	c.nic[0].mtu = c.nic[1].mtu = IBV_MTU_1024;
-	c.node = e->peer.node;
-	c.ep = 0xabc;
-	c.epoch = 1;
-	c.nqp = 2;
-	c.qp[0].qpn = 910;
-	c.qp[1].qpn = 911;
-	c.qp[1].lnic = c.qp[1].rnic = 1;
-	c.qp[1].flags = KVB_RDMA_QP_PARKED;
-	len = sizeof(blob);
-	assert_int_equal(kvb_rdma_conn_encode(&c, blob, &len), 0);
+	len = reoffer(blob, e, 1, KVB_RDMA_QP_PARKED);
 	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
 	assert_ptr_equal(e2, e);
 	assert_int_equal(e->state, KVB_RDMA_EP_READY);

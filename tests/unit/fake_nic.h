@@ -107,6 +107,7 @@ static inline void fake_nic_init(struct fake_nic_tr *f,
 		c->max_qps = 64;
 		c->qp_refused = (uint64_t) i * 3;
 		c->moved = (uint64_t) i * 7;
+		c->qp_parked = (uint64_t) i * 5;
 	}
 }
 

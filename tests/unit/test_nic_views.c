@@ -120,7 +120,8 @@ static void test_nics_view(void **state)
 		s, ",{\"index\":1,\"name\":\"fnic1\",\"port\":1,\"up\":false,"
 		   "\"numa\":0,\"pci\":\"0000:11:00.0\",\"bytes\":2000000,"
 		   "\"wrs\":2000,\"doorbells\":200,\"qps\":8,\"max_qps\":64,"
-		   "\"qp_refused\":3,\"moved\":7,\"regions\":3}"));
+		   "\"qp_refused\":3,\"moved\":7,\"qp_parked\":5,"
+		   "\"regions\":3}"));
 	assert_non_null(strstr(s, "\"index\":2,\"name\":\"fnic2\""));
 	assert_non_null(strstr(s, "}]}\n"));
 
@@ -202,7 +203,8 @@ static void test_stats(void **state)
 	assert_true(kvb_stats_format(&x->b, 1, buf, sizeof(buf)) > 0);
 	assert_non_null(strstr(buf, "],\"nics\":[{\"index\":0,\"name\":"
 				    "\"fnic0\",\"port\":1,\"up\":true,"));
-	assert_non_null(strstr(buf, "\"moved\":14,\"regions\":4}],"));
+	assert_non_null(
+		strstr(buf, "\"moved\":14,\"qp_parked\":10,\"regions\":4}],"));
 	assert_true(kvb_stats_format(&x->b, 0, buf, sizeof(buf)) > 0);
 	assert_non_null(strstr(buf, "nic          port state numa pci"));
 	assert_non_null(strstr(buf, "\nfnic1           1 down "));
@@ -218,6 +220,7 @@ static void test_metrics(void **state)
 		"kvbroker_rdma_nic_doorbells_total{nic=\"fnic2\"} 300\n",
 		"kvbroker_rdma_nic_moved_total{nic=\"fnic1\"} 7\n",
 		"kvbroker_rdma_nic_qp_refused_total{nic=\"fnic2\"} 6\n",
+		"kvbroker_rdma_nic_qp_parked_total{nic=\"fnic1\"} 5\n",
 		"# TYPE kvbroker_rdma_nic_qps gauge\n",
 		"kvbroker_rdma_nic_qps{nic=\"fnic2\"} 12\n",
 		"kvbroker_rdma_nic_max_qps{nic=\"fnic0\"} 64\n",
