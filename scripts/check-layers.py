@@ -140,9 +140,16 @@ def resolve(root, includer, name):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..")
     root = os.path.abspath(root)
+    if not os.path.isfile(os.path.join(root, "broker", "broker.h")):
+        print("check-layers.py: %s is not a kvbroker source tree "
+              "(no broker/broker.h)" % root, file=sys.stderr)
+        return 2
     edges = {}
     bad = []
     for top in ("shm", "common", "client", "bridge", "broker", "bench"):
