@@ -644,6 +644,7 @@ static int small_run(unsigned n, unsigned mask)
 /* small writes per region (per home NIC), then over both regions */
 static int small(const char *devs, unsigned n)
 {
+	struct kvb_transport_nic nn[KVB_NIC_MAX];
 	int rc = open_side(&A, devs, "A", 2);
 
 	if (!rc)
@@ -651,11 +652,11 @@ static int small(const char *devs, unsigned n)
 	if (rc)
 		return rc;
 	CHECK(handshake(1) == 0, "handshake");
+	nics_get(nn);
 	for (int r = 0; r < 2; r++) {
 		fill(A.buf[r], 7 + (uint32_t) r, REGION);
-		printf("small %s: region %d on A's NIC %u, B's region on B's "
-		       "NIC %u\n",
-		       devs, r, A.home[r], B.home[r]);
+		printf("small %s: region %d homed on %s (B's on its NIC %u)\n",
+		       devs, r, nn[A.home[r]].name, B.home[r]);
 	}
 	CHECK(small_run(n, 1) == 0, "region 0");
 	CHECK(small_run(n, 2) == 0, "region 1");
