@@ -82,6 +82,7 @@ static void handle(struct kvb_rdma *r, struct kvb_rdma_nic *n,
 			say(log, arg, KVB_RDMA_LOG_INFO,
 			    "rdma: port %d active again", n->port_num);
 		s->port_down = 0;
+		r->reconnect_due = 1; /* its parked QPs, once idle */
 		break;
 	case IBV_EVENT_QP_FATAL:
 	case IBV_EVENT_QP_REQ_ERR:

@@ -537,7 +537,8 @@ static int ep_other_live(const struct kvb_ep *ep, const struct kvb_rdma_qp *q)
  * other pairs are not cancelled and no re-handshake holds up the chains
  * moved to them. Its chain already failed what it held (chain.c). Like a
  * QP parked at a handshake, it is connected again by the reset that
- * follows once its NIC is up and the endpoint idle (below).
+ * follows once its NIC is up and the endpoint idle
+ * (_kvb_rdma_reconnect_idle).
  */
 static int qp_park_failed(struct kvb_rdma *r, struct kvb_ep *ep,
 			  struct kvb_rdma_qp *q)
@@ -546,6 +547,7 @@ static int qp_park_failed(struct kvb_rdma *r, struct kvb_ep *ep,
 		return 0;
 	q->parked = QP_PARK_LOCAL;
 	r->nics[q->lnic].qp_parked++;
+	r->reconnect_due = 1; /* its NIC may still be up */
 	_kvb_rdma_say(r, KVB_RDMA_LOG_WARN,
 		      "rdma: QP %u on %s failed: parked; its endpoint goes on "
 		      "through its other NIC pairs and re-handshakes once "
@@ -563,7 +565,6 @@ static int qp_park_failed(struct kvb_rdma *r, struct kvb_ep *ep,
 int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 {
 	unsigned i;
-	int back = 0;
 
 	if (ep->state != KVB_RDMA_EP_READY)
 		return 0;
@@ -574,15 +575,41 @@ int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
 			ep_reset(r, ep);
 			return 0;
 		}
-		back |= q->parked == QP_PARK_LOCAL && nic_up(&r->nics[q->lnic]);
-	}
-	/* our NIC is back: connect its QPs by a re-handshake, once nothing
-	 * is in flight (the reset then fails no op) */
-	if (back && !ep_live(ep)) {
-		ep_reset(r, ep);
-		return 0;
 	}
 	return 1;
+}
+
+/*
+ * Endpoints with a QP parked on a NIC of ours that is up (again): each is
+ * reset once nothing is in flight on it (the reset then fails no op), so
+ * that the re-handshake connects the parked QPs; a busy one is looked at
+ * again at the next call. Called by poll() while r->reconnect_due (a NIC
+ * came back, a QP was parked), never by post(): a reset there would fail
+ * the chain being posted with -ENOTCONN, while after poll() the
+ * cross-node module sees the endpoint not READY before it issues more
+ * and re-handshakes first.
+ */
+void _kvb_rdma_reconnect_idle(struct kvb_rdma *r)
+{
+	struct kvb_ep *ep;
+	int busy = 0;
+
+	for (ep = r->eps; ep; ep = ep->next) {
+		int back = 0;
+
+		if (ep->state != KVB_RDMA_EP_READY)
+			continue;
+		for (unsigned i = 0; i < ep->nqp; i++)
+			back |= ep->qp[i].parked == QP_PARK_LOCAL &&
+				nic_up(&r->nics[ep->qp[i].lnic]);
+		if (!back)
+			continue;
+		if (ep_live(ep))
+			busy = 1;
+		else
+			ep_reset(r, ep);
+	}
+	r->reconnect_due = busy;
 }
 
 /*

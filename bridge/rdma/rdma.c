@@ -576,6 +576,8 @@ static int rdma_poll(struct kvb_transport *t, struct kvb_xcqe *out,
 			return n ? (int) n : k;
 		n += (unsigned) k;
 	}
+	if (r->reconnect_due)
+		_kvb_rdma_reconnect_idle(r);
 	return (int) n;
 }
 

@@ -134,6 +134,9 @@ struct kvb_rdma {
 	void *log_arg;
 	uint64_t node;
 	struct kvb_ep *eps;
+	/* an endpoint may have a parked QP whose NIC is up: poll() resets
+	 * each such endpoint once it is idle (_kvb_rdma_reconnect_idle) */
+	int reconnect_due;
 	struct kvb_rdma_qp *slots[KVB_RDMA_MAX_SLOTS];
 	uint16_t slot_gen[KVB_RDMA_MAX_SLOTS];
 	struct kvb_rdma_qp *ready[KVB_RDMA_MAX_SLOTS];
@@ -200,6 +203,7 @@ int _kvb_rdma_mr_keys(struct kvb_transport *t, const struct kvb_mr *mr,
 /* ep.c */
 void _kvb_rdma_ep_destroy(struct kvb_rdma *r, struct kvb_ep *ep);
 int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep);
+void _kvb_rdma_reconnect_idle(struct kvb_rdma *r);
 int _kvb_rdma_local_info(struct kvb_transport *t, void *blob, size_t *len);
 int _kvb_rdma_connect(struct kvb_transport *t, const void *blob, size_t len,
 		      struct kvb_ep **out);

@@ -114,9 +114,13 @@ int kvb_xn_group_done(struct kvb_broker *b, uint32_t gi, int status,
 	 * instance with other regions behind the same ids. Post nothing more
 	 * to it until a new handshake (which reconnects to a new instance):
 	 * the engine fails what is queued to it (*stale), after this
-	 * completion.
+	 * completion. Not when the rdma transport parked the failed queue
+	 * pair alone and goes on through the peer's other NICs (nic.h).
 	 */
-	if (status && conn_error(status) && p && !p->stale) {
+	if (status && conn_error(status) && p && !p->stale &&
+	    !(kvb_xn_peer_wants_rdma(b, p) &&
+	      kvb_xn_parked_error(b->trs[KVB_TS_RDMA], p->ep[KVB_TS_RDMA],
+				  status))) {
 		p->stale = 1;
 		*stale = PEER_SLOT(kvb_xn_peer_id(xn, p));
 	}

@@ -2,6 +2,7 @@
 /* Cross-node: regions' keys per NIC (nic.h). */
 #include "nic.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "broker.h"
@@ -75,6 +76,19 @@ void kvb_xn_rekey_queued(struct kvb_broker *b, uint32_t dslot,
 			kvb_xn_remote_keys(rem, hr ? hr : &none);
 		}
 	}
+}
+
+int kvb_xn_parked_error(struct kvb_transport *t, struct kvb_ep *ep, int status)
+{
+	struct kvb_transport_nic n[KVB_NIC_MAX];
+
+	if (status != -ETIMEDOUT && status != -ECANCELED)
+		return 0;
+	if (!t || !ep || !t->ops->ep_state || !t->ops->nics)
+		return 0;
+	if (t->ops->ep_state(t, ep) != KVB_EP_STATE_READY)
+		return 0;
+	return t->ops->nics(t, n, KVB_NIC_MAX) > 1;
 }
 
 /* a line per region, a model's worth of layers registering at once

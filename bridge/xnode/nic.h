@@ -3,8 +3,10 @@
  * Cross-node: a region's keys on each of a multi-NIC rdma transport's NICs
  * (transport.h ops->mr_keys, kvb_remote.rkeys): into this node's engine
  * descriptor, from a peer's descriptor into the ops addressed to it, and the
- * region's NIC in the log. A transport without mr_keys (tcp, rdma on one NIC)
- * leaves everything as the single rkey. One broker thread owns all of it.
+ * region's NIC in the log; and which op errors leave a peer usable because
+ * the transport parked a failed queue pair alone. A transport without
+ * mr_keys (tcp, rdma on one NIC) leaves everything as the single rkey. One
+ * broker thread owns all of it.
  */
 #ifndef KVB_BRIDGE_XNODE_NIC_H
 #define KVB_BRIDGE_XNODE_NIC_H
@@ -37,6 +39,16 @@ void kvb_xn_remote_keys(struct kvb_remote *rem, const struct kvb_hs_region *hr);
  */
 void kvb_xn_rekey_queued(struct kvb_broker *b, uint32_t dslot,
 			 const struct kvb_hs_desc *d);
+
+/*
+ * Did an op fail on a queue pair that transport t parked alone? Its retry
+ * or flush error (-ETIMEDOUT, -ECANCELED), t with several NICs, and t's
+ * endpoint ep to the peer still READY: the endpoint goes on through its
+ * other NIC pairs, where the same peer instance answers, so the error does
+ * not make the peer stale (nothing queued to it fails, no new handshake).
+ * 1 yes, 0 no (also for a NULL t or ep, or a t without ep_state or nics).
+ */
+int kvb_xn_parked_error(struct kvb_transport *t, struct kvb_ep *ep, int status);
 
 /* One info line (rate-limited) naming the NIC a region registered with the
  * multi-NIC transport t goes through, and why. */

@@ -7,6 +7,7 @@
 #
 #   broker-pair.sh BUILD_DIR CASE
 #   CASE: write | read | wcerr | gpu_write | port_events | write_split | nics
+#         | nics_failover
 #
 # wcerr: D replaces one layer's region while P writes: P's RDMA writes to the
 # old region fail with a remote access error, exactly the transfers that hit
@@ -25,6 +26,13 @@
 # WRITE and READ byte-checked, each broker's regions homed on both NICs
 # (logged) and both NICs carried bytes (the peer's keys and nearest NIC of
 # each region come in the handshake).
+# nics_failover: the same two NICs; a WRITE run of 16 transfers (a layer
+# every 50 ms) during which dummy1 (rxe1) goes down once 2 transfers have
+# ended: every transfer ends, the last ones succeed (every byte of those
+# checked at D), A parked the queue pair that failed on rxe1 (`qp_parked`)
+# and moved its chains to rxe0 (`moved`); then dummy1 comes back up, and a
+# second run all succeeds with rxe1 carrying bytes again (the endpoint,
+# idle, was re-handshaken and the parked queue pair connected).
 # Exits 77 without an RDMA device or without root.
 set -u
 BUILD=${1:?build dir}
@@ -104,7 +112,7 @@ run() {
 # GPU regions: the brokers open the host gpu backend too
 [ "$CASE" = gpu_write ] && export KVB_GPU_BACKEND=host
 # two NICs: rxe1 on dummy1 next to the guest's rxe0
-if [ "$CASE" = nics ]; then
+if [ "$CASE" = nics ] || [ "$CASE" = nics_failover ]; then
 	[ "${KVB_RXE_GUEST:-}" = 1 ] || skip "nics: only in the rxe guest"
 	[ -e /sys/class/infiniband/rxe1 ] && skip "rxe1 exists already"
 	RXE1=1
@@ -189,6 +197,47 @@ PY
 				fail "broker $side: no region homed on $d"
 		done
 	done
+	;;
+nics_failover)
+	nic_field() { # side nic field
+		python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print([n for n in d["nics"] if n["name"] == sys.argv[2]][0][sys.argv[3]])' "$(stats "$1")" "$2" "$3"
+	}
+	done_xfers() {
+		python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["transfers_done"] + d["transfers_failed"])' "$(stats a)"
+	}
+	n0=$(done_xfers)
+	run write 2 2 --layers 8 --xfers 16 --conc 2 --layer-delay-ms 50 \
+		--allow-fail --prefix fo &
+	rp=$!
+	for _ in $(seq 600); do # 60 s
+		[ "$(done_xfers)" -ge $((n0 + 2)) ] && break
+		sleep 0.1
+	done
+	t0=$(date +%s.%N)
+	ip link set dummy1 down || fail "ip link set dummy1 down"
+	wait "$rp" || fail "the WRITE run across rxe1 going down: a transfer did not end, or the last ones failed"
+	t1=$(date +%s.%N)
+	echo "failover: the run ended $(python3 -c "print(round($t1 - $t0, 2))") s after dummy1 went down"
+	grep -h "failed: parked" "$T/broker-a.log" | head -n 2
+	parked=$(nic_field a rxe1 qp_parked)
+	moved=$(nic_field a rxe0 moved)
+	echo "broker a: rxe1 qp_parked $parked, rxe0 moved $moved"
+	[ "$parked" -ge 1 ] || fail "broker a parked no queue pair on rxe1"
+	[ "$moved" -ge 1 ] || fail "broker a moved no chain to rxe0"
+	python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("broker a: transfers done", d["transfers_done"], "failed", d["transfers_failed"])' "$(stats a)"
+	b1=$(nic_field a rxe1 bytes)
+	ip link set dummy1 up || fail "ip link set dummy1 up"
+	for _ in $(seq 200); do # 20 s
+		grep -q "rxe1 port 1 active again" "$T/broker-a.log" && break
+		sleep 0.1
+	done
+	grep -q "rxe1 port 1 active again" "$T/broker-a.log" ||
+		fail "broker a did not see rxe1 active again"
+	run write 2 2 --layers 8 --xfers 4 --conc 2 --prefix back ||
+		fail "WRITE after rxe1 came back"
+	b2=$(nic_field a rxe1 bytes)
+	echo "broker a: rxe1 carried $((b2 - b1)) bytes after it came back"
+	[ "$b2" -gt "$b1" ] || fail "rxe1 carried nothing after it came back"
 	;;
 bench)
 	# not a test: 8 P workers x 32 layers through one broker pair

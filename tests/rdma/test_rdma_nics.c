@@ -481,13 +481,16 @@ static void test_nic_failover(void **state)
 	assert_int_equal(t->ops->post(t, ep, &o, 1), -ENETDOWN);
 	kvb_rdma_async_get_stats(t, &s);
 	assert_true(s.port_down);
-	/* NIC 1 back, nothing in flight: a reset for a re-handshake, which
-	 * connects NIC 1's renewed QP; b's chains go home again */
+	/* NIC 1 back, nothing in flight: the next poll() (not a post())
+	 * resets the endpoint for a re-handshake, which connects NIC 1's
+	 * renewed QP; b's chains go home again */
 	queue_event_on(1, IBV_EVENT_PORT_ACTIVE, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_RESET);
 	o = xop(&b, 4096, 1, rk, 2, 0x14);
 	assert_int_equal(t->ops->post(t, ep, &o, 1), -ENOTCONN);
-	assert_int_equal(ep->state, KVB_RDMA_EP_RESET);
 	len = reoffer(blob, ep, 1, 0);
 	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
 	assert_ptr_equal(e2, ep);
@@ -507,7 +510,7 @@ static void test_nic_failover(void **state)
 
 /* A handshake while NIC 1's port is down leaves its QP parked (and says
  * so in our blob); chains take the other pair; once NIC 1 is up and
- * nothing is in flight, post() resets the endpoint for a re-handshake.
+ * nothing is in flight, poll() resets the endpoint for a re-handshake.
  * A QP parked because the peer's is stays so (no reset loop). */
 static void test_nic_parked(void **state)
 {
@@ -546,20 +549,23 @@ static void test_nic_parked(void **state)
 	assert_int_equal(t->ops->post(t, e, &o, 1), 1);
 	assert_int_equal(P[0].n, 1);
 	assert_int_equal(r->nics[0].moved, 1);
-	/* NIC 1 back, an op in flight: no reset yet, chains still flow on
-	 * the connected pair */
+	/* NIC 1 back, an op in flight: no reset yet (a poll() leaves it
+	 * READY), chains still flow on the connected pair */
 	queue_event_on(1, IBV_EVENT_PORT_ACTIVE, 1, NULL);
 	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(e->state, KVB_RDMA_EP_READY);
 	o = xop(&b, 4096, 1, rk, 2, 2);
 	assert_int_equal(t->ops->post(t, e, &o, 1), 1);
 	assert_int_equal(P[0].n, 2);
 	cq_push(0, IBV_WC_SUCCESS);
 	cq_push(0, IBV_WC_SUCCESS);
+	/* idle: the poll() that took the last completions resets it for a
+	 * re-handshake; a post() then is -ENOTCONN */
 	assert_int_equal(drain(st, seen), 2);
-	/* idle: the next post resets it for a re-handshake */
+	assert_int_equal(e->state, KVB_RDMA_EP_RESET);
 	o = xop(&a, 4096, 0, rk, 2, 3);
 	assert_int_equal(t->ops->post(t, e, &o, 1), -ENOTCONN);
-	assert_int_equal(e->state, KVB_RDMA_EP_RESET);
 	/* the peer re-offers (a new epoch) with its QP on NIC 1 parked:
 	 * ours stays parked though NIC 1 is up, and no reset follows */
 	len = reoffer(blob, e, 1, KVB_RDMA_QP_PARKED);

@@ -3,7 +3,8 @@
  * Unit tests of bridge/xnode/nic.c: a region's keys per NIC into the engine
  * descriptor (and through the codec), into the ops addressed to a peer, the
  * ops still queued when a peer's descriptor is replaced, and the log line
- * naming a region's NIC. A fake multi-NIC transport; no daemon, no device.
+ * naming a region's NIC, and which op errors leave a peer usable (a queue
+ * pair parked alone). A fake multi-NIC transport; no daemon, no device.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -237,6 +238,51 @@ static void test_log_region_nic(void **state)
 	assert_string_equal(line, "");
 }
 
+static int ep_state_now = KVB_EP_STATE_READY;
+
+static int fake_ep_state(struct kvb_transport *t, struct kvb_ep *ep)
+{
+	(void) t;
+	(void) ep;
+	return ep_state_now;
+}
+
+/* A QP parked alone: its retry and flush errors leave the peer usable;
+ * other errors, a reset endpoint, one NIC or no way to tell do not. */
+static void test_parked_error(void **state)
+{
+	struct kvb_transport_ops ops;
+	struct fake_nic_tr f;
+	struct kvb_ep *ep = (struct kvb_ep *) &f; /* any non-NULL handle */
+
+	(void) state;
+	fake_nic_init(&f, &ops, "rdma", 2);
+	ops.ep_state = fake_ep_state;
+	ep_state_now = KVB_EP_STATE_READY;
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ETIMEDOUT), 1);
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ECANCELED), 1);
+	/* a remote access error: the peer's regions changed */
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -EACCES), 0);
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -EREMOTEIO), 0);
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, 0), 0);
+	/* the endpoint was reset (its last working pair failed) */
+	ep_state_now = KVB_EP_STATE_RESET;
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ETIMEDOUT), 0);
+	ep_state_now = KVB_EP_STATE_READY;
+	/* one NIC: a failed QP resets the endpoint, never parked */
+	f.nnics = 1;
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ETIMEDOUT), 0);
+	f.nnics = 2;
+	/* no transport, no endpoint, a transport that cannot tell */
+	assert_int_equal(kvb_xn_parked_error(NULL, ep, -ETIMEDOUT), 0);
+	assert_int_equal(kvb_xn_parked_error(&f.base, NULL, -ETIMEDOUT), 0);
+	ops.ep_state = NULL;
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ETIMEDOUT), 0);
+	ops.ep_state = fake_ep_state;
+	ops.nics = NULL;
+	assert_int_equal(kvb_xn_parked_error(&f.base, ep, -ETIMEDOUT), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -244,6 +290,7 @@ int main(void)
 		cmocka_unit_test(test_remote_keys),
 		cmocka_unit_test(test_rekey_queued),
 		cmocka_unit_test(test_log_region_nic),
+		cmocka_unit_test(test_parked_error),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

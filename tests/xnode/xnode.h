@@ -19,7 +19,9 @@ struct xnode_opts {
 	const char *expect_cancel, *check, *hold_until, *linger_until;
 	char notify_host[64];
 	int notify_port, expect_peer_error;
-	int swap_layer, swap_after, expect_some_fail, swapped;
+	int swap_layer, swap_after, swapped;
+	/* 1: --expect-some-fail; 2: --allow-fail (the last must succeed) */
+	int expect_some_fail;
 	int start_delay_ms;
 	int check_zero;	    /* after holding: every byte of our regions is 0 */
 	int fail_errno;	    /* --expect-fail: every failure is -this */

@@ -29,7 +29,7 @@ void xnode_usage(void)
 		"[--per-xfer N] [--xfers N] [--conc N] [--prefix S] "
 		"[--barrier DIR] [--expect-fail] [--timeout S] "
 		"[--start-delay-ms N] [--swap-layer L --swap-after-xfers N] "
-		"[--expect-some-fail] "
+		"[--expect-some-fail] [--allow-fail] "
 		"[--layer-delay-ms N] [--heads N] [--contig] [--no-verify] "
 		"[--hold-s S] [--gpu host|cuda|hip|auto]\n"
 		"  [--deadline-ms N]  kvb_transfer_set_timeouts: each "
@@ -90,6 +90,7 @@ int xnode_parse(int argc, char **argv)
 					   {"start-delay-ms", 1, 0, 'W'},
 					   {"swap-after-xfers", 1, 0, 'A'},
 					   {"expect-some-fail", 0, 0, 'e'},
+					   {"allow-fail", 0, 0, 1001},
 					   {"notify-override", 1, 0, 'N'},
 					   {"expect-cancel", 1, 0, 'X'},
 					   {"expect-peer-error", 0, 0, 'E'},
@@ -179,6 +180,9 @@ int xnode_parse(int argc, char **argv)
 			break;
 		case 'e':
 			o.expect_some_fail = 1;
+			break;
+		case 1001: /* any may fail (each must end), the last succeeds */
+			o.expect_some_fail = 2;
 			break;
 		case 'o':
 			o.timeout_s = atoi(optarg);
