@@ -478,10 +478,14 @@ const char *kvb_strerror(int status)
 	case -EEXIST:
 		return "already there (a layer submitted or declared twice)";
 	case -EACCES:
-		return "broker not trusted: its socket directory is not "
-		       "private "
-		       "to this uid, or the broker runs as another uid (not "
-		       "root or $KVB_BROKER_UIDS)";
+		/* kvb_attach's, or a completion's: the peer refused the
+		 * access (rdma remote access error, tcp refusal) */
+		return "access refused: at attach, broker not trusted (its "
+		       "socket directory is not private to this uid, or the "
+		       "broker runs as another uid: not root or "
+		       "$KVB_BROKER_UIDS); in a completion, the remote side "
+		       "refused the access (its region deregistered or "
+		       "without that access)";
 	case -EADDRINUSE:
 		return "a worker with this role, dp rank and tp rank is "
 		       "already attached";

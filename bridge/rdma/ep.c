@@ -492,6 +492,7 @@ static int qp_renew(struct kvb_rdma *r, struct kvb_rdma_qp *q)
 static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 {
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+	int multi = r->nnic > 1 || ep->peer.nnic > 1;
 	unsigned i;
 	int err, ret = 0;
 
@@ -514,6 +515,11 @@ static int ep_reset(struct kvb_rdma *r, struct kvb_ep *ep)
 			ret = -err;
 		/* a new generation: flushes of the old incarnation are stale */
 		q->ch.gen = ++r->slot_gen[q->slot];
+		/* what our next offer says of it: parked only if its NIC is
+		 * down now (the handshake decides again, ep_establish) */
+		q->parked =
+			multi && !nic_up(&r->nics[q->lnic]) ? QP_PARK_LOCAL : 0;
+		q->parked_ns = 0;
 	}
 	ep->epoch++;
 	ep->state = KVB_RDMA_EP_RESET;
@@ -546,6 +552,8 @@ static int qp_park_failed(struct kvb_rdma *r, struct kvb_ep *ep,
 	if ((r->nnic < 2 && ep->peer.nnic < 2) || !ep_other_live(ep, q))
 		return 0;
 	q->parked = QP_PARK_LOCAL;
+	q->parked_ns = now_ns();
+	q->parked_active = r->nics[q->lnic].async.port_active;
 	r->nics[q->lnic].qp_parked++;
 	r->reconnect_due = 1; /* its NIC may still be up */
 	_kvb_rdma_say(r, KVB_RDMA_LOG_WARN,
@@ -591,6 +599,7 @@ int _kvb_rdma_ep_usable(struct kvb_rdma *r, struct kvb_ep *ep)
  */
 void _kvb_rdma_reconnect_idle(struct kvb_rdma *r)
 {
+	uint64_t now = now_ns();
 	struct kvb_ep *ep;
 	int busy = 0;
 
@@ -599,9 +608,22 @@ void _kvb_rdma_reconnect_idle(struct kvb_rdma *r)
 
 		if (ep->state != KVB_RDMA_EP_READY)
 			continue;
-		for (unsigned i = 0; i < ep->nqp; i++)
-			back |= ep->qp[i].parked == QP_PARK_LOCAL &&
-				nic_up(&r->nics[ep->qp[i].lnic]);
+		for (unsigned i = 0; i < ep->nqp; i++) {
+			const struct kvb_rdma_qp *q = &ep->qp[i];
+			const struct kvb_rdma_nic *n = &r->nics[q->lnic];
+
+			if (q->parked != QP_PARK_LOCAL || !nic_up(n))
+				continue;
+			/* failed on a NIC that did not go down and up since:
+			 * not before the hold */
+			if (q->parked_ns &&
+			    n->async.port_active == q->parked_active &&
+			    now - q->parked_ns < KVB_RDMA_PARK_HOLD_NS) {
+				busy = 1;
+				continue;
+			}
+			back = 1;
+		}
 		if (!back)
 			continue;
 		if (ep_live(ep))
@@ -655,6 +677,7 @@ static int ep_establish(struct kvb_rdma *r, struct kvb_ep *ep,
 		if (k < 0)
 			return -EPROTO;
 		q->parked = 0;
+		q->parked_ns = 0;
 		if (pc->qp[k].flags & KVB_RDMA_QP_PARKED)
 			q->parked = QP_PARK_PEER;
 		else if (multi && !nic_up(&r->nics[q->lnic]))

@@ -26,6 +26,11 @@
 #define KVB_RDMA_POLL_BATCH    32
 #define KVB_RDMA_RD_ATOM       16
 #define KVB_RDMA_FLUSH_WAIT_NS (200 * 1000000ull)
+/* A QP parked after it failed on a NIC that stayed up (no PORT_ACTIVE
+ * since) is reconnected no sooner than this: its NIC's port-down event
+ * may still be on its way (soft-RoCE read it 20 ms after the error), or
+ * the failure was on the path or the peer's side. */
+#define KVB_RDMA_PARK_HOLD_NS (5 * 1000000000ull)
 /* a chain spread over a peer's QPs gives each at least this many bytes */
 #define KVB_RDMA_STRIPE_MIN (256u << 10)
 /* a chain at least this large is spread over the QPs of every NIC pair
@@ -50,6 +55,9 @@ struct kvb_rdma_qp {
 	/* not connected at the last handshake (takes no chains): our NIC's
 	 * port was down (QP_PARK_LOCAL), or the peer's QP was parked */
 	uint8_t parked;
+	/* parked after a failure (ep.c qp_park_failed): when, and its NIC's
+	 * PORT_ACTIVE count then; 0: parked at a handshake, or not parked */
+	uint64_t parked_ns, parked_active;
 };
 
 enum { QP_PARK_LOCAL = 1, QP_PARK_PEER = 2 };

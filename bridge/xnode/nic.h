@@ -46,6 +46,9 @@ void kvb_xn_rekey_queued(struct kvb_broker *b, uint32_t dslot,
  * endpoint ep to the peer still READY: the endpoint goes on through its
  * other NIC pairs, where the same peer instance answers, so the error does
  * not make the peer stale (nothing queued to it fails, no new handshake).
+ * The status alone cannot tell a flush from an op the engine cancelled for
+ * a failing transfer (-ECANCELED too): with several NICs and the endpoint
+ * READY, that one leaves the peer as it is as well.
  * 1 yes, 0 no (also for a NULL t or ep, or a t without ep_state or nics).
  */
 int kvb_xn_parked_error(struct kvb_transport *t, struct kvb_ep *ep, int status);

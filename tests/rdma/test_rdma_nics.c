@@ -580,6 +580,83 @@ static void test_nic_parked(void **state)
 	t->ops->dereg_mr(t, &b);
 }
 
+/* A QP that fails while its NIC still looks up (its port-down event not
+ * read yet, or a failure on the path) is parked; poll() reconnects it
+ * only after the hold, or at once once the NIC went down and up since;
+ * the offer after that reset flags no QP whose NIC is up. */
+static void test_nic_park_hold(void **state)
+{
+	static const uint32_t rk[2] = {0x70, 0x71};
+	uint8_t blob[KVB_RDMA_CONN_MAX];
+	struct kvb_rdma_conn c;
+	int32_t st[256];
+	unsigned seen[256] = {0};
+	struct kvb_mr a, b;
+	struct kvb_xop o;
+	struct kvb_ep *ep, *e2;
+	size_t len;
+
+	(void) state;
+	two_nics();
+	r->p.qp_per_peer = 1;
+	len = peer_info(blob, 0x42, 2);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &ep), 0);
+	len = answer(blob, ep); /* P[0] (0,0), P[1] (1,1) */
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
+	a = reg(1, 1 << 20); /* home 0 */
+	b = reg(2, 1 << 20); /* home 1 */
+	o = xop(&b, 4096, 1, rk, 2, 0x20);
+	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
+	assert_int_equal(P[1].n, 1);
+	cq_push(1, IBV_WC_RETRY_EXC_ERR);
+	assert_int_equal(drain(st, seen), 1);
+	assert_int_equal(st[0x20], -ETIMEDOUT);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	assert_int_equal(ep->qp[1].parked, QP_PARK_LOCAL);
+	/* idle, NIC 1 up, within the hold: polls leave it READY, and b's
+	 * chains go through NIC 0's pair */
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	o = xop(&b, 4096, 1, rk, 2, 0x21);
+	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
+	assert_int_equal(P[0].n, 1);
+	cq_push(0, IBV_WC_SUCCESS);
+	assert_int_equal(drain(st, seen), 1);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	/* the hold over: the next poll resets it; our offer flags nothing */
+	ep->qp[1].parked_ns -= KVB_RDMA_PARK_HOLD_NS;
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_RESET);
+	len = sizeof(blob);
+	assert_int_equal(kvb_rdma_ep_info(t, ep, blob, &len), 0);
+	assert_int_equal(kvb_rdma_conn_decode(&c, blob, len), 0);
+	assert_int_equal(c.qp[0].flags, 0);
+	assert_int_equal(c.qp[1].flags, 0);
+	len = reoffer(blob, ep, 1, 0); /* P[2] (0,0), P[3] (1,1) */
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	assert_int_equal(ep->qp[1].parked, 0);
+	/* it fails again; NIC 1 goes down and up: no wait for the hold */
+	o = xop(&b, 4096, 1, rk, 2, 0x22);
+	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
+	assert_int_equal(P[3].n, 1);
+	cq_push(3, IBV_WC_RETRY_EXC_ERR);
+	assert_int_equal(drain(st, seen), 1);
+	assert_int_equal(ep->qp[1].parked, QP_PARK_LOCAL);
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	queue_event_on(1, IBV_EVENT_PORT_ERR, 1, NULL);
+	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY); /* NIC 1 down */
+	queue_event_on(1, IBV_EVENT_PORT_ACTIVE, 1, NULL);
+	assert_int_equal(kvb_rdma_async_service(t, log_line, NULL), 1);
+	assert_int_equal(drain(st, seen), 0);
+	assert_int_equal(ep->state, KVB_RDMA_EP_RESET);
+	t->ops->dereg_mr(t, &a);
+	t->ops->dereg_mr(t, &b);
+}
+
 /* nics(): each NIC's counters (the broker's stats and metrics show them),
  * no more than asked for */
 static void test_nic_stats(void **state)
@@ -612,6 +689,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_nic_post_pair, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_nic_failover, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_nic_park_hold, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_nic_parked, setup,
 						teardown),
