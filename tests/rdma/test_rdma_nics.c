@@ -397,6 +397,28 @@ static size_t reoffer(void *buf, const struct kvb_ep *e, uint32_t epoch,
 	return len;
 }
 
+/* Two NICs, one QP per pair: our endpoint to a peer of two NICs, READY
+ * by its answer (P[0] on pair (0,0), P[1] on (1,1)), and two regions,
+ * *a homed on NIC 0 and *b on NIC 1 */
+static struct kvb_ep *answered_ep(struct kvb_mr *a, struct kvb_mr *b)
+{
+	uint8_t blob[KVB_RDMA_CONN_MAX];
+	struct kvb_ep *ep, *e2;
+	size_t len;
+
+	two_nics();
+	r->p.qp_per_peer = 1;
+	len = peer_info(blob, 0x42, 2);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &ep), 0);
+	len = answer(blob, ep);
+	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
+	assert_ptr_equal(e2, ep);
+	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
+	*a = reg(1, 1 << 20); /* home 0 */
+	*b = reg(2, 1 << 20); /* home 1 */
+	return ep;
+}
+
 /* A NIC whose port goes down takes no new chains: its regions' chains go
  * through the next NIC up (counted as moved there), what it had in
  * flight still completes once; its QP that failed is parked (counted)
@@ -418,15 +440,7 @@ static void test_nic_failover(void **state)
 	size_t len;
 
 	(void) state;
-	two_nics();
-	r->p.qp_per_peer = 1;
-	len = peer_info(blob, 0x42, 2);
-	assert_int_equal(_kvb_rdma_connect(t, blob, len, &ep), 0);
-	len = answer(blob, ep); /* P[0] (0,0), P[1] (1,1) */
-	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
-	assert_int_equal(ep->state, KVB_RDMA_EP_READY);
-	a = reg(1, 1 << 20);		   /* home 0 */
-	b = reg(2, 1 << 20);		   /* home 1 */
+	ep = answered_ep(&a, &b);
 	o = xop(&b, 4096, 1, rk, 2, 0x10); /* in flight on NIC 1 */
 	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
 	assert_int_equal(P[1].n, 1);
@@ -597,14 +611,7 @@ static void test_nic_park_hold(void **state)
 	size_t len;
 
 	(void) state;
-	two_nics();
-	r->p.qp_per_peer = 1;
-	len = peer_info(blob, 0x42, 2);
-	assert_int_equal(_kvb_rdma_connect(t, blob, len, &ep), 0);
-	len = answer(blob, ep); /* P[0] (0,0), P[1] (1,1) */
-	assert_int_equal(_kvb_rdma_connect(t, blob, len, &e2), 0);
-	a = reg(1, 1 << 20); /* home 0 */
-	b = reg(2, 1 << 20); /* home 1 */
+	ep = answered_ep(&a, &b);
 	o = xop(&b, 4096, 1, rk, 2, 0x20);
 	assert_int_equal(t->ops->post(t, ep, &o, 1), 1);
 	assert_int_equal(P[1].n, 1);
