@@ -134,19 +134,19 @@ struct kvb_transport_params {
 	/* rdma: --rdma-dev, one device or a comma-separated list (NULL = the
 	 * first usable one; "all" = every usable device) */
 	const char *dev_name;
-	int ib_port;	      /* rdma: --ib-port */
-	int gid_index;	      /* rdma: --gid-index */
-	int post_batch_size;  /* max WRs per chain, -1 = all pending */
-	int qp_per_peer;      /* rdma: QPs (--qp-per-transfer), tcp: connections
-			       * (--tcp-conns) per connect(); 0 = 1 */
-	int gpu_streams;      /* gpu: --gpu-streams */
-	int signal_every;     /* signal at least every N WRs (0 = default) */
-	uint32_t sq_depth;    /* send queue depth / credit per endpoint */
-	const char *host_ip;  /* tcp: listen address (NULL = 0.0.0.0) */
-	uint32_t tcp_port;    /* tcp: listen port, 0 = ephemeral */
-	int timeout_ms;	      /* tcp: connect / stalled-peer limit, 0 = 10000 */
-	int copy_threads;     /* local: copy pool size, 0 = copy in post() */
-	uint64_t copy_piece;  /* local: bytes per pooled copy, 0 = 256 KiB */
+	int ib_port;	     /* rdma: --ib-port */
+	int gid_index;	     /* rdma: --gid-index */
+	int post_batch_size; /* max WRs per chain, -1 = all pending */
+	int qp_per_peer;     /* rdma: QPs (--qp-per-transfer), tcp: connections
+			      * (--tcp-conns) per connect(); 0 = 1 */
+	int gpu_streams;     /* gpu: --gpu-streams */
+	int signal_every;    /* signal at least every N WRs (0 = default) */
+	uint32_t sq_depth;   /* send queue depth / credit per endpoint */
+	const char *host_ip; /* tcp: listen address (NULL = 0.0.0.0) */
+	uint32_t tcp_port;   /* tcp: listen port, 0 = ephemeral */
+	int timeout_ms;	     /* tcp: connect / stalled-peer limit, 0 = 10000 */
+	int copy_threads;    /* local: copy pool size, 0 = copy in post() */
+	uint64_t copy_piece; /* local: bytes per pooled copy, 0 = 256 KiB */
 	int copy_plain; /* local: 1 = memcpy only (no non-temporal stores) */
 	int max_qps;	/* rdma: QPs per device at most (--max-qps), 0 = the
 			 * device's own limit */

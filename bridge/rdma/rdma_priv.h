@@ -138,7 +138,7 @@ struct kvb_rdma {
 	 * (wait_fd) and one over their async fds (events_fd); -1 otherwise */
 	int wait_epfd, async_epfd;
 	struct kvb_topo *topo; /* sysfs topology (NULL: none read) */
-	kvb_rdma_log_fn log; /* lines about NIC choices (may be NULL) */
+	kvb_rdma_log_fn log;   /* lines about NIC choices (may be NULL) */
 	void *log_arg;
 	uint64_t node;
 	struct kvb_ep *eps;
