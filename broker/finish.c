@@ -37,6 +37,21 @@ static int notify_ok(struct kvb_broker *b, const struct kvb_xfer *x,
 	return 0;
 }
 
+/* One op of x ended with status: counted (progress, completed or failed
+ * with the first error kept), and x finishes if that was its last. */
+static void count_op(struct kvb_broker *b, struct kvb_xfer *x, int status)
+{
+	x->progress++;
+	if (status) {
+		x->failed++;
+		if (!x->first_err)
+			x->first_err = status;
+	} else {
+		x->completed++;
+	}
+	kvb_xfer_maybe_finish(b, x);
+}
+
 /* End a transfer now with `status`, tell its worker and its destinations. */
 static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
@@ -75,15 +90,7 @@ static void finish_now(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			continue; /* already terminal there, or table full */
 		if (!y->opened)	  /* made for D by P's write: in P's share */
 			kvb_xfer_charge(&b->xfers, y, copy.worker);
-		y->progress++;
-		if (status) {
-			y->failed++;
-			if (!y->first_err)
-				y->first_err = status;
-		} else {
-			y->completed++;
-		}
-		kvb_xfer_maybe_finish(b, y);
+		count_op(b, y, status);
 	}
 }
 
@@ -209,15 +216,7 @@ void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 	x = kvb_xfer_get(&b->xfers, handle, worker);
 	if (!x)
 		return; /* ended already (timeout, abort): nothing to count */
-	x->progress++;
-	if (status) {
-		x->failed++;
-		if (!x->first_err)
-			x->first_err = status;
-	} else {
-		x->completed++;
-	}
-	kvb_xfer_maybe_finish(b, x);
+	count_op(b, x, status);
 }
 
 void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d)
@@ -230,15 +229,7 @@ void kvb_op_complete(struct kvb_broker *b, const struct kvb_op_done *d)
 
 void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
-	x->progress++; /* a peer's message: the stall clock runs */
 	if (x->closing && x->inbound)
 		x->inbound--; /* a writer we asked to stop has stopped */
-	if (status) {
-		x->failed++;
-		if (!x->first_err)
-			x->first_err = status;
-	} else {
-		x->completed++;
-	}
-	kvb_xfer_maybe_finish(b, x);
+	count_op(b, x, status); /* a peer's message: the stall clock runs */
 }
