@@ -98,27 +98,32 @@ def module_state(root):
             if f in fields:
                 bad.append("%s: struct %s has the module's field %s" %
                            (path, name, f))
+    for path, no, line in source_lines(root):
+        inside = path.startswith("bridge/xnode/")
+        code = line.split("//")[0]
+        if not inside and MODULE_ACCESS.search(code):
+            bad.append("%s:%d: the module's state outside bridge/xnode/: %s"
+                       % (path, no, line.strip()))
+        if not inside:
+            continue
+        for rx, why in ACCOUNTING:
+            if rx.search(code):
+                bad.append("%s:%d: %s: %s" % (path, no, why, line.strip()))
+    return bad
+
+
+def source_lines(root):
+    """(path relative to root, line number, line) of every C source and
+    header of the layered folders."""
     for top in ("shm", "common", "client", "bridge", "broker", "bench"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for f in sorted(files):
                 if not f.endswith((".c", ".h")):
                     continue
                 path = os.path.relpath(os.path.join(dirpath, f), root)
-                inside = path.startswith("bridge/xnode/")
                 with open(os.path.join(root, path), errors="replace") as fh:
                     for no, line in enumerate(fh, 1):
-                        code = line.split("//")[0]
-                        if not inside and MODULE_ACCESS.search(code):
-                            bad.append("%s:%d: the module's state outside "
-                                       "bridge/xnode/: %s" %
-                                       (path, no, line.strip()))
-                        if not inside:
-                            continue
-                        for rx, why in ACCOUNTING:
-                            if rx.search(code):
-                                bad.append("%s:%d: %s: %s" %
-                                           (path, no, why, line.strip()))
-    return bad
+                        yield path, no, line
 
 
 def layer_of(path):
@@ -152,33 +157,23 @@ def main():
         return 2
     edges = {}
     bad = []
-    for top in ("shm", "common", "client", "bridge", "broker", "bench"):
-        for dirpath, _, files in os.walk(os.path.join(root, top)):
-            for f in sorted(files):
-                if not f.endswith((".c", ".h")):
-                    continue
-                path = os.path.relpath(os.path.join(dirpath, f), root)
-                src = layer_of(path)
-                if src is None:
-                    continue
-                with open(os.path.join(root, path), errors="replace") as fh:
-                    for no, line in enumerate(fh, 1):
-                        m = INC.match(line)
-                        if not m:
-                            continue
-                        dst_path = resolve(root, path, m.group(1))
-                        dst = layer_of(dst_path) if dst_path else None
-                        if dst is None:
-                            continue
-                        key = (src, dst)
-                        edges[key] = edges.get(key, 0) + 1
-                        if src == "engine" and dst == "transports":
-                            bad.append("%s:%d: the engine includes a "
-                                       "transport's header %s" %
-                                       (path, no, dst_path))
-                        elif LAYERS.index(dst) > LAYERS.index(src):
-                            bad.append("%s:%d: %s (%s) includes %s (%s)" %
-                                       (path, no, path, src, dst_path, dst))
+    for path, no, line in source_lines(root):
+        src = layer_of(path)
+        m = INC.match(line)
+        if src is None or not m:
+            continue
+        dst_path = resolve(root, path, m.group(1))
+        dst = layer_of(dst_path) if dst_path else None
+        if dst is None:
+            continue
+        key = (src, dst)
+        edges[key] = edges.get(key, 0) + 1
+        if src == "engine" and dst == "transports":
+            bad.append("%s:%d: the engine includes a transport's header %s"
+                       % (path, no, dst_path))
+        elif LAYERS.index(dst) > LAYERS.index(src):
+            bad.append("%s:%d: %s (%s) includes %s (%s)" %
+                       (path, no, path, src, dst_path, dst))
     print("include graph between layers (from -> to: #include lines):")
     for (s, d), n in sorted(edges.items(),
                             key=lambda e: (LAYERS.index(e[0][0]),
