@@ -231,5 +231,6 @@ void kvb_xfer_peer_done(struct kvb_broker *b, struct kvb_xfer *x, int status)
 {
 	if (x->closing && x->inbound)
 		x->inbound--; /* a writer we asked to stop has stopped */
-	count_op(b, x, status); /* a peer's message: the stall clock runs */
+	/* a peer's message: the stall clock runs */
+	count_op(b, x, status);
 }
