@@ -29,6 +29,9 @@ def test_error_class():
     assert issubclass(kvbroker.RingFull, kvbroker.Error)
     assert kvbroker.strerror(-errno.EFAULT) == "descriptor out of bounds of its region"
     assert kvbroker.strerror(-errno.ENOENT) == os.strerror(errno.ENOENT)
+    # -EACCES: kvb_attach's untrusted broker, or a completion's refused access
+    acc = kvbroker.strerror(-errno.EACCES)
+    assert "broker not trusted" in acc and "remote side refused" in acc
 
 
 def test_no_broker(tmp_path):
