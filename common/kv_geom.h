@@ -12,6 +12,9 @@
 enum kvb_kv_layout {
 	KVB_KV_LAYOUT_KV_FIRST = 0,
 	KVB_KV_LAYOUT_BLOCK_FIRST = 1,
+	/* [num_blocks, block_size, heads, head_dim]: one plane, K and V of a
+	 * head side by side in head_dim (vLLM 0.29 and later) */
+	KVB_KV_LAYOUT_PACKED = 2,
 };
 
 struct kvb_kv_geom {

@@ -170,8 +170,8 @@ int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
 
 		if (g->layout == KVB_KV_LAYOUT_BLOCK_FIRST)
 			step = 2 * bl;
-		else if (x >= half)
-			base = half;
+		else if (g->layout == KVB_KV_LAYOUT_KV_FIRST && x >= half)
+			base = half; /* a PACKED block is one step of bl */
 		bi = (x - base) / step;
 		if (bi >= nb)
 			break;

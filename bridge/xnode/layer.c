@@ -556,8 +556,11 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 			o->g->err = -EINVAL;
 		return;
 	}
-	n = kvb_kv_build_xfers_split(g, &hr->geom, slice, rx->lb, rx->rb,
-				     rx->nlb, ents, (uint32_t) ncap);
+	/* D may name fewer blocks than P holds (its prefix cache had the
+	 * first ones): P writes its last nrb (end-trim) */
+	n = kvb_kv_build_xfers_split(g, &hr->geom, slice,
+				     rx->lb + (rx->nlb - rx->nrb), rx->rb,
+				     rx->nrb, ents, (uint32_t) ncap);
 	if (n < 0) {
 		log_warn("transfer '%s' layer %u: block list refused: %s",
 			 o->x->id, o->layer,

@@ -208,10 +208,11 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 			      "remote_blocks already received with other "
 			      "blocks");
 	}
-	if (x->opened && rx->nlb != m->nblocks)
+	/* fewer: D had the first blocks in its prefix cache, P writes its
+	 * last ones (end-trim) */
+	if (x->opened && rx->nlb < m->nblocks)
 		return reject(b, w, m, -EINVAL,
-			      "block_notify_list length differs from P's "
-			      "blocks");
+			      "block_notify_list longer than P's blocks");
 	p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 	if (x->opened && p && p->have_desc) {
 		const struct kvb_hs_worker *hw = NULL;
@@ -516,7 +517,7 @@ void kvb_xn_worker_free(struct kvb_broker *b, struct kvb_worker *w)
 
 	if (!xn)
 		return;
-	ws = kvb_xn_w(xn, w); /* the slot's: whatever is there goes */
+	ws = kvb_xn_w(xn, w);	   /* the slot's: whatever is there goes */
 	kvb_xn_notify_close(b, w); /* closed at worker_gone already */
 	free(ws->kv_layer);
 	kvb_grant_free(ws);

@@ -500,9 +500,9 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 			goto nomem;
 		x->rx = rx;
 	} else if (rx->have_rblocks &&
-		   (m->mode != KVB_XFER_WRITE || rx->nrb != m->nblocks)) {
+		   (m->mode != KVB_XFER_WRITE || rx->nrb > m->nblocks)) {
 		log_warn("transfer '%s': remote_blocks had %u blocks, P opened "
-			 "it with %u",
+			 "it with %u (D may name fewer, not more)",
 			 x->id, rx->nrb, m->nblocks);
 		kvb_xfer_end(&b->xfers, x);
 		return -EINVAL;

@@ -11,7 +11,8 @@ int kvb_kv_geom_check(const struct kvb_kv_geom *g)
 	uint64_t t;
 
 	if (g->layout != KVB_KV_LAYOUT_KV_FIRST &&
-	    g->layout != KVB_KV_LAYOUT_BLOCK_FIRST)
+	    g->layout != KVB_KV_LAYOUT_BLOCK_FIRST &&
+	    g->layout != KVB_KV_LAYOUT_PACKED)
 		return -EINVAL;
 	if (!g->num_blocks || !g->block_size || !g->num_heads || !g->head_dim ||
 	    !g->elem_size)
@@ -22,13 +23,18 @@ int kvb_kv_geom_check(const struct kvb_kv_geom *g)
 	dim[1] = g->num_heads;
 	dim[2] = g->head_dim;
 	dim[3] = g->elem_size;
-	t = 2 * (uint64_t) g->num_blocks; /* < 2^33 */
+	t = kvb_kv_planes(g) * (uint64_t) g->num_blocks; /* < 2^33 */
 	for (int i = 0; i < 4; i++) {
 		if (t > (uint64_t) INT64_MAX / dim[i])
 			return -EINVAL;
 		t *= dim[i];
 	}
 	return 0;
+}
+
+uint32_t kvb_kv_planes(const struct kvb_kv_geom *g)
+{
+	return g->layout == KVB_KV_LAYOUT_PACKED ? 1 : 2;
 }
 
 uint64_t kvb_kv_block_len(const struct kvb_kv_geom *g)
@@ -39,7 +45,8 @@ uint64_t kvb_kv_block_len(const struct kvb_kv_geom *g)
 
 uint64_t kvb_kv_region_len(const struct kvb_kv_geom *g)
 {
-	return 2 * (uint64_t) g->num_blocks * kvb_kv_block_len(g);
+	return kvb_kv_planes(g) * (uint64_t) g->num_blocks *
+	       kvb_kv_block_len(g);
 }
 
 int kvb_kv_block_off(const struct kvb_kv_geom *g, uint32_t b, int v,
@@ -49,11 +56,13 @@ int kvb_kv_block_off(const struct kvb_kv_geom *g, uint32_t b, int v,
 	uint64_t blk = (uint64_t) g->block_size * g->num_heads * g->head_dim;
 	uint64_t s0, s1;
 
-	if (v != 0 && v != 1)
+	if (v < 0 || (uint32_t) v >= kvb_kv_planes(g))
 		return -EINVAL;
 	if (b >= g->num_blocks)
 		return -ERANGE;
-	if (g->layout == KVB_KV_LAYOUT_KV_FIRST) {
+	if (g->layout == KVB_KV_LAYOUT_PACKED) {
+		*off = e * b * blk;
+	} else if (g->layout == KVB_KV_LAYOUT_KV_FIRST) {
 		s1 = blk;
 		*off = v ? e * (s1 * g->num_blocks + b * s1) : e * b * s1;
 	} else {
@@ -125,6 +134,11 @@ static int xfer_shape(const struct kvb_kv_geom *local,
 	uint32_t h = hl < hr ? hl : hr, big = hl < hr ? hr : hl;
 	uint64_t unit = (uint64_t) local->head_dim * local->elem_size;
 
+	/* a packed block holds K and V of a token side by side: its bytes
+	 * mean something else in a split layout of the same length */
+	if ((local->layout == KVB_KV_LAYOUT_PACKED) !=
+	    (remote->layout == KVB_KV_LAYOUT_PACKED))
+		return -EINVAL;
 	if (hl == hr) {
 		if (slice ||
 		    kvb_kv_block_len(local) != kvb_kv_block_len(remote))
@@ -184,7 +198,7 @@ int kvb_kv_build_xfers_split(const struct kvb_kv_geom *local,
 		}
 	} else {
 		for (i = 0; i < n; i++) {
-			for (v = 0; v < 2; v++) {
+			for (v = 0; v < (int) kvb_kv_planes(local); v++) {
 				ret = xfer_one(local, remote, lb[i], rb[i], v,
 					       &s, out, &cnt, max_out);
 				if (ret)

@@ -8,6 +8,8 @@
  * (contiguous strides):
  *   KVB_KV_LAYOUT_KV_FIRST     [2, num_blocks, block_size, heads, head_dim]
  *   KVB_KV_LAYOUT_BLOCK_FIRST  [num_blocks, 2, block_size, heads, head_dim]
+ *   KVB_KV_LAYOUT_PACKED       [num_blocks, block_size, heads, head_dim]
+ *                              (one plane: head_dim holds a head's K and V)
  *
  * Pure functions, no allocation; thread-safe.
  */
@@ -27,11 +29,16 @@ struct kvb_kv_xfer {
 
 /*
  * Check a geometry: known layout, every dimension > 0, the whole tensor
- * (2 * num_blocks * block_len) representable in 63 bits. Returns 0 or -EINVAL.
+ * (planes * num_blocks * block_len) representable in 63 bits. Returns 0 or
+ * -EINVAL.
  */
 int kvb_kv_geom_check(const struct kvb_kv_geom *g);
 
-/* block_size * heads * head_dim * elem_size of a checked geometry. */
+/* Planes of a layout: 2 (K and V apart) or 1 (PACKED). */
+uint32_t kvb_kv_planes(const struct kvb_kv_geom *g);
+
+/* block_size * heads * head_dim * elem_size of a checked geometry: one
+ * plane of a block (a whole PACKED block). */
 uint64_t kvb_kv_block_len(const struct kvb_kv_geom *g);
 
 /* Bytes of the whole layer tensor (K and V) of a checked geometry. */
@@ -41,8 +48,9 @@ uint64_t kvb_kv_region_len(const struct kvb_kv_geom *g);
  * Byte offset of K (v == 0) or V (v == 1) of block b in a checked geometry:
  *   KV_FIRST:    K = e*b*s1            V = e*(s1*num_blocks + b*s1)
  *   BLOCK_FIRST: K = e*b*s0            V = e*(b*s0 + s1)
+ *   PACKED:      the block = e*b*s0    (v must be 0)
  * with s0, s1 the element strides of dims 0 and 1. Returns 0 with *off set,
- * -ERANGE when b >= num_blocks, -EINVAL when v is not 0 or 1.
+ * -ERANGE when b >= num_blocks, -EINVAL when v is not a plane.
  */
 int kvb_kv_block_off(const struct kvb_kv_geom *g, uint32_t b, int v,
 		     uint64_t *off);
@@ -56,7 +64,8 @@ int kvb_kv_block_off(const struct kvb_kv_geom *g, uint32_t b, int v,
  * runs; this function does not reorder.
  *
  * Both sides must have the same block_len (same heads per worker; a
- * heterogeneous-TP head split: kvb_kv_build_xfers_split()). out holds
+ * heterogeneous-TP head split: kvb_kv_build_xfers_split()), and both be
+ * PACKED or neither (the same bytes mean other things). out holds
  * max_out entries; 2 * n always suffices.
  *
  * Returns the number of entries, -EINVAL (bad geometry, block_len mismatch,

@@ -38,6 +38,8 @@ void kvb_hs_fini(struct kvb_hs_desc *d)
 
 static const char *layout_name(uint32_t layout)
 {
+	if (layout == KVB_KV_LAYOUT_PACKED)
+		return "packed";
 	return layout == KVB_KV_LAYOUT_BLOCK_FIRST ? "block_first" : "kv_first";
 }
 
@@ -134,6 +136,8 @@ static int decode_region(struct kvb_hs_region *r, const msgpack_object *map,
 		r->geom.layout = KVB_KV_LAYOUT_KV_FIRST;
 	else if (_kvb_mp_str_eq(lay, "block_first"))
 		r->geom.layout = KVB_KV_LAYOUT_BLOCK_FIRST;
+	else if (_kvb_mp_str_eq(lay, "packed"))
+		r->geom.layout = KVB_KV_LAYOUT_PACKED;
 	else
 		return bad(reason, "region layout");
 	r->id = (uint32_t) v[0];

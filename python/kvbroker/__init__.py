@@ -19,6 +19,7 @@ from .errors import BrokerGone, Error, LibraryNotFound, RingFull, strerror
 from .types import (
     DESC_UNSIGNALED,
     KV_BLOCK_FIRST,
+    KV_PACKED,
     KV_KV_FIRST,
     MEM_REMOTE_READ,
     MEM_REMOTE_WRITE,
@@ -51,5 +52,6 @@ __all__ = [
     "Role", "XferMode",
     "MEM_REMOTE_WRITE", "MEM_REMOTE_READ", "DESC_UNSIGNALED",
     "XFER_F_NO_ANNOUNCE", "XFER_F_PLAIN_RELEASE", "KV_KV_FIRST", "KV_BLOCK_FIRST",
+    "KV_PACKED",
     "TRANSFER_OPEN_BATCH_MAX", "TRANSFER_ID_MAX",
 ]

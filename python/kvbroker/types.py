@@ -19,6 +19,7 @@ XFER_F_PLAIN_RELEASE = 0x2
 # KV layouts (set_kv)
 KV_KV_FIRST = 0
 KV_BLOCK_FIRST = 1
+KV_PACKED = 2
 # Most ids one kvb_transfer_open_batch call takes (open_batch splits more)
 TRANSFER_OPEN_BATCH_MAX = 64
 # Longest transfer id, in bytes (UTF-8)
@@ -125,7 +126,8 @@ class OpenResult(NamedTuple):
         return None if self.status == 0 else error(self.status, "kvb_transfer_open_batch")
 
 
-_LAYOUTS = {"kv_first": KV_KV_FIRST, "block_first": KV_BLOCK_FIRST}
+_LAYOUTS = {"kv_first": KV_KV_FIRST, "block_first": KV_BLOCK_FIRST,
+            "packed": KV_PACKED}
 
 
 @dataclass
@@ -133,8 +135,10 @@ class KVGeometry:
     """How one layer's KV tensor lies in a region (struct kvb_kv_geometry).
 
     Dense, shaped [2, num_blocks, block_size, num_heads, head_dim]
-    ("kv_first") or [num_blocks, 2, block_size, num_heads, head_dim]
-    ("block_first"), elements of elem_size bytes.
+    ("kv_first"), [num_blocks, 2, block_size, num_heads, head_dim]
+    ("block_first"), or [num_blocks, block_size, num_heads, head_dim] with
+    a head's K and V side by side in head_dim ("packed", vLLM >= 0.29),
+    elements of elem_size bytes.
     """
 
     layout: Union[str, int] = "kv_first"
@@ -151,13 +155,16 @@ class KVGeometry:
                 return _LAYOUTS[self.layout.lower()]
             except KeyError:
                 raise ValueError(
-                    f"layout must be 'kv_first' or 'block_first', not {self.layout!r}"
+                    f"layout must be 'kv_first', 'block_first' or 'packed', not {self.layout!r}"
                 ) from None
         if int(self.layout) not in _LAYOUTS.values():
-            raise ValueError(f"layout must be 0 (kv_first) or 1 (block_first), not {self.layout!r}")
+            raise ValueError(f"layout must be 0 (kv_first), 1 (block_first) or 2 (packed), "
+                             f"not {self.layout!r}")
         return int(self.layout)
 
     @property
     def nbytes(self) -> int:
         """Bytes the layer's tensor takes."""
-        return 2 * self.num_blocks * self.block_size * self.num_heads * self.head_dim * self.elem_size
+        planes = 1 if self.layout_code() == KV_PACKED else 2
+        return (planes * self.num_blocks * self.block_size * self.num_heads * self.head_dim
+                * self.elem_size)

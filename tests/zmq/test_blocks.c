@@ -268,6 +268,58 @@ static void test_xfers_head_split(void **state)
 		-EINVAL);
 }
 
+/* PACKED (vLLM >= 0.29: [blocks, tokens, heads, K+V]): one plane, whole
+ * blocks between equal heads, a token's heads split otherwise, never
+ * mixed with a split layout of the same length */
+static void test_packed(void **state)
+{
+	struct kvb_kv_geom p = g_kv, q, big, small;
+	struct kvb_kv_xfer x[64];
+	uint32_t lb[3] = {4, 5, 9}, rb[3] = {0, 1, 2};
+	uint64_t off, unit = 256 * 2;
+
+	(void) state;
+	p.layout = KVB_KV_LAYOUT_PACKED;
+	p.head_dim = 256; /* K and V of 128 each */
+	assert_int_equal(kvb_kv_geom_check(&p), 0);
+	assert_int_equal(kvb_kv_planes(&p), 1);
+	assert_int_equal(kvb_kv_block_len(&p), 2 * BL);
+	assert_int_equal(kvb_kv_region_len(&p), 100 * 2 * BL);
+	assert_int_equal(kvb_kv_block_off(&p, 7, 0, &off), 0);
+	assert_int_equal(off, 7 * 2 * BL);
+	assert_int_equal(kvb_kv_block_off(&p, 7, 1, &off), -EINVAL);
+	assert_int_equal(kvb_kv_block_off(&p, 100, 0, &off), -ERANGE);
+	/* whole blocks, merged where both sides run on: 4,5 -> 0,1 and 9 */
+	assert_int_equal(kvb_kv_build_xfers(&p, &p, lb, rb, 3, x, 64), 2);
+	assert_int_equal(x[0].local_off, 4 * 2 * BL);
+	assert_int_equal(x[0].remote_off, 0);
+	assert_int_equal(x[0].len, 2 * 2 * BL);
+	assert_int_equal(x[1].local_off, 9 * 2 * BL);
+	assert_int_equal(x[1].remote_off, 2 * 2 * BL);
+	assert_int_equal(x[1].len, 2 * BL);
+	/* a BLOCK_FIRST side of the same block length: refused */
+	q = g_kv;
+	q.layout = KVB_KV_LAYOUT_BLOCK_FIRST;
+	assert_int_equal(kvb_kv_block_len(&q) * 2, kvb_kv_block_len(&p));
+	q.head_dim = 256; /* same bytes per block, other meaning */
+	q.num_heads = 4;
+	assert_int_equal(kvb_kv_build_xfers(&p, &q, lb, rb, 3, x, 64), -EINVAL);
+	/* a head split: 8 heads here, 4 at the peer, slice 1: per token
+	 * heads 4..7 (K and V of each) in one piece */
+	big = p;
+	small = p;
+	small.num_heads = 4;
+	assert_int_equal(
+		kvb_kv_build_xfers_split(&big, &small, 1, lb, rb, 1, x, 64),
+		16);
+	for (int t = 0; t < 16; t++) {
+		assert_int_equal(x[t].local_off,
+				 4 * 2 * BL + t * 8 * unit + 4 * unit);
+		assert_int_equal(x[t].remote_off, t * 4 * unit);
+		assert_int_equal(x[t].len, 4 * unit);
+	}
+}
+
 static void test_ports(void **state)
 {
 	/* dp * tp_size + tp */
@@ -339,6 +391,7 @@ int main(void)
 		cmocka_unit_test(test_xfers_block_first),
 		cmocka_unit_test(test_xfers_errors),
 		cmocka_unit_test(test_xfers_head_split),
+		cmocka_unit_test(test_packed),
 		cmocka_unit_test(test_ports),
 		cmocka_unit_test(test_rank_mapping),
 		cmocka_unit_test(test_ack_fanin),

@@ -274,14 +274,20 @@ int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag);
  *
  * KV layout of a layer: a region holds one layer's KV tensor, dense, shaped
  * [2, num_blocks, block_size, heads, head_dim] (KVB_KV_KV_FIRST) or
- * [num_blocks, 2, block_size, heads, head_dim] (KVB_KV_BLOCK_FIRST), with
- * elements of elem_size bytes. Peers address it by layer and block id.
+ * [num_blocks, 2, block_size, heads, head_dim] (KVB_KV_BLOCK_FIRST), or
+ * [num_blocks, block_size, heads, head_dim] with a head's K and V side by
+ * side in head_dim (KVB_KV_PACKED: vLLM 0.29 and later, whose per-layer
+ * views are [blocks, heads, tokens, K+V] over memory in this order under
+ * its default layout), with elements of elem_size bytes. Peers address it
+ * by layer and block id. A PACKED layer moves only to and from PACKED
+ * layers (the same bytes mean other things in the split layouts).
  */
 #define KVB_KV_KV_FIRST	   0u
 #define KVB_KV_BLOCK_FIRST 1u
+#define KVB_KV_PACKED	   2u
 
 struct kvb_kv_geometry {
-	uint32_t layout; /* KVB_KV_KV_FIRST or KVB_KV_BLOCK_FIRST */
+	uint32_t layout; /* KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST, KVB_KV_PACKED */
 	uint32_t num_blocks;
 	uint32_t block_size; /* tokens per block */
 	uint32_t num_heads;  /* KV heads held by this worker */
