@@ -172,10 +172,11 @@ void kvb_xn_fail_waiting(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	rx->ndef = 0;
 	if (!x->first_err)
 		x->first_err = status;
-	if (x->tag_set) /* sealed: its completion goes now */
+	/* reported at its seal, abort or deadline (engine.c); now where it
+	 * was sealed already */
+	x->held_err = status;
+	if (x->tag_set)
 		kvb_xfer_finish(b, x, status);
-	else /* at its seal, abort or deadline (engine.c) */
-		x->held_err = status;
 }
 
 void kvb_xn_waiting_done(struct kvb_broker *b, struct kvb_peer *p, int status)

@@ -561,10 +561,8 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 
 	if (!xn)
 		return -ENOTCONN;
-	err = open_check(xn, w, o);
-	if (err)
-		return err;
-	p = kvb_xn_peer_get(xn, o->peer);
+	if (o->id_len == 0 || o->id_len > KVB_XFER_ID_MAX)
+		return -EINVAL;
 	x = kvb_xfer_find(&b->xfers, w->id, o->id, o->id_len);
 	if (x && x->opened) {
 		if (!x->rx)
@@ -578,6 +576,10 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 				 w->id, x->id);
 		return -EEXIST;
 	}
+	err = open_check(xn, w, o);
+	if (err)
+		return err;
+	p = kvb_xn_peer_get(xn, o->peer);
 	if (!x)
 		x = kvb_xfer_open(
 			&b->xfers, w->id, o->id, o->id_len,
