@@ -842,7 +842,8 @@ static void ctl_xopen_batch(struct kvb_broker *b, struct kvb_worker *w,
 	if (!each)
 		rc = kvb_hook_xopen_batch(b, w, m, (uint32_t) q->n, rep.r.res);
 	if (rc == -EBADMSG) {
-		reject(b, w, "XOPEN_BATCH: the entries do not fill the message");
+		reject(b, w,
+		       "XOPEN_BATCH: the entries do not fill the message");
 		return;
 	}
 	if (each || rc) /* refused as a whole: each entry says so */
@@ -850,8 +851,8 @@ static void ctl_xopen_batch(struct kvb_broker *b, struct kvb_worker *w,
 			rep.r.res[i] = (struct kvb_open_result){
 				.status = each ? each : rc};
 	rep.r.n = m->n;
-	reply(w, &rep.r.h, sizeof(rep.r) + m->n * sizeof(rep.r.res[0]), 0,
-	      NULL, 0);
+	reply(w, &rep.r.h, sizeof(rep.r) + m->n * sizeof(rep.r.res[0]), 0, NULL,
+	      0);
 }
 
 static void ctl_stats(struct kvb_broker *b, struct kvb_worker *w,

@@ -517,9 +517,8 @@ static int remote_open_check(const struct kvb_remote_open *e, size_t *len)
 
 	if (!e->transfer_id || !e->host || e->port == 0 ||
 	    e->mode > KVB_XFER_READ ||
-	    (e->flags &
-	     ~(KVB_XFER_F_NO_ANNOUNCE | KVB_XFER_F_PLAIN_RELEASE |
-	       KVB_XFER_F_RELEASE_ONLY)) ||
+	    (e->flags & ~(KVB_XFER_F_NO_ANNOUNCE | KVB_XFER_F_PLAIN_RELEASE |
+			  KVB_XFER_F_RELEASE_ONLY)) ||
 	    (e->nblocks && !e->blocks) || (e->nremote && !e->remote_blocks))
 		return -EINVAL;
 	k = strlen(e->transfer_id);
@@ -564,7 +563,8 @@ static size_t remote_open_put(char *p, const struct kvb_remote_open *e)
 }
 
 /* One XOPEN_BATCH message of the entries idx[0..k) of o; their results. */
-static int remote_open_part(struct kvb_ctx *ctx, const struct kvb_remote_open *o,
+static int remote_open_part(struct kvb_ctx *ctx,
+			    const struct kvb_remote_open *o,
 			    const unsigned *idx, unsigned k, uint32_t *handles,
 			    int32_t *status, char *req, void *rep, size_t cap)
 {
@@ -580,7 +580,8 @@ static int remote_open_part(struct kvb_ctx *ctx, const struct kvb_remote_open *o
 	m->n = k;
 	rc = kvb_client_call(ctx, &m->h, NULL, 0, rep, cap,
 			     sizeof(*r) + k * sizeof(r->res[0]));
-	if (!rc && (r->n != k || r->h.len != sizeof(*r) + k * sizeof(r->res[0])))
+	if (!rc &&
+	    (r->n != k || r->h.len != sizeof(*r) + k * sizeof(r->res[0])))
 		rc = -EPROTO;
 	for (unsigned j = 0; j < k; j++) {
 		int s = rc ? rc : r->res[j].status;

@@ -38,8 +38,8 @@ enum kvb_msg_type {
 	KVB_MSG_MEM_KV = 8, /* KV geometry and layer of a region */
 	KVB_MSG_PEER = 9,   /* handshake with a peer broker (deferred reply) */
 	KVB_MSG_XOPEN = 10, /* open a cross-node transfer; blocks follow */
-	KVB_MSG_OPEN_BATCH = 11, /* intern up to 64 transfer ids at once */
-	KVB_MSG_XTIMEOUTS = 12,	 /* a transfer's clocks */
+	KVB_MSG_OPEN_BATCH = 11,  /* intern up to 64 transfer ids at once */
+	KVB_MSG_XTIMEOUTS = 12,	  /* a transfer's clocks */
 	KVB_MSG_XOPEN_BATCH = 13, /* cross-node opens by peer address */
 	KVB_MSG_MEM_ALIAS = 14,	  /* a region over part of another */
 };

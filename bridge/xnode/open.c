@@ -29,9 +29,9 @@ static void ent_at(const uint8_t *q, struct ent *e)
 	memcpy(&e->h, q, sizeof(e->h));
 	e->id = (const char *) q + sizeof(e->h);
 	e->host = e->id + e->h.id_len;
-	e->blocks = (const uint32_t *) (q + sizeof(e->h) +
-					((e->h.id_len + e->h.host_len + 3u) &
-					 ~3u));
+	e->blocks =
+		(const uint32_t *) (q + sizeof(e->h) +
+				    ((e->h.id_len + e->h.host_len + 3u) & ~3u));
 }
 
 /* One entry: 0 with *handle, or its -errno. */

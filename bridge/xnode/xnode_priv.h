@@ -28,7 +28,7 @@
 #define REFRESH_NS    (1ll * 1000000000) /* at most one refresh a second */
 /* a batch open to a peer whose handshake failed less than this ago fails
  * at once with that failure (no new handshake) */
-#define HS_RETRY_NS (1ll * 1000000000)
+#define HS_RETRY_NS   (1ll * 1000000000)
 #define HS_DRAIN      64u
 #define NOTIFY_BUDGET 256u
 #define MAX_TRUSTED   32u
@@ -111,11 +111,11 @@ struct kvb_rxfer {
 	uint8_t wait_peer;
 	uint8_t release_only; /* D/WRITE: KVB_XFER_F_RELEASE_ONLY */
 	uint8_t released;     /* ... its release went out (or another D's) */
-	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
-	uint32_t *lb, nlb;  /* this worker's block ids */
-	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
-	uint8_t failed;	    /* ... and it ended with a failure */
-	uint32_t *rb, nrb;  /* the other side's */
+	uint32_t remote_dp;   /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;    /* this worker's block ids */
+	uint32_t granted;     /* D/WRITE: worker whose lb it holds (grants.c) */
+	uint8_t failed;	      /* ... and it ended with a failure */
+	uint32_t *rb, nrb;    /* the other side's */
 	uint32_t acks_needed, acks_got;
 	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
 	struct deferred *def;
@@ -305,12 +305,10 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 int kvb_xn_open_ready(struct kvb_broker *b, struct kvb_xfer *x);
 /* open.c: our handshake with p ended (kvb_xn_peer_done): the transfers
  * waiting for it go on, or fail with status */
-void kvb_xn_waiting_done(struct kvb_broker *b, struct kvb_peer *p,
-			 int status);
+void kvb_xn_waiting_done(struct kvb_broker *b, struct kvb_peer *p, int status);
 /* open.c: fail transfer x, which waits for its peer, with status (held
  * for its seal where it has none yet) */
-void kvb_xn_fail_waiting(struct kvb_broker *b, struct kvb_xfer *x,
-			 int status);
+void kvb_xn_fail_waiting(struct kvb_broker *b, struct kvb_xfer *x, int status);
 int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
 		 const struct kvb_sqe *e, struct kvb_op_done *done);
 void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);

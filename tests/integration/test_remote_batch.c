@@ -63,14 +63,24 @@ static void pair_start(struct pair *p, int start_a)
 	static unsigned k;
 	uint16_t base =
 		(uint16_t) (20000 + (getpid() % 400) * 100 + (k++ % 6) * 16);
-	const char *aa[] = {"--host-ip",      "127.0.0.1", "--handshake-port",
-			    p->ha,	      "--notify-port",
-			    p->na,	      "--trusted-hosts",
-			    "127.0.0.1",      NULL};
-	const char *ab[] = {"--host-ip",      "127.0.0.1", "--handshake-port",
-			    p->hb,	      "--notify-port",
-			    p->nb,	      "--trusted-hosts",
-			    "127.0.0.1",      NULL};
+	const char *aa[] = {"--host-ip",
+			    "127.0.0.1",
+			    "--handshake-port",
+			    p->ha,
+			    "--notify-port",
+			    p->na,
+			    "--trusted-hosts",
+			    "127.0.0.1",
+			    NULL};
+	const char *ab[] = {"--host-ip",
+			    "127.0.0.1",
+			    "--handshake-port",
+			    p->hb,
+			    "--notify-port",
+			    p->nb,
+			    "--trusted-hosts",
+			    "127.0.0.1",
+			    NULL};
 	struct broker_opts oa = {.args = aa}, ob = {.args = ab};
 
 	p->hs_a = base;
@@ -281,7 +291,8 @@ static void test_batch64(void **state)
 
 		for (uint32_t i = 0; i < NX; i++)
 			tags[i] = 100 * l + i;
-		assert_int_equal(kvb_submit_layers(p, hp, tags, NX, (uint16_t) l,
+		assert_int_equal(kvb_submit_layers(p, hp, tags, NX,
+						   (uint16_t) l,
 						   KVB_DESC_UNSIGNALED),
 				 NX);
 	}
@@ -330,11 +341,9 @@ static void test_no_answer(void **state)
 	o[0] = entry("na-read", "127.0.0.1", pp.hs_a, KVB_XFER_READ, blk, 2);
 	o[0].remote_blocks = blk;
 	o[0].nremote = 2;
-	o[1] = entry("na-sealed", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk,
-		     2);
+	o[1] = entry("na-sealed", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk, 2);
 	o[2] = entry("na-late", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk, 2);
-	o[3] = entry("na-abort", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk,
-		     2);
+	o[3] = entry("na-abort", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk, 2);
 	t0 = now_ns();
 	assert_int_equal(kvb_transfer_open_remote_batch(d, o, 4, h, st), 0);
 	ms = ms_since(t0);
@@ -375,8 +384,7 @@ static void test_no_answer(void **state)
 	assert_true(i >= 0);
 	assert_int_equal(c[i].status, -ETIMEDOUT);
 	/* within a second of the failure: at once, with it */
-	o[0] = entry("na-again", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk,
-		     2);
+	o[0] = entry("na-again", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk, 2);
 	assert_int_equal(kvb_transfer_open_remote_batch(d, o, 1, &h2, st), 0);
 	assert_int_equal(st[0], -ETIMEDOUT);
 	assert_int_equal(h2, 0);
@@ -391,8 +399,7 @@ static void test_no_answer(void **state)
 	assert_int_equal(c[0].status, -ECANCELED);
 	/* bad entries fail alone; bad calls as a whole */
 	o[0] = entry("", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE, blk, 2);
-	o[1] = entry("na-untrusted", "192.0.2.9", 6301, KVB_XFER_WRITE, blk,
-		     2);
+	o[1] = entry("na-untrusted", "192.0.2.9", 6301, KVB_XFER_WRITE, blk, 2);
 	o[2] = entry("na-flags", "127.0.0.1", pp.hs_a, KVB_XFER_READ, blk, 2);
 	o[2].flags = KVB_XFER_F_RELEASE_ONLY; /* D/WRITE only */
 	assert_int_equal(kvb_transfer_open_remote_batch(d, o, 3, h, st), 0);
@@ -408,8 +415,8 @@ static void test_no_answer(void **state)
 
 		o[0] = entry("na-big", "127.0.0.1", pp.hs_a, KVB_XFER_WRITE,
 			     big, 20000);
-		assert_int_equal(
-			kvb_transfer_open_remote_batch(d, o, 1, h, st), -E2BIG);
+		assert_int_equal(kvb_transfer_open_remote_batch(d, o, 1, h, st),
+				 -E2BIG);
 	}
 	kvb_detach(d);
 	pair_stop(&pp, 0);
@@ -437,9 +444,8 @@ static void test_duplicate(void **state)
 	assert_int_equal(kvb_transfer_open_remote_batch(d, o, 1, &hd, st), 0);
 	assert_int_equal(st[0], 0);
 	assert_int_equal(kvb_transfer_seal(d, hd, 1, 50), 0);
-	assert_int_equal(broker_wait_stat(&pp.a, "remote_blocks_received", 1,
-					  5000),
-			 0);
+	assert_int_equal(
+		broker_wait_stat(&pp.a, "remote_blocks_received", 1, 5000), 0);
 	o[0] = entry("tx-dup", "127.0.0.1", pp.hs_b, KVB_XFER_WRITE, pb, 3);
 	assert_int_equal(kvb_transfer_open_remote_batch(p, o, 1, &hp, st), 0);
 	assert_int_equal(st[0], 0); /* not a duplicate */
@@ -450,8 +456,8 @@ static void test_duplicate(void **state)
 	{
 		uint32_t hh[2];
 
-		assert_int_equal(kvb_transfer_open_remote_batch(p, o, 2, hh, st),
-				 0);
+		assert_int_equal(
+			kvb_transfer_open_remote_batch(p, o, 2, hh, st), 0);
 		assert_int_equal(st[0], -EEXIST);
 		assert_int_equal(st[1], -EEXIST);
 		assert_int_equal(hh[0], 0);
@@ -565,8 +571,8 @@ static void test_release_only(void **state)
 	pair_stop(&pp, 1);
 }
 
-#define PAD	 5u /* bytes between two layers' aliases */
-#define OFF0	 3u /* the first alias's odd offset */
+#define PAD	5u /* bytes between two layers' aliases */
+#define OFF0	3u /* the first alias's odd offset */
 #define BACKING (OFF0 + LAYERS * (KV_BYTES + PAD))
 
 static void test_alias(void **state)
@@ -588,12 +594,10 @@ static void test_alias(void **state)
 	d = w_attach(&pp.b, KVB_ROLE_D, 0, 1, 0);
 	assert_non_null(p);
 	assert_non_null(d);
-	assert_int_equal(kvb_mem_alloc(p, BACKING, KVB_MEM_REMOTE_READ, 99,
-				       &pback),
-			 0);
-	assert_int_equal(kvb_mem_alloc(d, BACKING, KVB_MEM_REMOTE_WRITE, 99,
-				       &dback),
-			 0);
+	assert_int_equal(
+		kvb_mem_alloc(p, BACKING, KVB_MEM_REMOTE_READ, 99, &pback), 0);
+	assert_int_equal(
+		kvb_mem_alloc(d, BACKING, KVB_MEM_REMOTE_WRITE, 99, &dback), 0);
 	pattern_fill(pback.addr, BACKING, 3, 0);
 	memset(dback.addr, 0xa5, BACKING);
 	for (uint32_t l = 0; l < LAYERS; l++) {

@@ -142,9 +142,9 @@ int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
 			 struct kvb_region *out);
 
 /*
- * Free a region (allocated, registered or an alias). Descriptors already submitted
- * against it still complete: those this context submitted before the call
- * (the broker takes its ring's entries before freeing, also when this
+ * Free a region (allocated, registered or an alias). Descriptors already
+ * submitted against it still complete: those this context submitted before the
+ * call (the broker takes its ring's entries before freeing, also when this
  * context has not reaped its completions; only when the broker's in-flight
  * table stays full are some left, and then those naming the region fail
  * with -EINVAL, logged) and those of other workers the broker already
