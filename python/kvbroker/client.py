@@ -628,7 +628,7 @@ class Client:
                     raise ValueError(f"mode must be 'write' or 'read', not {mode!r}") from None
             else:
                 m = XferMode(mode)
-            blk = _u32_array(e.get("blocks") or ())
+            blk = _u32_array(e.get("blocks"))
             rblk = _u32_array(e.get("remote_blocks"))
             flags = int(e.get("flags", 0))
             if e.get("release_only"):
