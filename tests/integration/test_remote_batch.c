@@ -317,6 +317,30 @@ static void test_batch64(void **state)
 	/* the timing: P's peer is B, known now */
 	assert_int_equal(kvb_peer_connect(p, "127.0.0.1", pp.hs_b, &peer), 0);
 	measure(p, pp.hs_b, peer);
+	{
+		/* entries past one control message: two requests, in order */
+		static uint32_t big[6000];
+		struct kvb_remote_open bo[3];
+		uint32_t bh[3];
+		int32_t bs[3];
+
+		for (uint32_t i = 0; i < 6000; i++)
+			big[i] = i % NB;
+		for (uint32_t i = 0; i < 3; i++)
+			bo[i] = entry(ids[i], "127.0.0.1", pp.hs_b,
+				      KVB_XFER_READ, big, 6000);
+		bo[1].transfer_id = "tx-split-1";
+		req0 = broker_stat(&pp.a, "control_requests");
+		assert_int_equal(
+			kvb_transfer_open_remote_batch(p, bo, 3, bh, bs), 0);
+		assert_int_equal(broker_stat(&pp.a, "control_requests") - req0,
+				 2);
+		assert_int_equal(bs[0], -ESTALE); /* ended above */
+		assert_int_equal(bs[1], 0);
+		assert_int_equal(bs[2], -ESTALE);
+		assert_int_equal(kvb_transfer_abort(p, bh[1], 5), 0);
+		assert_int_equal(w_collect(p, c, 1, 5000), 1);
+	}
 	kvb_detach(p);
 	kvb_detach(d);
 	pair_stop(&pp, 1);
