@@ -561,7 +561,9 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 
 	if (!xn)
 		return -ENOTCONN;
-	if (o->id_len == 0 || o->id_len > KVB_XFER_ID_MAX)
+	/* malformed first, then a duplicate, then the rest */
+	if (o->id_len == 0 || o->id_len > KVB_XFER_ID_MAX ||
+	    o->mode > KVB_XFER_READ)
 		return -EINVAL;
 	x = kvb_xfer_find(&b->xfers, w->id, o->id, o->id_len);
 	if (x && x->opened) {
