@@ -377,6 +377,12 @@ struct kvb_engine_hooks {
 	int (*xopen)(struct kvb_broker *b, struct kvb_worker *w,
 		     const struct kvb_msg_xopen *m, uint32_t len,
 		     uint32_t *handle);
+	/* XOPEN_BATCH (len bytes, m->n checked): 0 with res[0..m->n)
+	 * filled, -EBADMSG (malformed: the worker is dropped), or a status
+	 * every entry gets */
+	int (*xopen_batch)(struct kvb_broker *b, struct kvb_worker *w,
+			   const struct kvb_msg_xopen_batch *m, uint32_t len,
+			   struct kvb_open_result *res);
 	/* the daemon's loop: an fd added with kvb_engine_watch_fd() turned
 	 * readable (tag), and, after every sleep, its sockets' turn */
 	void (*event)(struct kvb_broker *b, uint64_t tag);
@@ -551,6 +557,17 @@ static inline int kvb_hook_xopen(struct kvb_broker *b, struct kvb_worker *w,
 {
 	return KVB_HOOK(b, xopen) ? b->hooks->xopen(b, w, m, len, handle)
 				  : -ENOTCONN;
+}
+
+static inline int kvb_hook_xopen_batch(struct kvb_broker *b,
+				       struct kvb_worker *w,
+				       const struct kvb_msg_xopen_batch *m,
+				       uint32_t len,
+				       struct kvb_open_result *res)
+{
+	return KVB_HOOK(b, xopen_batch)
+		       ? b->hooks->xopen_batch(b, w, m, len, res)
+		       : -ENOTCONN;
 }
 
 static inline void kvb_hook_event(struct kvb_broker *b, uint64_t tag)

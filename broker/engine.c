@@ -61,6 +61,7 @@ static struct kvb_region_ent *mr_ent(struct kvb_mr *mr)
 static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 {
 	struct kvb_transport *t = kvb_tr_for(b, r->mr.kind);
+	struct kvb_region_ent *parent;
 
 	if (t)
 		t->ops->dereg_mr(t, &r->mr);
@@ -69,7 +70,10 @@ static void region_unmap(struct kvb_broker *b, struct kvb_region_ent *r)
 		kvb_broker_gpu_unimport(r);
 	else if (r->map_base)
 		munmap(r->map_base, r->map_len);
+	parent = r->parent ? kvb_region_get(&b->regions, r->parent) : NULL;
 	kvb_region_release(&b->regions, r);
+	if (parent) /* an alias: the parent's mapping may go now */
+		kvb_region_put(b, parent);
 }
 
 void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r)
@@ -82,6 +86,12 @@ void kvb_region_put(struct kvb_broker *b, struct kvb_region_ent *r)
 
 void kvb_region_kill(struct kvb_broker *b, struct kvb_region_ent *r)
 {
+	struct kvb_region_ent *parent =
+		r->parent && !r->dead ? kvb_region_get(&b->regions, r->parent)
+				      : NULL;
+
+	if (parent && parent->naliases)
+		parent->naliases--;
 	r->dead = 1;
 	if (!r->refs)
 		region_unmap(b, r);
@@ -451,6 +461,13 @@ static void seal_or_abort(struct kvb_broker *b, struct kvb_worker *w,
 		return;
 	}
 	x->tag_set = 1;
+	if (x->held_err) {
+		/* it failed before its seal (the extension held the failure
+		 * for it): reported now, with this call's tag */
+		x->seal_tag = e->tag;
+		kvb_xfer_finish(b, x, x->held_err);
+		return;
+	}
 	if (e->opcode == KVB_OP_ABORT) {
 		x->seal_tag = e->tag;
 		kvb_xfer_finish(b, x, -ECANCELED);
@@ -815,7 +832,8 @@ void kvb_engine_timers(struct kvb_broker *b, int64_t now)
 		} else if ((why = xfer_expired(b, x, now))) {
 			log_dbg("transfer '%s' of worker %u: %s", x->id,
 				x->worker, why);
-			kvb_xfer_finish(b, x, -ETIMEDOUT);
+			kvb_xfer_finish(b, x,
+					x->held_err ? x->held_err : -ETIMEDOUT);
 		}
 		if (i > b->xfers.nactive)
 			i = b->xfers.nactive;

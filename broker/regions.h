@@ -25,6 +25,12 @@ struct kvb_region_ent {
 	uint8_t dead;	/* freed or owner gone: unmapped when refs == 0 */
 	void *map_base; /* what to munmap (host) */
 	uint64_t map_len;
+	/* kvb_mem_alias: the region whose mapping this one lies in (it holds
+	 * one of the parent's refs until it is unmapped itself), and, on a
+	 * parent, how many live (not dead) aliases it has: freeing it is
+	 * refused until they are gone */
+	uint32_t parent;
+	uint32_t naliases;
 };
 
 struct kvb_regions {

@@ -461,6 +461,57 @@ err_map:
 	return rc;
 }
 
+/* MEM_ALIAS: a region of w over part of its host region m->parent, on the
+ * parent's mapping (which the alias holds a reference of). */
+static int mem_alias(struct kvb_broker *b, struct kvb_worker *w,
+		     const struct kvb_msg_mem_alias *m,
+		     struct kvb_msg_mem_reply *rep)
+{
+	struct kvb_region_ent *p = kvb_region_get(&b->regions, m->parent);
+	struct kvb_region_ent *r;
+	struct kvb_transport *t;
+	int rc;
+
+	if (m->size == 0 ||
+	    (m->flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	if (!p || p->dead || p->owner != w->id)
+		return -ENOENT;
+	if (p->mr.kind != KVB_MEM_HOST || p->parent)
+		return -EOPNOTSUPP;
+	if (m->offset > p->mr.len || m->size > p->mr.len - m->offset)
+		return -EINVAL;
+	r = kvb_region_alloc(&b->regions);
+	if (!r)
+		return -ENOSPC;
+	r->mr.kind = KVB_MEM_HOST;
+	r->mr.addr = (char *) p->mr.addr + m->offset;
+	r->mr.len = m->size;
+	r->mr.flags = m->flags;
+	r->owner = w->id;
+	r->owner_role = w->role;
+	r->owner_dp = w->dp_rank;
+	r->owner_tp = w->tp_rank;
+	r->key = m->key;
+	t = kvb_tr_for(b, r->mr.kind);
+	rc = t->ops->reg_mr(t, &r->mr);
+	if (rc) {
+		kvb_region_release(&b->regions, r);
+		return rc;
+	}
+	r->parent = p->mr.id;
+	kvb_region_hold(p); /* put when the alias is unmapped */
+	p->naliases++;
+	kvb_hook_region_added(b, r);
+	rep->region = r->mr.id;
+	rep->flags = r->mr.flags;
+	rep->size = r->mr.len;
+	log_dbg("worker %u: region %#x: %llu bytes at %llu of region %#x",
+		w->id, r->mr.id, (unsigned long long) m->size,
+		(unsigned long long) m->offset, p->mr.id);
+	return 0;
+}
+
 static int mem_lookup(struct kvb_broker *b, const struct kvb_msg_mem_lookup *m,
 		      struct kvb_msg_mem_reply *rep)
 {
@@ -619,6 +670,8 @@ static union ctl_msg {
 	struct kvb_msg_xopen xopen;
 	struct kvb_msg_open_batch open_batch;
 	struct kvb_msg_xtimeouts xt;
+	struct kvb_msg_xopen_batch xopen_batch;
+	struct kvb_msg_mem_alias alias;
 	char raw[KVB_MSG_MAX];
 } ctl_m;
 
@@ -683,7 +736,12 @@ static void ctl_mem_dereg(struct kvb_broker *b, struct kvb_worker *w,
 		kvb_region_get(&b->regions, q->m->dereg.region);
 	int rc = -ENOENT;
 
-	if (r && !r->dead && r->owner == w->id) {
+	if (r && !r->dead && r->owner == w->id && r->naliases) {
+		log_warn_rl("worker %u: region %#x not freed (-EBUSY): %u "
+			    "alias(es) of it live (free them first)",
+			    w->id, r->mr.id, r->naliases);
+		rc = -EBUSY;
+	} else if (r && !r->dead && r->owner == w->id) {
 		/* descriptors the worker published before asking still
 		 * complete: take them while the region lives */
 		uint32_t left = kvb_engine_drain_worker(b, w);
@@ -742,6 +800,59 @@ static void ctl_open_batch(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	reply(w, &rep.r.h, sizeof(rep.r) + rep.r.n * sizeof(rep.r.res[0]), rc,
 	      NULL, 0);
+}
+
+static void ctl_mem_alias(struct kvb_broker *b, struct kvb_worker *w,
+			  struct ctl_req *q)
+{
+	struct kvb_msg_mem_reply rep = {.h.type = KVB_MSG_MEM_ALIAS};
+	int rc = mem_alias(b, w, &q->m->alias, &rep);
+
+	if (rc) {
+		b->st.mem_reg_refused++;
+		log_warn_rl("worker %u: alias of %llu bytes at %llu of region "
+			    "%#x refused: %s",
+			    w->id, (unsigned long long) q->m->alias.size,
+			    (unsigned long long) q->m->alias.offset,
+			    q->m->alias.parent, strerror(-rc));
+	}
+	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
+}
+
+/* XOPEN_BATCH (proto.h): each entry opened on its own by the cross-node
+ * module; all of them -EAGAIN while w does not reap its completions. */
+static void ctl_xopen_batch(struct kvb_broker *b, struct kvb_worker *w,
+			    struct ctl_req *q)
+{
+	static union {
+		struct kvb_msg_open_batch_reply r;
+		char raw[sizeof(struct kvb_msg_open_batch_reply) +
+			 KVB_XOPEN_BATCH_MAX * sizeof(struct kvb_open_result)];
+	} rep;
+	const struct kvb_msg_xopen_batch *m = &q->m->xopen_batch;
+	int rc = 0, each;
+
+	memset(&rep.r, 0, sizeof(rep.r));
+	rep.r.h.type = KVB_MSG_XOPEN_BATCH;
+	if (m->n == 0 || m->n > KVB_XOPEN_BATCH_MAX) {
+		reply(w, &rep.r.h, sizeof(rep.r), -EINVAL, NULL, 0);
+		return;
+	}
+	each = undelivered_check(b, w);
+	if (!each)
+		rc = kvb_hook_xopen_batch(b, w, m, (uint32_t) q->n, rep.r.res);
+	if (rc == -EBADMSG) {
+		reject(b, w,
+		       "XOPEN_BATCH: the entries do not fill the message");
+		return;
+	}
+	if (each || rc) /* refused as a whole: each entry says so */
+		for (uint32_t i = 0; i < m->n; i++)
+			rep.r.res[i] = (struct kvb_open_result){
+				.status = each ? each : rc};
+	rep.r.n = m->n;
+	reply(w, &rep.r.h, sizeof(rep.r) + m->n * sizeof(rep.r.res[0]), 0, NULL,
+	      0);
 }
 
 static void ctl_stats(struct kvb_broker *b, struct kvb_worker *w,
@@ -838,6 +949,10 @@ static const struct ctl_type {
 	[KVB_MSG_XTIMEOUTS] = {ctl_xtimeouts, sizeof(struct kvb_msg_xtimeouts),
 			       0},
 	[KVB_MSG_BYE] = {ctl_bye, sizeof(struct kvb_msg_hdr), 0},
+	[KVB_MSG_XOPEN_BATCH] = {ctl_xopen_batch,
+				 sizeof(struct kvb_msg_xopen_batch), 1},
+	[KVB_MSG_MEM_ALIAS] = {ctl_mem_alias, sizeof(struct kvb_msg_mem_alias),
+			       0},
 };
 
 /*

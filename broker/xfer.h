@@ -66,6 +66,11 @@ struct kvb_xfer {
 	 * ended. Waited for until fence_ns at most (0 = not waiting). */
 	int64_t fence_ns;
 	uint32_t dest_xfer[KVB_XFER_MAX_DESTS];
+	/* failed before its seal, the failure held for the worker (the
+	 * extension's: a cross-node transfer whose peer's handshake failed):
+	 * its one completion carries it, at its seal or abort (that call's
+	 * tag) or at its deadline; 0 = none */
+	int32_t held_err;
 };
 
 /* Nothing of x in flight: its own ops and the ones writing into it. */

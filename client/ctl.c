@@ -476,7 +476,9 @@ const char *kvb_strerror(int status)
 	case -ESTALE:
 		return "transfer already ended";
 	case -EEXIST:
-		return "already there (a layer submitted or declared twice)";
+		return "already there (a live transfer id opened again, a "
+		       "layer "
+		       "submitted or declared twice)";
 	case -EACCES:
 		/* kvb_attach's, or a completion's: the peer refused the
 		 * access (rdma remote access error, tcp refusal) */

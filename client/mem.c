@@ -71,6 +71,7 @@ int kvb_mem_alloc(struct kvb_ctx *ctx, uint64_t size, uint32_t flags,
 	close(fd);
 	out->addr = addr;
 	out->gpu = 0;
+	out->alias = 0;
 	return 0;
 
 err_map:
@@ -103,6 +104,7 @@ int kvb_mem_register_fd(struct kvb_ctx *ctx, int fd, uint64_t fd_offset,
 	if (!rc) {
 		out->addr = NULL;
 		out->gpu = 0;
+		out->alias = 0;
 	}
 	return rc;
 }
@@ -135,6 +137,7 @@ int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
 	if (!rc) {
 		out->addr = dev_ptr;
 		out->gpu = 1;
+		out->alias = 0;
 	}
 	return rc;
 #else
@@ -154,12 +157,48 @@ int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r)
 	req.region = r->id;
 	rc = kvb_client_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep),
 			     sizeof(rep));
-	/* our mapping goes whatever the broker said: it is ours */
-	if (r->addr && rc != -ENOENT && !r->gpu)
+	/* our mapping goes whatever the broker said: it is ours. Not when
+	 * the broker kept the region (-EBUSY: aliases of it live), and an
+	 * alias has no mapping of its own (its parent's holds it) */
+	if (rc == -ENOENT || rc == -EBUSY)
+		return rc;
+	if (r->addr && !r->gpu && !r->alias)
 		munmap(r->addr, r->size);
-	if (rc != -ENOENT)
-		r->addr = NULL;
+	r->addr = NULL;
 	return rc;
+}
+
+int kvb_mem_alias(struct kvb_ctx *ctx, const struct kvb_region *parent,
+		  uint64_t offset, uint64_t size, uint32_t flags, uint64_t key,
+		  struct kvb_region *out)
+{
+	struct kvb_msg_mem_alias req;
+	struct kvb_msg_mem_reply rep;
+	int rc;
+
+	if (!ctx || !parent || !out || size == 0 || offset > parent->size ||
+	    size > parent->size - offset ||
+	    (flags & ~(KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ)))
+		return -EINVAL;
+	if (parent->gpu || parent->alias)
+		return -EOPNOTSUPP;
+	kvb_msg_init(&req.h, KVB_MSG_MEM_ALIAS, sizeof(req));
+	req.parent = parent->id;
+	req.flags = flags;
+	req.offset = offset;
+	req.size = size;
+	req.key = key;
+	rc = kvb_client_call(ctx, &req.h, NULL, 0, &rep, sizeof(rep),
+			     sizeof(rep));
+	if (rc)
+		return rc;
+	out->id = rep.region;
+	out->flags = rep.flags;
+	out->size = rep.size;
+	out->addr = parent->addr ? (char *) parent->addr + offset : NULL;
+	out->gpu = 0;
+	out->alias = 1;
+	return 0;
 }
 
 int kvb_mem_lookup(struct kvb_ctx *ctx, enum kvb_role role, uint32_t dp_rank,

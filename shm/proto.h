@@ -38,8 +38,10 @@ enum kvb_msg_type {
 	KVB_MSG_MEM_KV = 8, /* KV geometry and layer of a region */
 	KVB_MSG_PEER = 9,   /* handshake with a peer broker (deferred reply) */
 	KVB_MSG_XOPEN = 10, /* open a cross-node transfer; blocks follow */
-	KVB_MSG_OPEN_BATCH = 11, /* intern up to 64 transfer ids at once */
-	KVB_MSG_XTIMEOUTS = 12,	 /* a transfer's clocks */
+	KVB_MSG_OPEN_BATCH = 11,  /* intern up to 64 transfer ids at once */
+	KVB_MSG_XTIMEOUTS = 12,	  /* a transfer's clocks */
+	KVB_MSG_XOPEN_BATCH = 13, /* cross-node opens by peer address */
+	KVB_MSG_MEM_ALIAS = 14,	  /* a region over part of another */
 };
 
 struct kvb_msg_hdr {
@@ -195,6 +197,50 @@ struct kvb_msg_xtimeouts {
 	uint32_t deadline_ms;
 	uint32_t stall_ms;
 	uint32_t defer_ms;
+};
+
+/*
+ * XOPEN_BATCH: this header, then n entries (1..KVB_XOPEN_BATCH_MAX), each
+ * a struct kvb_xopen_ent, its id (id_len bytes) and host (host_len bytes)
+ * padded with zeros to a multiple of 4, then nblocks + nremote uint32 block
+ * ids; packed, filling the message exactly (else it is malformed and the
+ * worker dropped). n out of range: a header-only reply with status
+ * -EINVAL. Else status 0 and one struct kvb_open_result per entry, in
+ * order (struct kvb_msg_open_batch_reply), each entry opened on its own.
+ */
+#define KVB_XOPEN_BATCH_MAX 1024u
+
+struct kvb_msg_xopen_batch {
+	struct kvb_msg_hdr h;
+	uint32_t n;
+	uint32_t pad;
+};
+
+struct kvb_xopen_ent {
+	uint8_t id_len;	  /* 1..255 */
+	uint8_t host_len; /* 1..63 */
+	uint16_t port;	  /* the peer broker's handshake port */
+	uint32_t mode;	  /* 0 = WRITE, 1 = READ */
+	uint32_t flags;	  /* KVB_XFER_F_* */
+	uint32_t remote_dp_rank;
+	uint32_t nblocks;
+	uint32_t nremote;
+};
+
+/* Bytes an entry takes in the message. */
+static inline uint64_t kvb_xopen_ent_len(const struct kvb_xopen_ent *e)
+{
+	return sizeof(*e) + (((uint64_t) e->id_len + e->host_len + 3) & ~3ull) +
+	       ((uint64_t) e->nblocks + e->nremote) * 4;
+}
+
+/* MEM_ALIAS: a region over [offset, offset + size) of region `parent`;
+ * reply: struct kvb_msg_mem_reply. */
+struct kvb_msg_mem_alias {
+	struct kvb_msg_hdr h;
+	uint32_t parent;
+	uint32_t flags; /* KVB_MEM_REMOTE_* */
+	uint64_t offset, size, key;
 };
 
 #endif /* KVB_SHM_PROTO_H */

@@ -213,6 +213,10 @@ static int layer_ready(struct kvb_broker *b, struct kvb_rxfer *rx,
 {
 	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
 
+	if (rx->wait_peer) {
+		*why = "waiting for the peer's handshake";
+		return 1;
+	}
 	if (rx->role == KVB_ROLE_P && !rx->have_rblocks) {
 		*why = "waiting for remote_blocks";
 		return 1;
@@ -694,6 +698,11 @@ int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	if (x->closing) {
 		kvb_layer_refuse(b, w, e, x->close_err, "the transfer failed");
+		return 0;
+	}
+	if (x->held_err) {
+		kvb_layer_refuse(b, w, e, x->held_err,
+				 "the transfer failed waiting for its peer");
 		return 0;
 	}
 	if (e->layer >= MAX_LAYERS) {

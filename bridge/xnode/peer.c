@@ -265,6 +265,7 @@ void kvb_xn_peer_done(struct kvb_broker *b, struct kvb_peer *p, int status)
 		p->state = PEER_READY;
 		p->handshakes++;
 	}
+	kvb_xn_waiting_done(b, p, status); /* transfers opened by address */
 	kvb_xn_peer_reply_waiters(b, p, status);
 	if (!status)
 		kvb_xn_issue_deferred_of_peer(b,

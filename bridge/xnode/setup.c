@@ -300,6 +300,7 @@ static const struct kvb_engine_hooks xn_hooks = {
 	.mem_kv = kvb_xn_mem_kv,
 	.peer_req = kvb_xn_peer_req,
 	.xopen = kvb_xn_xopen,
+	.xopen_batch = kvb_xn_xopen_batch,
 	.event = xn_event,
 	.service = kvb_xn_service,
 	.rejected = kvb_xn_rejected,

@@ -103,7 +103,10 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"layers_starved\":%llu,"
 	    "\"handshake_replies_rejected\":%llu,"
 	    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
-	    "\"peers_reclaimed\":%llu,",
+	    "\"peers_reclaimed\":%llu,\"duplicate_opens\":%llu,"
+	    "\"opens_batched\":%llu,\"opens_waiting\":%llu,"
+	    "\"handshake_wait_failed\":%llu,\"release_only_sent\":%llu,"
+	    "\"release_only_failed\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -125,7 +128,13 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.hs_bad_replies,
 	    (unsigned long long) xn->st.logs_suppressed,
 	    (unsigned long long) xn->st.unopened_evicted,
-	    (unsigned long long) xn->st.peers_reclaimed);
+	    (unsigned long long) xn->st.peers_reclaimed,
+	    (unsigned long long) xn->st.duplicate_opens,
+	    (unsigned long long) xn->st.opens_batched,
+	    (unsigned long long) xn->st.opens_waiting,
+	    (unsigned long long) xn->st.hs_wait_failed,
+	    (unsigned long long) xn->st.release_only_sent,
+	    (unsigned long long) xn->st.release_only_failed);
 	*lenp = len;
 }
 
@@ -157,6 +166,15 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.write_done_sent,
 	    (unsigned long long) xn->st.releases_sent,
 	    (unsigned long long) xn->st.write_failed_sent);
+	PUT("opens by address       %llu (%llu waited for the peer, %llu "
+	    "failed so), %llu duplicate ids refused\n",
+	    (unsigned long long) xn->st.opens_batched,
+	    (unsigned long long) xn->st.opens_waiting,
+	    (unsigned long long) xn->st.hs_wait_failed,
+	    (unsigned long long) xn->st.duplicate_opens);
+	PUT("release-only           %llu sent, %llu failed\n",
+	    (unsigned long long) xn->st.release_only_sent,
+	    (unsigned long long) xn->st.release_only_failed);
 	*lenp = len;
 }
 

@@ -413,31 +413,35 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 	return 0;
 }
 
-/* Is an XOPEN request well formed for w (its block lists as its role and
- * mode need them), with a peer where it needs one? 0 or -errno. */
-static int xopen_check(struct kvb_xn *xn, struct kvb_worker *w,
-		       const struct kvb_msg_xopen *m, uint32_t len)
+/* Is an open well formed for w (its block lists as its role and mode need
+ * them), with a peer where it needs one (or one it waits for)? 0 or
+ * -errno. */
+static int open_check(struct kvb_xn *xn, struct kvb_worker *w,
+		      const struct kvb_xn_open *o)
 {
 	struct kvb_peer *p;
+	int release_only = !!(o->flags & KVB_XFER_F_RELEASE_ONLY);
 
-	if ((uint64_t) len !=
-		    sizeof(*m) + ((uint64_t) m->nblocks + m->nremote) *
-					 sizeof(uint32_t) ||
-	    m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX ||
-	    m->mode > KVB_XFER_READ || !memchr(m->notify_host, 0, 64) ||
-	    m->notify_port > 65535)
+	if (o->id_len == 0 || o->id_len > KVB_XFER_ID_MAX ||
+	    o->mode > KVB_XFER_READ ||
+	    (o->flags & ~(KVB_XFER_F_NO_ANNOUNCE | KVB_XFER_F_PLAIN_RELEASE |
+			  KVB_XFER_F_RELEASE_ONLY)))
 		return -EINVAL;
 	if (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D)
 		return -EINVAL;
-	p = kvb_xn_peer_get(xn, m->peer);
-	if (!(w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ) &&
+	if (release_only &&
+	    (w->role != KVB_ROLE_D || o->mode != KVB_XFER_WRITE))
+		return -EINVAL;
+	p = kvb_xn_peer_get(xn, o->peer);
+	if (!(w->role == KVB_ROLE_P && o->mode == KVB_XFER_READ) && !o->wait &&
 	    (!p || !p->have_desc))
 		return -ENOENT;
 	/* block lists each mode needs */
-	if ((w->role == KVB_ROLE_P || m->mode == KVB_XFER_WRITE) && !m->nblocks)
+	if ((w->role == KVB_ROLE_P || o->mode == KVB_XFER_WRITE) && !o->nlb &&
+	    !release_only)
 		return -EINVAL;
-	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ &&
-	    (!m->nblocks || m->nremote != m->nblocks))
+	if (w->role == KVB_ROLE_D && o->mode == KVB_XFER_READ &&
+	    (!o->nlb || o->nrb != o->nlb))
 		return -EINVAL;
 	return 0;
 }
@@ -462,11 +466,94 @@ static uint32_t read_acks(const struct kvb_worker *w, const struct kvb_peer *p)
 	return a > 0 ? (uint32_t) a : 1;
 }
 
-int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
-		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle)
+/*
+ * D dropped the request before anything was written (release-only): a
+ * typed release to every P rank of rx->remote_dp at the peer, which P's
+ * broker takes as D's abort. Once per node and id: where another D worker
+ * here released it already, nothing more goes. 0 or -errno (none went).
+ */
+static int release_only(struct kvb_broker *b, struct kvb_worker *w,
+			struct kvb_xfer *x)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
-	const uint32_t *ids = (const uint32_t *) (m + 1);
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
+	struct kvb_zmsg m;
+	uint32_t sent;
+	int rc;
+
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *v = &b->workers[b->live[i]];
+		struct kvb_xfer *y;
+
+		if (v == w || v->role != KVB_ROLE_D)
+			continue;
+		y = kvb_xfer_find(&b->xfers, v->id, x->id, strlen(x->id));
+		if (y && y->rx && y->rx->released && y->rx->peer == rx->peer) {
+			rx->released = 1;
+			return 0;
+		}
+	}
+	if (!p || !p->have_desc)
+		return -EHOSTUNREACH;
+	rc = kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, x->id);
+	if (rc)
+		return rc;
+	sent = send_to_p_ranks(b, w, p, rx, &m);
+	kvb_zmsg_fini(&m);
+	xn->st.releases_sent += sent;
+	if (!sent) {
+		xn->st.release_only_failed++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("transfer '%s': release not sent: peer %s has "
+				 "no reachable P worker of DP rank %u",
+				 x->id, p->desc.node_id, rx->remote_dp);
+		return -EHOSTUNREACH;
+	}
+	xn->st.release_only_sent++;
+	rx->released = 1;
+	return 0;
+}
+
+/* What an open does once its peer is known: D/WRITE announces its blocks
+ * (or releases them: release-only), P/READ counts the ACKs it waits for.
+ * 0 or -errno. */
+static int open_steps(struct kvb_broker *b, struct kvb_worker *w,
+		      struct kvb_xfer *x)
+{
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
+
+	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_READ) {
+		if (p && p->have_desc)
+			rx->acks_needed = read_acks(w, p);
+		return 0;
+	}
+	if (rx->role != KVB_ROLE_D || rx->mode != KVB_XFER_WRITE)
+		return 0;
+	if (rx->release_only)
+		return release_only(b, w, x);
+	if (rx->flags & KVB_XFER_F_NO_ANNOUNCE)
+		return 0;
+	return announce(b, w, x);
+}
+
+int kvb_xn_open_ready(struct kvb_broker *b, struct kvb_xfer *x)
+{
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
+	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
+
+	rx->wait_peer = 0;
+	if (!w || !p || !p->have_desc)
+		return -EHOSTUNREACH;
+	return open_steps(b, w, x);
+}
+
+int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
+		    const struct kvb_xn_open *o, uint32_t *handle)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
 	struct kvb_peer *p;
 	struct kvb_xfer *x;
 	struct kvb_rxfer *rx;
@@ -474,25 +561,35 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 
 	if (!xn)
 		return -ENOTCONN;
-	err = xopen_check(xn, w, m, len);
+	/* malformed first, then a duplicate, then the rest */
+	if (o->id_len == 0 || o->id_len > KVB_XFER_ID_MAX ||
+	    o->mode > KVB_XFER_READ)
+		return -EINVAL;
+	x = kvb_xfer_find(&b->xfers, w->id, o->id, o->id_len);
+	if (x && x->opened) {
+		if (!x->rx)
+			return -EBUSY; /* opened as a same-node transfer */
+		/* two requests sharing an id would share one transfer */
+		xn->st.duplicate_opens++;
+		if (kvb_xn_rlog_ok(xn))
+			log_warn("worker %u: transfer '%s' opened again while "
+				 "it is live: refused (-EEXIST), the open one "
+				 "goes on",
+				 w->id, x->id);
+		return -EEXIST;
+	}
+	err = open_check(xn, w, o);
 	if (err)
 		return err;
-	p = kvb_xn_peer_get(xn, m->peer);
-	x = kvb_xfer_find(&b->xfers, w->id, m->id, m->id_len);
+	p = kvb_xn_peer_get(xn, o->peer);
 	if (!x)
 		x = kvb_xfer_open(
-			&b->xfers, w->id, m->id, m->id_len,
+			&b->xfers, w->id, o->id, o->id_len,
 			kvb_now_ns() +
 				(int64_t) b->opt.transfer_deadline_ms * 1000000,
 			&err);
 	if (!x)
 		return err;
-	if (x->opened) {
-		if (!x->rx)
-			return -EBUSY; /* opened as a same-node transfer */
-		*handle = kvb_xfer_handle(&b->xfers, x);
-		return 0;
-	}
 	rx = x->rx;
 	if (!rx) {
 		rx = calloc(1, sizeof(*rx));
@@ -500,51 +597,60 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 			goto nomem;
 		x->rx = rx;
 	} else if (rx->have_rblocks &&
-		   (m->mode != KVB_XFER_WRITE || rx->nrb > m->nblocks)) {
+		   (o->mode != KVB_XFER_WRITE || rx->nrb > o->nlb)) {
 		log_warn("transfer '%s': remote_blocks had %u blocks, P opened "
 			 "it with %u (D may name fewer, not more)",
-			 x->id, rx->nrb, m->nblocks);
+			 x->id, rx->nrb, o->nlb);
 		kvb_xfer_end(&b->xfers, x);
 		return -EINVAL;
 	}
 	kvb_xn_rx_opened(xn, rx);
-	rx->peer = m->peer;
+	rx->peer = o->peer;
 	rx->role = (uint8_t) w->role;
-	rx->mode = (uint8_t) m->mode;
-	rx->flags = (uint8_t) m->flags;
+	rx->mode = (uint8_t) o->mode;
+	rx->flags = (uint8_t) o->flags;
+	rx->release_only = !!(o->flags & KVB_XFER_F_RELEASE_ONLY);
 	if (w->role == KVB_ROLE_D)
-		rx->remote_dp = m->remote_dp_rank;
-	rx->lb = kvb_xn_copy_ids(ids, m->nblocks);
-	rx->nlb = m->nblocks;
-	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_READ) {
-		rx->rb = kvb_xn_copy_ids(ids + m->nblocks, m->nremote);
-		rx->nrb = m->nremote;
+		rx->remote_dp = o->remote_dp;
+	if (!rx->release_only) { /* a release holds no blocks */
+		rx->lb = kvb_xn_copy_ids(o->lb, o->nlb);
+		rx->nlb = o->nlb;
+		if (o->nlb && !rx->lb)
+			goto nomem;
+	}
+	if (w->role == KVB_ROLE_D && o->mode == KVB_XFER_READ) {
+		rx->rb = kvb_xn_copy_ids(o->rb, o->nrb);
+		rx->nrb = o->nrb;
 		rx->have_rblocks = 1;
 		if (!rx->rb)
 			goto nomem;
 	}
-	if (m->nblocks && !rx->lb)
-		goto nomem;
-	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE) {
+	if (w->role == KVB_ROLE_D && o->mode == KVB_XFER_WRITE &&
+	    !rx->release_only) {
 		if (kvb_grant_take(b, w, rx->lb, rx->nlb))
 			goto nomem;
 		rx->granted = w->id;
 	}
-	rx->acks_needed = w->role == KVB_ROLE_P && m->mode == KVB_XFER_READ &&
-					  p && p->have_desc
-				  ? read_acks(w, p)
-				  : 1;
-	memcpy(rx->notify_host, m->notify_host, sizeof(rx->notify_host));
-	rx->notify_port = (uint16_t) m->notify_port;
+	rx->acks_needed = 1; /* P/READ: counted when the peer is known */
+	memset(rx->notify_host, 0, sizeof(rx->notify_host));
+	if (o->notify_host)
+		snprintf(rx->notify_host, sizeof(rx->notify_host), "%s",
+			 o->notify_host);
+	rx->notify_port = o->notify_port;
 	/* a transfer created by remote_blocks had the defer deadline */
 	x->deadline_ns =
 		kvb_now_ns() + (int64_t) b->opt.transfer_deadline_ms * 1000000;
 	x->opened = 1;
-	if (w->role == KVB_ROLE_D && m->mode == KVB_XFER_WRITE &&
-	    !(m->flags & KVB_XFER_F_NO_ANNOUNCE)) {
-		int rc = announce(b, w, x);
+	if (o->wait) {
+		rx->wait_peer = 1;
+		xn->st.opens_waiting++;
+	} else if (p && p->have_desc) {
+		int rc = open_steps(b, w, x);
 
-		if (rc) {
+		if (rc && rx->release_only) {
+			/* told in its completion, as if it had waited */
+			x->held_err = rc;
+		} else if (rc) {
 			kvb_xfer_end(&b->xfers, x);
 			return rc;
 		}
@@ -554,6 +660,36 @@ int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 nomem:
 	kvb_xfer_end(&b->xfers, x);
 	return -ENOMEM;
+}
+
+int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
+		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle)
+{
+	const uint32_t *ids = (const uint32_t *) (m + 1);
+	struct kvb_xn_open o = {
+		.id = m->id,
+		.id_len = m->id_len,
+		.peer = m->peer,
+		.mode = m->mode,
+		.flags = m->flags,
+		.remote_dp = m->remote_dp_rank,
+		.lb = ids,
+		.nlb = m->nblocks,
+		.rb = ids + m->nblocks,
+		.nrb = m->nremote,
+		.notify_host = m->notify_host,
+		.notify_port = (uint16_t) m->notify_port,
+	};
+
+	if (!kvb_xn_of(b))
+		return -ENOTCONN;
+	if ((uint64_t) len !=
+		    sizeof(*m) + ((uint64_t) m->nblocks + m->nremote) *
+					 sizeof(uint32_t) ||
+	    m->id_len == 0 || m->id_len > KVB_XFER_ID_MAX ||
+	    !memchr(m->notify_host, 0, 64) || m->notify_port > 65535)
+		return -EINVAL;
+	return kvb_xn_open_one(b, w, &o, handle);
 }
 
 int kvb_xn_xfer_deferred(const struct kvb_xfer *x)
@@ -569,6 +705,9 @@ uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 	if (!kvb_xn_of(b) || !rx || rx->role != KVB_ROLE_D ||
 	    rx->mode != KVB_XFER_WRITE || !x->opened || rx->notify_host[0] ||
 	    rx->notify_port)
+		return 0;
+	/* nothing announced: no P writes into it */
+	if (rx->wait_peer || rx->release_only || x->held_err)
 		return 0;
 	if (!x->sealed)
 		return ended ? 0 : 1;
@@ -635,6 +774,10 @@ int kvb_xn_xfer_complete(const struct kvb_xfer *x)
 {
 	const struct kvb_rxfer *rx = x->rx;
 
+	if (rx->wait_peer) /* nothing can be done before the peer is */
+		return 0;
+	if (rx->release_only) /* its release went out: done once sealed */
+		return x->sealed;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_READ)
 		return x->sealed && rx->acks_got >= rx->acks_needed;
 	return kvb_xfer_complete(x);
@@ -662,7 +805,8 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			 x->id, rx->ndef);
 	}
 	rx->ndef = 0;
-	if (!xn || !w || !p || !x->opened)
+	if (!xn || !w || !p || !x->opened || rx->wait_peer || !p->have_desc ||
+	    rx->release_only)
 		return;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {
 		/* every layer landed: write_done to each D rank written. Else

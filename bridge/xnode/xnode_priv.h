@@ -26,6 +26,9 @@
 #define MAX_GROUPS    65536u
 #define HS_TIMEOUT_NS (3ll * 1000000000)
 #define REFRESH_NS    (1ll * 1000000000) /* at most one refresh a second */
+/* a batch open to a peer whose handshake failed less than this ago fails
+ * at once with that failure (no new handshake) */
+#define HS_RETRY_NS   (1ll * 1000000000)
 #define HS_DRAIN      64u
 #define NOTIFY_BUDGET 256u
 #define MAX_TRUSTED   32u
@@ -68,6 +71,9 @@ struct kvb_peer {
 	uint64_t tcp_id;
 	uint8_t req_mac[32];
 	uint8_t no_kx_logged;
+	/* when our last handshake to it failed (0: it did not); open.c
+	 * fails batch opens to it at once for HS_RETRY_NS after that */
+	int64_t hs_failed_ns;
 };
 
 /* "ep" handshake message: an endpoint blob of one transport (rdma offer or
@@ -100,11 +106,16 @@ struct kvb_rxfer {
 	uint8_t unopened; /* created by a message, counted in xn->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
-	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
-	uint32_t *lb, nlb;  /* this worker's block ids */
-	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
-	uint8_t failed;	    /* ... and it ended with a failure */
-	uint32_t *rb, nrb;  /* the other side's */
+	/* opened by address while the peer's handshake runs (open.c): what
+	 * needs the peer (announce, release, layer ops) waits for it */
+	uint8_t wait_peer;
+	uint8_t release_only; /* D/WRITE: KVB_XFER_F_RELEASE_ONLY */
+	uint8_t released;     /* ... its release went out (or another D's) */
+	uint32_t remote_dp;   /* P/WRITE: decode_rank; D: the P DP rank */
+	uint32_t *lb, nlb;    /* this worker's block ids */
+	uint32_t granted;     /* D/WRITE: worker whose lb it holds (grants.c) */
+	uint8_t failed;	      /* ... and it ended with a failure */
+	uint32_t *rb, nrb;    /* the other side's */
 	uint32_t acks_needed, acks_got;
 	uint64_t acked_ranks; /* P/READ: D ranks < 64 whose ":tp<r>" came */
 	struct deferred *def;
@@ -173,6 +184,11 @@ struct kvb_xn {
 		uint64_t logs_suppressed;
 		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
 		uint64_t unopened_evicted; /* oldest unopened, for new ones */
+		uint64_t duplicate_opens;  /* a live id opened again: -EEXIST */
+		uint64_t opens_batched;	   /* entries of XOPEN_BATCH */
+		uint64_t opens_waiting;	   /* ... opened waiting for the peer */
+		uint64_t hs_wait_failed;   /* ... failed by its handshake */
+		uint64_t release_only_sent, release_only_failed;
 	} st;
 	uint32_t nunopened; /* kvb_rxfer.unopened ones */
 	/* the least in-flight room a transfer whose layers wait for it needs
@@ -266,6 +282,33 @@ int kvb_xn_peer_req(struct kvb_broker *b, struct kvb_worker *w,
 		    const struct kvb_msg_peer *m);
 int kvb_xn_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		 const struct kvb_msg_xopen *m, uint32_t len, uint32_t *handle);
+int kvb_xn_xopen_batch(struct kvb_broker *b, struct kvb_worker *w,
+		       const struct kvb_msg_xopen_batch *m, uint32_t len,
+		       struct kvb_open_result *res);
+
+/* xnode.c: one cross-node open, from XOPEN or an XOPEN_BATCH entry */
+struct kvb_xn_open {
+	const char *id;
+	uint32_t id_len;
+	uint32_t peer, mode, flags, remote_dp;
+	const uint32_t *lb, *rb;
+	uint32_t nlb, nrb;
+	const char *notify_host; /* NULL or "": the peer's */
+	uint16_t notify_port;
+	uint8_t wait; /* the peer's handshake runs: open waiting for it */
+};
+/* 0 with *handle, or -errno (nothing left open) */
+int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
+		    const struct kvb_xn_open *o, uint32_t *handle);
+/* xnode.c: the peer of a transfer waiting for it is known now: what its
+ * open left for then (announce, release, ACK count); 0 or -errno */
+int kvb_xn_open_ready(struct kvb_broker *b, struct kvb_xfer *x);
+/* open.c: our handshake with p ended (kvb_xn_peer_done): the transfers
+ * waiting for it go on, or fail with status */
+void kvb_xn_waiting_done(struct kvb_broker *b, struct kvb_peer *p, int status);
+/* open.c: fail transfer x, which waits for its peer, with status (held
+ * for its seal where it has none yet) */
+void kvb_xn_fail_waiting(struct kvb_broker *b, struct kvb_xfer *x, int status);
 int kvb_xn_layer(struct kvb_broker *b, struct kvb_worker *w,
 		 const struct kvb_sqe *e, struct kvb_op_done *done);
 void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status);

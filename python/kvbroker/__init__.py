@@ -27,6 +27,8 @@ from .types import (
     TRANSFER_OPEN_BATCH_MAX,
     XFER_F_NO_ANNOUNCE,
     XFER_F_PLAIN_RELEASE,
+    XFER_F_RELEASE_ONLY,
+    REMOTE_OPEN_BATCH_MAX,
     CompKind,
     Completion,
     Desc,
@@ -51,7 +53,7 @@ __all__ = [
     "Desc", "Completion", "CompKind", "KVGeometry", "OpenResult", "RemoteRegion",
     "Role", "XferMode",
     "MEM_REMOTE_WRITE", "MEM_REMOTE_READ", "DESC_UNSIGNALED",
-    "XFER_F_NO_ANNOUNCE", "XFER_F_PLAIN_RELEASE", "KV_KV_FIRST", "KV_BLOCK_FIRST",
-    "KV_PACKED",
+    "XFER_F_NO_ANNOUNCE", "XFER_F_PLAIN_RELEASE", "XFER_F_RELEASE_ONLY",
+    "REMOTE_OPEN_BATCH_MAX", "KV_KV_FIRST", "KV_BLOCK_FIRST", "KV_PACKED",
     "TRANSFER_OPEN_BATCH_MAX", "TRANSFER_ID_MAX",
 ]

@@ -53,7 +53,7 @@ class CRegion(Structure):
         ("addr", c_void_p),
         ("size", c_uint64),
         ("gpu", c_uint32),
-        ("pad", c_uint32),
+        ("alias", c_uint32),
     ]
 
 
@@ -102,6 +102,22 @@ class CRemoteXfer(Structure):
     ]
 
 
+class CRemoteOpen(Structure):
+    _fields_ = [
+        ("transfer_id", c_char_p),
+        ("host", c_char_p),
+        ("port", c_uint16),
+        ("pad", c_uint16),
+        ("mode", c_uint32),
+        ("flags", c_uint32),
+        ("remote_dp_rank", c_uint32),
+        ("blocks", c_void_p),  # const uint32_t *
+        ("nblocks", c_uint32),
+        ("remote_blocks", c_void_p),  # const uint32_t *
+        ("nremote", c_uint32),
+    ]
+
+
 class CCompletion(Structure):
     _fields_ = [
         ("tag", c_uint64),
@@ -119,6 +135,7 @@ STRUCTS = {
     "kvb_desc": CDesc,
     "kvb_kv_geometry": CKVGeometry,
     "kvb_remote_xfer": CRemoteXfer,
+    "kvb_remote_open": CRemoteOpen,
     "kvb_completion": CCompletion,
 }
 
@@ -168,6 +185,16 @@ _PROTOS = {
         c_int,
         [_P, c_char_p, POINTER(CRemoteXfer), POINTER(c_uint32)],
         True,
+    ),
+    "kvb_transfer_open_remote_batch": (
+        c_int,
+        [_P, POINTER(CRemoteOpen), c_uint, POINTER(c_uint32), POINTER(c_int32)],
+        False,
+    ),
+    "kvb_mem_alias": (
+        c_int,
+        [_P, POINTER(CRegion), c_uint64, c_uint64, c_uint32, c_uint64, POINTER(CRegion)],
+        False,
     ),
     "kvb_submit_layer": (c_int, [_P, c_uint32, c_uint16, c_uint64, c_uint32], True),
     "kvb_submit_layers": (

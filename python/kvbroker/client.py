@@ -13,13 +13,14 @@ import os
 import threading
 import time
 import weakref
-from ctypes import byref, c_uint32, c_void_p
+from ctypes import byref, c_int32, c_uint32, c_void_p
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _lib
 from .errors import Error, check, error
 from .types import (
     TRANSFER_OPEN_BATCH_MAX,
+    XFER_F_RELEASE_ONLY,
     CompKind,
     Completion,
     Desc,
@@ -79,11 +80,15 @@ class Region:
     """
 
     def __init__(self, client: "Client", c: _lib.CRegion, key: int,
-                 mm: Optional[mmap.mmap], addr: Optional[int], gpu: bool, device: int = -1):
+                 mm: Optional[mmap.mmap], addr: Optional[int], gpu: bool, device: int = -1,
+                 parent: Optional["Region"] = None, parent_offset: int = 0):
         # weak: a dropped Client is detached at once (no cycle to collect)
         self._client: Optional[weakref.ref] = weakref.ref(client)
         self._c = c
         self._mm = mm
+        # an alias (kvb_mem_alias): a view of bytes of `parent`'s mapping
+        self.parent: Optional[Region] = parent
+        self.parent_offset: int = parent_offset
         self.id: int = c.id
         self.flags: int = c.flags
         self.size: int = c.size
@@ -108,6 +113,9 @@ class Region:
         """A writable memoryview (bytes) over the whole host mapping."""
         if self.freed:
             raise ValueError(f"region {self.id:#x} is freed")
+        if self.parent is not None:
+            off = self.parent_offset
+            return self.parent.buffer[off:off + self.size]
         if self._mm is None:
             raise ValueError(f"region {self.id:#x} is not mapped here (GPU memory)")
         return memoryview(self._mm)
@@ -138,6 +146,15 @@ class Region:
         if self.addr is None or not self.addr <= ptr < self.addr + self.size:
             raise ValueError(f"{ptr:#x} is not inside region {self.id:#x}")
         return ptr - self.addr
+
+    def alias(self, offset: int, size: int, flags: int = 0, key: int = 0) -> "Region":
+        """A region over bytes [offset, offset + size) of this one
+        (kvb_mem_alias): Client.alias(self, ...)."""
+        ref = self._client
+        c = ref() if ref is not None else None
+        if c is None:
+            raise ValueError(f"region {self.id:#x} is freed")
+        return c.alias(self, offset, size, flags=flags, key=key)
 
     def free(self) -> None:
         """Give the region back (kvb_mem_free); idempotent."""
@@ -378,6 +395,31 @@ class Client:
         self._track(r)
         return r
 
+    def alias(self, region: Region, offset: int, size: int, flags: int = 0,
+              key: int = 0) -> Region:
+        """A new region over bytes [offset, offset + size) of host region
+        `region` (kvb_mem_alias): any byte offset, no new memory; usable
+        with set_kv and in descriptors like any region. Its buffer,
+        as_numpy and as_torch are views of the parent's mapping. Free the
+        aliases before their parent (else EBUSY); EOPNOTSUPP for GPU
+        memory or an alias of an alias."""
+        if region.freed:
+            raise Error(errno.ENOENT, f"region {region.id:#x} is freed", "kvb_mem_alias")
+        if not self._lib.has("kvb_mem_alias"):
+            raise Error(errno.ENOSYS, "this libkvbroker has no kvb_mem_alias", "kvb_mem_alias")
+        c = _lib.CRegion()
+        ctx = self._enter("kvb_mem_alias")
+        try:
+            rc = self._lib.kvb_mem_alias(ctx, byref(region._c), offset, size, flags, key,
+                                         byref(c))
+        finally:
+            self._leave()
+        check(rc, "kvb_mem_alias")
+        addr = region.addr + offset if region.addr is not None else None
+        r = Region(self, c, key, None, addr, False, parent=region, parent_offset=offset)
+        self._track(r)
+        return r
+
     def _track(self, r: Region) -> None:
         with self._lock:
             self._regions[r.id] = r
@@ -399,6 +441,8 @@ class Client:
             rc = self._lib.kvb_mem_free(ctx, byref(r._c))
         finally:
             self._leave()
+        if rc == -errno.EBUSY:  # aliases of it live: nothing changed
+            raise error(rc, "kvb_mem_free")
         # the mapping is ours whatever the broker said (as in C)
         self._untrack(r)
         r._release()
@@ -547,6 +591,67 @@ class Client:
             self._leave()
         check(rc, "kvb_transfer_open_remote")
         return h.value
+
+    def open_remote_batch(self, entries: Sequence[Dict[str, Any]]) -> List[tuple]:
+        """Open cross-node transfers by their peer's address, in one round
+        trip (kvb_transfer_open_remote_batch); never waits for a handshake.
+
+        Each entry is a dict: transfer_id, host, port (the peer broker's
+        --host-ip and --handshake-port), mode ("write"/"read", default
+        "write"), blocks, remote_blocks, remote_dp_rank, flags, and
+        release_only=True (adds XFER_F_RELEASE_ONLY). Returns one
+        (status, handle) per entry: status 0 with the handle, or that
+        entry's -errno with handle 0. Raises Error for the whole call
+        (EINVAL, E2BIG, EPIPE, ETIMEDOUT); ValueError / TypeError for an
+        entry Python cannot pass (bad id, mode or key)."""
+        call = "kvb_transfer_open_remote_batch"
+        n = len(entries)
+        if n == 0:
+            return []
+        if not self._lib.has(call):
+            raise Error(errno.ENOSYS, f"this libkvbroker has no {call}", call)
+        arr = (_lib.CRemoteOpen * n)()
+        keep = []  # the buffers the C array points into
+        known = {"transfer_id", "host", "port", "mode", "blocks", "remote_blocks",
+                 "remote_dp_rank", "flags", "release_only"}
+        for i, e in enumerate(entries):
+            bad = set(e) - known
+            if bad:
+                raise TypeError(f"{call}: unknown entry key(s) {sorted(bad)}")
+            tid = _id_bytes(e["transfer_id"], call)
+            host = str(e["host"]).encode()
+            mode = e.get("mode", "write")
+            if isinstance(mode, str):
+                try:
+                    m = XferMode[mode.upper()]
+                except KeyError:
+                    raise ValueError(f"mode must be 'write' or 'read', not {mode!r}") from None
+            else:
+                m = XferMode(mode)
+            blk = _u32_array(e.get("blocks"))
+            rblk = _u32_array(e.get("remote_blocks"))
+            flags = int(e.get("flags", 0))
+            if e.get("release_only"):
+                flags |= XFER_F_RELEASE_ONLY
+            keep += [tid, host, blk, rblk]
+            c = arr[i]
+            c.transfer_id, c.host, c.port = tid, host, int(e["port"])
+            c.mode, c.flags = int(m), flags
+            c.remote_dp_rank = int(e.get("remote_dp_rank", 0))
+            c.blocks = blk.buffer_info()[0] if len(blk) else None
+            c.nblocks = len(blk)
+            c.remote_blocks = rblk.buffer_info()[0] if len(rblk) else None
+            c.nremote = len(rblk)
+        hs = (c_uint32 * n)()
+        st = (c_int32 * n)()
+        ctx = self._enter(call)
+        try:
+            rc = self._lib.kvb_transfer_open_remote_batch(ctx, arr, n, hs, st)
+        finally:
+            self._leave()
+        check(rc, call)
+        del keep
+        return [(st[i], hs[i]) for i in range(n)]
 
     # ---- submission (one submitting thread) ----
 

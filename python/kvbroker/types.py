@@ -16,12 +16,15 @@ DESC_UNSIGNALED = 0x1
 # Flags of open_remote()
 XFER_F_NO_ANNOUNCE = 0x1
 XFER_F_PLAIN_RELEASE = 0x2
+XFER_F_RELEASE_ONLY = 0x4  # open_remote_batch, D/WRITE: only a release to P
 # KV layouts (set_kv)
 KV_KV_FIRST = 0
 KV_BLOCK_FIRST = 1
 KV_PACKED = 2
 # Most ids one kvb_transfer_open_batch call takes (open_batch splits more)
 TRANSFER_OPEN_BATCH_MAX = 64
+# Entries one XOPEN_BATCH message carries at most (the library splits more)
+REMOTE_OPEN_BATCH_MAX = 1024
 # Longest transfer id, in bytes (UTF-8)
 TRANSFER_ID_MAX = 255
 

@@ -52,7 +52,7 @@ int main(void)
 	F(kvb_region, addr);
 	F(kvb_region, size);
 	F(kvb_region, gpu);
-	F(kvb_region, pad);
+	F(kvb_region, alias);
 	end();
 	S(kvb_remote_region);
 	F(kvb_remote_region, id);
@@ -91,6 +91,19 @@ int main(void)
 	F(kvb_remote_xfer, notify_host);
 	F(kvb_remote_xfer, notify_port);
 	end();
+	S(kvb_remote_open);
+	F(kvb_remote_open, transfer_id);
+	F(kvb_remote_open, host);
+	F(kvb_remote_open, port);
+	F(kvb_remote_open, pad);
+	F(kvb_remote_open, mode);
+	F(kvb_remote_open, flags);
+	F(kvb_remote_open, remote_dp_rank);
+	F(kvb_remote_open, blocks);
+	F(kvb_remote_open, nblocks);
+	F(kvb_remote_open, remote_blocks);
+	F(kvb_remote_open, nremote);
+	end();
 	S(kvb_completion);
 	F(kvb_completion, tag);
 	F(kvb_completion, bytes);
@@ -101,12 +114,14 @@ int main(void)
 	/* the constants the binding copies */
 	printf(",\"constants\":{\"MEM_REMOTE_WRITE\":%u,\"MEM_REMOTE_READ\":%u,"
 	       "\"DESC_UNSIGNALED\":%u,\"XFER_F_NO_ANNOUNCE\":%u,"
-	       "\"XFER_F_PLAIN_RELEASE\":%u,\"KV_KV_FIRST\":%u,"
+	       "\"XFER_F_PLAIN_RELEASE\":%u,\"XFER_F_RELEASE_ONLY\":%u,"
+	       "\"REMOTE_OPEN_BATCH_MAX\":%u,\"KV_KV_FIRST\":%u,"
 	       "\"KV_BLOCK_FIRST\":%u,\"TRANSFER_OPEN_BATCH_MAX\":%u,"
 	       "\"ROLE_P\":%d,\"ROLE_D\":%d,\"XFER_WRITE\":%d,\"XFER_READ\":%d,"
 	       "\"COMP_DESC\":%d,\"COMP_TRANSFER\":%d,\"COMP_SHUTDOWN\":%d}",
 	       KVB_MEM_REMOTE_WRITE, KVB_MEM_REMOTE_READ, KVB_DESC_UNSIGNALED,
 	       KVB_XFER_F_NO_ANNOUNCE, KVB_XFER_F_PLAIN_RELEASE,
+	       KVB_XFER_F_RELEASE_ONLY, KVB_REMOTE_OPEN_BATCH_MAX,
 	       KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST, KVB_TRANSFER_OPEN_BATCH_MAX,
 	       KVB_ROLE_P, KVB_ROLE_D, KVB_XFER_WRITE, KVB_XFER_READ,
 	       KVB_COMP_DESC, KVB_COMP_TRANSFER, KVB_COMP_SHUTDOWN);

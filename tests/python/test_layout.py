@@ -45,6 +45,8 @@ def test_constants(c_layout):
     assert kvbroker.DESC_UNSIGNALED == k["DESC_UNSIGNALED"]
     assert kvbroker.XFER_F_NO_ANNOUNCE == k["XFER_F_NO_ANNOUNCE"]
     assert kvbroker.XFER_F_PLAIN_RELEASE == k["XFER_F_PLAIN_RELEASE"]
+    assert kvbroker.XFER_F_RELEASE_ONLY == k["XFER_F_RELEASE_ONLY"]
+    assert kvbroker.REMOTE_OPEN_BATCH_MAX == k["REMOTE_OPEN_BATCH_MAX"]
     assert kvbroker.KV_KV_FIRST == k["KV_KV_FIRST"]
     assert kvbroker.KV_BLOCK_FIRST == k["KV_BLOCK_FIRST"]
     assert kvbroker.TRANSFER_OPEN_BATCH_MAX == k["TRANSFER_OPEN_BATCH_MAX"]

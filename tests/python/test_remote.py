@@ -166,3 +166,137 @@ def test_remote_errors(pair):
         with pytest.raises(kvbroker.Error) as e:
             P.open_remote("tx-e", pp, blocks=[1], notify_host="h" * 300)
         assert e.value.errno == errno.EINVAL
+
+
+def test_open_remote_batch(pair):
+    """open_remote_batch: by the peer's address, no peer_connect; D's wait
+    for the handshake (A not known to B yet), one call for all; a live id
+    opened again is refused (EEXIST) and the first goes on."""
+    A, a, B, b = pair
+    P, D, pr, dr = workers(A, B)
+    with P, D:
+        plan = [("tx-pb0", [0, 1], [2, 3]), ("tx-pb1", [4], [0]), ("tx-pb2", [5, 6], [6, 7])]
+        got = D.open_remote_batch([
+            dict(transfer_id=t, host="127.0.0.1", port=a, mode="write", blocks=dblk,
+                 remote_dp_rank=0) for t, _, dblk in plan])
+        assert [s for s, _ in got] == [0, 0, 0] and all(h for _, h in got)
+        for i, (_, h) in enumerate(got):
+            D.seal(h, 1, tag=100 + i)
+        got = P.open_remote_batch([
+            dict(transfer_id=t, host="127.0.0.1", port=b, blocks=np.array(pblk))
+            for t, pblk, _ in plan] + [dict(transfer_id="tx-pb0", host="127.0.0.1", port=b,
+                                           blocks=[0, 1])])
+        assert [s for s, _ in got] == [0, 0, 0, -errno.EEXIST]
+        assert got[3][1] == 0
+        hs = [h for _, h in got[:3]]
+        for l in range(LAYERS):
+            assert P.submit_layers(hs, [10 * l + i for i in range(3)], layer=l,
+                                   flags=kvbroker.DESC_UNSIGNALED) == 3
+        for i, h in enumerate(hs):
+            P.seal(h, LAYERS, tag=200 + i)
+        got = P.wait_min(3, timeout_ms=20000)
+        assert sorted((c.kind, c.tag, c.status) for c in got) == [
+            (CompKind.TRANSFER, 200 + i, 0) for i in range(3)]
+        got = D.wait_min(3, timeout_ms=20000)
+        assert sorted((c.tag, c.status) for c in got) == [(100 + i, 0) for i in range(3)]
+        check_blocks(pr, dr, [0, 1, 4, 5, 6], [2, 3, 0, 6, 7])
+        assert P.stats()["remote"]["duplicate_opens"] == 1
+        assert D.stats()["remote"]["opens_waiting"] == 3
+        # bad entries: each alone; Python-side mistakes raise
+        got = D.open_remote_batch([
+            dict(transfer_id="tx-pbx", host="192.0.2.9", port=6301, blocks=[1]),
+            dict(transfer_id="tx-pby", host="127.0.0.1", port=a, mode="read", blocks=[1],
+                 release_only=True)])
+        assert got == [(-errno.EACCES, 0), (-errno.EINVAL, 0)]
+        with pytest.raises(TypeError):
+            D.open_remote_batch([dict(transfer_id="t", host="h", port=1, bogus=1)])
+        with pytest.raises(ValueError):
+            D.open_remote_batch([dict(transfer_id="t", host="h", port=1, mode="up")])
+        assert D.open_remote_batch([]) == []
+
+
+def test_open_remote_batch_release_only(pair):
+    """release_only: D releases an id it never loaded; P's transfer (its
+    layers waiting for remote_blocks) ends at once with ECANCELED, D's
+    completes with 0 at its seal."""
+    A, a, B, b = pair
+    P, D, pr, dr = workers(A, B)
+    with P, D:
+        ((s, hp),) = P.open_remote_batch([dict(transfer_id="tx-rel", host="127.0.0.1", port=b,
+                                               blocks=[1, 2])])
+        assert s == 0
+        for l in range(LAYERS):
+            P.submit_layer(hp, l, tag=l)
+        P.seal(hp, LAYERS, tag=300)
+        assert kvbroker.XFER_F_RELEASE_ONLY == 0x4
+        ((s, hd),) = D.open_remote_batch([dict(transfer_id="tx-rel", host="127.0.0.1", port=a,
+                                               remote_dp_rank=0, release_only=True)])
+        assert s == 0
+        D.seal(hd, 0, tag=400)
+        got = P.wait_min(LAYERS + 1, timeout_ms=5000)
+        assert sorted((c.kind, c.tag, c.status) for c in got) == sorted(
+            [(CompKind.DESC, l, -errno.ECANCELED) for l in range(LAYERS)]
+            + [(CompKind.TRANSFER, 300, -errno.ECANCELED)])
+        (c,) = D.wait_min(1, timeout_ms=5000)
+        assert (c.kind, c.tag, c.status) == (CompKind.TRANSFER, 400, 0)
+        assert D.stats()["remote"]["release_only_sent"] == 1
+
+
+def test_alias_regions(pair):
+    """One backing buffer per side, a region alias per layer at odd byte
+    offsets: P writes D's blocks through them; nothing else of D's buffer
+    changes; as_numpy / as_torch see the alias's bytes; the parent cannot
+    be freed before its aliases."""
+    A, a, B, b = pair
+    P = kvbroker.Client(A.sock, role="P", timeout_ms=15000)
+    D = kvbroker.Client(B.sock, role="D", timeout_ms=15000)
+    with P, D:
+        size = 7 + LAYERS * (G.nbytes + 3)
+        pb = P.alloc(size, flags=kvbroker.MEM_REMOTE_READ, key=100)
+        db = D.alloc(size, flags=kvbroker.MEM_REMOTE_WRITE, key=100)
+        pb.buffer[:] = os.urandom(size)
+        db.buffer[:] = b"\xa5" * size
+        offs = [7 + l * (G.nbytes + 3) for l in range(LAYERS)]
+        doffs = [size - (l + 1) * (G.nbytes + 3) + 1 for l in range(LAYERS)]
+        pa = [pb.alias(o, G.nbytes, flags=kvbroker.MEM_REMOTE_READ, key=l)
+              for l, o in enumerate(offs)]
+        da = [D.alias(db, o, G.nbytes, flags=kvbroker.MEM_REMOTE_WRITE, key=l)
+              for l, o in enumerate(doffs)]
+        for l in range(LAYERS):
+            P.set_kv(pa[l], l, G)
+            D.set_kv(da[l], l, G)
+            assert pa[l].addr == pb.addr + offs[l]
+            assert bytes(pa[l].buffer[:16]) == bytes(pb.buffer[offs[l]:offs[l] + 16])
+        with pytest.raises(kvbroker.Error) as e:
+            pb.free()
+        assert e.value.errno == errno.EBUSY and not pb.freed
+        ((s, hd),) = D.open_remote_batch([dict(transfer_id="tx-al", host="127.0.0.1", port=a,
+                                               blocks=[3, 5])])
+        D.seal(hd, 1, tag=1)
+        ((s, hp),) = P.open_remote_batch([dict(transfer_id="tx-al", host="127.0.0.1", port=b,
+                                               blocks=[6, 0])])
+        for l in range(LAYERS):
+            P.submit_layer(hp, l, tag=l, flags=kvbroker.DESC_UNSIGNALED)
+        P.seal(hp, LAYERS, tag=2)
+        assert [(c.tag, c.status) for c in P.wait_min(1, timeout_ms=20000)] == [(2, 0)]
+        assert [(c.tag, c.status) for c in D.wait_min(1, timeout_ms=20000)] == [(1, 0)]
+        want = bytearray(b"\xa5" * size)
+        for l in range(LAYERS):
+            src = pa[l].as_numpy(np.uint16, SHAPE)
+            dst = da[l].as_numpy(np.uint16, SHAPE)
+            assert (dst[:, [3, 5]] == src[:, [6, 0]]).all()
+            w = np.frombuffer(want, dtype=np.uint8, count=G.nbytes, offset=doffs[l])
+            w = w.view(np.uint16).reshape(SHAPE)
+            w[:, [3, 5]] = src[:, [6, 0]]
+        assert bytes(db.buffer) == bytes(want), "a byte outside the named blocks changed"
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:
+            t = da[0].as_torch(torch.uint8)
+            assert t.numel() == G.nbytes and bytes(t[:8].numpy()) == bytes(db.buffer[doffs[0]:doffs[0] + 8])
+        for r in pa:
+            r.free()
+        pb.free()
+        assert pb.freed

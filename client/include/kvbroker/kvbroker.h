@@ -101,8 +101,8 @@ struct kvb_region {
 	uint32_t flags;
 	void *addr; /* this process's mapping (device pointer for GPU) */
 	uint64_t size;
-	uint32_t gpu; /* 1 = GPU memory (kvb_mem_register_gpu) */
-	uint32_t pad;
+	uint32_t gpu;	/* 1 = GPU memory (kvb_mem_register_gpu) */
+	uint32_t alias; /* 1 = a view of another region (kvb_mem_alias) */
 };
 
 /*
@@ -142,16 +142,46 @@ int kvb_mem_register_gpu(struct kvb_ctx *ctx, void *dev_ptr, uint64_t size,
 			 struct kvb_region *out);
 
 /*
- * Free a region (allocated or registered). Descriptors already submitted
- * against it still complete: those this context submitted before the call
- * (the broker takes its ring's entries before freeing, also when this
+ * Free a region (allocated, registered or an alias). Descriptors already
+ * submitted against it still complete: those this context submitted before the
+ * call (the broker takes its ring's entries before freeing, also when this
  * context has not reaped its completions; only when the broker's in-flight
  * table stays full are some left, and then those naming the region fail
  * with -EINVAL, logged) and those of other workers the broker already
  * took.
- * Returns 0, -ENOENT, -EPIPE. Thread-safe.
+ * Returns 0, -ENOENT, -EBUSY (aliases of it live: kvb_mem_alias; nothing
+ * changed), -EPIPE. Thread-safe.
  */
 int kvb_mem_free(struct kvb_ctx *ctx, struct kvb_region *r);
+
+/*
+ * A new region of this worker over bytes [offset, offset + size) of its
+ * region `parent` (any byte offset; offset + size <= parent->size): for
+ * one backing buffer holding every layer, as vLLM allocates it, with a
+ * region per layer view that kvb_mem_set_kv() and descriptors (source or
+ * destination, same node or across nodes) take like any region. No memory
+ * is mapped: the broker's mapping of the parent serves the alias, and
+ * out->addr = parent->addr + offset (NULL where the parent's addr is NULL:
+ * kvb_mem_register_fd), out->alias = 1. `flags` (KVB_MEM_REMOTE_*) and
+ * `key` are the alias's own, as kvb_mem_alloc's. An alias takes a slot of
+ * the broker's region table (65,536 for the node) as any region does.
+ *
+ * The parent must be a live host region of this worker (kvb_mem_alloc or
+ * kvb_mem_register_fd), not an alias itself. GPU regions: -EOPNOTSUPP.
+ * kvb_mem_free(parent) while aliases of it live returns -EBUSY and changes
+ * nothing (the worker's mapping stays): free the aliases first. Freeing an
+ * alias unmaps nothing in the worker. Ops in flight on an alias keep the
+ * parent's memory mapped in the broker until they ended; kvb_detach()
+ * frees everything in any order.
+ *
+ * Returns 0, -EINVAL (bad arguments, range outside the parent, size 0,
+ * unknown flags), -ENOENT (no such live region of this worker),
+ * -EOPNOTSUPP (GPU parent, or the parent is an alias), -ENOSPC (region
+ * table full), -ETIMEDOUT, -EPIPE. Thread-safe.
+ */
+int kvb_mem_alias(struct kvb_ctx *ctx, const struct kvb_region *parent,
+		  uint64_t offset, uint64_t size, uint32_t flags, uint64_t key,
+		  struct kvb_region *out);
 
 struct kvb_remote_region {
 	uint32_t id;
@@ -330,6 +360,8 @@ enum kvb_xfer_mode {
 /* Flags of struct kvb_remote_xfer */
 #define KVB_XFER_F_NO_ANNOUNCE	 0x1u /* D/WRITE: do not send remote_blocks */
 #define KVB_XFER_F_PLAIN_RELEASE 0x2u /* D/READ: plain-string release */
+/* D/WRITE, kvb_transfer_open_remote_batch: no blocks, only a release */
+#define KVB_XFER_F_RELEASE_ONLY 0x4u
 
 struct kvb_remote_xfer {
 	uint32_t peer;		 /* from kvb_peer_connect */
@@ -369,13 +401,98 @@ struct kvb_remote_xfer {
  * A transfer that cannot finish fails by one of its clocks (deadline, stall
  * or defer timeout: kvb_transfer_set_timeouts) with a status; none stays
  * pending. Returns 0 with *handle,
- * -EINVAL (also: blocks or remote_blocks NULL with a count), -ENOENT
- * (unknown peer), -ESTALE (the id ended already), -ENOSPC, -E2BIG (the
+ * -EINVAL (also: blocks or remote_blocks NULL with a count; a flag this
+ * call does not take: KVB_XFER_F_RELEASE_ONLY is the batch call's), -ENOENT
+ * (unknown peer), -EEXIST (this worker opened that id already and the
+ * transfer is live: refused, counted in remote.duplicate_opens, logged;
+ * the live transfer goes on), -EBUSY (the id is a same-node transfer of
+ * this worker), -ESTALE (the id ended already), -ENOSPC, -E2BIG (the
  * block lists, 4 bytes a block, do not fit in one control message: about
- * 16000 blocks in all), -EPIPE. Thread-safe.
+ * 16000 blocks in all), -EPIPE. A transfer the peer's messages created
+ * before this open (an early remote_blocks, a write_done) is not a
+ * duplicate: the open takes it. Thread-safe.
  */
 int kvb_transfer_open_remote(struct kvb_ctx *ctx, const char *transfer_id,
 			     const struct kvb_remote_xfer *x, uint32_t *handle);
+
+/* One entry of kvb_transfer_open_remote_batch: a cross-node transfer to the
+ * peer broker at host:port, no kvb_peer_connect() needed. */
+struct kvb_remote_open {
+	const char *transfer_id; /* 1..255 bytes, NUL-terminated */
+	const char *host;	 /* the peer broker's --host-ip (< 64 bytes) */
+	uint16_t port;		 /* its --handshake-port */
+	uint16_t pad;		 /* 0 */
+	uint32_t mode;		 /* enum kvb_xfer_mode */
+	uint32_t flags;		 /* KVB_XFER_F_* */
+	uint32_t remote_dp_rank; /* D: the P instance's DP rank */
+	const uint32_t *blocks;	 /* this worker's block ids */
+	uint32_t nblocks;
+	const uint32_t *remote_blocks; /* D/READ: P's block ids */
+	uint32_t nremote;
+};
+
+/* Entries one control message carries at most (more: several messages) */
+#define KVB_REMOTE_OPEN_BATCH_MAX 1024u
+
+/*
+ * Open n cross-node transfers by their peer's address, in one control round
+ * trip (several only where the entries do not fit one control message of
+ * 64 KiB, or pass KVB_REMOTE_OPEN_BATCH_MAX: one per such part, in order).
+ * Each entry is what kvb_transfer_open_remote() opens with the peer that
+ * kvb_peer_connect(host, port) would give, and succeeds or fails on its
+ * own. The call never waits for a handshake:
+ *
+ * - peer known (handshaken before, by anyone on this node): opened as
+ *   kvb_transfer_open_remote() opens (D/WRITE announces its blocks now).
+ * - peer not known, or its handshake running: the broker starts (or
+ *   joins) the handshake and opens the transfer waiting for the peer.
+ *   Layer ops, seal and abort are taken as usual: layer ops wait (deferred)
+ *   and nothing is sent to the peer. When the handshake succeeds the
+ *   transfer goes on as one opened after kvb_peer_connect() (D/WRITE:
+ *   remote_blocks goes out then; P/READ: the ACK count from the peer's
+ *   descriptor). When it fails (-ETIMEDOUT: no answer within 3 s;
+ *   -EACCES, -EPROTONOSUPPORT, ... as kvb_peer_connect would return), each
+ *   transfer waiting for it fails with that status: its deferred layer ops
+ *   complete with it at once, later ones are refused with it, and its one
+ *   KVB_COMP_TRANSFER carries it: at once when it was sealed already,
+ *   else at its seal or abort (with that call's tag), or at its deadline
+ *   if neither comes. Counted: remote.opens_waiting (opened waiting),
+ *   remote.handshake_wait_failed (transfers failed so).
+ * - a peer whose handshake failed less than 1 s ago (and that has no
+ *   descriptor from before): the entry fails at once with that failure's
+ *   status (counted in remote.handshake_wait_failed), no transfer opened.
+ *
+ * KVB_XFER_F_RELEASE_ONLY (D, WRITE only; blocks may be none and are not
+ * used): D dropped the request before anything was written. The broker
+ * sends a typed release for transfer_id to every P TP rank of
+ * remote_dp_rank at the peer (after its handshake where it runs), once per
+ * node and id: where another D worker here released the id already, or is
+ * waiting to, nothing more is sent. P's broker ends its transfer with
+ * -ECANCELED at once (or refuses the id later, -ESTALE, if P had not
+ * opened it). The D transfer is done then: seal it with 0 (the count is
+ * not used); its KVB_COMP_TRANSFER has status 0 when the release went out
+ * (or was another D worker's to send), else the reason (-EHOSTUNREACH: no
+ * P worker of that DP rank at the peer; the handshake's failure).
+ * Counted: remote.release_only_sent / remote.release_only_failed.
+ *
+ * Returns 0 when the broker answered every part: then status[i] is 0 with
+ * handles[i] set, or that entry's -errno with handles[i] 0: -EINVAL (bad
+ * entry: id empty or too long, host empty or >= 64 bytes, port 0, mode,
+ * unknown flags, blocks NULL with a count, block lists that the role and
+ * mode do not take), -EACCES (host not in --trusted-hosts), -EEXIST (id
+ * opened and live already: see kvb_transfer_open_remote), -EBUSY,
+ * -ESTALE, -ENOSPC (this worker's share of the transfer table, or the
+ * peer table full), -EAGAIN (completions not reaped: --max-undelivered),
+ * -ENOTCONN (the broker has no --host-ip), -ENOMEM, or a handshake
+ * failure (above). Returns -errno for the whole call: -EINVAL (ctx, o,
+ * handles or status NULL, n 0), -E2BIG (an entry alone does not fit a
+ * control message: nothing sent), -EPIPE, -ETIMEDOUT, -EPROTO; where a
+ * later part failed so, the entries of the parts answered before keep
+ * their status and the rest get the call's error. Thread-safe.
+ */
+int kvb_transfer_open_remote_batch(struct kvb_ctx *ctx,
+				   const struct kvb_remote_open *o, unsigned n,
+				   uint32_t *handles, int32_t *status);
 
 /*
  * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
