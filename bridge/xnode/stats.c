@@ -103,7 +103,11 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"layers_starved\":%llu,"
 	    "\"handshake_replies_rejected\":%llu,"
 	    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
-	    "\"peers_reclaimed\":%llu,",
+	    "\"peers_reclaimed\":%llu,\"peers_lost\":%llu,"
+	    "\"peers_back\":%llu,\"heartbeats_sent\":%llu,"
+	    "\"heartbeats_answered\":%llu,\"heartbeats_served\":%llu,"
+	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
+	    "\"unopened_expired\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -125,7 +129,15 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.hs_bad_replies,
 	    (unsigned long long) xn->st.logs_suppressed,
 	    (unsigned long long) xn->st.unopened_evicted,
-	    (unsigned long long) xn->st.peers_reclaimed);
+	    (unsigned long long) xn->st.peers_reclaimed,
+	    (unsigned long long) xn->st.peers_lost,
+	    (unsigned long long) xn->st.peers_back,
+	    (unsigned long long) xn->st.hb_sent,
+	    (unsigned long long) xn->st.hb_answered,
+	    (unsigned long long) xn->st.hb_served,
+	    (unsigned long long) xn->st.hb_refused,
+	    (unsigned long long) xn->st.hb_bad_pongs,
+	    (unsigned long long) xn->st.unopened_expired);
 	*lenp = len;
 }
 
@@ -157,6 +169,19 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.write_done_sent,
 	    (unsigned long long) xn->st.releases_sent,
 	    (unsigned long long) xn->st.write_failed_sent);
+	PUT("peers lost             %llu (%llu back); heartbeats %llu sent, "
+	    "%llu answered, %llu served, %llu refused, %llu answers "
+	    "rejected\n",
+	    (unsigned long long) xn->st.peers_lost,
+	    (unsigned long long) xn->st.peers_back,
+	    (unsigned long long) xn->st.hb_sent,
+	    (unsigned long long) xn->st.hb_answered,
+	    (unsigned long long) xn->st.hb_served,
+	    (unsigned long long) xn->st.hb_refused,
+	    (unsigned long long) xn->st.hb_bad_pongs);
+	PUT("unopened expired       %llu (D told: kvb_write_failed "
+	    "ENOENT)\n",
+	    (unsigned long long) xn->st.unopened_expired);
 	*lenp = len;
 }
 
@@ -179,8 +204,9 @@ static void peers_stats(struct kvb_broker *b, struct kvb_xn *xn, int json,
 			PUT("%s{\"id\":%u,\"host\":", k++ ? "," : "", i);
 			put_jstr(buf, cap, &len, p->host);
 			PUT(",\"port\":%u,\"state\":\"%s\",\"stale\":%u,"
-			    "\"node\":",
-			    p->port, sn[p->state], p->stale);
+			    "\"lost\":%u,\"losses\":%llu,\"node\":",
+			    p->port, sn[p->state], p->stale, p->live.lost,
+			    (unsigned long long) p->live.losses);
 			put_jstr(buf, cap, &len,
 				 p->have_desc ? p->desc.node_id : "");
 			PUT(",\"workers\":%u,\"transport\":\"%s\","
@@ -190,10 +216,11 @@ static void peers_stats(struct kvb_broker *b, struct kvb_xn *xn, int json,
 			    (unsigned long long) p->handshakes,
 			    (unsigned long long) p->failures);
 		} else
-			PUT("peer %-3u               %s:%u %s%s node %s, %u "
+			PUT("peer %-3u               %s:%u %s%s%s node %s, %u "
 			    "workers, over %s\n",
 			    i, p->host, p->port, sn[p->state],
 			    p->stale ? " (stale)" : "",
+			    p->live.lost ? " (lost)" : "",
 			    p->have_desc ? p->desc.node_id : "-",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none");
@@ -239,7 +266,7 @@ uint64_t kvb_xn_rejected(struct kvb_broker *b)
 	if (!xn)
 		return 0;
 	rej = xn->st.notify_rejected_closed + xn->st.hs_refused +
-	      xn->st.hs_bad_replies;
+	      xn->st.hs_bad_replies + xn->st.hb_refused + xn->st.hb_bad_pongs;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_notify *n =
 			kvb_xn_w(xn, &b->workers[b->live[i]])->notify;

@@ -40,6 +40,21 @@
 
 enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
 
+/* A peer's liveness (live.c): heartbeats while transfers use it, and
+ * whether it was declared lost (docs/cross-node.md "Peer death"). */
+struct kvb_peer_live {
+	uint8_t key[32]; /* per-pair heartbeat key, from the kx exchange */
+	uint8_t has_key;
+	uint8_t on;   /* transfers use it: pinged, its silence timed */
+	uint8_t lost; /* declared lost, not answered since */
+	uint8_t no_key_logged;
+	int64_t last; /* when it last proved to be alive */
+	int64_t next; /* next ping */
+	int64_t retry; /* lost: next handshake try */
+	uint64_t seq; /* of our last ping */
+	uint64_t pings, pongs, losses;
+};
+
 struct kvb_peer {
 	uint8_t state;
 	uint8_t have_desc;
@@ -68,6 +83,7 @@ struct kvb_peer {
 	uint64_t tcp_id;
 	uint8_t req_mac[32];
 	uint8_t no_kx_logged;
+	struct kvb_peer_live live; /* heartbeat, loss (live.c) */
 };
 
 /* "ep" handshake message: an endpoint blob of one transport (rdma offer or
@@ -100,6 +116,7 @@ struct kvb_rxfer {
 	uint8_t unopened; /* created by a message, counted in xn->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
+	uint8_t peer_lost; /* failed as its peer was lost: no message to it */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;  /* this worker's block ids */
 	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
@@ -173,7 +190,14 @@ struct kvb_xn {
 		uint64_t logs_suppressed;
 		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
 		uint64_t unopened_evicted; /* oldest unopened, for new ones */
+		uint64_t peers_lost, peers_back;  /* live.c */
+		uint64_t hb_sent, hb_answered;	  /* our pings, their pongs */
+		uint64_t hb_served, hb_refused;	  /* their pings: ponged, not */
+		uint64_t hb_bad_pongs;		  /* refused or not proven */
+		uint64_t unopened_expired; /* told D: kvb_write_failed ENOENT */
 	} st;
+	char notify_from[64]; /* sender of the notify message in hand */
+	int64_t live_next;    /* next liveness pass (live.c) */
 	uint32_t nunopened; /* kvb_rxfer.unopened ones */
 	/* the least in-flight room a transfer whose layers wait for it needs
 	 * (0: none waits); they are retried once that much is free */
@@ -393,5 +417,32 @@ void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
 int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
 			  const uint8_t *pre, const void *desc, size_t len,
 			  const void *mac, size_t mac_len);
+
+/* live.c: peer liveness. The handshake port's "hb" request (a ping from
+ * a peer, [identity]["hb"][struct hb]) and answer ([status]["hb"][...]
+ * on our DEALER); frames closed by the caller. */
+void kvb_xn_hb_serve(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body);
+void kvb_xn_hb_answer(struct kvb_broker *b, struct kvb_peer *p,
+		      zmq_msg_t *f);
+/* live.c: p's heartbeat key from its descriptor's kx (peer_adopt) */
+void kvb_xn_live_key(struct kvb_broker *b, struct kvb_peer *p);
+/* live.c: p answered a handshake (it is alive); restarted: its descriptor
+ * has another instance number than the one we knew (called before it is
+ * taken): the old instance's transfers fail */
+void kvb_xn_live_alive(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_live_restarted(struct kvb_broker *b, struct kvb_peer *p);
+/* live.c: heartbeats, silent peers (the timers hook) */
+void kvb_xn_live_tick(struct kvb_broker *b, int64_t now);
+/* live.c: the handshaken peer a notify message came from (the sender's
+ * address, xn->notify_from), 0 if none or several */
+uint32_t kvb_xn_live_sender(struct kvb_xn *xn);
+/* live.c: an unopened P transfer ends (its --unopened-timeout): tell D */
+void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
+			      int status);
+/* peer.c */
+int kvb_xn_peer_dealer(struct kvb_broker *b, struct kvb_peer *p);
+/* xnode.c: send m to w's peer's notify port (counted, logged) */
+int kvb_xn_send_msg(struct kvb_broker *b, struct kvb_worker *w,
+		    const char *host, uint32_t port, const struct kvb_zmsg *m);
 
 #endif
