@@ -185,7 +185,8 @@ void kvb_xn_live_restarted(struct kvb_broker *b, struct kvb_peer *p)
 {
 	char why[64];
 
-	p->live.lost = 0; /* a loss of its own, whether or not it was lost */
+	/* lost already (its death was seen and counted): what the old
+	 * instance still holds fails all the same, no second count */
 	snprintf(why, sizeof(why), "restarted (instance %016llx)",
 		 (unsigned long long) p->desc.instance);
 	peer_lost(b, p, why);
@@ -262,8 +263,14 @@ static void hb_refuse(struct kvb_xn *xn, zmq_msg_t *id, int rc,
 		      const char *from, const char *why)
 {
 	xn->st.hb_refused++;
-	if (kvb_xn_rlog_ok(xn))
-		log_warn("heartbeat from %s refused: %s", from, why);
+	/* a peer that knows an older life of ours (we restarted) is no
+	 * attack: it hand-shakes again on this answer */
+	if (kvb_xn_rlog_ok(xn)) {
+		if (rc == -ENOENT || rc == -ESTALE)
+			log_info("heartbeat from %s refused: %s", from, why);
+		else
+			log_warn("heartbeat from %s refused: %s", from, why);
+	}
 	hb_reply(xn, id, rc, why, strlen(why));
 }
 
@@ -328,18 +335,24 @@ void kvb_xn_hb_answer(struct kvb_broker *b, struct kvb_peer *p, zmq_msg_t *f)
 
 	memcpy(&status, zmq_msg_data(&f[0]), sizeof(status));
 	if (status) {
+		int again = (status == -ENOENT || status == -ESTALE) &&
+			    p->state != PEER_HS &&
+			    kvb_now_ns() >= p->next_refresh;
+
 		xn->st.hb_bad_pongs++;
-		if (kvb_xn_rlog_ok(xn))
-			log_warn("peer %s:%u refused our heartbeat: %.*s", p->host,
-				 p->port, (int) zmq_msg_size(&f[2]) > 200
-						  ? 200
-						  : (int) zmq_msg_size(&f[2]),
-				 (const char *) zmq_msg_data(&f[2]));
 		/* it does not know this life of ours, or we do not know its
 		 * own: a handshake says which (an answer is no proof of life:
 		 * the handshake is, its instance number shows a restart) */
-		if ((status == -ENOENT || status == -ESTALE) &&
-		    p->state != PEER_HS && kvb_now_ns() >= p->next_refresh)
+		if ((again || (status != -ENOENT && status != -ESTALE)) &&
+		    kvb_xn_rlog_ok(xn))
+			log_warn("peer %s:%u refused our heartbeat: %.*s%s",
+				 p->host, p->port,
+				 (int) zmq_msg_size(&f[2]) > 200
+					 ? 200
+					 : (int) zmq_msg_size(&f[2]),
+				 (const char *) zmq_msg_data(&f[2]),
+				 again ? " (hand-shaking again)" : "");
+		if (again)
 			kvb_xn_peer_start_hs(b, p);
 		return;
 	}
