@@ -42,15 +42,15 @@
 #include "zmq/codec.h"
 #include "zmq/notify.h"
 
-#define HB_PING 1u
-#define HB_PONG 2u
-#define HB_IVL_NS (1000ll * 1000000)	 /* at most a second between pings */
-#define LIVE_PASS_NS (50ll * 1000000)	 /* a pass every 50 ms */
+#define HB_PING	      1u
+#define HB_PONG	      2u
+#define HB_IVL_NS     (1000ll * 1000000) /* at most a second between pings */
+#define LIVE_PASS_NS  (50ll * 1000000)	 /* a pass every 50 ms */
 #define LOST_RETRY_NS (2000ll * 1000000) /* a lost peer: a handshake try */
 
 /* The heartbeat message, in host byte order (as the ep message). */
 struct hb {
-	char host[64];		/* the sender's handshake address */
+	char host[64]; /* the sender's handshake address */
 	uint32_t port;
 	uint32_t kind;		/* HB_PING, HB_PONG */
 	uint64_t from_instance; /* the sender's */
@@ -156,8 +156,7 @@ static uint32_t fail_peer_xfers(struct kvb_broker *b, uint32_t pid, int status)
 
 /* p is lost (why): its transfers fail, its connections close. Logged and
  * counted once until it is back. */
-static void peer_lost(struct kvb_broker *b, struct kvb_peer *p,
-		      const char *why)
+static void peer_lost(struct kvb_broker *b, struct kvb_peer *p, const char *why)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);
 	uint32_t pid = kvb_xn_peer_id(xn, p);
@@ -201,9 +200,8 @@ void kvb_xn_live_alive(struct kvb_broker *b, struct kvb_peer *p)
 		return;
 	p->live.lost = 0;
 	xn->st.peers_back++;
-	log_info("peer %u %s:%u (node %s) is back",
-		 kvb_xn_peer_id(xn, p), p->host, p->port,
-		 p->have_desc ? p->desc.node_id : "-");
+	log_info("peer %u %s:%u (node %s) is back", kvb_xn_peer_id(xn, p),
+		 p->host, p->port, p->have_desc ? p->desc.node_id : "-");
 }
 
 /* ------------------------------------------------------------------ */
@@ -390,23 +388,13 @@ void kvb_xn_live_tick(struct kvb_broker *b, int64_t now)
 		return;
 	xn->live_next = now + LIVE_PASS_NS;
 	/* peers in use: transfers (opened, or announcements kept for a P
-	 * worker) and layer ops in flight */
+	 * worker; a layer op in flight belongs to one of them: a transfer
+	 * ends only after its ops) */
 	for (uint32_t i = 0; i < b->xfers.nactive; i++) {
 		const struct kvb_xfer *x = &b->xfers.v[b->xfers.active[i]];
-		struct kvb_peer *p =
-			x->rx && !x->rx->peer_lost
-				? kvb_xn_peer_get(xn, x->rx->peer)
-				: NULL;
-
-		if (p)
-			busy[p - xn->peers] = 1;
-	}
-	for (uint32_t gi = 1; gi < MAX_GROUPS && xn->ngfree < MAX_GROUPS - 1;
-	     gi++) {
-		struct kvb_peer *p =
-			xn->groups[gi].used
-				? kvb_xn_peer_get(xn, xn->groups[gi].peer)
-				: NULL;
+		struct kvb_peer *p = x->rx && !x->rx->peer_lost
+					     ? kvb_xn_peer_get(xn, x->rx->peer)
+					     : NULL;
 
 		if (p)
 			busy[p - xn->peers] = 1;
@@ -443,7 +431,8 @@ void kvb_xn_live_tick(struct kvb_broker *b, int64_t now)
 			ping(b, p);
 		}
 		if (now - p->live.last >= tmo) {
-			snprintf(why, sizeof(why), "no heartbeat answer for %lld ms",
+			snprintf(why, sizeof(why),
+				 "no heartbeat answer for %lld ms",
 				 (long long) ((now - p->live.last) / 1000000));
 			peer_lost(b, p, why);
 		}
@@ -500,8 +489,8 @@ void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 				       rx->target_tp, KVB_PORT_DP_TIMES_TP);
 
 		if (port > 0 &&
-		    !kvb_xn_send_msg(b, w, p->desc.host[0] ? p->desc.host
-							    : p->host,
+		    !kvb_xn_send_msg(b, w,
+				     p->desc.host[0] ? p->desc.host : p->host,
 				     (uint32_t) port, &m))
 			sent++;
 	}

@@ -350,7 +350,7 @@ static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
 				   hw->tp_rank, hw->tp_size,
 				   KVB_PORT_DP_TIMES_TP);
 		if (port > 0 && !kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
-					  (uint32_t) port, m))
+						 (uint32_t) port, m))
 			sent++;
 	}
 	return sent;
@@ -690,8 +690,9 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 					       rx->target_tp,
 					       KVB_PORT_DP_TIMES_TP);
 
-			if (port <= 0 || kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
-						  (uint32_t) port, &m))
+			if (port <= 0 ||
+			    kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
+					    (uint32_t) port, &m))
 				continue;
 			if (status)
 				xn->st.write_failed_sent++;
@@ -723,8 +724,9 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			port = kvb_port_of(peer_notify_base(p, rx),
 					   rx->remote_dp, rx->targets[0] + k,
 					   rx->target_tp, KVB_PORT_DP_TIMES_TP);
-			if (port > 0 && !kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
-						  (uint32_t) port, &m))
+			if (port > 0 &&
+			    !kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
+					     (uint32_t) port, &m))
 				xn->st.releases_sent++;
 		}
 	}
@@ -921,10 +923,12 @@ void kvb_xn_timers(struct kvb_broker *b, int64_t now)
 		}
 		if (p->state == PEER_HS && now >= p->hs_deadline) {
 			if (!p->live.lost) /* said once, when it was lost */
-				log_warn("peer %s:%u: no handshake answer within %lld "
-				 "s",
-				 p->host, p->port,
-				 (long long) (HS_TIMEOUT_NS / 1000000000));
+				log_warn("peer %s:%u: no handshake answer "
+					 "within %lld "
+					 "s",
+					 p->host, p->port,
+					 (long long) (HS_TIMEOUT_NS /
+						      1000000000));
 			kvb_xn_peer_done(b, p, -ETIMEDOUT);
 		}
 	}

@@ -48,10 +48,10 @@ struct kvb_peer_live {
 	uint8_t on;   /* transfers use it: pinged, its silence timed */
 	uint8_t lost; /* declared lost, not answered since */
 	uint8_t no_key_logged;
-	int64_t last; /* when it last proved to be alive */
-	int64_t next; /* next ping */
+	int64_t last;  /* when it last proved to be alive */
+	int64_t next;  /* next ping */
 	int64_t retry; /* lost: next handshake try */
-	uint64_t seq; /* of our last ping */
+	uint64_t seq;  /* of our last ping */
 	uint64_t pings, pongs, losses;
 };
 
@@ -116,7 +116,7 @@ struct kvb_rxfer {
 	uint8_t unopened; /* created by a message, counted in xn->nunopened */
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
-	uint8_t peer_lost; /* failed as its peer was lost: no message to it */
+	uint8_t peer_lost;  /* failed as its peer was lost: no message to it */
 	uint32_t remote_dp; /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;  /* this worker's block ids */
 	uint32_t granted;   /* D/WRITE: worker whose lb it holds (grants.c) */
@@ -190,15 +190,15 @@ struct kvb_xn {
 		uint64_t logs_suppressed;
 		uint64_t peers_reclaimed;  /* idle peers dropped for new ones */
 		uint64_t unopened_evicted; /* oldest unopened, for new ones */
-		uint64_t peers_lost, peers_back;  /* live.c */
-		uint64_t hb_sent, hb_answered;	  /* our pings, their pongs */
-		uint64_t hb_served, hb_refused;	  /* their pings: ponged, not */
-		uint64_t hb_bad_pongs;		  /* refused or not proven */
+		uint64_t peers_lost, peers_back; /* live.c */
+		uint64_t hb_sent, hb_answered;	 /* our pings, their pongs */
+		uint64_t hb_served, hb_refused;	 /* their pings: ponged, not */
+		uint64_t hb_bad_pongs;		 /* refused or not proven */
 		uint64_t unopened_expired; /* told D: kvb_write_failed ENOENT */
 	} st;
 	char notify_from[64]; /* sender of the notify message in hand */
 	int64_t live_next;    /* next liveness pass (live.c) */
-	uint32_t nunopened; /* kvb_rxfer.unopened ones */
+	uint32_t nunopened;   /* kvb_rxfer.unopened ones */
 	/* the least in-flight room a transfer whose layers wait for it needs
 	 * (0: none waits); they are retried once that much is free */
 	uint64_t starved_need;
@@ -422,8 +422,7 @@ int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
  * a peer, [identity]["hb"][struct hb]) and answer ([status]["hb"][...]
  * on our DEALER); frames closed by the caller. */
 void kvb_xn_hb_serve(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body);
-void kvb_xn_hb_answer(struct kvb_broker *b, struct kvb_peer *p,
-		      zmq_msg_t *f);
+void kvb_xn_hb_answer(struct kvb_broker *b, struct kvb_peer *p, zmq_msg_t *f);
 /* live.c: p's heartbeat key from its descriptor's kx (peer_adopt) */
 void kvb_xn_live_key(struct kvb_broker *b, struct kvb_peer *p);
 /* live.c: p answered a handshake (it is alive); restarted: its descriptor

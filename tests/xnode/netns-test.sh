@@ -132,10 +132,10 @@ run_pair() {
 A_ARGS=()
 # untrusted: A only talks to a host that is not B
 [ "$CASE" = untrusted ] && A_ARGS=(--trusted-hosts 192.0.2.9)
-# flood: junk transfers are kept for the defer timeout, longer than the test;
+# flood: junk transfers are kept for the unopened timeout, longer than the test;
 # ASan's quarantine would look like the leak the flood checks for
 if [ "$CASE" = flood ]; then
-	A_ARGS=(--defer-timeout 120)
+	A_ARGS=(--defer-timeout 120 --unopened-timeout 120)
 	export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
 fi
 B_ARGS=()
@@ -740,6 +740,19 @@ time.sleep(0.3)
 	fi
 	touch "$T/untrusted-done"
 	wait "$wpu" || fail "P on A: kvb_peer_connect did not fail with EACCES"
+	;;
+hb_attack)
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix before ||
+		fail "no transfer before the attack"
+	ip netns exec "$NB" "${KVB_PYTHON:-/usr/bin/python3}" "$SRC/hb_attack.py" \
+		"$KVBCTL" "$T/a.sock" ||
+		fail "heartbeats not refused"
+	grep -q "heartbeat from 192.0.2.9 refused: not in --trusted-hosts" \
+		"$T/broker-a.log" || fail "A did not log the untrusted heartbeat"
+	grep -q "heartbeat not authenticated" "$T/broker-a.log" ||
+		fail "A did not log the forged heartbeat"
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after ||
+		fail "no transfer after the attack"
 	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac

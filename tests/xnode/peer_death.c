@@ -202,8 +202,7 @@ static void blocks(uint32_t first, uint32_t *v)
 		v[i] = first + i;
 }
 
-static int xopen(struct side *s, const char *id, uint32_t first,
-		 uint32_t *h)
+static int xopen(struct side *s, const char *id, uint32_t first, uint32_t *h)
 {
 	uint32_t b[PER];
 	struct kvb_remote_xfer x = {.peer = s->peer,
@@ -336,8 +335,8 @@ static int transfer_ok(const char *id)
 		const uint8_t *v = (const uint8_t *) d.reg[l].addr +
 				   16ull * BSIZE * HEADS * HDIM * ELEM;
 
-		for (size_t i = 0; i < (size_t) PER * BSIZE * HEADS * HDIM * ELEM;
-		     i++)
+		for (size_t i = 0;
+		     i < (size_t) PER * BSIZE * HEADS * HDIM * ELEM; i++)
 			if (v[i] != l + 1) {
 				rc = -EBADMSG;
 				break;
@@ -454,7 +453,8 @@ static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 		      "%.0f ms",
 		      p_dies ? "P's broker" : "D's broker", k,
 		      p_dies ? "D" : "P", i ? "U" : "W",
-		      got[i].have ? kvb_strerror(st) : "never", (double) dt / 1000);
+		      got[i].have ? kvb_strerror(st) : "never",
+		      (double) dt / 1000);
 	}
 	side_down(&p);
 	side_down(&d);
@@ -520,7 +520,8 @@ static int case_unopened(void)
 		rc = kvb_transfer_seal(d.ctx, hd, 1, TAG_W);
 	t0 = now_us();
 	if (!rc)
-		rc = wait_tag(&d, TAG_W, (int64_t) (unopened_to + 10) * 1000000);
+		rc = wait_tag(&d, TAG_W,
+			      (int64_t) (unopened_to + 10) * 1000000);
 	dt = now_us() - t0;
 	check(!rc && got[0].status == -ENOENT &&
 		      dt >= (int64_t) unopened_to * 1000000 - 500000 &&
