@@ -168,7 +168,7 @@ fi
 if [ "$CASE" = peer_death ] || [ "$CASE" = unopened ]; then
 	"$BUILD/tests/xnode/peer_death" --case "$CASE" --broker "$BROKER" \
 		--kvbctl "$KVBCTL" --dir "$T" --ns-a "$NA" --ns-b "$NB" \
-		--tries "${PEER_DEATH_TRIES:-10}" --peer-timeout 1 \
+		--tries "${PEER_DEATH_TRIES:-10}" --peer-timeout "${PEER_TIMEOUT:-1}" \
 		--unopened-timeout 2 || fail "$CASE"
 	grep -c "lost: " "$T/broker-a.log" "$T/broker-b.log"
 	echo "PASS: $CASE"
