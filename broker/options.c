@@ -47,7 +47,7 @@ void kvb_options_default(struct kvb_options *o)
 	o->transfer_timeout_ms = 30000;
 	o->transfer_deadline_ms = 600000;
 	o->defer_timeout_ms = 60000;
-	o->peer_timeout_ms = 5000;
+	o->peer_timeout_ms = 4000;
 	o->unopened_timeout_ms = 60000;
 	snprintf(o->host_ip, sizeof(o->host_ip), "127.0.0.1");
 	o->notify_port = 61005;
@@ -115,7 +115,7 @@ static const struct usage_opt usage_opts[] = {
 	{"--peer-timeout S",
 	 "seconds a peer broker with transfers in flight may go\n"
 	 "without answering its heartbeat before it is declared\n"
-	 "lost and its transfers fail with EHOSTDOWN (default 5)"},
+	 "lost and its transfers fail with EHOSTDOWN (default 4)"},
 	{"--unopened-timeout S",
 	 "seconds remote_blocks for a transfer no P worker opened\n"
 	 "is kept; then D hears kvb_write_failed ENOENT (default 60)"},
