@@ -47,6 +47,8 @@ void kvb_options_default(struct kvb_options *o)
 	o->transfer_timeout_ms = 30000;
 	o->transfer_deadline_ms = 600000;
 	o->defer_timeout_ms = 60000;
+	o->peer_timeout_ms = 4000;
+	o->unopened_timeout_ms = 60000;
 	snprintf(o->host_ip, sizeof(o->host_ip), "127.0.0.1");
 	o->notify_port = 61005;
 	o->handshake_port = 6301;
@@ -110,6 +112,13 @@ static const struct usage_opt usage_opts[] = {
 	{"--defer-timeout S",
 	 "seconds a write waits for remote blocks (default 60)\n"
 	 "(each clock settable per transfer: kvb_transfer_set_timeouts)"},
+	{"--peer-timeout S",
+	 "seconds a peer broker with transfers in flight may go\n"
+	 "without answering its heartbeat before it is declared\n"
+	 "lost and its transfers fail with EHOSTDOWN (default 4)"},
+	{"--unopened-timeout S",
+	 "seconds remote_blocks for a transfer no P worker opened\n"
+	 "is kept; then D hears kvb_write_failed ENOENT (default 60)"},
 	{"--host-ip IP", "this node's address: enables the cross-node\n"
 			 "bridge (notify ports, handshake port, tcp)"},
 	{"--data-port N", "tcp transport port (default 0 = any free)"},
@@ -245,6 +254,8 @@ enum {
 	O_BATCH,
 	O_TTO,
 	O_DTO,
+	O_PEER_TO,
+	O_UNOPENED_TO,
 	O_DEADLINE,
 	O_STALL,
 	O_HOST,
@@ -295,6 +306,8 @@ static const struct option longopts[] = {
 	{"stall-timeout", required_argument, NULL, O_STALL},
 	{"transfer-deadline", required_argument, NULL, O_DEADLINE},
 	{"defer-timeout", required_argument, NULL, O_DTO},
+	{"peer-timeout", required_argument, NULL, O_PEER_TO},
+	{"unopened-timeout", required_argument, NULL, O_UNOPENED_TO},
 	{"host-ip", required_argument, NULL, O_HOST},
 	{"notify-port", required_argument, NULL, O_NPORT},
 	{"data-port", required_argument, NULL, O_DPORT},
@@ -370,6 +383,8 @@ static const struct num_opt num_opts[] = {
 	NUM(O_TTO, 1, 86400, N_SECONDS, transfer_timeout_ms),
 	NUM(O_STALL, 1, 86400, N_SECONDS, transfer_timeout_ms),
 	NUM(O_DTO, 1, 86400, N_SECONDS, defer_timeout_ms),
+	NUM(O_PEER_TO, 1, 3600, N_SECONDS, peer_timeout_ms),
+	NUM(O_UNOPENED_TO, 1, 86400, N_SECONDS, unopened_timeout_ms),
 	NUM(O_DEADLINE, 1, 86400, N_SECONDS, transfer_deadline_ms),
 	NUM(O_DPORT, 0, 65535, 0, data_port),
 	NUM(O_NPORT, 1, 65535, 0, notify_port),

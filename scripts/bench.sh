@@ -697,7 +697,7 @@ EOF
 	# measured by hand too (bench/rate_sweep.py, bench/rate_workers.py,
 	# tests/rdma/post-cpu.sh)
 	for f in bench/results/rate-sweep.md bench/results/rate-workers.md \
-		bench/results/post-cpu-rdma.md; do
+		bench/results/post-cpu-rdma.md bench/results/peer-death.md; do
 		if [ -f "$f" ]; then
 			cat "$f"
 			echo

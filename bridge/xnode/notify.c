@@ -188,10 +188,13 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 			return reject(b, w, m, -ENOSPC,
 				      "too many block ids for a transfer not "
 				      "opened yet");
-		x = unopened_xfer(b, w, m, KVB_ROLE_P, b->opt.defer_timeout_ms,
-				  &err);
+		x = unopened_xfer(b, w, m, KVB_ROLE_P,
+				  b->opt.unopened_timeout_ms, &err);
 		if (!x)
 			return err;
+		/* its sender (a handshaken peer) hears kvb_write_failed if
+		 * no worker opens it in time, and its loss ends it */
+		x->rx->peer = kvb_xn_live_sender(kvb_xn_of(b));
 	}
 	rx = x->rx;
 	if (!rx)
@@ -404,10 +407,12 @@ static bool notify_sender_ok(void *arg, const char *addr)
 	const struct kvb_xn_wctx *c = arg;
 	struct kvb_xn *xn = c->xn;
 
-	if (!xn->ntrusted)
-		return true;
 	if (!strncmp(addr, "::ffff:", 7) && strchr(addr + 7, '.'))
 		addr += 7;
+	/* the message in hand came from there (kvb_xn_live_sender) */
+	snprintf(xn->notify_from, sizeof(xn->notify_from), "%s", addr);
+	if (!xn->ntrusted)
+		return true;
 	return kvb_xn_trusted(xn, addr);
 }
 

@@ -160,11 +160,16 @@ static int peer_adopt(struct kvb_broker *b, struct kvb_peer *p,
 		   (p->ep[KVB_TS_TCP] || p->ep[KVB_TS_RDMA]);
 	int rc = 0;
 
+	/* another life of the peer: the old one's transfers fail now */
+	if (p->have_desc && p->desc.instance != d->instance)
+		kvb_xn_live_restarted(b, p);
 	kvb_hs_fini(&p->desc);
 	p->desc = *d;
 	memset(d, 0, sizeof(*d));
 	p->have_desc = 1;
 	p->stale = 0;
+	kvb_xn_live_key(b, p);
+	kvb_xn_live_alive(b, p);
 	if (same) {
 		kvb_xn_rekey_queued(b,
 				    PEER_SLOT(kvb_xn_peer_id(kvb_xn_of(b), p)),
@@ -300,6 +305,11 @@ static int peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
 	}
 	kvb_xn_ep_add(b, p->dealer_fd);
 	return 0;
+}
+
+int kvb_xn_peer_dealer(struct kvb_broker *b, struct kvb_peer *p)
+{
+	return peer_dealer(b, p);
 }
 
 int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
@@ -679,6 +689,13 @@ void kvb_xn_peer_poll(struct kvb_broker *b, struct kvb_peer *p)
 			peer_ep_answer(b, p, f, n);
 			continue;
 		}
+		if (!rc && n == 3 && zmq_msg_size(&f[0]) == sizeof(int32_t) &&
+		    zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "hb", 2)) {
+			kvb_xn_hb_answer(b, p, f); /* live.c */
+			close_frames(f, n);
+			continue;
+		}
 		if (!rc) {
 			rc = peer_reply_mac(b, p, f, &n);
 			if (rc == 1)
@@ -892,6 +909,12 @@ void kvb_xn_hs_serve(struct kvb_broker *b)
 			} else {
 				hs_serve_ep(b, &f[0], &f[2]);
 			}
+			close_frames(f, n);
+			continue;
+		}
+		if (!rc && n == 3 && zmq_msg_size(&f[1]) == 2 &&
+		    !memcmp(zmq_msg_data(&f[1]), "hb", 2)) {
+			kvb_xn_hb_serve(b, &f[0], &f[2]); /* live.c */
 			close_frames(f, n);
 			continue;
 		}

@@ -106,7 +106,12 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"peers_reclaimed\":%llu,\"duplicate_opens\":%llu,"
 	    "\"opens_batched\":%llu,\"opens_waiting\":%llu,"
 	    "\"handshake_wait_failed\":%llu,\"release_only_sent\":%llu,"
-	    "\"release_only_failed\":%llu,",
+	    "\"release_only_failed\":%llu,"
+	    "\"peers_lost\":%llu,"
+	    "\"peers_back\":%llu,\"heartbeats_sent\":%llu,"
+	    "\"heartbeats_answered\":%llu,\"heartbeats_served\":%llu,"
+	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
+	    "\"unopened_expired\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -134,7 +139,15 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.opens_waiting,
 	    (unsigned long long) xn->st.hs_wait_failed,
 	    (unsigned long long) xn->st.release_only_sent,
-	    (unsigned long long) xn->st.release_only_failed);
+	    (unsigned long long) xn->st.release_only_failed,
+	    (unsigned long long) xn->st.peers_lost,
+	    (unsigned long long) xn->st.peers_back,
+	    (unsigned long long) xn->st.hb_sent,
+	    (unsigned long long) xn->st.hb_answered,
+	    (unsigned long long) xn->st.hb_served,
+	    (unsigned long long) xn->st.hb_refused,
+	    (unsigned long long) xn->st.hb_bad_pongs,
+	    (unsigned long long) xn->st.unopened_expired);
 	*lenp = len;
 }
 
@@ -175,6 +188,19 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	PUT("release-only           %llu sent, %llu failed\n",
 	    (unsigned long long) xn->st.release_only_sent,
 	    (unsigned long long) xn->st.release_only_failed);
+	PUT("peers lost             %llu (%llu back); heartbeats %llu sent, "
+	    "%llu answered, %llu served, %llu refused, %llu answers "
+	    "rejected\n",
+	    (unsigned long long) xn->st.peers_lost,
+	    (unsigned long long) xn->st.peers_back,
+	    (unsigned long long) xn->st.hb_sent,
+	    (unsigned long long) xn->st.hb_answered,
+	    (unsigned long long) xn->st.hb_served,
+	    (unsigned long long) xn->st.hb_refused,
+	    (unsigned long long) xn->st.hb_bad_pongs);
+	PUT("unopened expired       %llu (D told: kvb_write_failed "
+	    "ENOENT)\n",
+	    (unsigned long long) xn->st.unopened_expired);
 	*lenp = len;
 }
 
@@ -197,8 +223,9 @@ static void peers_stats(struct kvb_broker *b, struct kvb_xn *xn, int json,
 			PUT("%s{\"id\":%u,\"host\":", k++ ? "," : "", i);
 			put_jstr(buf, cap, &len, p->host);
 			PUT(",\"port\":%u,\"state\":\"%s\",\"stale\":%u,"
-			    "\"node\":",
-			    p->port, sn[p->state], p->stale);
+			    "\"lost\":%u,\"losses\":%llu,\"node\":",
+			    p->port, sn[p->state], p->stale, p->live.lost,
+			    (unsigned long long) p->live.losses);
 			put_jstr(buf, cap, &len,
 				 p->have_desc ? p->desc.node_id : "");
 			PUT(",\"workers\":%u,\"transport\":\"%s\","
@@ -208,10 +235,11 @@ static void peers_stats(struct kvb_broker *b, struct kvb_xn *xn, int json,
 			    (unsigned long long) p->handshakes,
 			    (unsigned long long) p->failures);
 		} else
-			PUT("peer %-3u               %s:%u %s%s node %s, %u "
+			PUT("peer %-3u               %s:%u %s%s%s node %s, %u "
 			    "workers, over %s\n",
 			    i, p->host, p->port, sn[p->state],
 			    p->stale ? " (stale)" : "",
+			    p->live.lost ? " (lost)" : "",
 			    p->have_desc ? p->desc.node_id : "-",
 			    p->have_desc ? p->desc.nworkers : 0,
 			    ts ? b->trs[ts]->ops->name : "none");
@@ -257,7 +285,7 @@ uint64_t kvb_xn_rejected(struct kvb_broker *b)
 	if (!xn)
 		return 0;
 	rej = xn->st.notify_rejected_closed + xn->st.hs_refused +
-	      xn->st.hs_bad_replies;
+	      xn->st.hs_bad_replies + xn->st.hb_refused + xn->st.hb_bad_pongs;
 	for (uint32_t i = 0; i < b->nlive; i++) {
 		struct kvb_notify *n =
 			kvb_xn_w(xn, &b->workers[b->live[i]])->notify;

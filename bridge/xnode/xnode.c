@@ -274,7 +274,7 @@ unsigned kvb_xn_peer_ts(struct kvb_broker *b, const struct kvb_peer *p)
 	return 0;
 }
 
-static int send_msg(struct kvb_broker *b, struct kvb_worker *w,
+int kvb_xn_send_msg(struct kvb_broker *b, struct kvb_worker *w,
 		    const char *host, uint32_t port, const struct kvb_zmsg *m)
 {
 	int rc = -ENOTCONN;
@@ -349,8 +349,8 @@ static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
 		port = kvb_port_of(peer_notify_base(p, rx), hw->dp_rank,
 				   hw->tp_rank, hw->tp_size,
 				   KVB_PORT_DP_TIMES_TP);
-		if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
-					  (uint32_t) port, m))
+		if (port > 0 && !kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
+						 (uint32_t) port, m))
 			sent++;
 	}
 	return sent;
@@ -704,7 +704,7 @@ uint32_t kvb_xn_xfer_writers(struct kvb_broker *b, const struct kvb_xfer *x)
 
 	if (!kvb_xn_of(b) || !rx || rx->role != KVB_ROLE_D ||
 	    rx->mode != KVB_XFER_WRITE || !x->opened || rx->notify_host[0] ||
-	    rx->notify_port)
+	    rx->notify_port || rx->peer_lost)
 		return 0;
 	/* nothing announced: no P writes into it */
 	if (rx->wait_peer || rx->release_only || x->held_err)
@@ -805,8 +805,11 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			 x->id, rx->ndef);
 	}
 	rx->ndef = 0;
+	if (xn && !x->opened)
+		kvb_xn_live_unopened_end(b, x, status);
+	/* nothing goes to a lost peer (its new life knows no such id) */
 	if (!xn || !w || !p || !x->opened || rx->wait_peer || !p->have_desc ||
-	    rx->release_only)
+	    rx->release_only || rx->peer_lost)
 		return;
 	if (rx->role == KVB_ROLE_P && rx->mode == KVB_XFER_WRITE) {
 		/* every layer landed: write_done to each D rank written. Else
@@ -831,8 +834,9 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 					       rx->target_tp,
 					       KVB_PORT_DP_TIMES_TP);
 
-			if (port <= 0 || send_msg(b, w, peer_notify_host(p, rx),
-						  (uint32_t) port, &m))
+			if (port <= 0 ||
+			    kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
+					    (uint32_t) port, &m))
 				continue;
 			if (status)
 				xn->st.write_failed_sent++;
@@ -864,8 +868,9 @@ void kvb_xn_xfer_end(struct kvb_broker *b, struct kvb_xfer *x, int status)
 			port = kvb_port_of(peer_notify_base(p, rx),
 					   rx->remote_dp, rx->targets[0] + k,
 					   rx->target_tp, KVB_PORT_DP_TIMES_TP);
-			if (port > 0 && !send_msg(b, w, peer_notify_host(p, rx),
-						  (uint32_t) port, &m))
+			if (port > 0 &&
+			    !kvb_xn_send_msg(b, w, peer_notify_host(p, rx),
+					     (uint32_t) port, &m))
 				xn->st.releases_sent++;
 		}
 	}
@@ -1048,6 +1053,7 @@ void kvb_xn_timers(struct kvb_broker *b, int64_t now)
 	/* the count of a burst's suppressed lines comes out within a second
 	 * of it, not with the next bad message */
 	rlog_roll(xn, now);
+	kvb_xn_live_tick(b, now);
 	for (uint32_t i = 1; i < xn->npeers_max; i++) {
 		struct kvb_peer *p = &xn->peers[i];
 
@@ -1060,10 +1066,13 @@ void kvb_xn_timers(struct kvb_broker *b, int64_t now)
 			p->ep_pending = 0; /* the next layer op offers again */
 		}
 		if (p->state == PEER_HS && now >= p->hs_deadline) {
-			log_warn("peer %s:%u: no handshake answer within %lld "
-				 "s",
-				 p->host, p->port,
-				 (long long) (HS_TIMEOUT_NS / 1000000000));
+			if (!p->live.lost) /* said once, when it was lost */
+				log_warn("peer %s:%u: no handshake answer "
+					 "within %lld "
+					 "s",
+					 p->host, p->port,
+					 (long long) (HS_TIMEOUT_NS /
+						      1000000000));
 			kvb_xn_peer_done(b, p, -ETIMEDOUT);
 		}
 	}

@@ -43,6 +43,21 @@
 
 enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
 
+/* A peer's liveness (live.c): heartbeats while transfers use it, and
+ * whether it was declared lost (docs/cross-node.md "Peer death"). */
+struct kvb_peer_live {
+	uint8_t key[32]; /* per-pair heartbeat key, from the kx exchange */
+	uint8_t has_key;
+	uint8_t on;   /* transfers use it: pinged, its silence timed */
+	uint8_t lost; /* declared lost, not answered since */
+	uint8_t no_key_logged;
+	int64_t last;  /* when it last proved to be alive */
+	int64_t next;  /* next ping */
+	int64_t retry; /* lost: next handshake try */
+	uint64_t seq;  /* of our last ping */
+	uint64_t pings, pongs, losses;
+};
+
 struct kvb_peer {
 	uint8_t state;
 	uint8_t have_desc;
@@ -74,6 +89,7 @@ struct kvb_peer {
 	/* when our last handshake to it failed (0: it did not); open.c
 	 * fails batch opens to it at once for HS_RETRY_NS after that */
 	int64_t hs_failed_ns;
+	struct kvb_peer_live live; /* heartbeat, loss (live.c) */
 };
 
 /* "ep" handshake message: an endpoint blob of one transport (rdma offer or
@@ -109,6 +125,7 @@ struct kvb_rxfer {
 	/* opened by address while the peer's handshake runs (open.c): what
 	 * needs the peer (announce, release, layer ops) waits for it */
 	uint8_t wait_peer;
+	uint8_t peer_lost; /* failed as its peer was lost: no message to it */
 	uint8_t release_only; /* D/WRITE: KVB_XFER_F_RELEASE_ONLY */
 	uint8_t released;     /* ... its release went out (or another D's) */
 	uint32_t remote_dp;   /* P/WRITE: decode_rank; D: the P DP rank */
@@ -189,8 +206,15 @@ struct kvb_xn {
 		uint64_t opens_waiting;	   /* ... opened waiting for the peer */
 		uint64_t hs_wait_failed;   /* ... failed by its handshake */
 		uint64_t release_only_sent, release_only_failed;
+		uint64_t peers_lost, peers_back; /* live.c */
+		uint64_t hb_sent, hb_answered;	 /* our pings, their pongs */
+		uint64_t hb_served, hb_refused;	 /* their pings: ponged, not */
+		uint64_t hb_bad_pongs;		 /* refused or not proven */
+		uint64_t unopened_expired; /* told D: kvb_write_failed ENOENT */
 	} st;
-	uint32_t nunopened; /* kvb_rxfer.unopened ones */
+	char notify_from[64]; /* sender of the notify message in hand */
+	int64_t live_next;    /* next liveness pass (live.c) */
+	uint32_t nunopened;   /* kvb_rxfer.unopened ones */
 	/* the least in-flight room a transfer whose layers wait for it needs
 	 * (0: none waits); they are retried once that much is free */
 	uint64_t starved_need;
@@ -436,5 +460,31 @@ void kvb_xn_auth_hs_mac(struct kvb_xn *xn, const char *label,
 int kvb_xn_auth_hs_mac_ok(struct kvb_xn *xn, const char *label,
 			  const uint8_t *pre, const void *desc, size_t len,
 			  const void *mac, size_t mac_len);
+
+/* live.c: peer liveness. The handshake port's "hb" request (a ping from
+ * a peer, [identity]["hb"][struct hb]) and answer ([status]["hb"][...]
+ * on our DEALER); frames closed by the caller. */
+void kvb_xn_hb_serve(struct kvb_broker *b, zmq_msg_t *id, zmq_msg_t *body);
+void kvb_xn_hb_answer(struct kvb_broker *b, struct kvb_peer *p, zmq_msg_t *f);
+/* live.c: p's heartbeat key from its descriptor's kx (peer_adopt) */
+void kvb_xn_live_key(struct kvb_broker *b, struct kvb_peer *p);
+/* live.c: p answered a handshake (it is alive); restarted: its descriptor
+ * has another instance number than the one we knew (called before it is
+ * taken): the old instance's transfers fail */
+void kvb_xn_live_alive(struct kvb_broker *b, struct kvb_peer *p);
+void kvb_xn_live_restarted(struct kvb_broker *b, struct kvb_peer *p);
+/* live.c: heartbeats, silent peers (the timers hook) */
+void kvb_xn_live_tick(struct kvb_broker *b, int64_t now);
+/* live.c: the handshaken peer a notify message came from (the sender's
+ * address, xn->notify_from), 0 if none or several */
+uint32_t kvb_xn_live_sender(struct kvb_xn *xn);
+/* live.c: an unopened P transfer ends (its --unopened-timeout): tell D */
+void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
+			      int status);
+/* peer.c */
+int kvb_xn_peer_dealer(struct kvb_broker *b, struct kvb_peer *p);
+/* xnode.c: send m to w's peer's notify port (counted, logged) */
+int kvb_xn_send_msg(struct kvb_broker *b, struct kvb_worker *w,
+		    const char *host, uint32_t port, const struct kvb_zmsg *m);
 
 #endif

@@ -10,7 +10,8 @@
 #
 # CASE: write | write_hetero | write_split | read_split | late_rank | read | scale | quiet_tcp | late_tcp | read_hetero | read_narrow |
 #       read_hetero_plain | peer_killed | bad_input | moriio_peer | untrusted |
-#       flood | gpu_tcp | tcp_outsider | tcp_fdflood | cluster_key | bench, bench_split (not tests: measurements,
+#       flood | gpu_tcp | tcp_outsider | tcp_fdflood | cluster_key |
+#       peer_death | unopened | hb_attack | bench, bench_split (not tests: measurements,
 #       by hand; docs/tcp.md)
 # Every worker checks its own outcome (D checks every byte); the script
 # checks the exit codes, and for the failure cases the brokers' counters.
@@ -131,10 +132,10 @@ run_pair() {
 A_ARGS=()
 # untrusted: A only talks to a host that is not B
 [ "$CASE" = untrusted ] && A_ARGS=(--trusted-hosts 192.0.2.9)
-# flood: junk transfers are kept for the defer timeout, longer than the test;
+# flood: junk transfers are kept for the unopened timeout, longer than the test;
 # ASan's quarantine would look like the leak the flood checks for
 if [ "$CASE" = flood ]; then
-	A_ARGS=(--defer-timeout 120)
+	A_ARGS=(--defer-timeout 120 --unopened-timeout 120)
 	export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4
 fi
 B_ARGS=()
@@ -162,6 +163,22 @@ if [ "$CASE" = cluster_key ]; then
 	chmod 600 "$T/ck" "$T/ck2"
 	A_ARGS=(--cluster-key "$T/ck")
 	B_ARGS=(--cluster-key "$T/ck")
+fi
+# peer_death, unopened: peer_death runs (and kills) the brokers itself
+if [ "$CASE" = peer_death ] || [ "$CASE" = unopened ]; then
+	"$BUILD/tests/xnode/peer_death" --case "$CASE" --broker "$BROKER" \
+		--kvbctl "$KVBCTL" --dir "$T" --ns-a "$NA" --ns-b "$NB" \
+		--tries "${PEER_DEATH_TRIES:-10}" --peer-timeout "${PEER_TIMEOUT:-1}" \
+		--unopened-timeout 2 || fail "$CASE"
+	grep -c "lost: " "$T/broker-a.log" "$T/broker-b.log"
+	echo "PASS: $CASE"
+	exit 0
+fi
+# hb_attack: heartbeats at A from 192.0.2.9 (on B's side, not trusted) and
+# forged ones from B's address
+if [ "$CASE" = hb_attack ]; then
+	ip -n "$NB" addr add 192.0.2.9/24 dev "vb$TAG" || fail "addr 192.0.2.9"
+	A_ARGS=(--trusted-hosts 192.0.2.2)
 fi
 start_broker a "$NA" 192.0.2.1 "${A_ARGS[@]}"
 start_broker b "$NB" 192.0.2.2 "${B_ARGS[@]}"
@@ -723,6 +740,19 @@ time.sleep(0.3)
 	fi
 	touch "$T/untrusted-done"
 	wait "$wpu" || fail "P on A: kvb_peer_connect did not fail with EACCES"
+	;;
+hb_attack)
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix before ||
+		fail "no transfer before the attack"
+	ip netns exec "$NB" "${KVB_PYTHON:-/usr/bin/python3}" "$SRC/hb_attack.py" \
+		"$KVBCTL" "$T/a.sock" ||
+		fail "heartbeats not refused"
+	grep -q "heartbeat from 192.0.2.9 refused: not in --trusted-hosts" \
+		"$T/broker-a.log" || fail "A did not log the untrusted heartbeat"
+	grep -q "heartbeat not authenticated" "$T/broker-a.log" ||
+		fail "A did not log the forged heartbeat"
+	run_pair write 1 1 --layers 4 --xfers 2 --conc 2 --prefix after ||
+		fail "no transfer after the attack"
 	;;
 *) echo "unknown case $CASE"; exit 2 ;;
 esac
