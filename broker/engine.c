@@ -564,6 +564,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 
 		b->st.descriptors_submitted++;
 		w->st.submitted++;
+		if (e->flags & ~KVB_SQE_F_UNSIGNALED) {
+			kvb_layer_refuse(b, w, e, -EINVAL,
+					 "undefined flag bits");
+			return;
+		}
 		if (kvb_hook_layer_op(b, w, e, &done))
 			kvb_op_complete(b, &done);
 		return;
@@ -573,6 +578,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	b->st.descriptors_submitted++;
 	w->st.submitted++;
+	/* a later flag may mean something: refused, never ignored */
+	if (e->flags & ~KVB_SQE_F_UNSIGNALED) {
+		refuse(b, w, e, -EINVAL, "undefined flag bits");
+		return;
+	}
 	rc = kvb_validate_desc(&b->regions, w->id, e, &l, &r, &why);
 	if (rc) {
 		refuse(b, w, e, rc, why);

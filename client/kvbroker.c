@@ -549,6 +549,10 @@ static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 
 	if (!ctx || (!d && n))
 		return -EINVAL;
+	/* undefined flag bits: the whole call is refused, nothing queued */
+	for (unsigned i = 0; i < n; i++)
+		if (d[i].flags & ~KVB_DESC_UNSIGNALED)
+			return -EINVAL;
 	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 		return -EPIPE;
 	while (done < n) {
