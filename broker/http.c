@@ -69,6 +69,16 @@ static int parse_listen(const char *s, struct addrinfo **ai)
 	return getaddrinfo(host, colon + 1, &hints, ai) ? -EINVAL : 0;
 }
 
+int kvb_metrics_check_listen(const char *spec)
+{
+	struct addrinfo *ai = NULL;
+	int rc = parse_listen(spec, &ai);
+
+	if (!rc)
+		freeaddrinfo(ai);
+	return rc;
+}
+
 static int ep_ctl(struct kvb_broker *b, int op, int fd, uint32_t events,
 		  uint32_t idx)
 {

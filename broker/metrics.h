@@ -52,6 +52,9 @@ const char *kvb_mx_reason_name(enum kvb_mx_reason r);
  * -errno (logged: a bad address, a port in use).
  */
 int kvb_metrics_init(struct kvb_broker *b);
+/* --metrics-listen's form (numeric ADDR:PORT, port <= 65535): 0 or -EINVAL,
+ * without binding (the start-up check of the configuration). */
+int kvb_metrics_check_listen(const char *spec);
 void kvb_metrics_fini(struct kvb_broker *b);
 /* An epoll event whose tag has KVB_EP_METRICS_TAG. */
 void kvb_metrics_event(struct kvb_broker *b, uint64_t tag, uint32_t events);
