@@ -361,7 +361,10 @@ static int try_sleep(struct kvb_broker *b)
 
 	set_sleeping(b, 1);
 	atomic_thread_fence(memory_order_seq_cst);
-	busy = rings_busy(b) || arm_transports(b);
+	/* completions owed to a worker that made room in its ring: moved
+	 * now, not on the next timer (a worker that reaps after the fence
+	 * sees broker_sleeping and its cq_backlog and wakes us) */
+	busy = kvb_engine_flush_owed(b) || rings_busy(b) || arm_transports(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
 		/* deadlines to keep: transfers, connections without HELLO */
