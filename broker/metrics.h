@@ -25,6 +25,10 @@ struct kvb_xfer;
 #define KVB_MX_MAX_CONNS  16u
 #define KVB_MX_REQ_MAX	  8192u
 #define KVB_MX_TIMEOUT_MS 5000
+/* connections of one source address at once; a new one past it (or past
+ * KVB_MX_MAX_CONNS) takes the place of the oldest one still sending its
+ * request, of that address (or of the address that holds the most) */
+#define KVB_MX_PER_SOURCE 4u
 
 /* transfer latency histogram: upper bounds in ns (+Inf implied) */
 #define KVB_MX_LAT_BUCKETS 14u
