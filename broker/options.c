@@ -134,7 +134,9 @@ static const struct usage_opt usage_opts[] = {
 	 "tcp data port: connections served in all (default 256)"},
 	{"--tcp-max-conns-per-host N",
 	 "\n"
-	 "... from one source address (default 32)"},
+	 "... from one source address (default 32), authenticated\n"
+	 "and, apart, not yet authenticated (a new one evicts\n"
+	 "the address's oldest of those)"},
 	{"--tcp-auth-timeout MS",
 	 "ms a data-port connection has to authenticate\n"
 	 "(default 2000)"},
