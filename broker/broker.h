@@ -204,6 +204,14 @@ unsigned kvb_engine_round(struct kvb_broker *b);
 uint32_t kvb_engine_drain_worker(struct kvb_broker *b, struct kvb_worker *w);
 /* Deadlines; called every few ms. */
 void kvb_engine_timers(struct kvb_broker *b, int64_t now);
+/*
+ * Move completions owed to workers (their overflow lists) into the rings
+ * that have room now, and wake the workers waiting for them. The broker
+ * calls it after announcing its sleep: a worker that reaps meanwhile sees
+ * broker_sleeping and cq_backlog and wakes it. Returns how many moved.
+ */
+unsigned kvb_engine_flush_owed(struct kvb_broker *b);
+
 /* Queue a completion to a worker (ring or overflow). */
 void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 		  const struct kvb_cqe *c);

@@ -10,11 +10,14 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "options.h"
 
@@ -171,48 +174,127 @@ static int config_line(const char *path, int ln, char *line, struct entries *e,
 	return push(e, entry);
 }
 
-int kvb_config_read(const char *path, char ***entries, int *n, char *err,
-		    size_t err_len)
+/*
+ * The whole file into a NUL-terminated buffer: a regular file of at most
+ * KVB_CONFIG_MAX bytes. Opened without blocking (a FIFO would wait for a
+ * writer at open) and refused unless fstat says regular, so a FIFO, a device
+ * (/dev/zero) or a socket is refused at once; a read error is an error, not
+ * the end of the file. 0 or -errno with err set; *len: bytes read.
+ */
+static int read_whole(const char *path, char **out, size_t *len, char *err,
+		      size_t err_len)
 {
-	struct entries e = {0};
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t len;
-	int ln = 0, rc = 0;
-	FILE *f;
+	struct stat st;
+	size_t got = 0;
+	char *buf;
+	int fd, rc;
 
-	f = fopen(path, "re");
-	if (!f) {
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
 		rc = -errno;
 		fail(err, err_len, "%s: %s", path, strerror(-rc));
 		return rc;
 	}
-	errno = 0;
-	while ((len = getline(&line, &cap, f)) >= 0) {
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		fail(err, err_len, "%s: %s", path, strerror(-rc));
+		goto err_fd;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		fail(err, err_len, "%s: %s", path, strerror(EISDIR));
+		rc = -EISDIR;
+		goto err_fd;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = fail(err, err_len,
+			  "%s: not a regular file (a config file must be "
+			  "one)",
+			  path);
+		goto err_fd;
+	}
+	if (st.st_size > KVB_CONFIG_MAX) {
+		fail(err, err_len, "%s: %lld bytes, more than %d", path,
+		     (long long) st.st_size, KVB_CONFIG_MAX);
+		rc = -EFBIG;
+		goto err_fd;
+	}
+	/* one byte more than allowed: a file that grew is seen to */
+	buf = malloc(KVB_CONFIG_MAX + 2);
+	if (!buf) {
+		fail(err, err_len, "%s: out of memory", path);
+		rc = -ENOMEM;
+		goto err_fd;
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf + got, KVB_CONFIG_MAX + 1 - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rc = -errno;
+			fail(err, err_len, "%s: read: %s", path, strerror(-rc));
+			goto err_buf;
+		}
+		if (n == 0)
+			break;
+		got += (size_t) n;
+		if (got > KVB_CONFIG_MAX) {
+			fail(err, err_len, "%s: more than %d bytes", path,
+			     KVB_CONFIG_MAX);
+			rc = -EFBIG;
+			goto err_buf;
+		}
+	}
+	close(fd);
+	buf[got] = '\0';
+	*out = buf;
+	*len = got;
+	return 0;
+
+err_buf:
+	free(buf);
+err_fd:
+	close(fd);
+	return rc;
+}
+
+int kvb_config_read(const char *path, char ***entries, int *n, char *err,
+		    size_t err_len)
+{
+	struct entries e = {0};
+	char *buf = NULL, *line;
+	size_t len = 0, off = 0;
+	int ln = 0, rc;
+
+	rc = read_whole(path, &buf, &len, err, err_len);
+	if (rc)
+		return rc;
+	while (off < len) {
+		char *nl = memchr(buf + off, '\n', len - off);
+		size_t ll = (nl ? (size_t) (nl - buf) + 1 : len) - off;
+
+		line = buf + off;
+		off += ll;
 		ln++;
-		if (len > CONFIG_LINE_MAX) {
+		if (ll > CONFIG_LINE_MAX) {
 			rc = fail(err, err_len,
-				  "%s:%d: line longer than %d "
-				  "bytes",
-				  path, ln, CONFIG_LINE_MAX);
+				  "%s:%d: line longer than %d bytes", path, ln,
+				  CONFIG_LINE_MAX);
 			goto out;
 		}
-		if ((size_t) len != strlen(line)) {
+		if (memchr(line, '\0', ll)) {
 			rc = fail(err, err_len, "%s:%d: NUL byte in the line",
 				  path, ln);
 			goto out;
 		}
+		if (nl)
+			*nl = '\0';
 		rc = config_line(path, ln, line, &e, err, err_len);
 		if (rc)
 			goto out;
 	}
-	if (ferror(f)) {
-		rc = -(errno ? errno : EIO);
-		fail(err, err_len, "%s: %s", path, strerror(-rc));
-	}
 out:
-	free(line);
-	fclose(f);
+	free(buf);
 	if (rc) {
 		entries_free(&e);
 		return rc;
@@ -220,6 +302,38 @@ out:
 	*entries = e.v;
 	*n = e.n;
 	return 0;
+}
+
+size_t kvb_config_escape(char *dst, size_t cap, const char *src)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+
+	if (!cap)
+		return 0;
+	for (; *src; src++) {
+		unsigned char c = (unsigned char) *src;
+		char tmp[4];
+		size_t k = 0;
+
+		if (c == '\\') {
+			tmp[k++] = '\\';
+			tmp[k++] = '\\';
+		} else if (c < 0x20 || c >= 0x7f) {
+			tmp[k++] = '\\';
+			tmp[k++] = 'x';
+			tmp[k++] = hex[c >> 4];
+			tmp[k++] = hex[c & 15];
+		} else {
+			tmp[k++] = (char) c;
+		}
+		if (o + k >= cap)
+			break;
+		memcpy(dst + o, tmp, k);
+		o += k;
+	}
+	dst[o] = '\0';
+	return o;
 }
 
 void kvb_config_free(char **entries, int n)

@@ -117,18 +117,40 @@ void kvb_complete(struct kvb_broker *b, struct kvb_worker *w,
 		w->ovf = n;
 		w->ovf_cap = cap;
 	}
+	if (!w->ovf_len) /* the worker's reap wakes us from now on */
+		atomic_store_explicit(&w->seg.hdr->cq_backlog, 1,
+				      memory_order_relaxed);
 	w->ovf[w->ovf_len++] = *c;
 }
 
-static void flush_overflow(struct kvb_worker *w)
+static uint32_t flush_overflow(struct kvb_worker *w)
 {
 	uint32_t n = kvb_ring_enqueue_burst(&w->seg.cq, w->ovf, w->ovf_len);
 
 	if (!n)
-		return;
+		return 0;
 	memmove(w->ovf, w->ovf + n, (w->ovf_len - n) * sizeof(*w->ovf));
 	w->ovf_len -= n;
 	w->cq_dirty = 1;
+	if (!w->ovf_len)
+		atomic_store_explicit(&w->seg.hdr->cq_backlog, 0,
+				      memory_order_relaxed);
+	return n;
+}
+
+unsigned kvb_engine_flush_owed(struct kvb_broker *b)
+{
+	unsigned moved = 0;
+
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
+
+		if (w->ovf_len)
+			moved += flush_overflow(w);
+	}
+	if (moved)
+		kvb_wake_workers(b);
+	return moved;
 }
 
 void kvb_wake_workers(struct kvb_broker *b)
@@ -581,6 +603,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 
 		b->st.descriptors_submitted++;
 		w->st.submitted++;
+		if (e->flags & ~KVB_SQE_F_UNSIGNALED) {
+			kvb_layer_refuse(b, w, e, -EINVAL,
+					 "undefined flag bits");
+			return;
+		}
 		if (kvb_hook_layer_op(b, w, e, &done))
 			kvb_op_complete(b, &done);
 		return;
@@ -590,6 +617,11 @@ static void process_sqe(struct kvb_broker *b, struct kvb_worker *w,
 	}
 	b->st.descriptors_submitted++;
 	w->st.submitted++;
+	/* a later flag may mean something: refused, never ignored */
+	if (e->flags & ~KVB_SQE_F_UNSIGNALED) {
+		refuse(b, w, e, -EINVAL, "undefined flag bits");
+		return;
+	}
 	rc = kvb_validate_desc(&b->regions, w->id, e, &l, &r, &why);
 	if (rc) {
 		refuse(b, w, e, rc, why);

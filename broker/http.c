@@ -2,8 +2,10 @@
 /*
  * The metrics endpoint's HTTP/1.x server: non-blocking sockets in the
  * broker's epoll set, one request per connection (the answer says
- * "Connection: close"), at most KVB_MX_MAX_CONNS connections, requests of
- * at most KVB_MX_REQ_MAX bytes, KVB_MX_TIMEOUT_MS to send one and as long
+ * "Connection: close"), at most KVB_MX_MAX_CONNS connections (and
+ * KVB_MX_PER_SOURCE of one address; a new connection takes the place of the
+ * oldest one still sending its request), requests of at most KVB_MX_REQ_MAX
+ * bytes, KVB_MX_TIMEOUT_MS to send one and as long
  * to read the answer. GET /metrics only: other methods 405, other paths
  * 404; each refusal counted (kvbroker_metrics_refused_total) and logged,
  * rate-limited. A scrape is rendered in one go on the broker's thread,
@@ -13,6 +15,7 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +34,7 @@ const char *const kvb_mx_refusal_names[KVB_MX_REF_MAX] = {
 	[KVB_MX_REF_METHOD] = "method",
 	[KVB_MX_REF_NOT_FOUND] = "not_found",
 	[KVB_MX_REF_BAD] = "bad_request",
+	[KVB_MX_REF_EVICTED] = "evicted",
 };
 
 static void refuse_count(struct kvb_metrics *mx, enum kvb_mx_refusal r)
@@ -67,6 +71,16 @@ static int parse_listen(const char *s, struct addrinfo **ai)
 	memcpy(host, s, hl);
 	host[hl] = '\0';
 	return getaddrinfo(host, colon + 1, &hints, ai) ? -EINVAL : 0;
+}
+
+int kvb_metrics_check_listen(const char *spec)
+{
+	struct addrinfo *ai = NULL;
+	int rc = parse_listen(spec, &ai);
+
+	if (!rc)
+		freeaddrinfo(ai);
+	return rc;
 }
 
 static int ep_ctl(struct kvb_broker *b, int op, int fd, uint32_t events,
@@ -186,20 +200,95 @@ void kvb_metrics_fini(struct kvb_broker *b)
 	b->mx = NULL;
 }
 
+/* The same host (address family and address; the port does not count). */
+static int same_host(const struct sockaddr_storage *a,
+		     const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return 0;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *) a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *) b)->sin_addr.s_addr;
+	if (a->ss_family == AF_INET6)
+		return !memcmp(&((const struct sockaddr_in6 *) a)->sin6_addr,
+			       &((const struct sockaddr_in6 *) b)->sin6_addr,
+			       sizeof(struct in6_addr));
+	return 1;
+}
+
+/* Connections from src's host now. */
+static unsigned host_conns(const struct kvb_metrics *mx,
+			   const struct sockaddr_storage *src)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < KVB_MX_MAX_CONNS; i++)
+		n += mx->conns[i].fd >= 0 && same_host(&mx->conns[i].src, src);
+	return n;
+}
+
+/*
+ * A slot for a new connection from src: a free one, unless src's host holds
+ * KVB_MX_PER_SOURCE; else the slot of the oldest connection still sending
+ * its request, of src's host when it is at its limit, else of the host that
+ * holds the most connections (closed, counted `evicted`). So connections
+ * that send slowly, or not at all, cannot keep a scraper out: whoever sends
+ * its request at once (Prometheus does) is answered, and one host cannot
+ * evict another's connections while it holds fewer than they do. Returns
+ * KVB_MX_MAX_CONNS when every candidate is writing an answer.
+ */
+static unsigned take_slot(struct kvb_broker *b,
+			  const struct sockaddr_storage *src)
+{
+	struct kvb_metrics *mx = b->mx;
+	unsigned mine = host_conns(mx, src), victim = KVB_MX_MAX_CONNS,
+		 most = 0;
+
+	if (mine < KVB_MX_PER_SOURCE)
+		for (unsigned i = 0; i < KVB_MX_MAX_CONNS; i++)
+			if (mx->conns[i].fd < 0)
+				return i;
+	for (unsigned i = 0; i < KVB_MX_MAX_CONNS; i++) {
+		struct kvb_mx_conn *c = &mx->conns[i];
+		unsigned n;
+
+		if (c->fd < 0 || c->writing)
+			continue;
+		if (mine >= KVB_MX_PER_SOURCE) {
+			if (!same_host(&c->src, src))
+				continue;
+			n = mine;
+		} else {
+			n = host_conns(mx, &c->src);
+		}
+		if (victim == KVB_MX_MAX_CONNS || n > most ||
+		    (n == most && c->accepted < mx->conns[victim].accepted)) {
+			victim = i;
+			most = n;
+		}
+	}
+	if (victim < KVB_MX_MAX_CONNS) {
+		refuse_count(mx, KVB_MX_REF_EVICTED);
+		conn_close(b, &mx->conns[victim]);
+	}
+	return victim;
+}
+
 static void accept_all(struct kvb_broker *b)
 {
 	struct kvb_metrics *mx = b->mx;
 
 	for (int k = 0; k < ACCEPTS_PER_EVENT; k++) {
-		int fd = accept4(mx->lfd, NULL, NULL,
+		struct sockaddr_storage src;
+		socklen_t sl = sizeof(src);
+		int fd = accept4(mx->lfd, (struct sockaddr *) &src, &sl,
 				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct kvb_mx_conn *c;
 		unsigned i;
 
 		if (fd < 0)
 			return; /* EAGAIN, or an error of that one client */
-		for (i = 0; i < KVB_MX_MAX_CONNS && mx->conns[i].fd >= 0; i++)
-			;
+		i = take_slot(b, &src);
 		if (i == KVB_MX_MAX_CONNS ||
 		    ep_ctl(b, EPOLL_CTL_ADD, fd, EPOLLIN, i)) {
 			close(fd);
@@ -208,6 +297,8 @@ static void accept_all(struct kvb_broker *b)
 		}
 		c = &mx->conns[i];
 		c->fd = fd;
+		c->src = src;
+		c->accepted = kvb_now_ns();
 		c->writing = 0;
 		c->rlen = 0;
 		c->req[0] = '\0';
@@ -351,6 +442,7 @@ static void handle_request(struct kvb_broker *b, struct kvb_mx_conn *c,
 
 static void conn_read(struct kvb_broker *b, struct kvb_mx_conn *c, unsigned idx)
 {
+	char *end, *lf, *nul;
 	ssize_t n;
 
 	n = recv(c->fd, c->req + c->rlen, KVB_MX_REQ_MAX - 1 - c->rlen, 0);
@@ -362,7 +454,19 @@ static void conn_read(struct kvb_broker *b, struct kvb_mx_conn *c, unsigned idx)
 	}
 	c->rlen += (uint32_t) n;
 	c->req[c->rlen] = '\0';
-	if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) {
+	end = memmem(c->req, c->rlen, "\r\n\r\n", 4);
+	lf = memmem(c->req, c->rlen, "\n\n", 2);
+	if (lf && (!end || lf < end))
+		end = lf;
+	/* a NUL byte before the blank line is no HTTP request (and the
+	 * request would never be seen complete): 400 at once */
+	nul = memchr(c->req, '\0', c->rlen);
+	if (nul && (!end || nul < end)) {
+		ep_ctl(b, EPOLL_CTL_MOD, c->fd, 0, idx); /* read no more */
+		refuse(b, c, idx, KVB_MX_REF_BAD, "400 Bad Request", "");
+		return;
+	}
+	if (end) {
 		ep_ctl(b, EPOLL_CTL_MOD, c->fd, 0, idx); /* read no more */
 		handle_request(b, c, idx);
 		return;

@@ -8,6 +8,7 @@
 #include "broker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,15 @@
 #define EVENTS_NS	  200000ll /* ... or this long, whichever comes first */
 #define KVB_LATE_SLEEP_MS 50 /* shorter sleeps: not counted as late wakeups */
 
+/*
+ * Set when start-up failed for a reason in the configuration itself, which
+ * the same configuration meets again on every start: exit status 2, which
+ * the systemd unit does not restart (RestartPreventExitStatus=2). Other
+ * start-up failures (a port or the socket taken, a device or GPU missing)
+ * may pass: exit status 1.
+ */
+static int config_err;
+
 static int open_transport(struct kvb_broker *b)
 {
 	struct kvb_transport_params p = {
@@ -57,6 +67,7 @@ static int open_transport(struct kvb_broker *b)
 		log_err("transport %s needs --host-ip (the address peers "
 			"reach this node on)",
 			kvb_transport_name(k));
+		config_err = 1;
 		return -EINVAL;
 	}
 	if (p.copy_threads < 0) {
@@ -126,10 +137,12 @@ static int check_socket_dir(struct kvb_broker *b)
 		return rc;
 	}
 	rc = kvb_sock_dir_check(b->opt.socket_dir, b->uid, why, sizeof(why));
-	if (rc)
+	if (rc) {
+		config_err = 1;
 		log_err("refusing the socket directory: %s (remove it, or "
 			"give --socket)",
 			why);
+	}
 	return rc;
 }
 
@@ -191,6 +204,7 @@ static int open_xnode(struct kvb_broker *b)
 	log_err("--host-ip: this kvbroker was built without the cross-node "
 		"layer (no libzmq/msgpack-c at build time); same-node "
 		"transfers only");
+	config_err = 1;
 	return -ENOTSUP;
 #endif
 }
@@ -347,7 +361,10 @@ static int try_sleep(struct kvb_broker *b)
 
 	set_sleeping(b, 1);
 	atomic_thread_fence(memory_order_seq_cst);
-	busy = rings_busy(b) || arm_transports(b);
+	/* completions owed to a worker that made room in its ring: moved
+	 * now, not on the next timer (a worker that reaps after the fence
+	 * sees broker_sleeping and its cq_backlog and wakes us) */
+	busy = kvb_engine_flush_owed(b) || rings_busy(b) || arm_transports(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
 		/* deadlines to keep: transfers, connections without HELLO */
@@ -500,16 +517,73 @@ static void raise_nofile(void)
 			 strerror(errno));
 }
 
+/*
+ * The files and addresses the options name, checked before anything starts:
+ * 0, or -errno with the reason in err (a configuration error, exit 2).
+ * --cluster-key: a regular file the broker can open, of 16 to 4096 bytes
+ * (bridge/xnode reads it at start; a FIFO there would block the start).
+ * --metrics-listen: numeric ADDR:PORT with a port up to 65535.
+ */
+static int preflight(const struct kvb_options *o, char *err, size_t len)
+{
+	if (o->cluster_key[0]) {
+		int fd = open(o->cluster_key,
+			      O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		struct stat st;
+		int rc = 0;
+
+		if (fd < 0 || fstat(fd, &st) < 0) {
+			rc = -errno;
+			snprintf(err, len, "--cluster-key %s: %s",
+				 o->cluster_key, strerror(errno));
+		} else if (!S_ISREG(st.st_mode)) {
+			rc = -EINVAL;
+			snprintf(err, len,
+				 "--cluster-key %s: not a regular file",
+				 o->cluster_key);
+		} else if (st.st_size < 16 || st.st_size > 4096) {
+			rc = -EINVAL;
+			snprintf(err, len,
+				 "--cluster-key %s: %lld bytes: between 16 and "
+				 "4096 needed (e.g. head -c 32 /dev/urandom)",
+				 o->cluster_key, (long long) st.st_size);
+		}
+		if (fd >= 0)
+			close(fd);
+		if (rc)
+			return rc;
+	}
+	if (o->metrics_listen[0] &&
+	    kvb_metrics_check_listen(o->metrics_listen)) {
+		snprintf(err, len,
+			 "--metrics-listen %s: not ADDR:PORT with a numeric "
+			 "address and a port up to 65535 (127.0.0.1:19476, "
+			 "[::1]:19476)",
+			 o->metrics_listen);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* A configuration error at start-up: on standard error, bytes escaped (a
+ * config file's binary bytes do not reach the terminal raw). */
+static int config_error(const char *err)
+{
+	char esc[1024];
+
+	kvb_config_escape(esc, sizeof(esc), err);
+	fprintf(stderr, "kvbroker: %s\n", esc);
+	return 2;
+}
+
 int main(int argc, char **argv)
 {
 	static struct kvb_broker b;
-	char err[256];
+	char err[512];
 	int rc;
 
-	if (kvb_options_load(&b.opt, argc, argv, err, sizeof(err))) {
-		fprintf(stderr, "kvbroker: %s\n", err);
-		return 2;
-	}
+	if (kvb_options_load(&b.opt, argc, argv, err, sizeof(err)))
+		return config_error(err);
 	if (b.opt.help) {
 		kvb_options_usage(stdout);
 		return 0;
@@ -519,14 +593,22 @@ int main(int argc, char **argv)
 		       KVB_PROTO_VERSION);
 		return 0;
 	}
+	if (preflight(&b.opt, err, sizeof(err)))
+		return config_error(err);
 	kvb_log_level = b.opt.log_level;
 	kvb_log_set_format(b.opt.log_format);
 	raise_nofile();
 	rc = setup(&b);
 	if (rc) {
-		log_err("startup failed: %s", strerror(-rc));
+		/* an address not on this node (--host-ip, --metrics-listen)
+		 * is the configuration's too */
+		if (rc == -EADDRNOTAVAIL)
+			config_err = 1;
+		log_err("startup failed: %s%s", strerror(-rc),
+			config_err ? " (a configuration error: exit status 2)"
+				   : "");
 		teardown(&b);
-		return 1;
+		return config_err ? 2 : 1;
 	}
 	log_info("listening on %s (pid %d)", b.opt.socket_path, (int) getpid());
 	kvb_sd_ready(b.opt.socket_path);

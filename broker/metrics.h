@@ -25,6 +25,10 @@ struct kvb_xfer;
 #define KVB_MX_MAX_CONNS  16u
 #define KVB_MX_REQ_MAX	  8192u
 #define KVB_MX_TIMEOUT_MS 5000
+/* connections of one source address at once; a new one past it (or past
+ * KVB_MX_MAX_CONNS) takes the place of the oldest one still sending its
+ * request, of that address (or of the address that holds the most) */
+#define KVB_MX_PER_SOURCE 4u
 
 /* transfer latency histogram: upper bounds in ns (+Inf implied) */
 #define KVB_MX_LAT_BUCKETS 14u
@@ -52,6 +56,9 @@ const char *kvb_mx_reason_name(enum kvb_mx_reason r);
  * -errno (logged: a bad address, a port in use).
  */
 int kvb_metrics_init(struct kvb_broker *b);
+/* --metrics-listen's form (numeric ADDR:PORT, port <= 65535): 0 or -EINVAL,
+ * without binding (the start-up check of the configuration). */
+int kvb_metrics_check_listen(const char *spec);
 void kvb_metrics_fini(struct kvb_broker *b);
 /* An epoll event whose tag has KVB_EP_METRICS_TAG. */
 void kvb_metrics_event(struct kvb_broker *b, uint64_t tag, uint32_t events);

@@ -4,6 +4,8 @@
 #define KVB_BROKER_METRICS_PRIV_H
 
 #include "broker.h"
+#include <sys/socket.h>
+
 #include "metrics.h"
 
 /* what a client of the endpoint was refused (the reason label) */
@@ -14,6 +16,8 @@ enum kvb_mx_refusal {
 	KVB_MX_REF_METHOD,    /* not GET: 405 */
 	KVB_MX_REF_NOT_FOUND, /* not /metrics: 404 */
 	KVB_MX_REF_BAD,	      /* not an HTTP/1.x request line: 400 */
+	KVB_MX_REF_EVICTED,   /* still sending its request when a newer one
+			       * needed its slot: closed */
 	KVB_MX_REF_MAX
 };
 
@@ -21,6 +25,8 @@ struct kvb_mx_conn {
 	int fd; /* -1 = slot free */
 	uint8_t writing;
 	int64_t deadline;
+	int64_t accepted; /* ns: the oldest reader gives its slot up first */
+	struct sockaddr_storage src; /* the peer's address (port ignored) */
 	uint32_t rlen;
 	char req[KVB_MX_REQ_MAX];
 	char head[256]; /* the response's status line and headers */

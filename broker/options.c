@@ -91,7 +91,7 @@ static const struct usage_opt usage_opts[] = {
 	{"--config FILE",
 	 "read options from FILE first (\"key = value\" lines,\n"
 	 "keys the long options without --); the command\n"
-	 "line wins"},
+	 "line wins. A regular file of at most 1 MiB"},
 	{"--busy-poll-us N", "spin N us idle before sleeping (default 50)"},
 	{"--sq-entries N", "submission ring slots per worker (default 4096)"},
 	{"--cq-entries N", "completion ring slots per worker (default 8192)"},
@@ -143,7 +143,9 @@ static const struct usage_opt usage_opts[] = {
 	 "tcp data port: connections served in all (default 256)"},
 	{"--tcp-max-conns-per-host N",
 	 "\n"
-	 "... from one source address (default 32)"},
+	 "... from one source address (default 32), authenticated\n"
+	 "and, apart, not yet authenticated (a new one evicts\n"
+	 "the address's oldest of those)"},
 	{"--tcp-auth-timeout MS",
 	 "ms a data-port connection has to authenticate\n"
 	 "(default 2000)"},
@@ -208,6 +210,13 @@ void kvb_options_usage(FILE *f)
 	      f);
 	for (size_t i = 0; i < sizeof(usage_opts) / sizeof(usage_opts[0]); i++)
 		usage_opt_print(f, &usage_opts[i]);
+	fputs("\nExit status: 0 after a clean stop (SIGTERM, SIGINT); 1 when a "
+	      "start-up\nfailure may pass on its own (a port or the socket "
+	      "taken, a device\nmissing); 2 for a configuration error (a bad "
+	      "option or config file, an\naddress not on this node, a missing "
+	      "--cluster-key file): not restarted by\nthe systemd unit "
+	      "(RestartPreventExitStatus=2).\n",
+	      f);
 }
 
 static int fail(char *err, size_t len, const char *fmt, ...)

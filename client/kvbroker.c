@@ -692,6 +692,10 @@ static int submit(struct kvb_ctx *ctx, uint8_t op, const struct kvb_desc *d,
 
 	if (!ctx || (!d && n))
 		return -EINVAL;
+	/* undefined flag bits: the whole call is refused, nothing queued */
+	for (unsigned i = 0; i < n; i++)
+		if (d[i].flags & ~KVB_DESC_UNSIGNALED)
+			return -EINVAL;
 	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
 		return -EPIPE;
 	while (done < n) {
@@ -825,6 +829,16 @@ static unsigned reap(struct kvb_ctx *ctx, struct kvb_completion *c,
 	if (max > SUBMIT_CHUNK)
 		max = SUBMIT_CHUNK;
 	n = kvb_ring_dequeue_burst(&ctx->seg.cq, cqe, max);
+	if (n) {
+		/* room made: a sleeping broker that owes us completions
+		 * (its overflow list) moves them now. Dekker with its sleep:
+		 * it announces broker_sleeping, fences, then looks for room
+		 * in our ring. */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (atomic_load_explicit(&ctx->seg.hdr->cq_backlog,
+					 memory_order_relaxed))
+			wake_broker(ctx);
+	}
 	for (i = 0; i < n; i++) {
 		c[i].tag = cqe[i].tag;
 		c[i].bytes = cqe[i].bytes;

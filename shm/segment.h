@@ -38,6 +38,13 @@ struct kvb_seg_hdr {
 	alignas(KVB_CACHELINE) _Atomic uint32_t broker_sleeping;
 	_Atomic uint32_t broker_state;
 	/*
+	 * Set by the broker while it owes this worker completions that did
+	 * not fit its completion ring (its overflow list). A worker that
+	 * reaps (makes room) and then sees it and broker_sleeping set writes
+	 * the broker's eventfd, so that the rest moves at once.
+	 */
+	_Atomic uint32_t cq_backlog;
+	/*
 	 * Set by a worker blocked in kvb_wait, to the number of completions
 	 * it waits for (kvb_wait_min; 0: not waiting); the broker writes the
 	 * worker's eventfd after publishing completions when the ring holds

@@ -37,6 +37,8 @@ void _kvb_tcp_conn_destroy(struct tcp_conn *c)
 				*pp = c->dnext;
 				break;
 			}
+	if (c->evicted)
+		tt->nevicted--;
 	if (c->state != C_OPEN) {
 		if (c->pprev)
 			c->pprev->pnext = c->pnext;
@@ -113,27 +115,115 @@ static int is_trusted(struct tcp_transport *tt,
 	return 0;
 }
 
-/* Why a connection just accepted is closed at once (its counter bumped
- * and a line logged), or NULL when it may stay. */
+/* Unlink c from the pending list. */
+static void pending_unlink(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = c->tt;
+
+	if (c->pprev)
+		c->pprev->pnext = c->pnext;
+	else
+		tt->phead = c->pnext;
+	if (c->pnext)
+		c->pnext->pprev = c->pprev;
+	else
+		tt->ptail = c->pprev;
+	c->pprev = c->pnext = NULL;
+}
+
+/*
+ * A connection that has not authenticated gives its place up: closed after
+ * this round's events (not here: an event of it may still be in the batch),
+ * by _kvb_tcp_conn_expire, to which it goes first.
+ */
+static void conn_evict(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = c->tt;
+
+	pending_unlink(c);
+	c->evicted = 1;
+	c->deadline = 0;
+	c->pnext = tt->phead;
+	if (tt->phead)
+		tt->phead->pprev = c;
+	else
+		tt->ptail = c;
+	tt->phead = c;
+	tt->nevicted++;
+	_kvb_tcp_timer_want(tt, 1);
+}
+
+/* The oldest connection not authenticated (and not evicted already), of
+ * host sa (NULL: of any host), and how many of sa's there are. */
+static struct tcp_conn *oldest_pending(struct tcp_transport *tt,
+				       const struct sockaddr_storage *sa,
+				       unsigned *count)
+{
+	struct tcp_conn *c, *first = NULL;
+	unsigned n = 0;
+
+	for (c = tt->phead; c; c = c->pnext) {
+		if (c->evicted || (sa && !sa_same_host(&c->sa, sa)))
+			continue;
+		if (!first)
+			first = c;
+		n++;
+	}
+	if (count)
+		*count = n;
+	return first;
+}
+
+/* Authenticated connections from host sa. */
+static unsigned open_from(struct tcp_transport *tt,
+			  const struct sockaddr_storage *sa)
+{
+	const struct tcp_conn *c;
+	unsigned n = 0;
+
+	for (c = tt->conns; c; c = c->next)
+		n += c->state == C_OPEN && sa_same_host(&c->sa, sa);
+	return n;
+}
+
+/*
+ * Why a connection just accepted is closed at once (its counter bumped and
+ * a line logged), or NULL when it may stay. Connections that have not
+ * authenticated have a budget of their own, per host: max_per_host at once,
+ * for the auth deadline at most; at that budget (or with the port full) a
+ * new one takes the place of the oldest one that has not authenticated (of
+ * its host; with the port full, of any), which is closed (unauth_evicted).
+ * A peer broker authenticates within a round trip of connecting, so a
+ * process that keeps partial HELLOs open from the same (trusted) host
+ * evicts its own, never takes the slots the broker needs. Authenticated
+ * connections count apart (max_per_host per host, checked when they
+ * authenticate) and are never evicted.
+ */
 static const char *accept_check(struct tcp_transport *tt, int fd,
 				const struct sockaddr_storage *sa)
 {
-	const struct tcp_conn *c;
-	unsigned same = 0;
+	struct tcp_conn *old;
+	unsigned pending;
 
 	if (!is_trusted(tt, sa)) {
 		tt->st.refused_untrusted++;
 		return "untrusted_host (not in the trusted hosts)";
 	}
-	tt->st.refused_conn_limit++;
-	if (fd >= tt->fd_cap)
+	if (fd >= tt->fd_cap) {
+		tt->st.refused_conn_limit++;
 		return "conn_limit (descriptors nearly exhausted)";
-	if (tt->nconns >= tt->max_conns)
-		return "conn_limit (connections in all)";
-	for (c = tt->conns; c; c = c->next)
-		if (sa_same_host(&c->sa, sa) && ++same >= tt->max_per_host)
-			return "conn_limit (connections from that host)";
-	tt->st.refused_conn_limit--;
+	}
+	old = oldest_pending(tt, sa, &pending);
+	if (old && pending >= tt->max_per_host)
+		conn_evict(old);
+	if (tt->nconns - tt->nevicted >= tt->max_conns) {
+		old = oldest_pending(tt, NULL, NULL);
+		if (!old) {
+			tt->st.refused_conn_limit++;
+			return "conn_limit (connections in all)";
+		}
+		conn_evict(old);
+	}
 	return NULL;
 }
 
@@ -238,33 +328,55 @@ void _kvb_tcp_conn_expire(struct tcp_transport *tt, uint64_t now,
 	while (tt->phead && tt->phead->deadline <= now) {
 		struct tcp_conn *c = tt->phead;
 
-		tt->st.refused_auth_timeout++;
 		_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
-		_kvb_tcp_rlog(tt, RL_AUTH_TIMEOUT,
-			      "tcp data port: connection from %s closed: "
-			      "auth_timeout (%llu ms)",
-			      a, (unsigned long long) (tt->auth_ns / 1000000));
+		if (c->evicted) {
+			tt->st.unauth_evicted++;
+			_kvb_tcp_rlog(tt, RL_CONN_LIMIT,
+				      "tcp data port: connection from %s "
+				      "closed: not authenticated, its place "
+				      "taken by a newer connection",
+				      a);
+		} else {
+			tt->st.refused_auth_timeout++;
+			_kvb_tcp_rlog(
+				tt, RL_AUTH_TIMEOUT,
+				"tcp data port: connection from %s "
+				"closed: auth_timeout (%llu ms)",
+				a,
+				(unsigned long long) (tt->auth_ns / 1000000));
+		}
 		_kvb_tcp_conn_destroy(c);
 	}
 	if (tt->phead && tt->phead->deadline < *next)
 		*next = tt->phead->deadline;
 }
 
-/* Authenticated: off the pending list. */
-static void conn_opened(struct tcp_conn *c)
+/* Authenticated: off the pending list (and no longer evicted: it proved
+ * the key in the same round). 0, or -1 when its host holds max_per_host
+ * authenticated connections already (counted; the caller closes it). */
+static int conn_opened(struct tcp_conn *c)
 {
 	struct tcp_transport *tt = c->tt;
 
-	if (c->pprev)
-		c->pprev->pnext = c->pnext;
-	else
-		tt->phead = c->pnext;
-	if (c->pnext)
-		c->pnext->pprev = c->pprev;
-	else
-		tt->ptail = c->pprev;
-	c->pprev = c->pnext = NULL;
+	pending_unlink(c);
+	if (c->evicted) {
+		c->evicted = 0;
+		tt->nevicted--;
+	}
 	tt->st.conns_unauth--;
+	if (open_from(tt, &c->sa) > tt->max_per_host) {
+		char a[INET6_ADDRSTRLEN];
+
+		tt->st.refused_conn_limit++;
+		_kvb_tcp_addr_str(&c->sa, a, sizeof(a));
+		_kvb_tcp_rlog(tt, RL_CONN_LIMIT,
+			      "tcp data port: connection from %s refused: "
+			      "conn_limit (authenticated connections from "
+			      "that host)",
+			      a);
+		return -1;
+	}
+	return 0;
 }
 
 /* 0 or the status the op is answered with. */
@@ -532,7 +644,10 @@ void _kvb_tcp_conn_event(struct tcp_conn *c, uint32_t events)
 		}
 		if (!rc)
 			return;
-		conn_opened(c);
+		if (conn_opened(c)) {
+			_kvb_tcp_conn_destroy(c);
+			return;
+		}
 		/* frames may have come right behind the PROOF */
 		events |= EPOLLIN;
 	}

@@ -66,6 +66,9 @@ struct kvb_tcp_stats {
 	uint64_t auth_ok;	   /* connections authenticated (served) */
 	uint64_t dial_auth_failed; /* our dials whose server failed its MAC */
 	uint64_t refused_gate;	   /* WRITEs the write gate refused */
+	/* not authenticated, closed for a newer connection from the same
+	 * host (its unauthenticated budget full) or the port full */
+	uint64_t unauth_evicted;
 };
 
 /* Per-peer key (HMAC-SHA512-256, libsodium crypto_auth) */

@@ -230,7 +230,10 @@ struct tcp_conn {
 	 * (their deadlines too) */
 	struct tcp_conn *pprev, *pnext;
 	enum tcp_conn_state state;
-	uint64_t deadline;	    /* of the authentication */
+	uint64_t deadline; /* of the authentication */
+	/* not authenticated, its place taken by a newer connection: closed
+	 * after this poll round's events (at the pending list's head) */
+	uint8_t evicted;
 	struct sockaddr_storage sa; /* source, IPv4-mapped made IPv4 */
 	struct tcp_peer *peer;	    /* once authenticated */
 	uint64_t dialer_id, srv_id; /* srv_id: as the HELLO named us */
@@ -288,6 +291,7 @@ struct tcp_transport {
 	uint64_t auth_ns;
 	int fd_cap; /* accepted fds at or above this are closed at once */
 	struct tcp_conn *phead, *ptail; /* pending authentication */
+	unsigned nevicted;		/* of those, evicted (closing) */
 	uint32_t lev;			/* the listener's epoll events */
 	uint64_t accept_resume;		/* paused after EMFILE until, 0 = not */
 	void (*log_fn)(void *arg, const char *line);

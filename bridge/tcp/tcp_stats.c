@@ -26,7 +26,8 @@ size_t kvb_tcp_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
 		    "\"accept_paused\":%llu,\"dial_auth_failed\":%llu,"
 		    "\"refusals\":{\"untrusted_host\":%llu,"
 		    "\"auth_failed\":%llu,\"auth_timeout\":%llu,"
-		    "\"conn_limit\":%llu,\"region_refused\":%llu}},",
+		    "\"conn_limit\":%llu,\"region_refused\":%llu,"
+		    "\"unauth_evicted\":%llu}},",
 		    (unsigned long long) s.bytes_tx,
 		    (unsigned long long) s.bytes_rx,
 		    (unsigned long long) s.frames_tx,
@@ -48,13 +49,15 @@ size_t kvb_tcp_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
 		    (unsigned long long) s.refused_auth_failed,
 		    (unsigned long long) s.refused_auth_timeout,
 		    (unsigned long long) s.refused_conn_limit,
-		    (unsigned long long) s.refused_region);
+		    (unsigned long long) s.refused_region,
+		    (unsigned long long) s.unauth_evicted);
 	else
 		PUT("tcp                    %llu bytes sent, %llu received, "
 		    "%llu refused ops, %llu malformed frames; GPU staged %llu "
 		    "out, %llu in, %llu copy errors; refused: %llu "
 		    "untrusted_host, %llu auth_failed, %llu auth_timeout, "
-		    "%llu conn_limit, %llu region_refused\n",
+		    "%llu conn_limit, %llu region_refused, %llu "
+		    "unauth_evicted\n",
 		    (unsigned long long) s.bytes_tx,
 		    (unsigned long long) s.bytes_rx,
 		    (unsigned long long) s.refused_ops,
@@ -66,6 +69,7 @@ size_t kvb_tcp_stats_format(struct kvb_transport *t, struct kvb_ep *ep,
 		    (unsigned long long) s.refused_auth_failed,
 		    (unsigned long long) s.refused_auth_timeout,
 		    (unsigned long long) s.refused_conn_limit,
-		    (unsigned long long) s.refused_region);
+		    (unsigned long long) s.refused_region,
+		    (unsigned long long) s.unauth_evicted);
 	return len;
 }

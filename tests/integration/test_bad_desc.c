@@ -281,6 +281,36 @@ static void test_bad_descriptors(void **state)
 		assert_int_equal(broker_stat(&fx.br, "descriptors_refused"),
 				 nbad);
 
+		/* undefined flag bits: the library refuses the call and
+		 * queues none of it (it used to drop the bits and the write
+		 * completed with success) */
+		{
+			static const uint16_t undef[] = {0x8000, 0xfffe, 0x2,
+							 0x8001};
+			struct kvb_desc u[2] = {
+				{.region = src.id,
+				 .peer_region = dst.id,
+				 .peer_offset = P1_AREA,
+				 .len = 4 * KiB,
+				 .tag = 30},
+				{.region = src.id,
+				 .peer_region = dst.id,
+				 .peer_offset = P1_AREA,
+				 .len = 4 * KiB,
+				 .tag = 31},
+			};
+
+			for (i = 0; i < 4; i++) {
+				u[1].flags = undef[i];
+				assert_int_equal(kvb_submit_write(pctx, u, 2),
+						 -EINVAL);
+				assert_int_equal(
+					kvb_submit_read(pctx, u + 1, 1),
+					-EINVAL);
+			}
+			assert_int_equal(w_collect(pctx, c, 1, 200), 0);
+		}
+
 		/* the same worker's good writes still go through */
 		{
 			struct kvb_desc g = {.region = src.id,

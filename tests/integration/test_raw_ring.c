@@ -4,8 +4,8 @@
  * checks (as a buggy or hostile one could): a SEAL whose count does not
  * fit 32 bits fails its transfer with -EINVAL (one transfer completion,
  * the seal's tag; counted as a rejected message, not as a refused
- * descriptor); an unknown opcode is refused as a descriptor; and the
- * broker keeps serving the next seal.
+ * descriptor); an unknown opcode and undefined flag bits are refused as a
+ * descriptor; and the broker keeps serving the next seal.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -109,6 +109,36 @@ static void test_unknown_opcode(void **state)
 			 refused + 1);
 }
 
+/* Flag bits the protocol does not define are refused (-EINVAL, counted,
+ * logged), on a write and on a layer op alike, never completed with
+ * success: a later flag may mean something. */
+static void test_undefined_flags(void **state)
+{
+	static const uint8_t bad[] = {0x80, 0xfe, 0x02, 0xff};
+	int64_t refused = broker_stat(&fx.br, "descriptors_refused");
+	uint32_t h = raw_open("raw-flags");
+
+	(void) state;
+	for (unsigned i = 0; i < sizeof(bad); i++) {
+		struct kvb_sqe e = {.opcode =
+					    i % 2 ? KVB_OP_LAYER : KVB_OP_WRITE,
+				    .flags = bad[i],
+				    .transfer = i % 2 ? h : 0,
+				    .len = 4096,
+				    .tag = 90 + i};
+		struct kvb_cqe c;
+
+		submit(&e);
+		c = next_cqe();
+		assert_int_equal(c.opcode, KVB_CQ_DESC);
+		assert_int_equal(c.tag, 90 + i);
+		assert_int_equal(c.status, -EINVAL);
+	}
+	assert_int_equal(broker_stat(&fx.br, "descriptors_refused"),
+			 refused + (int64_t) sizeof(bad));
+	assert_true(broker_log_has(&fx.br, "undefined flag bits"));
+}
+
 /* still serving: a good transfer of no writes ends at once with 0 */
 static void test_still_serving(void **state)
 {
@@ -146,6 +176,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_seal_count_too_large),
 		cmocka_unit_test(test_unknown_opcode),
+		cmocka_unit_test(test_undefined_flags),
 		cmocka_unit_test(test_still_serving),
 	};
 

@@ -11,7 +11,8 @@
  * lengths and offsets at the boundaries (0, 1, the region's size, one past
  * it, off + len overflowing, 1 TiB, UINT64_MAX), region ids live / freed /
  * never allocated / of the other worker / granted or not, transfer handles
- * live / ended / the other worker's / random, random flags, peer, layer and
+ * live / ended / the other worker's / random, flags (now and then random:
+ * undefined bits are refused), peer, layer and
  * reserved words; about a third of the copies are built valid. The ring
  * protocol itself is kept (the producer index only moves forward, a full ring
  * is waited on); garbage indices are test_raw_ring's and the ring unit tests'
@@ -479,6 +480,8 @@ static int32_t predict_copy(const struct kvb_sqe *e)
 	struct reg *l, *r;
 	uint32_t need;
 
+	if (e->flags & ~KVB_SQE_F_UNSIGNALED) /* undefined flag bits */
+		return -EINVAL;
 	if (e->len == 0 || e->len > TIB)
 		return -EINVAL;
 	l = reg_by_id(e->region);
@@ -618,7 +621,11 @@ static void fuzz_one(uint64_t i)
 
 	memset(&e, 0, sizeof(e));
 	e.tag = tag_hi << 32 | i;
-	e.flags = chance(50) ? (uint8_t) rnd() : 0;
+	/* unsignaled half the time; now and then random bits, which the
+	 * broker refuses when any but KVB_SQE_F_UNSIGNALED is set */
+	e.flags = chance(5)    ? (uint8_t) rnd()
+		  : chance(50) ? KVB_SQE_F_UNSIGNALED
+			       : 0;
 	if (chance(10))
 		e.layer = (uint16_t) rnd();
 	if (chance(5))

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -201,6 +202,54 @@ static void test_refusals(void **state)
 	}
 }
 
+/* Only a regular file of at most KVB_CONFIG_MAX bytes, read without error;
+ * the last line may lack its newline; bytes shown escaped. */
+static void test_file_kinds(void **state)
+{
+	char err[256] = "", **ent = NULL, fifo[80], esc[64];
+	int n = 0;
+	FILE *f;
+
+	(void) state;
+	snprintf(fifo, sizeof(fifo), "%s.fifo", path);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	assert_int_equal(kvb_config_read(fifo, &ent, &n, err, sizeof(err)),
+			 -EINVAL);
+	assert_non_null(strstr(err, "not a regular file"));
+	unlink(fifo);
+	assert_int_equal(
+		kvb_config_read("/dev/zero", &ent, &n, err, sizeof(err)),
+		-EINVAL);
+	assert_int_equal(
+		kvb_config_read("/proc/self/mem", &ent, &n, err, sizeof(err)),
+		-EIO);
+	/* exactly the bound: read; one byte more: refused */
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fputs("burst = 8\n", f);
+	for (long i = 10; i < KVB_CONFIG_MAX; i++)
+		fputc(i % 64 == 63 || i == KVB_CONFIG_MAX - 1 ? '\n' : '#', f);
+	fclose(f);
+	assert_int_equal(kvb_config_read(path, &ent, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 1);
+	kvb_config_free(ent, n);
+	f = fopen(path, "a");
+	fputc('#', f);
+	fclose(f);
+	assert_int_equal(kvb_config_read(path, &ent, &n, err, sizeof(err)),
+			 -EFBIG);
+	write_conf("burst = 8"); /* no newline at the end */
+	assert_int_equal(kvb_config_read(path, &ent, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 1);
+	assert_string_equal(ent[0], "--burst=8");
+	kvb_config_free(ent, n);
+	kvb_config_escape(esc, sizeof(esc), "a\x01\x1b[m\\\xc3\xa9");
+	assert_string_equal(esc, "a\\x01\\x1b[m\\\\\\xc3\\xa9");
+	/* truncated at a whole escape */
+	kvb_config_escape(esc, 5, "ab\x01");
+	assert_string_equal(esc, "ab");
+}
+
 /* Every option the parser knows is a key; kinds match --help's. */
 static void test_keys(void **state)
 {
@@ -272,6 +321,7 @@ int main(void)
 		cmocka_unit_test(test_command_line_wins),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_keys),
+		cmocka_unit_test(test_file_kinds),
 		cmocka_unit_test(test_entries),
 		cmocka_unit_test(test_example),
 	};

@@ -457,12 +457,17 @@ static void test_conn_limits(void **state)
 			*(i < 6 ? &open1 : &open2) += 1;
 	}
 	print_message("held: %d of 6 from .3, %d of 4 from .4; conn_limit "
-		      "%llu\n",
+		      "%llu, unauth_evicted %llu\n",
 		      open1, open2,
-		      (unsigned long long) stats(p.b).refused_conn_limit);
-	assert_int_equal(open1, 4);
-	assert_int_equal(open2, 2);
-	assert_int_equal(stats(p.b).refused_conn_limit, 4);
+		      (unsigned long long) stats(p.b).refused_conn_limit,
+		      (unsigned long long) stats(p.b).unauth_evicted);
+	/* none authenticates: each past a budget takes the place of the
+	 * oldest one pending, of its host (.3's 5th and 6th), then, with the
+	 * port full (6), of any host (.4's 3rd and 4th evict .3's oldest) */
+	assert_int_equal(open1, 2);
+	assert_int_equal(open2, 4);
+	assert_int_equal(stats(p.b).refused_conn_limit, 0);
+	assert_int_equal(stats(p.b).unauth_evicted, 4);
 	assert_int_equal(stats(p.b).conns_open, 6);
 	for (i = 0; i < 10; i++)
 		close(fd[i]);
@@ -479,6 +484,120 @@ static void test_conn_limits(void **state)
 	region_free(&l);
 	region_free(&r);
 	pair_close(&p);
+}
+
+/* A connection from the trusted host that sends half a HELLO. */
+static int squat(uint16_t port, const uint8_t *half, size_t len)
+{
+	int fd = raw_connect_from("127.0.0.1", port);
+
+	assert_true(send(fd, half, len, MSG_NOSIGNAL) == (ssize_t) len);
+	return fd;
+}
+
+/*
+ * A squatter on the trusted host itself (an unprivileged process on the
+ * peer broker's host, same source address): it keeps up to 40 partial
+ * HELLOs open (those the server closes opened again), a new one about
+ * every 33 ms (30/s), while the peer broker
+ * restarts (a new instance: new key, new connections) three times and
+ * transfers after each. Its unauthenticated connections take the places of
+ * each other, never the broker's: every transfer succeeds. Before, the
+ * squatter held all 32 slots of the host and every transfer after the
+ * restart failed (conn_limit).
+ */
+static void test_squatter_on_trusted_host(void **state)
+{
+	enum { HOLD = 40, RESTARTS = 3, OPS = 32 };
+	int sq[HOLD], nsq = 0, ok = 0, total = 0;
+	struct region l[RESTARTS + 1], r;
+	uint16_t port;
+	struct pair p;
+	double t0, last = 0;
+	uint8_t half[KVB_TCP_HELLO_LEN / 2];
+
+	(void) state;
+	memset(half, 0x4b, sizeof(half));
+	pair_open(&p, 0, 3000, OPS);
+	kvb_tcp_set_limits(p.b, 256, 32, 2000);
+	port = (uint16_t) kvb_tcp_port(p.b);
+	region_init(&r, 2, OPS * 4096, KVB_MEM_REMOTE_WRITE);
+	reg(p.b, &r);
+	t0 = now_s();
+	for (int round = 0; round <= RESTARTS; round++) {
+		struct kvb_xop ops[OPS];
+		double until = now_s() + 0.5;
+		uint8_t blob[64];
+		size_t len = sizeof(blob);
+
+		/* the squatter: 30 connects a second, HOLD at most; the ones
+		 * the server closed are opened again at the next tick */
+		while (now_s() < until || nsq < HOLD - 4) {
+			if (now_s() - last >= 1.0 / 30) {
+				last = now_s();
+				for (int i = 0; i < nsq; i++) {
+					char b;
+
+					if (recv(sq[i], &b, 1, MSG_DONTWAIT) ==
+						    0 ||
+					    (errno == ECONNRESET)) {
+						close(sq[i]);
+						sq[i] = squat(port, half,
+							      sizeof(half));
+					}
+					errno = 0;
+				}
+				if (nsq == HOLD) {
+					close(sq[0]);
+					memmove(sq, sq + 1,
+						(HOLD - 1) * sizeof(*sq));
+					nsq--;
+				}
+				sq[nsq++] = squat(port, half, sizeof(half));
+			}
+			pump(&p);
+		}
+		if (round) { /* the peer broker restarts: a new instance */
+			kvb_tcp_ops.close(p.a);
+			p.a = topen("127.0.0.1", 0, 0, 3000);
+			assert_int_equal(
+				kvb_tcp_ops.local_info(p.b, blob, &len), 0);
+			assert_int_equal(
+				kvb_tcp_ops.connect(p.a, blob, len, &p.ep), 0);
+			ep_key(p.a, p.ep);
+			tr_free(&p.tr);
+			tr_init(&p.tr, OPS);
+		}
+		region_init(&l[round], 1, OPS * 4096, 0);
+		region_fill(&l[round], (unsigned) round + 20);
+		reg(p.a, &l[round]);
+		for (unsigned i = 0; i < OPS; i++)
+			ops[i] = xop(KVB_XOP_WRITE, &l[round], i * 4096ull, 2,
+				     i * 4096ull, 4096, i);
+		post_all(&p, ops, OPS);
+		wait_all(&p);
+		for (unsigned i = 0; i < OPS; i++) {
+			total++;
+			ok += p.tr.status[i] == 0;
+		}
+		assert_memory_equal(l[round].mem, r.mem, OPS * 4096);
+	}
+	print_message("squatter from the trusted host (%d partial HELLOs held "
+		      "at once at most, 30 connects/s, %.1f s), %d restarts of "
+		      "the peer: %d of %d writes ok; unauth_evicted %llu, "
+		      "conn_limit %llu, auth_timeout %llu\n",
+		      HOLD, now_s() - t0, RESTARTS, ok, total,
+		      (unsigned long long) stats(p.b).unauth_evicted,
+		      (unsigned long long) stats(p.b).refused_conn_limit,
+		      (unsigned long long) stats(p.b).refused_auth_timeout);
+	assert_int_equal(ok, total);
+	assert_true(stats(p.b).unauth_evicted > 0);
+	for (int i = 0; i < nsq; i++)
+		close(sq[i]);
+	pair_close(&p);
+	for (int i = 0; i <= RESTARTS; i++)
+		region_free(&l[i]);
+	region_free(&r);
 }
 
 static double cpu_s(void)
@@ -575,6 +694,7 @@ int main(void)
 		cmocka_unit_test(test_silent_closed),
 		cmocka_unit_test(test_region_refused),
 		cmocka_unit_test(test_conn_limits),
+		cmocka_unit_test(test_squatter_on_trusted_host),
 		cmocka_unit_test(test_emfile_no_spin),
 	};
 

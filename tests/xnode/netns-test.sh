@@ -543,13 +543,19 @@ tcp_fdflood)
 		fail "a transfer after the flood"
 	s=$(stats b)
 	cl=$(json_get "$s" remote.tcp.refusals.conn_limit)
+	ev=$(json_get "$s" remote.tcp.refusals.unauth_evicted)
 	to=$(json_get "$s" remote.tcp.refusals.auth_timeout)
-	echo "B: refusals conn_limit $cl, auth_timeout $to, accept paused $(json_get "$s" remote.tcp.accept_paused)"
-	[ "$cl" -ge 1000 ] || fail "B refused only $cl connections over the cap"
+	echo "B: refusals conn_limit $cl, unauth_evicted $ev, auth_timeout $to, accept paused $(json_get "$s" remote.tcp.accept_paused)"
+	# past the host's budget of unauthenticated connections each new one
+	# takes the oldest one's place (or is refused near the fd limit); B
+	# accepts more slowly than when it closed them at accept, so some of
+	# the 1,100 non-blocking dials are still in the kernel's handshake
+	# retries at the end (750 and 782 of 1,100 closed in 8 s in two runs)
+	[ $((cl + ev)) -ge 500 ] || fail "B closed only $((cl + ev)) connections over the cap"
 	[ "$to" -ge 1 ] || fail "B closed no connection at the auth deadline"
 	grep -q "log lines suppressed" "$T/broker-b.log" || fail "B's refusal lines are not rate-limited"
-	n=$(grep -c "refused: conn_limit" "$T/broker-b.log")
-	echo "B: $n log lines about conn_limit refusals"
+	n=$(grep -c "refused: conn_limit\|its place taken" "$T/broker-b.log")
+	echo "B: $n log lines about conn_limit refusals and evictions"
 	[ "$n" -le 20 ] || fail "$n lines for the refusals: not rate-limited"
 	;;
 cluster_key)

@@ -415,10 +415,10 @@ out:
 	return changed;
 }
 
-int main(int argc, char **argv)
+/* Everything between attach and detach: the exit status. Every path out of
+ * it, error or not, comes back to main(), which detaches and frees. */
+static int run(struct kvb_ctx *ctx)
 {
-	struct kvb_attach_opts ao = {0};
-	struct kvb_ctx *ctx;
 	struct kvb_kv_geometry g;
 	uint32_t peer = 0;
 	uint32_t pb[4096], db[4096];
@@ -426,40 +426,7 @@ int main(int argc, char **argv)
 	int64_t deadline, t_start;
 	int rc, is_p;
 
-	if (xnode_parse(argc, argv)) {
-		xnode_usage();
-		return 2;
-	}
 	is_p = o.role == KVB_ROLE_P;
-	if (o.gpu) { /* before kvb_mem_register_gpu() picks a backend */
-		char why[256] = "";
-		int n = 0;
-
-		if (kvb_gpu_backend_init(o.gpu, why, sizeof(why)) == 0)
-			gapi = kvb_gpu_backend();
-		if (!gapi || gapi->device_count(gapi, &n) || n < 1) {
-			fprintf(stderr, "xnode_worker: gpu backend %s: %s\n",
-				o.gpu, why[0] ? why : "no device");
-			return 77;
-		}
-		dev = calloc(o.layers, sizeof(*dev));
-		stage = malloc(region_len());
-		if (!dev || !stage) {
-			fprintf(stderr, "xnode_worker: out of memory\n");
-			return 1;
-		}
-	}
-	ao.socket_path = o.socket;
-	ao.role = (enum kvb_role) o.role;
-	ao.dp_rank = (uint32_t) o.dp;
-	ao.tp_rank = (uint32_t) o.tp;
-	ao.tp_size = (uint32_t) o.tp_size;
-	ao.timeout_ms = 10000;
-	rc = kvb_attach(&ao, &ctx);
-	if (rc) {
-		fprintf(stderr, "xnode_worker: attach: %s\n", kvb_strerror(rc));
-		return 1;
-	}
 	g = (struct kvb_kv_geometry){KVB_KV_KV_FIRST, o.nblocks, BLOCK_SIZE,
 				     o.heads,	      HEAD_DIM,	 ELEM};
 	reg = calloc(o.layers, sizeof(*reg));
@@ -502,7 +469,6 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		if (o.hold_s) /* keep the notify port open meanwhile */
 			stay(o.hold_s, o.hold_until);
-		kvb_detach(ctx);
 		return rc == -EACCES ? 0 : 1;
 	}
 	if (rc) {
@@ -813,6 +779,58 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	if (o.linger_until) /* messages still to come to our ports */
 		stay(o.timeout_s, o.linger_until);
+	if (ended < o.xfers)
+		return 1;
+	if (o.expect_fail)
+		return bad == o.xfers && !o.wrong_err ? 0 : 1;
+	if (o.expect_some_fail == 2) /* --allow-fail: the last succeeded */
+		return o.last_ok == o.xfers ? 0 : 1;
+	if (o.expect_some_fail) /* some failed, and the last one succeeded */
+		return bad && o.last_ok == o.xfers ? 0 : 1;
+	return bad ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct kvb_attach_opts ao = {0};
+	struct kvb_ctx *ctx;
+	int rc;
+
+	if (xnode_parse(argc, argv)) {
+		xnode_usage();
+		return 2;
+	}
+	if (o.gpu) { /* before kvb_mem_register_gpu() picks a backend */
+		char why[256] = "";
+		int n = 0;
+
+		if (kvb_gpu_backend_init(o.gpu, why, sizeof(why)) == 0)
+			gapi = kvb_gpu_backend();
+		if (!gapi || gapi->device_count(gapi, &n) || n < 1) {
+			fprintf(stderr, "xnode_worker: gpu backend %s: %s\n",
+				o.gpu, why[0] ? why : "no device");
+			return 77;
+		}
+		dev = calloc(o.layers, sizeof(*dev));
+		stage = malloc(region_len());
+		if (!dev || !stage) {
+			fprintf(stderr, "xnode_worker: out of memory\n");
+			return 1;
+		}
+	}
+	ao.socket_path = o.socket;
+	ao.role = (enum kvb_role) o.role;
+	ao.dp_rank = (uint32_t) o.dp;
+	ao.tp_rank = (uint32_t) o.tp;
+	ao.tp_size = (uint32_t) o.tp_size;
+	ao.timeout_ms = 10000;
+	rc = kvb_attach(&ao, &ctx);
+	if (rc) {
+		fprintf(stderr, "xnode_worker: attach: %s\n", kvb_strerror(rc));
+		return 1;
+	}
+	rc = run(ctx);
+	/* the regions go with the attach: freed by the broker */
 	kvb_detach(ctx);
 	for (unsigned l = 0; dev && l < o.layers; l++)
 		if (dev[l])
@@ -823,13 +841,5 @@ int main(int argc, char **argv)
 	free(handles);
 	free(live);
 	free(blk_taken);
-	if (ended < o.xfers)
-		return 1;
-	if (o.expect_fail)
-		return bad == o.xfers && !o.wrong_err ? 0 : 1;
-	if (o.expect_some_fail == 2) /* --allow-fail: the last succeeded */
-		return o.last_ok == o.xfers ? 0 : 1;
-	if (o.expect_some_fail) /* some failed, and the last one succeeded */
-		return bad && o.last_ok == o.xfers ? 0 : 1;
-	return bad ? 1 : 0;
+	return rc;
 }

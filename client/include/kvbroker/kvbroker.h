@@ -247,7 +247,8 @@ int kvb_transfer_set_timeouts(struct kvb_ctx *ctx, uint32_t handle,
 			      uint32_t deadline_ms, uint32_t stall_ms,
 			      uint32_t defer_ms);
 
-/* A descriptor. Flags: KVB_DESC_UNSIGNALED (no completion on success). */
+/* A descriptor. Flags: KVB_DESC_UNSIGNALED (no completion on success); every
+ * other bit is reserved and refused (-EINVAL). */
 #define KVB_DESC_UNSIGNALED 0x1u
 
 struct kvb_desc {
@@ -266,10 +267,13 @@ struct kvb_desc {
 /*
  * Submit up to n WRITE descriptors (local region -> peer region). Never
  * blocks: returns how many were queued (0..n, a burst), -EAGAIN when none fit
- * (ring full: poll completions and retry), -EPIPE. Single submitting thread.
- * The broker refuses a descriptor (its completion: -EINVAL, -EFAULT when out
- * of bounds) whose regions are unknown, not the caller's / not granted, or
- * whose source and destination overlap in one region.
+ * (ring full: poll completions and retry), -EPIPE, -EINVAL (a descriptor with
+ * a flag bit other than KVB_DESC_UNSIGNALED: nothing of the call is queued).
+ * Single submitting thread. The broker refuses a descriptor (its completion:
+ * -EINVAL, -EFAULT when out of bounds) whose regions are unknown, not the
+ * caller's / not granted, whose source and destination overlap in one
+ * region, or (written into the ring past this library) whose ring entry has
+ * undefined flag bits.
  */
 int kvb_submit_write(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
 
