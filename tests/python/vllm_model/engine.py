@@ -52,6 +52,11 @@ from .worker import worker_main
 
 _ctx = mp.get_context("fork")
 
+try:  # imported once here: every forked worker inherits it (3 s each else)
+    import torch  # noqa: F401
+except ImportError:  # the tests skip
+    torch = None
+
 
 @dataclass
 class InstanceSpec:
