@@ -154,6 +154,25 @@ def test_forms(make, nodes, version, kw):
     assert_no_leak(h, nodes)
 
 
+@pytest.mark.parametrize("version,sched", [("0.29", "sync"),
+                                           (NEW, "sync"), (NEW, "async")])
+def test_newer_contract_on_5d_caches(make, nodes, version, sched):
+    """Not a vLLM configuration: the >= 0.29 runner contract (V2,
+    start_load_kv after the forward, wait_for_save on empty steps,
+    get_transfer_results, handle_preemptions before bind) with the <= 0.28
+    5-D KV caches, to tell failures of the call order from failures of the
+    KV cache form. 12 requests, one aborted at D during its load."""
+    h = make(version, kv_form="5d", async_scheduling=sched == "async")
+    submit_many(h, 12, random.Random(14), d_max_tokens=3)
+    h.at(_d_state("waiting_for_remote_kvs"), lambda h: h.D.abort(["d-r2"]))
+    h.run(60)
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert len(others) == 11 and all(v == "ok" for v in others.values()), \
+        res
+    assert_no_leak(h, nodes)
+
+
 @pytest.mark.parametrize("version", [OLD, "0.30"])
 def test_empty_steps(make, nodes, version):
     """Steps without tokens (D waiting for its loads, P waiting for its

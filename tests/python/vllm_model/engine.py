@@ -73,6 +73,9 @@ class InstanceSpec:
     block_size: int = 16
     kernel_block_size: int | None = None
     layout: str | None = None  # None: the version's default
+    # None: the version's KV cache form; "5d" under a >= 0.29 version is no
+    # vLLM configuration: it separates the runner contract from the form
+    kv_form: str | None = None
     backend: str = "flash"  # 5-D form: flash or flashinfer
     max_num_batched_tokens: int = 256
     long_prefill_token_threshold: int = 0
@@ -135,8 +138,12 @@ class Instance:
         self.pids: list[int] = []
         wspec = {
             "version": spec.version, "runner": self.runner, "salt": salt,
-            "form": self.version.kv_form,
-            "layout": spec.layout or self.version.default_layout,
+            "form": spec.kv_form or self.version.kv_form,
+            "layout": spec.layout or (
+                self.version.default_layout
+                if (spec.kv_form or self.version.kv_form) ==
+                self.version.kv_form else
+                ("NHD" if spec.kv_form == "5d" else "LBNHC")),
             "backend": spec.backend, "layers": spec.layers,
             "num_blocks": spec.num_blocks, "block_size": spec.block_size,
             "kernel_block_size": spec.kernel_block_size,

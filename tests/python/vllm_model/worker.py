@@ -229,10 +229,14 @@ class Worker:
     def __init__(self, spec: dict, rank: int):
         import torch
 
-        from kvbroker.vllm import KVBrokerConnector
         from kvbroker.vllm._compat import KVConnectorRole
 
         from .versions import get
+
+        if spec.get("connector_cls") is not None:
+            KVBrokerConnector = spec["connector_cls"]  # noqa: N806
+        else:
+            from kvbroker.vllm import KVBrokerConnector
 
         torch.set_num_threads(1)
         self.torch = torch
@@ -458,7 +462,8 @@ class Worker:
             pass
         out["verified"] = verified
         out["calls"] = list(self.calls)
-        out["stats"] = self.conn.connector_stats()
+        stats = getattr(self.conn, "connector_stats", None)
+        out["stats"] = stats() if stats else {}
         for k in ("sending", "recving", "failed_recving", "invalid"):
             out[k] = sorted(out[k])
         return out
