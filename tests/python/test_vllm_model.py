@@ -426,12 +426,15 @@ def test_malformed_params(make, nodes, version):
     assert_no_leak(h, nodes)
 
 
-@pytest.mark.parametrize("what", ["broker", "worker"])
-def test_p_dies(make, nodes, what):
+@pytest.mark.parametrize("what,policy", [("broker", "recompute"),
+                                         ("worker", "fail")])
+def test_p_dies(make, nodes, what, policy):
     """P's broker (or a P worker process) is SIGKILLed while loads are in
-    flight: D's requests still end (load errors: recomputed by vLLM), D's
-    engine lives, D leaks nothing."""
-    h = make(OLD, d=dict(transfer_timeout_s=6.0))
+    flight: D's requests still end (load errors: recomputed, or
+    FINISHED_ERROR under kv_load_failure_policy "fail"), D's engine lives,
+    D leaks nothing."""
+    h = make(OLD, d=dict(transfer_timeout_s=3.0,
+                         kv_load_failure_policy=policy))
     submit_many(h, 8, random.Random(13), lo=60, hi=160)
 
     def kill(h):
@@ -447,3 +450,8 @@ def test_p_dies(make, nodes, what):
     assert res and all(v in ("ok", "load_error") for v in res.values()), res
     assert not h.D.sched.requests
     assert h.D.sched.num_free_blocks() == h.D.spec.num_blocks - 1
+    errors = {r for r, v in res.items() if v == "load_error"}
+    for rid in errors:
+        want = (RequestStatus.FINISHED_ERROR if policy == "fail" else
+                RequestStatus.FINISHED_LENGTH_CAPPED)
+        assert h.D.sched.finished.get(rid) == want, (rid, policy)

@@ -105,7 +105,20 @@ _SRC_NEWEST = (
     "failed_recving, kv_load_failure_policy" % (F_SCHED, NEWEST),
 )
 
-_UNVERIFIED_OLD_RUNNER = (
+_UNVERIFIED_V1_PREEMPT = (
+    "V1 handle_preemptions(meta) at the top of %s execute_model (every "
+    "step, empty ones too, before _update_states and bind): read in copies "
+    "of that file whose commit is not named; vllm-project's copy at %s was "
+    "not available" % (F_V1_RUNNER, NEWEST),
+)
+_UNVERIFIED_FINISH_FORWARD = (
+    "V2 finish_forward after a forward with tokens: %s@%s calls it on "
+    "no_forward and exposes ActiveKVConnector.finish_forward; the model "
+    "runner that calls it after the forward was not read at that commit"
+    % (F_V2, NEWEST),
+)
+
+_UNVERIFIED_OLD_RUNNER = _UNVERIFIED_V1_PREEMPT + (
     "start_load_kv always before the forward, get_finished (no "
     "get_transfer_results), no finish_forward: not read at a vllm-project "
     "commit of this version; taken from copies of the pre-0.29 V1 mixin and "
@@ -123,10 +136,7 @@ def _old(name: str) -> Version:
         finish_forward=False, kv_form=FORM_5D, default_layout="NHD",
         v2_resumed_as_new=True, has_sync_kv_loads=False,
         bind_kv_cache_manager=False, failed_recving=False,
-        sources=(
-            "%s@%s (nearest known): V1 runner calls handle_preemptions(meta) "
-            "at the top of execute_model, before bind" % (F_V1_RUNNER, NEWEST),
-        ),
+        sources=(),
         unverified=_UNVERIFIED_OLD_RUNNER + (
             "default runner V1: Model Runner V2 was experimental and off by "
             "default before 0.28/0.29 (release notes, not source)",
@@ -165,7 +175,7 @@ VERSIONS["0.29"] = Version(
     sources=_SRC_NEWEST[3:] + (
         "%s@%s: LBHNC LBNHC LHBNC BLHNC BLNHC BHLNC" % (F_LAYOUT,
                                                           LAYOUT_COMMIT),),
-    unverified=(
+    unverified=_UNVERIFIED_V1_PREEMPT + (
         "0.29's runner: an intermediate V2 kv_connector.py (commit not "
         "named) with has_sync_kv_loads, handle_preemptions before bind, "
         "get_finished and no_forward(wait_for_save=False); which release "
@@ -181,12 +191,13 @@ for _n in ("0.30", "0.31", "0.32"):
         v2_preempt_order="handle_then_bind", transfer_results=True,
         finish_forward=True, kv_form=FORM_VIEWS, default_layout="LBNHC",
         sources=_SRC_NEWEST,
-        unverified=(
+        unverified=_UNVERIFIED_V1_PREEMPT + _UNVERIFIED_FINISH_FORWARD + ((
             "%s: its contract is that of %s (the newest tree read); that "
             "%s is 0.31 or 0.32 exactly is not proven" % (_n, NEWEST, NEWEST),
         ) if _n != "0.30" else (
-            "0.30: get_transfer_results and wait_for_save on empty steps "
-            "taken from %s (nearest known)" % NEWEST,))
+            "0.30: get_transfer_results, failed_recving, "
+            "bind_kv_cache_manager and wait_for_save on empty steps taken "
+            "from %s (nearest known; 0.30.0 was not read)" % NEWEST,)))
 
 ALL = tuple(VERSIONS)
 
