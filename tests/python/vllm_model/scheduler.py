@@ -3,7 +3,10 @@
 
 Written from vllm/v1/core/sched/scheduler.py at vllm-project/vllm
 00f4240ee6458263d76cf51ca7901ce1350bb4d1 (Scheduler and the async
-scheduler's placeholders), one KV cache group, no speculative decoding,
+scheduler's placeholders) and checked against the same file at
+003df2961dd8830c317a61f9745ccd557da9fa06 (mid August 2026: the same
+connector-facing logic, without has_sync_kv_loads and with
+bind_gpu_block_pool), one KV cache group, no speculative decoding,
 multimodal inputs, LoRA, Mamba, prefix replay or structured output. What is
 kept, with vLLM's names:
 

@@ -9,6 +9,13 @@ were read in full for the connector's part:
   vllm/distributed/kv_transfer/kv_connector/v1/base.py,
   vllm/v1/core/sched/scheduler.py, vllm/v1/worker/gpu/kv_connector.py,
   vllm/v1/worker/kv_connector_model_runner_mixin.py.
+- MID = vllm-project/vllm 003df2961dd8830c317a61f9745ccd557da9fa06 (a mid
+  August 2026 tree, between 0.27.1 and 0.29: no has_sync_kv_loads yet):
+  base.py (get_finished only: no get_transfer_results, finish_forward,
+  bind_kv_cache_manager or KVConnectorTransferResults; bind_gpu_block_pool,
+  requires_kv_delivery) and scheduler.py (bind_gpu_block_pool, V2 resumed
+  requests in scheduled_new_reqs, the block-aligned local hit, the asserts,
+  request_finished with the computed tokens' blocks, defer_block_free).
 - Older runners were read only in copies of vLLM's files whose commit the
   index does not name (forks that vendor vllm/v1/worker/gpu/kv_connector.py
   and gpu_model_runner.py). Where a version's fact rests on such a copy, or on
@@ -28,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 NEWEST = "00f4240ee6458263d76cf51ca7901ce1350bb4d1"
+MID = "003df2961dd8830c317a61f9745ccd557da9fa06"
 LAYOUT_COMMIT = "14f7a27c776bd0c423bbc155b25ce21ee5a839da"
 
 F_BASE = "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
@@ -124,7 +132,9 @@ _UNVERIFIED_OLD_RUNNER = _UNVERIFIED_V1_PREEMPT + (
     "commit of this version; taken from copies of the pre-0.29 V1 mixin and "
     "V2 kv_connector.py (commit not named) in which pre_forward is bind -> "
     "handle_preemptions -> start_load_kv and no_forward passes "
-    "wait_for_save=False",
+    "wait_for_save=False; other copies without has_sync_kv_loads already "
+    "call handle_preemptions before bind, so which order 0.25-0.28 ship is "
+    "not proven (the table keeps bind first)",
 )
 
 
@@ -136,7 +146,15 @@ def _old(name: str) -> Version:
         finish_forward=False, kv_form=FORM_5D, default_layout="NHD",
         v2_resumed_as_new=True, has_sync_kv_loads=False,
         bind_kv_cache_manager=False, failed_recving=False,
-        sources=(),
+        sources=(
+            "%s@%s: get_finished, bind_gpu_block_pool, no finish_forward, "
+            "no KVConnectorTransferResults (failed_recving)" % (F_BASE, MID),
+            "%s@%s: no has_sync_kv_loads; bind_gpu_block_pool; V2 resumed "
+            "requests in scheduled_new_reqs; get_num_new_matched_tokens("
+            "request, block-aligned local hit); _update_from_kv_xfer_finished"
+            " asserts; request_finished(get_block_ids_for_computed_tokens); "
+            "requires_kv_delivery, defer_block_free" % (F_SCHED, MID),
+        ),
         unverified=_UNVERIFIED_OLD_RUNNER + (
             "default runner V1: Model Runner V2 was experimental and off by "
             "default before 0.28/0.29 (release notes, not source)",
@@ -145,10 +163,8 @@ def _old(name: str) -> Version:
             "shapes before the layout standardization (stored "
             "vllm-project copy of %s at 001cabc1be16 has per-layer "
             "KVCacheTensor.shared_by)" % F_IFACE,
-            "V2 resumed-as-new: only read at %s; assumed for every version "
-            "that runs V2" % NEWEST,
-            "request_finished block ids: get_block_ids_for_computed_tokens "
-            "as at %s (nearest known)" % NEWEST,
+            "%s: the scheduler facts are those of %s (nearest known; the "
+            "release itself was not read)" % (name, MID),
         ))
 
 
