@@ -52,7 +52,8 @@ def nodes():
         n.close()
 
 
-def harness(nodes, version, *, p=None, d=None, runner=None, **common):
+def harness(nodes, version, *, p=None, d=None, runner=None,
+            proxy="sequential", **common):
     ps = dict(socket=nodes.sock("a"), host_ip="192.0.2.1", runner=runner)
     ds = dict(socket=nodes.sock("b"), host_ip="192.0.2.2", runner=runner)
     ps.update(common)
@@ -60,7 +61,7 @@ def harness(nodes, version, *, p=None, d=None, runner=None, **common):
     ps.update(p or {})
     ds.update(d or {})
     return Harness(InstanceSpec("P", version, **ps),
-                   InstanceSpec("D", version, **ds))
+                   InstanceSpec("D", version, **ds), proxy=proxy)
 
 
 @pytest.fixture
@@ -136,6 +137,19 @@ def test_basic(make, nodes, version):
     submit_many(h, 12, random.Random(1))
     h.run(40)
     assert_all_ok(h, 12)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,kv_form", [(OLD, None), (NEW, "5d")])
+def test_concurrent_proxy(make, nodes, version, kv_form):
+    """A WRITE-mode proxy sends the request to P and D at once (D's params
+    from the proxy, not from P's request_finished): D announces its blocks
+    before P computed anything; every byte arrives. (0.32 with 5-D caches:
+    the newer contract apart from the KV cache form.)"""
+    h = make(version, proxy="concurrent", kv_form=kv_form)
+    submit_many(h, 8, random.Random(15))
+    h.run(40)
+    assert_all_ok(h, 8)
     assert_no_leak(h, nodes)
 
 

@@ -320,8 +320,13 @@ class Harness:
     (as vLLM's P/D proxy does), scripted events between steps."""
 
     def __init__(self, p_spec: InstanceSpec, d_spec: InstanceSpec,
-                 peer_ips: tuple[str, str] = ("192.0.2.1", "192.0.2.2")):
+                 peer_ips: tuple[str, str] = ("192.0.2.1", "192.0.2.2"),
+                 proxy: str = "sequential"):
         self.p_ip, self.d_ip = peer_ips
+        # "sequential": D gets the request with P's request_finished params
+        # once P finished (vLLM's P/D proxy); "concurrent": the proxy sends
+        # both at once, D's params made by the proxy (WRITE-mode proxies)
+        self.proxy = proxy
         self.P = self.D = None
         self.P = Instance(p_spec, salt=1)
         self.D = Instance(d_spec, salt=2)
@@ -333,6 +338,7 @@ class Harness:
         self.d_max_tokens: dict[str, int] = {}
         self.handed: dict[str, dict] = {}  # P id -> params given to D
         self.not_handed: dict[str, Any] = {}  # P id -> params (None, ...)
+        self.p_params: dict[str, Any] = {}  # concurrent: P's own params
         self.events: list[tuple[Callable, Callable]] = []  # (when, what)
         self.log: list[tuple] = []
         self.transform_params: Callable | None = None
@@ -356,6 +362,23 @@ class Harness:
         self.d_max_tokens[rid] = d_max_tokens
         self.P.add_request(Request(rid, prompt, 1, params,
                                    self.P.spec.block_size))
+        if self.proxy == "concurrent" and isinstance(params, dict):
+            self._to_d(rid, {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "transfer_id": params.get("transfer_id"),
+                "remote_host": self.p_ip, "remote_handshake_port": 6301,
+                "remote_tp_size": self.P.spec.tp, "remote_dp_rank": 0})
+
+    def _to_d(self, rid: str, params: dict) -> None:
+        if self.transform_params is not None:
+            params = self.transform_params(rid, params)
+        did = "d-" + rid
+        self.handed[rid] = params
+        self.d_of[rid], self.p_of[did] = did, rid
+        self.salt_of[did] = self.P.salt
+        self.D.add_request(Request(did, self.prompts[rid],
+                                   self.d_max_tokens[rid], params,
+                                   self.D.spec.block_size))
 
     def submit_d_local(self, rid: str, prompt: list[int],
                        max_tokens: int = 1) -> None:
@@ -370,19 +393,13 @@ class Harness:
             if rid not in self.prompts:
                 continue
             st = self.P.sched.finished.get(rid)
+            if self.proxy == "concurrent":
+                self.p_params[rid] = params
+                continue
             if params is None or st != RequestStatus.FINISHED_LENGTH_CAPPED:
                 self.not_handed[rid] = (params, st)
                 continue
-            params = dict(params)
-            if self.transform_params is not None:
-                params = self.transform_params(rid, params)
-            did = "d-" + rid
-            self.handed[rid] = params
-            self.d_of[rid], self.p_of[did] = did, rid
-            self.salt_of[did] = self.P.salt
-            self.D.add_request(Request(did, self.prompts[rid],
-                                       self.d_max_tokens[rid], params,
-                                       self.D.spec.block_size))
+            self._to_d(rid, dict(params))
 
     def _d_async_load(self, inst, rid, num_local, num_external):
         if rid not in self.p_of:
