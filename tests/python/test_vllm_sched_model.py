@@ -411,7 +411,8 @@ class WorkerRecorder(Recorder):
      "start_load_kv wait_for_save get_finished clear"),
     ("0.32", "v1", True, "handle_preemptions bind start_load_kv "
      "wait_for_save get_finished clear"),
-])
+], ids=lambda x: ("empty" if x else "tokens") if isinstance(x, bool) else
+   "order" if isinstance(x, str) and " " in x else x)
 def test_runner_call_order(version, runner, empty, want):
     """The worker model's connector calls per version, runner and step kind
     (get_finished reached through get_transfer_results where the version
