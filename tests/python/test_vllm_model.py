@@ -1,0 +1,471 @@
+# SPDX-License-Identifier: MIT
+"""KVBrokerConnector under the vLLM model (tests/python/vllm_model), P and D
+on two "nodes" (network namespaces, a broker in each, tcp between them).
+
+Each test runs one P and one D vLLM instance as vLLM 0.25 .. 0.32 drive a
+connector (versions.py: runner call order, KV cache form, scheduler), with
+every byte D received checked against what P's forward wrote, D's own prefix
+cache checked untouched, vLLM's scheduler asserts kept (a connector that
+reports an unknown or freed request id fails as vLLM's engine would), and at
+the end nothing left behind: no request in either scheduler, every block
+free, both brokers' transfer tables empty. Needs root and ip(8).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_vllm_xnode import Nodes, pytestmark  # noqa: E402,F401
+from vllm_model import versions  # noqa: E402
+from vllm_model.engine import Harness, InstanceSpec, make_prompt  # noqa: E402
+from vllm_model.objects import RequestStatus  # noqa: E402
+
+BUILD = os.environ.get("KVB_BUILD_DIR", os.path.join(os.path.dirname(
+    os.path.dirname(HERE)), "build"))
+KVBCTL = os.environ.get("KVBCTL_BIN") or os.path.join(BUILD, "broker",
+                                                      "kvbctl")
+if not os.environ.get("KVB_BROKER_BIN"):
+    os.environ["KVB_BROKER_BIN"] = os.path.join(BUILD, "broker", "kvbroker")
+if not os.environ.get("KVBROKER_LIB"):
+    os.environ["KVBROKER_LIB"] = os.path.join(BUILD, "client",
+                                              "libkvbroker.so")
+torch = pytest.importorskip("torch")
+
+OLD, NEW = "0.28", "0.32"  # the two KV cache forms / runner contracts
+
+
+@pytest.fixture
+def nodes():
+    n = Nodes()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def harness(nodes, version, *, p=None, d=None, runner=None,
+            proxy="sequential", **common):
+    ps = dict(socket=nodes.sock("a"), host_ip="192.0.2.1", runner=runner)
+    ds = dict(socket=nodes.sock("b"), host_ip="192.0.2.2", runner=runner)
+    ps.update(common)
+    ds.update(common)
+    ps.update(p or {})
+    ds.update(d or {})
+    return Harness(InstanceSpec("P", version, **ps),
+                   InstanceSpec("D", version, **ds), proxy=proxy)
+
+
+@pytest.fixture
+def make(nodes):
+    made = []
+
+    def mk(version, **kw):
+        h = harness(nodes, version, **kw)
+        made.append(h)
+        return h
+
+    yield mk
+    for h in made:
+        h.close()
+
+
+def broker_transfers(nodes, n: str) -> int:
+    out = subprocess.run([KVBCTL, "--socket", nodes.sock(n), "stats",
+                          "--json"], capture_output=True, text=True,
+                         timeout=10)
+    if out.returncode:
+        return -1  # broker gone
+    import json
+
+    return int(json.loads(out.stdout).get("transfers_active", 0))
+
+
+def assert_no_leak(h, nodes, brokers=("a", "b"), wait=6.0):
+    for name, inst in (("P", h.P), ("D", h.D)):
+        if inst.dead:
+            continue
+        s = inst.sched
+        assert not s.requests, "%s holds requests at the end: %s" % (
+            name, h.state(inst))
+        assert s.num_free_blocks() == inst.spec.num_blocks - 1, \
+            "%s: %d of %d blocks free at the end" % (
+                name, s.num_free_blocks(), inst.spec.num_blocks - 1)
+        assert not s.connector.has_pending_push_work(), name
+    end = time.monotonic() + wait
+    left = {}
+    for n in brokers:
+        while True:
+            left[n] = broker_transfers(nodes, n)
+            if left[n] <= 0 or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+    assert all(v <= 0 for v in left.values()), \
+        "transfers left in the brokers' tables: %s" % left
+
+
+def assert_all_ok(h, n=None):
+    res = h.d_results()
+    if n is not None:
+        assert len(res) == n, "D got %d of %d requests: not handed %s" % (
+            len(res), n, h.not_handed)
+    bad = {k: v for k, v in res.items() if v != "ok"}
+    assert not bad, "D loads not intact: %s" % dict(list(bad.items())[:6])
+
+
+def submit_many(h, n, rng, lo=17, hi=200, d_max_tokens=2):
+    for i in range(n):
+        h.submit("r%d" % i, make_prompt(rng, rng.randint(lo, hi)),
+                 d_max_tokens=d_max_tokens)
+
+
+# ---------------------------------------------------------------- basic
+
+
+@pytest.mark.parametrize("version", versions.ALL)
+def test_basic(make, nodes, version):
+    """12 requests P -> D, every byte of every layer checked at D."""
+    h = make(version)
+    submit_many(h, 12, random.Random(1))
+    h.run(40)
+    assert_all_ok(h, 12)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,kv_form", [(OLD, None), (NEW, "5d")])
+def test_concurrent_proxy(make, nodes, version, kv_form):
+    """A WRITE-mode proxy sends the request to P and D at once (D's params
+    from the proxy, not from P's request_finished): D announces its blocks
+    before P computed anything; every byte arrives. (0.32 with 5-D caches:
+    the newer contract apart from the KV cache form.)"""
+    h = make(version, proxy="concurrent", kv_form=kv_form)
+    submit_many(h, 8, random.Random(15))
+    h.run(40)
+    assert_all_ok(h, 8)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,kw", [
+    (OLD, dict(tp=2, layout="HND", backend="flashinfer")),
+    (NEW, dict(tp=2, layout="BLNHC")),
+    (NEW, dict(kernel_block_size=8)),
+], ids=["0.28-tp2-flashinfer-HND", "0.32-tp2-BLNHC", "0.32-kernel-block-8"])
+def test_forms(make, nodes, version, kw):
+    """Other KV cache forms: TP 2, FlashInfer blocks-first with HND; the
+    block-major BLNHC views; kernel blocks half a block (B = 2 x blocks)."""
+    h = make(version, **kw)
+    submit_many(h, 8, random.Random(2))
+    h.run(40)
+    assert_all_ok(h, 8)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,sched", [("0.29", "sync"),
+                                           (NEW, "sync"), (NEW, "async")])
+def test_newer_contract_on_5d_caches(make, nodes, version, sched):
+    """Not a vLLM configuration: the >= 0.29 runner contract (V2,
+    start_load_kv after the forward, wait_for_save on empty steps,
+    get_transfer_results, handle_preemptions before bind) with the <= 0.28
+    5-D KV caches, to tell failures of the call order from failures of the
+    KV cache form. 12 requests, one aborted at D during its load."""
+    h = make(version, kv_form="5d", async_scheduling=sched == "async")
+    submit_many(h, 12, random.Random(14), d_max_tokens=3)
+    h.at(_d_state("waiting_for_remote_kvs"), lambda h: h.D.abort(["d-r2"]))
+    h.run(60)
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert len(others) == 11 and all(v == "ok" for v in others.values()), \
+        res
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version", [OLD, "0.30"])
+def test_empty_steps(make, nodes, version):
+    """Steps without tokens (D waiting for its loads, P waiting for its
+    sends) run the version's runner order, wait_for_save included where the
+    version calls it; the connector copes with every one of them."""
+    h = make(version)
+    submit_many(h, 4, random.Random(3))
+    h.run(40)
+    assert_all_ok(h, 4)
+    v = versions.get(version)
+    for inst in (h.P, h.D):
+        assert inst.empty_steps > 0
+        wfs = v.wait_for_save_empty(inst.runner)
+        for calls in inst.calls:
+            if "start_load_kv" in calls and "wait_for_save" not in calls:
+                assert not wfs, calls
+    assert_no_leak(h, nodes)
+
+
+# ----------------------------------------------------------- chunked / P
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_chunked_prefill_p(make, nodes, version):
+    """P prefills long prompts in chunks of 32 tokens (token budget 48):
+    the save spans several steps, D gets every byte."""
+    h = make(version, p=dict(max_num_batched_tokens=48,
+                             long_prefill_token_threshold=32))
+    submit_many(h, 6, random.Random(4), lo=90, hi=260)
+    h.run(60)
+    assert_all_ok(h, 6)
+    assert any(len(c) for c in h.P.calls)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,runner", [(OLD, "v1"), (OLD, "v2"),
+                                            (NEW, "v2"), (NEW, "v1")])
+def test_preempt_p_during_chunked_prefill(make, nodes, version, runner):
+    """P preempts a request in the middle of its chunked prefill (as block
+    pressure does: blocks freed, num_computed_tokens 0, back to waiting);
+    it resumes (V1: resumed_req_ids with its new block list; V2: in
+    scheduled_new_reqs), is asked get_num_new_matched_tokens again, and its
+    KV still reaches D intact."""
+    h = make(version, runner=runner,
+             p=dict(max_num_batched_tokens=40,
+                    long_prefill_token_threshold=32))
+    rng = random.Random(5)
+    for i in range(3):
+        h.submit("r%d" % i, make_prompt(rng, 150 + 20 * i))
+
+    def mid_chunk(h):
+        r = h.P.sched.requests.get("r1")
+        return r is not None and r.status == RequestStatus.RUNNING and \
+            r.is_prefill_chunk and r.num_computed_tokens >= 64
+
+    h.at(mid_chunk, lambda h: h.P.sched.preempt("r1"))
+    h.run(60)
+    assert any(e[0] == "preempt" and e[2] == "r1" for e in h.P.sched.events)
+    assert [c for c in h.P.sched.matched_calls if c[0] == "r1"].__len__() \
+        >= 2
+    assert_all_ok(h, 3)
+    assert_no_leak(h, nodes)
+
+
+# ------------------------------------------------------------------ D side
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_preempt_d_under_block_pressure(make, nodes, version):
+    """D runs out of blocks while its loaded requests decode: vLLM preempts
+    the newest (blocks freed, recomputed later; get_num_new_matched_tokens
+    asked again for a request whose load already happened). Every load is
+    intact, every request ends, nothing leaks."""
+    h = make(version, d=dict(num_blocks=26))
+    rng = random.Random(6)
+    for i in range(6):
+        h.submit("r%d" % i, make_prompt(rng, 40), d_max_tokens=70)
+    h.run(90)
+    assert any(e[0] == "preempt" for e in h.D.sched.events), \
+        "no preemption at D"
+    assert_all_ok(h, 6)
+    assert all(st == RequestStatus.FINISHED_LENGTH_CAPPED
+               for r, st in h.D.sched.finished.items())
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("hit", ["partial", "full"])
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_prefix_hit_at_d(make, nodes, version, hit):
+    """D already holds the prompt's first blocks in its prefix cache (from
+    requests it computed itself). vLLM hands the connector the block-aligned
+    local hit; only D's unhashed blocks may be filled: D's cached blocks
+    must come out unchanged, the rest must be P's bytes. partial: 3 of 6
+    blocks cached; full: every full block cached, one token to load."""
+    h = make(version)
+    rng = random.Random(7)
+    prefix = make_prompt(rng, 48)
+    h.submit_d_local("local", prefix + make_prompt(rng, 30))
+    h.run(30)
+    if hit == "partial":
+        prompt = prefix + make_prompt(rng, 43)
+    else:
+        prompt = prefix + make_prompt(rng, 1)
+    h.submit("r0", prompt)
+    h.run(30)
+    loads = [e for e in h.D.sched.events if e[0] == "async_load"]
+    assert loads and loads[0][3] == 48, loads  # 3 local blocks presented
+    assert_all_ok(h, 1)
+    assert_no_leak(h, nodes)
+
+
+# -------------------------------------------------------------------- aborts
+
+
+def _p_state(state):
+    def when(h):
+        r = h.P.sched.requests.get("r2")
+        if state == "waiting":
+            return r is not None
+        if state == "running_chunk":
+            return r is not None and r.status == RequestStatus.RUNNING and \
+                r.num_computed_tokens > 0
+        if state == "finished_sending":
+            return "r2" in h.handed
+        return False
+    return when
+
+
+def _d_state(state):
+    def when(h):
+        r = h.D.sched.requests.get("d-r2")
+        if r is None:
+            return False
+        if state == "waiting_for_remote_kvs":
+            return r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        if state == "load_finished":
+            return (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and
+                    "d-r2" in h.D.sched.finished_recving_kv_req_ids)
+        if state == "running":
+            return r.status == RequestStatus.RUNNING
+        return False
+    return when
+
+
+@pytest.mark.parametrize("sched", ["sync", "async"])
+@pytest.mark.parametrize("state", ["waiting", "running_chunk",
+                                   "finished_sending"])
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_abort_at_p(make, nodes, version, state, sched):
+    """The client goes away while P holds the request (waiting, in the
+    middle of its chunked prefill, or finished with its KV on the way):
+    nothing is reported for an id vLLM no longer holds, the other requests
+    load intact, nothing leaks."""
+    h = make(version, async_scheduling=sched == "async",
+             p=dict(max_num_batched_tokens=48,
+                    long_prefill_token_threshold=32))
+    submit_many(h, 4, random.Random(8), lo=80, hi=160)
+    h.at(_p_state(state), lambda h: h.P.abort(["r2"]))
+    h.run(60)
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert all(v == "ok" for v in others.values()), others
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("sched", ["sync", "async"])
+@pytest.mark.parametrize("state", ["waiting_for_remote_kvs", "load_finished",
+                                   "running"])
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_abort_at_d(make, nodes, version, state, sched):
+    """The client goes away while D holds the request: its load in flight
+    (WAITING_FOR_REMOTE_KVS: vLLM delays the free until the connector reports
+    it in finished_recving), its load just reported (not to be reported
+    again), or decoding. No assert of vLLM's scheduler fails, the others load
+    intact, nothing leaks at D or P."""
+    h = make(version, async_scheduling=sched == "async")
+    submit_many(h, 4, random.Random(9), lo=40, hi=120, d_max_tokens=6)
+    h.at(_d_state(state), lambda h: h.D.abort(["d-r2"]))
+    h.run(60)
+    assert h.D.sched.finished.get("d-r2") == RequestStatus.FINISHED_ABORTED
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert all(v == "ok" for v in others.values()), others
+    assert_no_leak(h, nodes)
+
+
+# ----------------------------------------------------------------- others
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_same_transfer_id(make, nodes, version):
+    """Two requests carry the same transfer_id (a proxy bug, or a replay):
+    neither may load the other's bytes as its own, nothing hangs or leaks."""
+    h = make(version)
+    rng = random.Random(10)
+    h.submit("r0", make_prompt(rng, 64), transfer_id="tx-same")
+    h.submit("r1", make_prompt(rng, 80), transfer_id="tx-same")
+    h.submit("r2", make_prompt(rng, 50))
+    h.run(60)
+    res = h.d_results()
+    assert res.get("d-r2") == "ok", res
+    for k in ("d-r0", "d-r1"):
+        assert res.get(k, "ok") in ("ok", "load_error", "unchecked"), res
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,sched", [(OLD, "sync"), (NEW, "async")])
+def test_200_requests_no_leak(make, nodes, version, sched):
+    """200 requests of random lengths (1 to 300 tokens): all intact, both
+    schedulers empty and both brokers' transfer tables at 0 afterwards."""
+    h = make(version, async_scheduling=sched == "async", num_blocks=400,
+             max_num_batched_tokens=512)
+    submit_many(h, 200, random.Random(11), lo=1, hi=300)
+    h.run(120)
+    assert_all_ok(h, 200)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_malformed_params(make, nodes, version):
+    """Bad kv_transfer_params: at P (no transfer_id, not a dict), at D (no
+    transfer_id, a port that is no number, a host that is no string). vLLM's
+    engine must not die; the requests end; nothing leaks."""
+    h = make(version)
+    rng = random.Random(12)
+    submit_many(h, 6, rng, lo=30, hi=90)
+    h.submit("bad-p0", make_prompt(rng, 40),
+             params={"do_remote_decode": True, "remote_host": "192.0.2.2",
+                     "remote_handshake_port": 6301})
+    h.submit("bad-p1", make_prompt(rng, 40), params=["not", "a", "dict"])
+    for i in range(3):
+        h.submit("bad-d%d" % i, make_prompt(rng, 40))
+
+    def corrupt(rid, params):
+        if rid == "bad-d0":
+            params.pop("transfer_id", None)
+        elif rid == "bad-d1":
+            params["remote_handshake_port"] = "not-a-port"
+        elif rid == "bad-d2":
+            params["remote_host"] = 12
+        return params
+
+    h.transform_params = corrupt
+    h.run(60)
+    res = h.d_results()
+    good = {k: v for k, v in res.items() if not k.startswith("d-bad")}
+    assert len(good) == 6 and all(v == "ok" for v in good.values()), res
+    for rid in ("bad-p0", "bad-p1"):
+        assert h.P.sched.finished.get(rid) == \
+            RequestStatus.FINISHED_LENGTH_CAPPED
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("what,policy", [("broker", "recompute"),
+                                         ("worker", "fail")])
+def test_p_dies(make, nodes, what, policy):
+    """P's broker (or a P worker process) is SIGKILLed while loads are in
+    flight: D's requests still end (load errors: recomputed, or
+    FINISHED_ERROR under kv_load_failure_policy "fail"), D's engine lives,
+    D leaks nothing."""
+    h = make(OLD, d=dict(transfer_timeout_s=3.0,
+                         kv_load_failure_policy=policy))
+    submit_many(h, 8, random.Random(13), lo=60, hi=160)
+
+    def kill(h):
+        if what == "broker":
+            nodes.kill_broker("a")
+        else:
+            h.P.kill_worker(0)
+
+    h.at(lambda h: len(h.handed) >= 3, kill)
+    h.run(60)
+    assert not h.D.dead, h.D.dead
+    res = h.d_results()
+    assert res and all(v in ("ok", "load_error") for v in res.values()), res
+    assert not h.D.sched.requests
+    assert h.D.sched.num_free_blocks() == h.D.spec.num_blocks - 1
+    errors = {r for r, v in res.items() if v == "load_error"}
+    for rid in errors:
+        want = (RequestStatus.FINISHED_ERROR if policy == "fail" else
+                RequestStatus.FINISHED_LENGTH_CAPPED)
+        assert h.D.sched.finished.get(rid) == want, (rid, policy)

@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: MIT
+"""vLLM's block pool and KV cache manager, one KV cache group.
+
+Modelled on vllm/v1/core/block_pool.py and kv_cache_manager.py as the
+scheduler at vllm-project/vllm 00f4240ee645 calls them: block 0 is the null
+block and never handed out; free blocks sit in an LRU queue (freed requests'
+blocks go to its tail in reverse order, so a request's last blocks are
+evicted first); full blocks get their chained content hash when cached and
+stay findable until reallocated; ``allocate_slots(...,
+delay_cache_blocks=True)`` (an async KV load) allocates without hashing, and
+``cache_blocks`` hashes later; ``get_computed_blocks`` never covers the last
+token (it must be computed to sample); the local hit is a whole number of
+blocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .objects import Request, cdiv
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+
+    def __repr__(self):
+        return "Block(%d, ref=%d, %s)" % (self.block_id, self.ref_cnt,
+                                          "hashed" if self.block_hash
+                                          else "-")
+
+
+class KVCacheBlocks:
+    """vllm/v1/core/kv_cache_manager.py KVCacheBlocks (one group)."""
+
+    def __init__(self, blocks: list[KVCacheBlock]):
+        self.blocks = (list(blocks),)
+
+    def get_block_ids(self, allow_none: bool = False):
+        if allow_none and not self.blocks[0]:
+            return None
+        return (self.get_block_ids_flat(),)
+
+    def get_block_ids_flat(self) -> list[int]:
+        return [b.block_id for b in self.blocks[0]]
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [self.get_unhashed_block_ids()]
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        return KVCacheBlocks(self.blocks[0] + other.blocks[0])
+
+    def __len__(self):
+        return len(self.blocks[0])
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool):
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.enable_caching = enable_caching
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks)
+        self.null_block = self.free_queue.popitem(last=False)[1]
+        self.cached: dict[int, dict[int, KVCacheBlock]] = {}
+        self.num_evicted = 0
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def get_cached_block(self, h: int) -> KVCacheBlock | None:
+        d = self.cached.get(h)
+        return next(iter(d.values())) if d else None
+
+    def _evict(self, b: KVCacheBlock) -> None:
+        if b.block_hash is None:
+            return
+        d = self.cached.get(b.block_hash)
+        if d is not None:
+            d.pop(b.block_id, None)
+            if not d:
+                del self.cached[b.block_hash]
+        b.block_hash = None
+        self.num_evicted += 1
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        assert n <= len(self.free_queue)
+        out = []
+        for _ in range(n):
+            _, b = self.free_queue.popitem(last=False)
+            self._evict(b)
+            assert b.ref_cnt == 0
+            b.ref_cnt = 1
+            out.append(b)
+        return out
+
+    def touch(self, blocks: list[KVCacheBlock]) -> None:
+        for b in blocks:
+            if b.ref_cnt == 0:
+                self.free_queue.pop(b.block_id, None)
+            b.ref_cnt += 1
+
+    def free_blocks(self, ordered: list[KVCacheBlock]) -> None:
+        for b in ordered:
+            b.ref_cnt -= 1
+            assert b.ref_cnt >= 0, b
+            if b.ref_cnt == 0 and b is not self.null_block:
+                self.free_queue[b.block_id] = b
+
+    def cache_block(self, b: KVCacheBlock, h: int) -> None:
+        if b.block_hash is not None:
+            return
+        b.block_hash = h
+        self.cached.setdefault(h, {})[b.block_id] = b
+
+    def evict_blocks(self, ids: set[int]) -> None:
+        for i in ids:
+            self._evict(self.blocks[i])
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int,
+                 enable_caching: bool = True, max_model_len: int = 1 << 20):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self.empty_kv_cache_blocks = KVCacheBlocks([])
+
+    @property
+    def usage(self) -> float:
+        n = len(self.block_pool.blocks) - 1
+        return 1.0 - self.block_pool.get_num_free_blocks() / n
+
+    def get_computed_blocks(self, request: Request
+                            ) -> tuple[KVCacheBlocks, int]:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        max_hit = (request.num_tokens - 1) // self.block_size
+        hit = []
+        for h in request.block_hashes[:max_hit]:
+            b = self.block_pool.get_cached_block(h)
+            if b is None:
+                break
+            hit.append(b)
+        return KVCacheBlocks(hit), len(hit) * self.block_size
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks,
+                                 num_tokens: int) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks.blocks[0][:num_tokens // self.block_size])
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False
+                       ) -> KVCacheBlocks | None:
+        rid = request.request_id
+        new_computed = list(new_computed_blocks.blocks[0]) \
+            if new_computed_blocks is not None else []
+        have = self.req_to_blocks.get(rid, [])
+        num_computed = (request.num_computed_tokens + num_new_computed_tokens
+                        + num_external_computed_tokens)
+        need_slots = min(num_computed + num_new_tokens + num_lookahead_tokens,
+                         self.max_model_len)
+        n_new = max(0, cdiv(need_slots, self.block_size) - len(have) -
+                    len(new_computed))
+        evictable = sum(1 for b in new_computed if b.ref_cnt == 0)
+        if n_new + evictable > self.block_pool.get_num_free_blocks():
+            return None
+        self.block_pool.touch(new_computed)
+        blocks = self.req_to_blocks.setdefault(rid, [])
+        blocks.extend(new_computed)
+        if new_computed:
+            self.num_cached_block[rid] = len(blocks)
+        new = self.block_pool.get_new_blocks(n_new)
+        blocks.extend(new)
+        if self.enable_caching and not delay_cache_blocks:
+            self.cache_blocks(request, min(num_computed + num_new_tokens,
+                                           request.num_tokens))
+        return KVCacheBlocks(new)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid, [])
+        hashes = request.block_hashes
+        done = self.num_cached_block.get(rid, 0)
+        full = min(num_computed_tokens // self.block_size, len(blocks),
+                   len(hashes))
+        for i in range(done, full):
+            self.block_pool.cache_block(blocks[i], hashes[i])
+        self.num_cached_block[rid] = max(done, full)
+
+    def free(self, request: Request) -> None:
+        blocks = self.pop_blocks_for_free(request)
+        self.block_pool.free_blocks(list(reversed(blocks)))
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        self.num_cached_block.pop(request.request_id, None)
+        return self.req_to_blocks.pop(request.request_id, [])
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(self.req_to_blocks.get(request_id, []))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int]]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int
+                                          ) -> tuple[list[int]]:
+        ids = self.get_block_ids(request_id)[0]
+        return (ids[:cdiv(num_computed_tokens, self.block_size)],)
+
+    def evict_blocks(self, ids: set[int]) -> None:
+        self.block_pool.evict_blocks(ids)
+
+    def take_events(self):
+        return None
