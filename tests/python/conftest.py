@@ -139,3 +139,26 @@ def client(broker):
     c = kvbroker.Client(broker.sock, role="P")
     yield c
     c.close()
+
+
+def _known_failures():
+    path = os.path.join(os.path.dirname(__file__), "vllm_model",
+                        "known_failures.txt")
+    known = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                name, _, why = line.rstrip("\n").partition("\t")
+                known[name] = why
+    return known
+
+
+def pytest_collection_modifyitems(config, items):
+    """The vLLM model's scenarios that today's connector fails
+    (vllm_model/known_failures.txt): strict xfail, so a fix shows."""
+    known = _known_failures()
+    for item in items:
+        why = known.get(item.name)
+        if why and os.path.basename(str(item.fspath)).startswith("test_vllm_"):
+            item.add_marker(pytest.mark.xfail(
+                strict=True, reason="known connector bug: " + why))

@@ -88,7 +88,12 @@ class BrokerScheduler:
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int):
         params = request.kv_transfer_params
-        if self.producer or not params or not params.get("do_remote_prefill"):
+        if self.producer or not params:
+            return 0, False
+        if not isinstance(params, dict):  # from outside: refuse, not raise
+            self._parse(request)
+            return 0, False
+        if not params.get("do_remote_prefill"):
             return 0, False
         if request.request_id in self._bad or self._parse(request) is None:
             return 0, False
@@ -100,6 +105,9 @@ class BrokerScheduler:
         params = request.kv_transfer_params
         rid = request.request_id
         if not params or rid in self._bad:
+            return
+        if not isinstance(params, dict):
+            self._parse(request)  # logged and counted once
             return
         if self.producer and params.get("do_remote_decode"):
             if rid in self._save_pending or rid in self._sending:
