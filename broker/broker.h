@@ -281,6 +281,14 @@ void kvb_xfer_finish(struct kvb_broker *b, struct kvb_xfer *x, int status);
 void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x);
 /* finish.c: count one ended op of transfer (handle, worker) (none: handle
  * 0, or it ended already) and end the transfer if that completes it */
+/* n ops of x failed with status before they were issued (a module's
+ * deferred ops): counted as ended, x is not finished here. */
+void kvb_xfer_ops_failed(struct kvb_xfer *x, uint32_t n, int status);
+
+/* A closing x waits for its writers no longer: its fence ends at the next
+ * timer round (nothing when it does not wait). */
+void kvb_xfer_fence_now(struct kvb_xfer *x);
+
 void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		      int status);
 

@@ -206,6 +206,19 @@ void kvb_xfer_maybe_finish(struct kvb_broker *b, struct kvb_xfer *x)
 		kvb_xfer_finish(b, x, x->first_err);
 }
 
+void kvb_xfer_ops_failed(struct kvb_xfer *x, uint32_t n, int status)
+{
+	x->failed += n;
+	if (status && !x->first_err)
+		x->first_err = status;
+}
+
+void kvb_xfer_fence_now(struct kvb_xfer *x)
+{
+	if (x->fence_ns)
+		x->fence_ns = kvb_now_ns();
+}
+
 void kvb_xfer_account(struct kvb_broker *b, uint32_t handle, uint32_t worker,
 		      int status)
 {

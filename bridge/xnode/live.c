@@ -143,8 +143,7 @@ static uint32_t fail_peer_xfers(struct kvb_broker *b, uint32_t pid, int status)
 		n++;
 		if (x->closing) {
 			/* it waits for writers asked to stop: not for these */
-			if (x->fence_ns)
-				x->fence_ns = kvb_now_ns();
+			kvb_xfer_fence_now(x);
 		} else {
 			kvb_xfer_finish(b, x, status);
 		}

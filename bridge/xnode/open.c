@@ -168,10 +168,8 @@ void kvb_xn_fail_waiting(struct kvb_broker *b, struct kvb_xfer *x, int status)
 	for (uint32_t i = 0; i < rx->ndef; i++)
 		kvb_post_cqe(b, x->worker, KVB_CQ_DESC, rx->def[i].tag, status,
 			     0, handle);
-	x->failed += rx->ndef;
+	kvb_xfer_ops_failed(x, rx->ndef, status);
 	rx->ndef = 0;
-	if (!x->first_err)
-		x->first_err = status;
 	/* reported at its seal, abort or deadline (engine.c); now where it
 	 * was sealed already */
 	x->held_err = status;
