@@ -356,6 +356,32 @@ static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
 	return sent;
 }
 
+/* Did another D worker of this node already send x's message to the same
+ * peer: its remote_blocks (release 0: or its transfer of that id ended
+ * there already) or its release-only (release 1)? */
+static int node_did(struct kvb_broker *b, const struct kvb_worker *w,
+		    const struct kvb_xfer *x, int release)
+{
+	size_t len = strlen(x->id);
+
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *v = &b->workers[b->live[i]];
+		struct kvb_xfer *y;
+
+		if (v == w || v->role != KVB_ROLE_D)
+			continue;
+		y = kvb_xfer_find(&b->xfers, v->id, x->id, len);
+		if (y && y->rx && y->rx->peer == x->rx->peer &&
+		    (release ? y->rx->released : y->rx->announced))
+			return 1;
+		if (!release && !y &&
+		    kvb_xfer_is_terminal(&b->xfers, v->id,
+					 kvb_xfer_hash(v->id, x->id, len)))
+			return 1;
+	}
+	return 0;
+}
+
 /* remote_blocks to every P TP rank of rx->remote_dp at the peer. */
 static int announce(struct kvb_broker *b, struct kvb_worker *w,
 		    struct kvb_xfer *x)
@@ -366,22 +392,10 @@ static int announce(struct kvb_broker *b, struct kvb_worker *w,
 	uint32_t sent = 0;
 	int rc;
 
-	/* once per node: another D rank here may have announced it */
-	for (uint32_t i = 0; i < b->nlive; i++) {
-		struct kvb_worker *v = &b->workers[b->live[i]];
-		struct kvb_xfer *y;
-
-		if (v == w || v->role != KVB_ROLE_D)
-			continue;
-		y = kvb_xfer_find(&b->xfers, v->id, x->id, strlen(x->id));
-		if (y && y->rx && y->rx->announced && y->rx->peer == rx->peer)
-			return 0;
-		/* ... or it ended there already (P wrote every rank) */
-		if (!y && kvb_xfer_is_terminal(
-				  &b->xfers, v->id,
-				  kvb_xfer_hash(v->id, x->id, strlen(x->id))))
-			return 0;
-	}
+	/* once per node: another D rank here may have announced it, or it
+	 * ended there already (P wrote every rank) */
+	if (node_did(b, w, x, 0))
+		return 0;
 	rc = kvb_zmsg_init(&m, KVB_ZMSG_REMOTE_BLOCKS, x->id);
 	if (rc)
 		return rc;
@@ -482,17 +496,9 @@ static int release_only(struct kvb_broker *b, struct kvb_worker *w,
 	uint32_t sent;
 	int rc;
 
-	for (uint32_t i = 0; i < b->nlive; i++) {
-		struct kvb_worker *v = &b->workers[b->live[i]];
-		struct kvb_xfer *y;
-
-		if (v == w || v->role != KVB_ROLE_D)
-			continue;
-		y = kvb_xfer_find(&b->xfers, v->id, x->id, strlen(x->id));
-		if (y && y->rx && y->rx->released && y->rx->peer == rx->peer) {
-			rx->released = 1;
-			return 0;
-		}
+	if (node_did(b, w, x, 1)) { /* another D rank here released it */
+		rx->released = 1;
+		return 0;
 	}
 	if (!p || !p->have_desc)
 		return -EHOSTUNREACH;

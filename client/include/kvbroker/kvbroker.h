@@ -321,7 +321,8 @@ int kvb_transfer_abort(struct kvb_ctx *ctx, uint32_t handle, uint64_t tag);
 #define KVB_KV_PACKED	   2u
 
 struct kvb_kv_geometry {
-	uint32_t layout; /* KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST, KVB_KV_PACKED */
+	uint32_t
+		layout; /* KVB_KV_KV_FIRST, KVB_KV_BLOCK_FIRST, KVB_KV_PACKED */
 	uint32_t num_blocks;
 	uint32_t block_size; /* tokens per block */
 	uint32_t num_heads;  /* KV heads held by this worker */
