@@ -103,6 +103,7 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"layers_starved\":%llu,"
 	    "\"handshake_replies_rejected\":%llu,"
 	    "\"logs_suppressed\":%llu,\"unopened_evicted\":%llu,"
+	    "\"unopened_held\":%u,"
 	    "\"peers_reclaimed\":%llu,\"duplicate_opens\":%llu,"
 	    "\"opens_batched\":%llu,\"opens_waiting\":%llu,"
 	    "\"handshake_wait_failed\":%llu,\"release_only_sent\":%llu,"
@@ -132,7 +133,7 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.layers_starved,
 	    (unsigned long long) xn->st.hs_bad_replies,
 	    (unsigned long long) xn->st.logs_suppressed,
-	    (unsigned long long) xn->st.unopened_evicted,
+	    (unsigned long long) xn->st.unopened_evicted, xn->nunopened,
 	    (unsigned long long) xn->st.peers_reclaimed,
 	    (unsigned long long) xn->st.duplicate_opens,
 	    (unsigned long long) xn->st.opens_batched,
@@ -199,8 +200,9 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.hb_refused,
 	    (unsigned long long) xn->st.hb_bad_pongs);
 	PUT("unopened expired       %llu (D told: kvb_write_failed "
-	    "ENOENT)\n",
-	    (unsigned long long) xn->st.unopened_expired);
+	    "ENOENT); %u held now (created by a peer's message, not opened "
+	    "by a worker yet)\n",
+	    (unsigned long long) xn->st.unopened_expired, xn->nunopened);
 	*lenp = len;
 }
 

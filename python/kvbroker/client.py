@@ -459,15 +459,21 @@ class Client:
 
         For a tensor over broker memory: ``region_for(t.data_ptr(),
         t.numel() * t.element_size())``, then ``region.offset_of(ptr)``."""
+        alias = None
         with self._lock:
+            # regions overlap where aliases cut a parent: the nearest start
+            # that holds the range, a parent before an alias
             i = bisect.bisect_right(self._by_addr, (ptr, 1 << 64)) - 1
-            if i < 0:
-                return None
-            addr, rid = self._by_addr[i]
-            r = self._regions.get(rid)
-        if r is not None and ptr + size <= addr + r.size:
-            return r
-        return None
+            while i >= 0:
+                addr, rid = self._by_addr[i]
+                r = self._regions.get(rid)
+                i -= 1
+                if r is None or ptr + size > addr + r.size:
+                    continue
+                if r.parent is None:
+                    return r
+                alias = alias or r
+        return alias
 
     def lookup(self, role: Union[str, int, Role], dp_rank: int, tp_rank: int,
                key: int) -> RemoteRegion:

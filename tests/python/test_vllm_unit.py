@@ -23,7 +23,8 @@ from kvbroker.vllm import (  # noqa: E402
     VLLM_INTERFACE,
 )
 from kvbroker.vllm._compat import KVConnectorRole  # noqa: E402
-from kvbroker.vllm._layout import BLOCK_FIRST, KV_FIRST, derive  # noqa: E402
+from kvbroker.vllm._layout import (  # noqa: E402
+    BLOCK_FIRST, KV_FIRST, PACKED, derive, derive_view, view_layout)
 from kvbroker.vllm._params import Config, ParamsError, parse_request  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -81,6 +82,54 @@ def test_layout_refused(shape, strides, why):
         strides = dense(shape, tuple(range(len(shape))))
     with pytest.raises(LayoutError, match=why):
         derive(shape, strides, 2, "layer x")
+
+
+# vLLM >= 0.29: the logical [L, B, H, N, C] under each KVCacheLayout's
+# stride permutation (vllm/v1/kv_cache_layout.py), a layer's view [B, H, N, C]
+VIEW_ORDERS = {"LBNHC": (0, 1, 3, 2, 4), "LBHNC": (0, 1, 2, 3, 4),
+               "BLNHC": (1, 0, 3, 2, 4), "BLHNC": (1, 0, 2, 3, 4),
+               "LHBNC": (0, 2, 1, 3, 4), "BHLNC": (1, 2, 0, 3, 4)}
+
+
+def view_strides(shape5, layout):
+    st, cur = [0] * 5, 1
+    for d in reversed(VIEW_ORDERS[layout]):
+        st[d] = cur
+        cur *= shape5[d]
+    return st[1:]
+
+
+@pytest.mark.parametrize("layout,kbs,nhc,rows", [
+    ("LBNHC", 16, True, 1), ("LBNHC", 8, True, 1), ("LBHNC", 16, False, 1),
+    ("LBHNC", 4, False, 1), ("BLNHC", 16, True, 3), ("BLHNC", 16, False, 3)])
+def test_views_to_packed(layout, kbs, nhc, rows):
+    """A 4-D view: 10 blocks of 16 tokens, 4 heads, C = 2 x 64 (K and V
+    packed), 3 layers; kernel blocks of kbs tokens (B = 10 x 16 / kbs)."""
+    b = 10 * 16 // kbs
+    shape5 = (3, b, 4, kbs, 128)
+    v = derive_view(shape5[1:], view_strides(shape5, layout), 2, 16)
+    assert (v.nhc, v.num_blocks, v.block_size, v.heads, v.cdim) == (
+        nhc, 10, 16, 4, 128)
+    assert v.block_stride == rows * v.page
+    lay = view_layout(v, rows, layout)
+    assert lay.layout == PACKED and lay.num_blocks == 10
+    assert lay.nbytes == 10 * rows * 16 * 4 * 128 * 2  # the rows, whole
+    assert lay.kv_heads == 4 and lay.hnd == (not nhc)
+    assert (lay.num_heads, lay.block_size) == (
+        (4, 16 * rows) if nhc else (1, 16 * rows))
+
+
+@pytest.mark.parametrize("layout", ["LHBNC", "BHLNC"])
+def test_views_heads_outside_blocks_refused(layout):
+    shape5 = (3, 10, 4, 16, 128)
+    with pytest.raises(LayoutError, match="VLLM_KV_CACHE_LAYOUT=LBNHC"):
+        derive_view(shape5[1:], view_strides(shape5, layout), 2, 16, "l")
+
+
+def test_views_bad_kernel_blocks_refused():
+    shape5 = (3, 30, 4, 6, 128)  # 6 tokens per kernel block, blocks of 16
+    with pytest.raises(LayoutError, match="do not divide"):
+        derive_view(shape5[1:], view_strides(shape5, "LBNHC"), 2, 16)
 
 
 # ------------------------------------------------------------ params
@@ -231,8 +280,10 @@ def test_consumer_bad_params_and_abort():
     c.update_state_after_alloc(r, vd.KVCacheBlocks([1]), 16)
     r.status = vd.RequestStatus.FINISHED_ABORTED
     # dropped before its load went out: it still goes (P is not left
-    # waiting), and the blocks come back through finished_sending
-    assert c.request_finished(r, [1]) == (True, None)
+    # waiting) and is aborted; vLLM itself holds the blocks of a request
+    # dropped in WAITING_FOR_REMOTE_KVS until the workers report it in
+    # finished_recving, so the connector asks for no delay
+    assert c.request_finished(r, [1]) == (False, None)
     m = c.build_connector_meta(vd.SchedulerOutput())
     assert [x.req_id for x in m.reqs_to_load] == ["a"]
     assert m.reqs_to_abort == ["a"]
@@ -271,13 +322,15 @@ def test_register_refuses_what_the_broker_cannot_reach(broker):
     with pytest.raises(LayoutError, match="not memory the broker maps"):
         c.register_kv_caches({"l.0": torch.zeros(2, 4, 16, 2, 32)})
     r = c.broker_client.alloc(1 << 20)
-    t = r.as_torch(torch.int16, 2 * 4 * 16 * 2 * 32 + 64)
-    inner = t[64:].view(2, 4, 16, 2, 32)
-    with pytest.raises(LayoutError, match="starts 128 bytes into"):
-        c.register_kv_caches({"l.0": inner})
     mla = r.as_torch(torch.int16, (4, 16, 576))
     with pytest.raises(LayoutError, match="MLA"):
         c.register_kv_caches({"l.0": mla})
+    # a layer 128 bytes into a region gets a region of its own (an alias)
+    t = r.as_torch(torch.int16, 2 * 4 * 16 * 2 * 32 + 64)
+    inner = t[64:].view(2, 4, 16, 2, 32)
+    c.register_kv_caches({"l.0": inner})
+    (reg,) = c._worker.regions
+    assert reg.addr == r.addr + 128 and reg.size == 2 * 4 * 16 * 2 * 32 * 2
     c.shutdown()
 
 
@@ -365,8 +418,8 @@ def test_hnd_refused_for_a_heads_split(broker):
     assert c.get_block_ids_with_load_errors() == {2, 3}
     assert c.connector_stats()["opened"] == 0  # refused before opening
     assert c._worker.remote_heads(2) == 2
-    assert "HND" in c._worker._check_heads(_meta_for(GOOD_D, 2))
-    assert c._worker._check_heads(_meta_for(GOOD_D, 1)) == ""
+    assert "HND" in c._worker._check(_meta_for(GOOD_D, 2))
+    assert c._worker._check(_meta_for(GOOD_D, 1)) == ""
     c.shutdown()
 
 

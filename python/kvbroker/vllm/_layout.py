@@ -12,6 +12,11 @@ two dense layouts, K/V outermost (KV_FIRST) or blocks outermost
 ``[heads, block_size, head_dim]`` has the same size and moves whole as well;
 only splitting a block's heads across TP ranks needs NHD, so an HND layer is
 refused for transfers whose two sides hold different heads.
+
+From vLLM 0.29 a worker gets 4-D ``[B, H, N, C]`` views over one int8 buffer
+(K and V packed in C; B kernel blocks of N tokens, ``block_size / N`` of
+them per manager block); ``derive_view`` reads those: see the broker's
+PACKED layout and docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 KV_FIRST = 0  # KVB_KV_KV_FIRST
 BLOCK_FIRST = 1  # KVB_KV_BLOCK_FIRST
+PACKED = 2  # KVB_KV_PACKED: [num_blocks, block_size, heads, head_dim]
 _U32 = 1 << 32
 
 
@@ -29,23 +35,128 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class LayerLayout:
-    layout: int  # KV_FIRST or BLOCK_FIRST
+    layout: int  # KV_FIRST, BLOCK_FIRST or PACKED
     num_blocks: int
     block_size: int
-    num_heads: int
+    num_heads: int  # in the geometry given to the broker
     head_dim: int
     elem_size: int
-    hnd: bool  # heads before tokens inside a block
+    hnd: bool  # heads before tokens inside a block: whole blocks only
+    heads: int = 0  # the KV heads this rank holds (0: num_heads)
+    layers: int = 1  # vLLM layers in one block row (block-major views)
+    form: str = ""  # the vLLM layout name, for messages
 
     @property
     def nbytes(self) -> int:
-        return (2 * self.num_blocks * self.block_size * self.num_heads *
+        planes = 1 if self.layout == PACKED else 2
+        return (planes * self.num_blocks * self.block_size * self.num_heads *
                 self.head_dim * self.elem_size)
 
     @property
+    def kv_heads(self) -> int:
+        return self.heads or self.num_heads
+
+    @property
     def name(self) -> str:
+        if self.layout == PACKED:
+            return "PACKED/%s" % (self.form or ("HND" if self.hnd else "NHD"))
         return "%s/%s" % ("KV_FIRST" if self.layout == KV_FIRST else
                           "BLOCK_FIRST", "HND" if self.hnd else "NHD")
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """One vLLM >= 0.29 layer view [B, H, N, C], read from its strides."""
+    nhc: bool  # tokens outside heads inside a kernel block (xxNHC)
+    kblocks: int  # B: kernel blocks
+    heads: int  # H
+    ktokens: int  # N: tokens per kernel block
+    cdim: int  # C: K and V of a head, in elements
+    ratio: int  # kernel blocks per manager block
+    block_stride: int  # bytes between kernel blocks
+    page: int  # bytes of one kernel block
+    elem_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kblocks // self.ratio
+
+    @property
+    def block_size(self) -> int:
+        return self.ktokens * self.ratio
+
+
+_LAYOUT_HINT = ("set VLLM_KV_CACHE_LAYOUT=LBNHC (vLLM's default; LBHNC, "
+                "BLNHC and BLHNC work too)")
+
+
+def derive_view(shape, strides, elem_size: int, block_size: int,
+                what: str = "tensor") -> ViewInfo:
+    """A vLLM >= 0.29 per-layer view [B, H, N, C] (kernel-block granular,
+    K and V packed in C) with the scheduler's block_size, or LayoutError.
+    Blocks must be dense pages [N, H, C] or [H, N, C]; how far apart they
+    are (one page: layer-major LB*; several layers' pages: block-major BL*)
+    is the caller's to use."""
+    shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
+    if len(shape) != 4:
+        raise LayoutError("%s: shape %s is not a [B, H, N, C] view" %
+                          (what, list(shape)))
+    b, h, n, c = shape
+    sb, sh, sn, sc = strides
+    if min(shape) < 1 or elem_size not in (1, 2, 4, 8):
+        raise LayoutError("%s: shape %s, element size %d: unsupported" %
+                          (what, list(shape), elem_size))
+    if c > 1 and sc != 1:
+        raise LayoutError("%s: strides %s: the last dimension (K and V of a "
+                          "head) is not dense" % (what, list(strides)))
+    if (h == 1 or sh == c) and (n == 1 or sn == h * c):
+        nhc = True
+    elif (n == 1 or sn == c) and (h == 1 or sh == n * c):
+        nhc = False
+    else:
+        raise LayoutError(
+            "%s: shape %s with strides %s: a kernel block is not one dense "
+            "page (heads outside blocks: LHBNC or BHLNC); %s" %
+            (what, list(shape), list(strides), _LAYOUT_HINT))
+    page = h * n * c
+    if b > 1 and sb < page:
+        raise LayoutError("%s: shape %s with strides %s: blocks overlap or "
+                          "are not outermost; %s" % (what, list(shape),
+                                                    list(strides),
+                                                    _LAYOUT_HINT))
+    if block_size < n or block_size % n:
+        raise LayoutError("%s: %d tokens per kernel block do not divide the "
+                          "block size %d" % (what, n, block_size))
+    ratio = block_size // n
+    if b % ratio:
+        raise LayoutError("%s: %d kernel blocks are not whole blocks of %d "
+                          "tokens" % (what, b, block_size))
+    if ratio > 1 and b > 1 and sb != page:
+        raise LayoutError("%s: kernel blocks of %d tokens that are not "
+                          "dense pages; %s" % (what, n, _LAYOUT_HINT))
+    for v in (b // ratio, block_size, h, c):
+        if v >= _U32:
+            raise LayoutError("%s: %d does not fit 32 bits" % (what, v))
+    if b == 1:
+        sb = page
+    return ViewInfo(nhc, b, h, n, c, ratio, sb * elem_size, page * elem_size,
+                    elem_size)
+
+
+def view_layout(v: ViewInfo, layers: int = 1, form: str = "") -> LayerLayout:
+    """The broker geometry of a view's blocks: PACKED [num_blocks,
+    block_size, heads, C]. layers > 1: `layers` vLLM layers' pages lie
+    side by side in each block row (block-major BL* layouts), and the row
+    is the block: [layers * block_size, heads, C] for xxNHC. HND pages (and
+    kernel blocks split from them) move only whole: the geometry says one
+    "head" of the whole row, so that a broker never splits it."""
+    if v.nhc:
+        return LayerLayout(PACKED, v.num_blocks, v.block_size * layers,
+                           v.heads, v.cdim, v.elem_size, False, v.heads,
+                           layers, form or "NHC")
+    return LayerLayout(PACKED, v.num_blocks, v.block_size * layers, 1,
+                       v.heads * v.cdim, v.elem_size, True, v.heads, layers,
+                       form or "HNC")
 
 
 def _expected_strides(sizes: dict, outer: tuple, inner: tuple) -> dict:

@@ -1,16 +1,22 @@
 # SPDX-License-Identifier: MIT
 """Worker side of KVBrokerConnector: one broker client per TP rank.
 
-register_kv_caches declares each layer's tensor to the broker (its memory and
-its geometry); start_load_kv opens the step's transfers (P: to be written, D:
-to be announced and waited for); save_kv_layer queues one layer op per
-request; wait_for_save seals; get_finished reaps completions. The broker
-moves the bytes: nothing is copied in Python.
+register_kv_caches declares each layer's memory and geometry to the broker.
+Every step's work is set up when vLLM binds the step's metadata (before the
+forward in every vLLM version; from 0.29 start_load_kv runs after it): the
+step's transfers are opened in one round trip (Client.open_remote_batch,
+which never waits for a handshake), P's saves get the layers the forward
+writes (save_kv_layer, one call per layer for all requests), and
+wait_for_save queues any layer no hook saved (a full CUDA graph, block-major
+views) and seals. get_transfer_results / get_finished reap completions and
+report each request once, only when vLLM still holds it. The broker moves
+the bytes: nothing is copied in Python.
 
-Every transfer ends: the broker fails it within its timeouts; should the
-broker itself go away, every live transfer ends here at once; and a
-transfer that has heard nothing by ``transfer_timeout_s`` is aborted, and
-ended here 5 s after that whatever the broker says.
+Every transfer ends: the broker fails it within its timeouts (a dead peer
+in --peer-timeout); should the broker itself go away, every live transfer
+ends here at once; and a transfer that has heard nothing by
+``transfer_timeout_s`` is aborted, and ended here 5 s after that whatever
+the broker says.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._compat import parallel_ranks
-from ._layout import LayerLayout, LayoutError, derive
+from ._layout import (LayerLayout, LayoutError, ViewInfo, derive,
+                      derive_view, view_layout)
 from ._params import Config, ReqMeta
 
 log = logging.getLogger("kvbroker.vllm")
@@ -32,28 +39,30 @@ KIND_DESC, KIND_TRANSFER, KIND_SHUTDOWN = 1, 2, 3
 UNSIGNALED = 0x1  # KVB_DESC_UNSIGNALED
 REGION_FLAGS = 0x3  # KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ
 ABORT_GRACE_S = 5.0
-PEER_RETRY_S = 10.0
+PREEMPT_WAIT_S = 2.0
 LIVENESS_S = 0.25
 _LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
+
+LOAD, SAVE, RELEASE = "load", "save", "release"
 
 
 @dataclass(eq=False)
 class Xfer:
     """One request's transfer on this worker."""
     meta: ReqMeta
-    load: bool  # D: this worker receives
+    kind: str  # LOAD (D), SAVE (P) or RELEASE (D: only frees P's blocks)
     tag: int
     handle: int = 0
     deadline: float = 0.0
-    aborted: bool = False  # the scheduler asked (request aborted)
+    aborted: bool = False  # the scheduler asked (request dropped)
     abort_sent: float = 0.0  # when we aborted it (deadline passed)
     done: bool = False
     status: int = 0
     why: list = field(default_factory=list)
 
-
-class LayerSaveError(RuntimeError):
-    pass
+    @property
+    def load(self) -> bool:
+        return self.kind == LOAD
 
 
 def _errno(e: BaseException) -> int:
@@ -104,6 +113,8 @@ class BrokerWorker:
         self.producer = producer
         self.dp_rank, self.tp_rank, self.tp_size = parallel_ranks(vllm_config)
         self.vllm_config = vllm_config
+        self.block_size = int(getattr(getattr(vllm_config, "cache_config",
+                                              None), "block_size", 0) or 0)
         self.client = kvbroker.Client(
             socket=cfg.broker_socket, role="P" if producer else "D",
             dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size,
@@ -114,32 +125,74 @@ class BrokerWorker:
         self.local_heads = 0
         self.hnd = False
         self.cuda = False
-        self._peers: dict[tuple[str, int], int] = {}
-        self._peer_failed: dict[tuple[str, int], tuple] = {}
-        self._xfers: dict[int, Xfer] = {}  # tag -> live or unreported
-        self._by_req: dict[str, Xfer] = {}
+        self.kv_form = ""
+        # broker layers whose vLLM layers share block rows (block-major
+        # views): queued once, in wait_for_save
+        self._row_layers: set[int] = set()
+        self._xfers: dict[int, Xfer] = {}  # tag -> live
+        self._by_req: dict[str, Xfer] = {}  # req -> its load or save
         self._next_tag = 1
+        self._bound: Any = None  # the metadata this step was set up from
         self._saves: list[Xfer] = []  # P: this step's
         self._step_layers = 0  # layers queued for each of them
         self._burst = _LayerBurst.make(self.client) if producer else None
         self._saved_layers: set[int] = set()
         self._cuda_pending: list[tuple[int, Any]] = []
+        # reports: P saves ended (sent once vLLM finished the request), D
+        # loads ended (with the failed ones apart), and requests vLLM
+        # finished whose save still runs
         self._send_done: set[str] = set()
         self._recv_done: set[str] = set()
+        self._recv_failed: set[str] = set()
         self._finished_seen: set[str] = set()
         self._load_errors: set[int] = set()
         self.broker_gone = ""
         self._probed = 0.0
         self.stats = {"opened": 0, "ok": 0, "failed": 0, "aborted": 0,
-                      "layer_errors": 0, "open_errors": 0}
+                      "layer_errors": 0, "open_errors": 0, "released": 0}
 
     # --- registration ---
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         names = list(kv_caches)
-        nums = [_LAYER_RE.search(n) for n in names]
-        if all(nums):
+        if all(_LAYER_RE.search(n) for n in names):
             names.sort(key=lambda n: int(_LAYER_RE.search(n).group(1)))
+        if not names:
+            raise LayoutError("register_kv_caches: no KV cache tensors")
+        if all(len(kv_caches[n].shape) == 4 for n in names):
+            self._register_views(names, kv_caches)
+        else:
+            self._register_5d(names, kv_caches)
+        heads = {lay.kv_heads for lay in self.layouts}
+        if len(heads) != 1:
+            raise LayoutError("layers hold different numbers of KV heads "
+                              "(%s): not supported" % sorted(heads))
+        self.local_heads = heads.pop()
+        self.hnd = any(lay.hnd for lay in self.layouts)
+        self.kv_form = self.layouts[0].name
+        log.info("KVBrokerConnector: %s rank dp %d tp %d/%d: %d layers "
+                 "registered as %d broker layers (%s, %d heads)",
+                 "P" if self.producer else "D", self.dp_rank, self.tp_rank,
+                 self.tp_size, len(self.layer_of), len(self.layouts),
+                 self.kv_form, self.local_heads)
+
+    def _add_layer(self, names: list[str], t: Any, ptr: int,
+                   lay: LayerLayout) -> int:
+        layer = len(self.layouts)
+        region = self._region_of(names[0], t, ptr, lay.nbytes, layer)
+        geom = self._kvb.KVGeometry(
+            layout=lay.layout, num_blocks=lay.num_blocks,
+            block_size=lay.block_size, num_heads=lay.num_heads,
+            head_dim=lay.head_dim, elem_size=lay.elem_size)
+        self.client.set_kv(region, layer, geom)
+        for n in names:
+            self.layer_of[n] = layer
+        self.layouts.append(lay)
+        self.regions.append(region)
+        return layer
+
+    def _register_5d(self, names: list[str], kv_caches: dict) -> None:
+        """vLLM <= 0.28: one tensor per layer, the backend's 5-D shape."""
         by_ptr: dict[int, int] = {}
         for name in names:
             t = kv_caches[name]
@@ -147,34 +200,59 @@ class BrokerWorker:
             if ptr in by_ptr:  # layers sharing one KV tensor
                 self.layer_of[name] = by_ptr[ptr]
                 continue
-            layer = len(self.layouts)
             lay = derive(t.shape, t.stride(), t.element_size(),
                          "layer %s" % name)
-            region = self._region_of(name, t, lay, layer)
-            geom = self._kvb.KVGeometry(
-                layout=lay.layout, num_blocks=lay.num_blocks,
-                block_size=lay.block_size, num_heads=lay.num_heads,
-                head_dim=lay.head_dim, elem_size=lay.elem_size)
-            self.client.set_kv(region, layer, geom)
-            by_ptr[ptr] = layer
-            self.layer_of[name] = layer
-            self.layouts.append(lay)
-            self.regions.append(region)
-        if not self.layouts:
-            raise LayoutError("register_kv_caches: no KV cache tensors")
-        heads = {lay.num_heads for lay in self.layouts}
-        if len(heads) != 1:
-            raise LayoutError("layers hold different numbers of KV heads "
-                              "(%s): not supported" % sorted(heads))
-        self.local_heads = heads.pop()
-        self.hnd = any(lay.hnd for lay in self.layouts)
-        log.info("KVBrokerConnector: %s rank dp %d tp %d/%d: %d layers "
-                 "registered (%s, %d heads)", "P" if self.producer else "D",
-                 self.dp_rank, self.tp_rank, self.tp_size, len(self.layouts),
-                 self.layouts[0].name, self.local_heads)
+            by_ptr[ptr] = self._add_layer([name], t, ptr, lay)
 
-    def _region_of(self, name: str, t: Any, lay: LayerLayout, layer: int):
-        ptr, size = int(t.data_ptr()), lay.nbytes
+    def _register_views(self, names: list[str], kv_caches: dict) -> None:
+        """vLLM >= 0.29: per-layer [B, H, N, C] views over one buffer.
+        Layer-major layouts (LBNHC, LBHNC: a layer's blocks are dense
+        pages) give one broker layer per vLLM layer; block-major ones
+        (BLNHC, BLHNC: each block row holds every layer's page) one broker
+        layer for the whole row, queued in wait_for_save."""
+        if self.block_size <= 0:
+            raise LayoutError("cache_config.block_size is unknown: the "
+                              "views' kernel blocks cannot be grouped")
+        form = str(getattr(getattr(self.vllm_config, "cache_config", None),
+                           "kv_cache_layout", "") or "")
+        infos: list[tuple[str, Any, int, ViewInfo]] = []
+        for name in names:
+            t = kv_caches[name]
+            infos.append((name, t, int(t.data_ptr()), derive_view(
+                t.shape, t.stride(), t.element_size(), self.block_size,
+                "layer %s" % name)))
+        seen: dict[int, int] = {}
+        i = 0
+        while i < len(infos):
+            name, t, ptr, v = infos[i]
+            if ptr in seen:  # layers sharing one view
+                self.layer_of[name] = seen[ptr]
+                i += 1
+                continue
+            if v.block_stride == v.page or v.num_blocks == 1:
+                seen[ptr] = self._add_layer(
+                    [name], t, ptr, view_layout(v, 1, form))
+                i += 1
+                continue
+            k = v.block_stride // v.page
+            group = infos[i:i + k]
+            if v.block_stride % v.page or v.ratio != 1 or len(group) != k or \
+                    any(g[3] != v or g[2] != ptr + j * v.page
+                        for j, g in enumerate(group)):
+                raise LayoutError(
+                    "layer %s: blocks %d bytes apart, pages of %d bytes: "
+                    "not the block-major layout of %d consecutive layers "
+                    "(set VLLM_KV_CACHE_LAYOUT=LBNHC)" %
+                    (name, v.block_stride, v.page, k))
+            layer = self._add_layer([g[0] for g in group], t, ptr,
+                                    view_layout(v, k, form))
+            self._row_layers.add(layer)
+            for g in group:
+                seen[g[2]] = layer
+            i += k
+
+    def _region_of(self, name: str, t: Any, ptr: int, size: int,
+                   layer: int):
         if t.device.type == "cuda":
             self.cuda = True
             dev = t.device.index if t.device.index is not None else 0
@@ -195,11 +273,11 @@ class BrokerWorker:
                 "broker maps (%s): allocate it with kvbroker.Client.alloc() "
                 "and wrap it with Region.as_torch(), or use CUDA tensors"
                 % (name, ptr, size, why))
-        if int(region.addr) != ptr:
-            raise LayoutError(
-                "layer %s: the tensor starts %d bytes into its broker region;"
-                " the broker's geometry starts at the region's first byte"
-                % (name, ptr - int(region.addr)))
+        if int(region.addr) != ptr or int(region.size) != size:
+            # the layer is a part of a larger allocation (vLLM >= 0.29: one
+            # buffer for every layer): a region over just its bytes
+            region = self.client.alias(region, ptr - int(region.addr), size,
+                                       REGION_FLAGS, layer)
         return region
 
     # --- heads on the other side (heterogeneous TP) ---
@@ -216,7 +294,8 @@ class BrokerWorker:
             total = self.local_heads * self.tp_size
         return max(1, total // remote_tp)
 
-    def _check_heads(self, m: ReqMeta) -> str:
+    def _check(self, m: ReqMeta) -> str:
+        """Why this transfer cannot be made, or ''."""
         rtp = m.remote_tp_size or self.tp_size
         rh = self.remote_heads(rtp)
         if rh == self.local_heads:
@@ -232,80 +311,80 @@ class BrokerWorker:
                     (rtp, self.tp_size, rh, self.local_heads))
         return ""
 
-    # --- peers and opening ---
+    # --- opening ---
 
-    def _peer(self, host: str, port: int, refresh: bool = False) -> int:
-        """The broker's peer number for host:port. A handshake blocks (up
-        to 3 s when nobody answers), so one that failed is not tried again
-        for PEER_RETRY_S: the requests naming that peer fail at once."""
-        key = (host, port)
-        if not refresh and key in self._peers:
-            return self._peers[key]
-        failed = self._peer_failed.get(key)
-        if failed and time.monotonic() < failed[0]:
-            raise self._kvb.Error(failed[1], "%s (%.1f s ago; not retried "
-                                  "yet)" % (failed[2], time.monotonic() -
-                                            failed[0] + PEER_RETRY_S),
-                                  "kvb_peer_connect")
-        try:
-            self._peers[key] = self.client.peer_connect(host, port)
-        except self._kvb.Error as e:
-            self._peer_failed[key] = (time.monotonic() + PEER_RETRY_S,
-                                      _errno(e), e.strerror)
-            raise
-        self._peer_failed.pop(key, None)
-        return self._peers[key]
-
-    def _new_xfer(self, m: ReqMeta, load: bool) -> Xfer:
-        x = Xfer(meta=m, load=load, tag=self._next_tag,
+    def _new_xfer(self, m: ReqMeta, kind: str) -> Xfer:
+        x = Xfer(meta=m, kind=kind, tag=self._next_tag,
                  deadline=time.monotonic() + self.cfg.transfer_timeout_s)
         self._next_tag += 1
-        old = self._by_req.get(m.req_id)
-        if old is not None and not old.done:
-            self._end(old, -errno.ECANCELED, "replaced by a new transfer")
         self._xfers[x.tag] = x
-        self._by_req[m.req_id] = x
+        if kind != RELEASE:
+            old = self._by_req.get(m.req_id)
+            if old is not None and not old.done:
+                self._end(old, -errno.ECANCELED, "replaced by a new transfer")
+            self._by_req[m.req_id] = x
         return x
 
-    def _open(self, m: ReqMeta, load: bool) -> Xfer:
-        x = self._new_xfer(m, load)
-        why = self._check_heads(m)
-        if why:
-            self._end(x, -errno.EINVAL, why)
-            return x
-        if not m.block_ids:
-            self._end(x, -errno.EINVAL, "no blocks")
-            return x
-        kw = dict(mode="write", blocks=m.block_ids)
-        if load:
-            kw["remote_dp_rank"] = m.remote_dp_rank
-        for attempt in (0, 1):
-            try:
-                peer = self._peer(m.host, m.port, refresh=attempt > 0)
-            except self._kvb.Error as e:
-                self._fail_open(x, e, "handshake with %s:%d" % (m.host,
-                                                              m.port))
-                return x
-            try:
-                x.handle = self.client.open_remote(m.transfer_id, peer, **kw)
-                break
-            except self._kvb.Error as e:
-                if attempt == 0 and _errno(e) in (errno.EHOSTUNREACH,
-                                                  errno.ENOENT):
-                    continue  # peer unknown or restarted: handshake again
-                self._fail_open(x, e, "open")
-                return x
-        self.stats["opened"] += 1
-        if load:
-            self._control(x, "seal", self.client.seal, x.handle,
-                          self._write_dones(m), x.tag)
-        return x
+    def _open_all(self, todo: list[tuple[ReqMeta, str]]) -> list[Xfer]:
+        """Open the step's transfers in one round trip; the ones that could
+        not open are ended (reported like any failed transfer). A load
+        refused here still releases P's blocks (a release-only open)."""
+        xs, entries, live = [], [], []
 
-    def _fail_open(self, x: Xfer, e: BaseException, what: str) -> None:
-        self.stats["open_errors"] += 1
-        if _errno(e) == errno.EPIPE:
-            self._broker_died(str(e))
-        self._end(x, -_errno(e), "%s: %s" % (what, e))
+        def add(m: ReqMeta, kind: str) -> None:
+            x = self._new_xfer(m, kind)
+            xs.append(x)
+            if self.broker_gone:
+                self._end(x, -errno.EPIPE, self.broker_gone)
+                return
+            why = "" if kind == RELEASE else self._check(m)
+            if not why and kind != RELEASE and not m.block_ids:
+                why = "no blocks"
+            if why:
+                self._end(x, -errno.EINVAL, why)
+                if kind == LOAD:
+                    add(m, RELEASE)
+                return
+            e = {"transfer_id": m.transfer_id, "host": m.host,
+                 "port": m.port}
+            if kind == RELEASE:
+                e["release_only"] = True
+            else:
+                e["blocks"] = m.block_ids
+            if kind != SAVE:
+                e["remote_dp_rank"] = m.remote_dp_rank
+            entries.append(e)
+            live.append(x)
+
+        for m, kind in todo:
+            add(m, kind)
+        max_n = getattr(self._kvb, "REMOTE_OPEN_BATCH_MAX", 1024)
+        for i in range(0, len(entries), max_n):
+            part, px = entries[i:i + max_n], live[i:i + max_n]
+            try:
+                res = self.client.open_remote_batch(part)
+            except self._kvb.Error as e:
+                if _errno(e) == errno.EPIPE:
+                    self._broker_died(str(e))
+                for x in px:
+                    self.stats["open_errors"] += 1
+                    self._end(x, -_errno(e), "open: %s" % e)
+                continue
+            for x, (st, h) in zip(px, res):
+                if st:
+                    self.stats["open_errors"] += 1
+                    self._end(x, int(st), "open: %s" % self._strerror(st))
+                    continue
+                x.handle = int(h)
+                self.stats["opened"] += 1
+                if x.kind == LOAD:
+                    self._control(x, "seal", self.client.seal, x.handle,
+                                  self._write_dones(x.meta), x.tag)
+                elif x.kind == RELEASE:
+                    self.stats["released"] += 1
+                    self._control(x, "seal", self.client.seal, x.handle, 0,
+                                  x.tag)
+        return xs
 
     def _write_dones(self, m: ReqMeta) -> int:
         """D: write_done messages to wait for (several when P's ranks each
@@ -317,48 +396,73 @@ class BrokerWorker:
 
     # --- per step ---
 
-    def start_load_kv(self, meta: Any) -> None:
-        if meta is None:
+    def bind(self, meta: Any) -> None:
+        """The step's set-up, once per metadata object: P opens this step's
+        saves (the forward's layer hooks queue their layers), D opens its
+        loads and releases, both abort the dropped requests' transfers."""
+        if meta is None or meta is self._bound:
             return
+        self._bound = meta
         self._saves = []
         self._saved_layers = set()
         self._step_layers = 0
-        if self.broker_gone:
-            for m in meta.reqs_to_save + meta.reqs_to_load:
-                self._end(self._new_xfer(m, not self.producer), -errno.EPIPE,
-                          self.broker_gone)
-        else:
-            for m in meta.reqs_to_load:
-                self._open(m, load=True)
-            for m in meta.reqs_to_save:
-                x = self._open(m, load=False)
-                if not x.done:
+        self._cuda_pending = []
+        todo = [(m, LOAD) for m in getattr(meta, "reqs_to_load", ())]
+        todo += [(m, RELEASE) for m in getattr(meta, "reqs_to_release", ())]
+        todo += [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
+        if todo:
+            for x in self._open_all(todo):
+                if x.kind == SAVE and not x.done:
                     self._saves.append(x)
             if self._burst is not None:
                 self._burst.prepare(self._saves)
-        for rid in meta.reqs_to_abort:  # after the opens of the same step
+        for rid in getattr(meta, "reqs_to_abort", ()):  # after the opens
             self._abort_req(rid)
+        if not todo:
+            self._reap_cheap()
+
+    def handle_preemptions(self, meta: Any) -> None:
+        """P: a preempted request's blocks go back to vLLM's pool and may be
+        written by the next forward, so a save still reading them is
+        aborted, and waited for (PREEMPT_WAIT_S at most) before vLLM goes on:
+        no byte of another request leaves in its name."""
+        ids = getattr(meta, "preempted", None)
+        if not ids:
+            return
+        waiting = []
+        for rid in ids:
+            x = self._by_req.get(rid)
+            if x is None or x.done or x.kind != SAVE:
+                continue
+            self._abort_req(rid)
+            waiting.append(x)
+        end = time.monotonic() + PREEMPT_WAIT_S
+        while any(not x.done for x in waiting) and time.monotonic() < end:
+            self._reap(wait_ms=5)
+        for x in waiting:
+            if not x.done:
+                log.warning("KVBrokerConnector: request %s preempted: its "
+                            "save did not end in %.0f s", x.meta.req_id,
+                            PREEMPT_WAIT_S)
 
     def _abort_req(self, rid: str) -> None:
-        """The scheduler dropped the request and waits for it in
-        finished_sending. P: abort the transfer. D: P may be writing into
-        its blocks, so they are given back only when the transfer ends
-        (write_done, a failure or the deadline), not at once."""
+        """The scheduler dropped the request. Its transfer is aborted; the
+        request is reported when the transfer ended (the broker completes
+        an abort only once no byte of it can land any more)."""
         x = self._by_req.get(rid)
-        if x is None or x.done:  # already ended (or never opened)
-            self._send_done.add(rid)
+        if x is None or x.done or x.aborted:
             return
         x.aborted = True
         self.stats["aborted"] += 1
-        if not x.load:
-            self._control(x, "abort", self.client.abort, x.handle, x.tag)
+        self._control(x, "abort", self.client.abort, x.handle, x.tag)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any) -> None:
         saves = self._saves
         if not saves:
             return
         layer = self.layer_of.get(layer_name)
-        if layer is None or layer in self._saved_layers:
+        if layer is None or layer in self._saved_layers or \
+                layer in self._row_layers:
             return
         self._saved_layers.add(layer)
         if self.cuda:  # the layer's kernels may still run: later
@@ -429,29 +533,48 @@ class BrokerWorker:
             self._submit(self._saves, self._cuda_pending.pop(0)[0])
 
     def wait_for_save(self) -> None:
-        for layer, ev in self._cuda_pending:
-            ev.synchronize()
-            self._submit(self._saves, layer)
-        self._cuda_pending = []
+        """Once per step (empty steps too from vLLM 0.30): a no-op without
+        saves. Otherwise the layers no hook queued (a full CUDA graph skips
+        the hooks; block-major views are queued here) go now, the forward
+        being over, then every save of the step is sealed."""
+        if not self._saves:
+            return
+        if self._cuda_pending or (self.cuda and
+                                  len(self._saved_layers) < len(self.layouts)):
+            import torch
+
+            for layer, ev in self._cuda_pending:
+                ev.synchronize()
+                self._submit(self._saves, layer)
+            self._cuda_pending = []
+            torch.cuda.current_stream().synchronize()
+        for layer in range(len(self.layouts)):
+            if layer not in self._saved_layers:
+                self._saved_layers.add(layer)
+                self._submit(self._saves, layer)
         for x in self._saves:
-            if x.done:
-                continue
-            if self._step_layers == 0:
-                self._abort_req(x.meta.req_id)
-                continue
-            self._control(x, "seal", self.client.seal, x.handle,
-                          self._step_layers, x.tag)
+            if not x.done:
+                self._control(x, "seal", self.client.seal, x.handle,
+                              self._step_layers, x.tag)
         self._saves = []
         self._step_layers = 0
 
     # --- completions ---
 
-    def _reap(self) -> None:
+    def _reap_cheap(self) -> None:
+        if self._xfers:
+            self._reap()
+
+    def _reap(self, wait_ms: int = 0) -> None:
         if self.broker_gone:
             return
         while True:
             try:
-                comps = self.client.poll(256)
+                if wait_ms:
+                    comps = self.client.wait(256, timeout_ms=wait_ms)
+                    wait_ms = 0
+                else:
+                    comps = self.client.poll(256)
                 now = time.monotonic()
                 if not comps and self._xfers and \
                         now - self._probed > LIVENESS_S:
@@ -516,9 +639,11 @@ class BrokerWorker:
             return
         x.done, x.status = True, status
         self._xfers.pop(x.tag, None)
-        if self._by_req.get(x.meta.req_id) is x:
-            del self._by_req[x.meta.req_id]
         rid = x.meta.req_id
+        if x.kind == RELEASE:
+            return  # P frees its blocks; vLLM waits for nothing here
+        if self._by_req.get(rid) is x:
+            del self._by_req[rid]
         if status == 0:
             self.stats["ok"] += 1
         else:
@@ -527,26 +652,33 @@ class BrokerWorker:
                 x.why.append(why)
             lvl = logging.INFO if x.aborted else logging.WARNING
             log.log(lvl, "KVBrokerConnector: request %s (transfer %s) %s: "
-                    "%s%s", rid, x.meta.transfer_id,
-                    "load" if x.load else "save", self._strerror(status),
+                    "%s%s", rid, x.meta.transfer_id, x.kind,
+                    self._strerror(status),
                     (" (" + "; ".join(x.why[:3]) + ")") if x.why else "")
-        if not x.load or x.aborted:
-            self._send_done.add(rid)  # P: blocks free; D: aborted
+        if x.kind == SAVE:
+            self._send_done.add(rid)  # P: its blocks may be freed
             return
-        self._recv_done.add(rid)
-        if status:
+        self._recv_done.add(rid)  # D: reported once, failed or not
+        if status and not x.aborted:
+            self._recv_failed.add(rid)
             self._load_errors.update(x.meta.block_ids)
 
-    def get_finished(self, finished_req_ids: set[str]):
-        self._reap()
+    def results(self, finished_req_ids: Any) -> tuple[set, set, set]:
+        """(finished_sending, finished_recving, failed_recving), each id
+        once. P: a save is reported once it ended and vLLM finished its
+        request (finished_req_ids of this or an earlier step). D: a load
+        once it ended, done or failed (failed ones in both sets)."""
+        self._reap_cheap()
         for rid in finished_req_ids or ():  # only ours: the set stays small
-            if rid in self._by_req or rid in self._send_done:
+            x = self._by_req.get(rid)
+            if (x is not None and x.kind == SAVE) or rid in self._send_done:
                 self._finished_seen.add(rid)
         sending = self._send_done & self._finished_seen
         self._send_done -= sending
         self._finished_seen -= sending
         recving, self._recv_done = self._recv_done, set()
-        return sending or None, recving or None
+        failed, self._recv_failed = self._recv_failed, set()
+        return sending, recving, failed
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errs, self._load_errors = self._load_errors, set()

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compat import KVConnectorBase_V1, KVConnectorRole
+from ._compat import (KVConnectorBase_V1, KVConnectorRole,
+                      KVConnectorTransferResults)
 from ._params import Config, ParamsError
 from ._scheduler import BrokerScheduler, KVBrokerMetadata
 
@@ -100,10 +101,23 @@ class KVBrokerConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, Any]):
         self._worker.register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        # called before the forward in every vLLM version (start_load_kv
+        # runs after it from 0.29): the step's transfers open here
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, KVBrokerMetadata):
+            self._worker.bind(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if isinstance(kv_connector_metadata, KVBrokerMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        # the loads opened at bind; a binder that skipped
+        # bind_connector_metadata still gets them here
         meta = self._connector_metadata
         if isinstance(meta, KVBrokerMetadata):
-            self._worker.start_load_kv(meta)
+            self._worker.bind(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # WRITE mode loads between steps (get_num_new_matched_tokens says
@@ -118,7 +132,16 @@ class KVBrokerConnector(KVConnectorBase_V1):
         self._worker.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]):
-        return self._worker.get_finished(finished_req_ids)
+        sending, recving, _ = self._worker.results(finished_req_ids)
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        sending, recving, failed = self._worker.results(finished_req_ids)
+        if KVConnectorTransferResults is None:  # a vLLM without it
+            return sending or None, recving or None
+        return KVConnectorTransferResults(finished_sending=sending,
+                                          finished_recving=recving,
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
@@ -140,6 +163,7 @@ class KVBrokerConnector(KVConnectorBase_V1):
         transfers opened / ok / failed / aborted)."""
         if self._sched is not None:
             return {"bad_params": self._sched.bad_params,
+                    "duplicate_ids": self._sched.duplicate_ids,
                     "sending": len(self._sched._sending),
                     "loading": len(self._sched._loading)}
         d = dict(self._worker.stats)
