@@ -4,12 +4,18 @@
 
 A P worker connector (32 layers of KV cache in broker memory) saves
 `--requests` requests of `--blocks` blocks each per step, as vLLM calls it:
-start_load_kv (opens the step's transfers), save_kv_layer once per layer
-(timed: one layer op per request goes into the submission ring; no copy),
-wait_for_save (seals). The broker is real; its peer is a second broker on
-loopback that no D worker announces to, so the layer ops wait in P's broker
-(deferred, --defer-timeout 300) and are aborted after each step: what is
-measured is the Python side, not the network.
+bind_connector_metadata (opens the step's transfers, one round trip),
+start_load_kv (nothing left to do for P), save_kv_layer once per layer (one
+layer op per request goes into the submission ring; no copy), wait_for_save
+(seals). Each call is timed. The broker is real; its peer is a second
+broker on loopback that no D worker announces to, so the layer ops wait in
+P's broker (deferred, --defer-timeout 300) and are aborted after each step:
+what is measured is the Python side, not the network. An empty step (bind,
+start_load_kv, wait_for_save with nothing to do) is timed too.
+
+Then a D worker connector loads `--requests` requests per step from a P
+broker that does not answer (127.0.0.3, nobody listening): its
+bind_connector_metadata + start_load_kv must not wait for the handshake.
 
     bench/python/save_kv_layer_bench.py [--build build] [--steps 30]
         [--requests 64] [--blocks 16] [--json out.json] [--md out.md]
@@ -58,6 +64,54 @@ def pct(v, q):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
+def d_loads_from_dead_peer(a, sock, vd, Connector, Role, torch, kvbroker):
+    """D: --requests loads per step from 127.0.0.3:16399 (no broker there)
+    for 5 steps; the time bind_connector_metadata + start_load_kv take, and
+    when the last load was reported (failed: the handshake gets no answer)."""
+    extra = {"broker_socket": sock, "host_ip": "127.0.0.1",
+             "handshake_port": 16331, "notify_port": 16340,
+             "transfer_timeout_s": 300}
+    cfg = vd.make_config("kv_consumer", extra)
+    w = Connector(cfg, Role.WORKER, None)
+    s = Connector(cfg, Role.SCHEDULER, None)
+    nb = a.requests * 4
+    r = w.broker_client.alloc(2 * nb * 16 * 64 * 2, kvbroker.MEM_REMOTE_WRITE)
+    w.register_kv_caches({"model.layers.0.attn": r.as_torch(
+        torch.int16, (2, nb, 16, 1, 64))})
+    times, want, got = [], set(), set()
+    t_start = time.monotonic()
+    for step in range(5):
+        for i in range(a.requests):
+            rid = "d%d-r%d" % (step, i)
+            req = vd.Request(rid, 64, {
+                "do_remote_prefill": True, "transfer_id": "tx-" + rid,
+                "remote_host": "127.0.0.3", "remote_handshake_port": 16399})
+            s.get_num_new_matched_tokens(req, 0)
+            s.update_state_after_alloc(req, vd.KVCacheBlocks(
+                list(range(i * 4, i * 4 + 4))), 64)
+            want.add(rid)
+        meta = s.build_connector_meta(vd.SchedulerOutput())
+        t0 = time.perf_counter()
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        times.append(time.perf_counter() - t0)
+        _, recv = w.get_finished(set())
+        got |= recv or set()
+        w.clear_connector_metadata()
+    end = time.monotonic() + 30
+    while got != want and time.monotonic() < end:
+        _, recv = w.get_finished(set())
+        got |= recv or set()
+        time.sleep(0.005)
+    assert got == want, "%d of %d loads reported" % (len(got), len(want))
+    errs = w.get_block_ids_with_load_errors()
+    assert errs, "the failed loads' blocks are not load errors"
+    took = time.monotonic() - t_start
+    w.shutdown()
+    return {"open_ms_p50": pct(times, 0.5) * 1000,
+            "open_ms_max": max(times) * 1000, "all_failed_s": took}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -104,7 +158,7 @@ def main():
         if a.no_burst:
             w._worker._burst = None
         names = list(kv)
-        per_call, opens = [], []
+        per_call, opens, starts, waits, empty = [], [], [], [], []
         for step in range(a.steps):
             reqs = []
             for i in range(a.requests):
@@ -118,16 +172,27 @@ def main():
                 reqs.append(r)
             meta = s.build_connector_meta(vd.SchedulerOutput(
                 {r.request_id: r.num_prompt_tokens for r in reqs}))
+            t0 = time.perf_counter()
             w.bind_connector_metadata(meta)
+            opens.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             w.start_load_kv(None)
-            opens.append(time.perf_counter() - t0)
+            starts.append(time.perf_counter() - t0)
             for name in names:
                 t0 = time.perf_counter_ns()
                 w.save_kv_layer(name, kv[name], None)
                 per_call.append((time.perf_counter_ns() - t0) / 1000.0)
+            t0 = time.perf_counter()
+            w.wait_for_save()
+            waits.append(time.perf_counter() - t0)
+            w.clear_connector_metadata()
+            t0 = time.perf_counter()  # an empty step
+            w.bind_connector_metadata(s.build_connector_meta(
+                vd.SchedulerOutput()))
+            w.start_load_kv(None)
             w.wait_for_save()
             w.clear_connector_metadata()
+            empty.append(time.perf_counter() - t0)
             for r in reqs:  # end them: aborted by the scheduler
                 r.status = vd.RequestStatus.FINISHED_ABORTED
                 s.request_finished(r, [])
@@ -145,6 +210,8 @@ def main():
         st = w.connector_stats()
         assert st["failed"] == st["aborted"] == a.steps * a.requests, st
         warm = per_call[len(names):]  # the first step warms caches up
+        dead = d_loads_from_dead_peer(a, sock_a, vd, KVBrokerConnector,
+                                      KVConnectorRole, torch, kvbroker)
         res = {
             "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
             "requests": a.requests, "blocks": a.blocks, "layers": a.layers,
@@ -152,7 +219,11 @@ def main():
             "save_kv_layer_us": {"min": min(warm), "p50": pct(warm, 0.5),
                                  "p99": pct(warm, 0.99)},
             "per_request_us_p50": pct(warm, 0.5) / a.requests,
-            "start_load_kv_ms_p50": pct(opens, 0.5) * 1000,
+            "bind_ms_p50": pct(opens[1:], 0.5) * 1000,
+            "start_load_kv_ms_p50": pct(starts[1:], 0.5) * 1000,
+            "wait_for_save_ms_p50": pct(waits[1:], 0.5) * 1000,
+            "empty_step_ms_p50": pct(empty[1:], 0.5) * 1000,
+            "d_dead_peer": dead,
             "goal_us": GOAL_US, "python": sys.version.split()[0],
             "burst": not a.no_burst,
             "cpus": os.cpu_count(),
@@ -165,13 +236,21 @@ def main():
     us = res["save_kv_layer_us"]
     line = ("%ssave_kv_layer, %d requests x %d blocks, %d layers x %d steps: "
             "min %.1f us, p50 %.1f us, p99 %.1f us per call (%.2f us per "
-            "request); start_load_kv (opens %d transfers) p50 %.1f ms; goal "
-            "%.0f us: %s" % ("[--no-burst] " if a.no_burst else "",
-                             a.requests, a.blocks, a.layers, a.steps,
-                             us["min"], us["p50"], us["p99"],
-                             res["per_request_us_p50"], a.requests,
-                             res["start_load_kv_ms_p50"], GOAL_US,
-                             "met" if us["p50"] <= GOAL_US else "MISSED"))
+            "request); goal %.0f us: %s\n"
+            "P, per step of %d saves, p50: bind_connector_metadata (opens) "
+            "%.3f ms, start_load_kv %.3f ms, wait_for_save (seals) %.3f ms; "
+            "an empty step %.3f ms\n"
+            "D, per step of %d loads from a P broker that does not answer, "
+            "p50: bind_connector_metadata + start_load_kv %.3f ms (max "
+            "%.3f); every load reported failed after %.2f s" % (
+                "[--no-burst] " if a.no_burst else "", a.requests, a.blocks,
+                a.layers, a.steps, us["min"], us["p50"], us["p99"],
+                res["per_request_us_p50"], GOAL_US,
+                "met" if us["p50"] <= GOAL_US else "MISSED", a.requests,
+                res["bind_ms_p50"], res["start_load_kv_ms_p50"],
+                res["wait_for_save_ms_p50"], res["empty_step_ms_p50"],
+                a.requests, dead["open_ms_p50"], dead["open_ms_max"],
+                dead["all_failed_s"]))
     print(line)
     if a.json:
         with open(a.json, "w") as f:
@@ -179,13 +258,18 @@ def main():
     if a.md:
         with open(a.md, "w") as f:
             f.write("| date | requests x blocks | save_kv_layer min / p50 / "
-                    "p99 (us) | per request (us) | start_load_kv p50 (ms) "
-                    "|\n|---|---|---|---|---|\n| %s%s | %d x %d | %.1f / "
-                    "%.1f / %.1f | %.2f | %.1f |\n" % (
+                    "p99 (us) | P bind / start_load_kv / wait_for_save / "
+                    "empty step p50 (ms) | D bind + start_load_kv, dead "
+                    "peer, p50 / max (ms) |\n|---|---|---|---|---|\n"
+                    "| %s%s | %d x %d | %.1f / %.1f / %.1f | %.3f / %.3f / "
+                    "%.3f / %.3f | %.3f / %.3f |\n" % (
                         res["date"], " (--no-burst)" if a.no_burst else "",
-                        a.requests, a.blocks, us["min"],
-                        us["p50"], us["p99"], res["per_request_us_p50"],
-                        res["start_load_kv_ms_p50"]))
+                        a.requests, a.blocks, us["min"], us["p50"],
+                        us["p99"], res["bind_ms_p50"],
+                        res["start_load_kv_ms_p50"],
+                        res["wait_for_save_ms_p50"],
+                        res["empty_step_ms_p50"], dead["open_ms_p50"],
+                        dead["open_ms_max"]))
     return 0
 
 

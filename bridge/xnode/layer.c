@@ -69,11 +69,16 @@ static void group_free(struct kvb_xn *xn, uint32_t gi)
 
 /* A completion status that says the peer (or what we know of it) changed:
  * connection errors, and remote access errors (a region deregistered or
- * replaced there: our descriptor is stale; on rdma the QPs were reset). */
+ * replaced there: our descriptor is stale; on rdma the QPs were reset).
+ * Not -ECANCELED: that is an op this broker took back itself (a transfer
+ * aborted or failed: its queued ops dropped; the ops after a broken queue
+ * pair's first error, which carries the real status). Taking it for a
+ * connection error made one aborted transfer fail every other transfer
+ * queued to the same peer. */
 static int conn_error(int status)
 {
 	return status == -EACCES || status == -EREMOTEIO || status == -EIO ||
-	       status == -ECANCELED || status == -ECONNRESET ||
+	       status == -ECONNRESET ||
 	       status == -ECONNREFUSED || status == -ECONNABORTED ||
 	       status == -ETIMEDOUT || status == -EPIPE ||
 	       status == -ENOTCONN || status == -EHOSTUNREACH ||
@@ -388,6 +393,22 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 		return -1;
 	}
 	rc = kvb_xn_compute_targets(b, w, o->p, o->rx);
+	if (rc && (!o->rx->refreshed || o->p->stale ||
+		   o->p->state == PEER_HS)) {
+		/* the peer's workers may have attached after our handshake
+		 * (a batched open uses the descriptor it finds): ask again
+		 * once; this and the transfer's next layer ops wait for the
+		 * answer */
+		if (!o->rx->refreshed) {
+			o->rx->refreshed = 1;
+			o->p->stale = 1;
+		}
+		if (defer_layer(b, o->rx, o->layer, o->tag, o->flags) == 0) {
+			if (o->p->state != PEER_HS)
+				kvb_xn_peer_start_hs(b, o->p);
+			return 1;
+		}
+	}
 	if (rc) {
 		fail_layer(b, o->x, o->tag, rc,
 			   "the peer has no workers of that DP rank with a "
@@ -411,7 +432,11 @@ static int layer_refresh(struct kvb_broker *b, struct layer_op *o)
 			rx->role == KVB_ROLE_P ? KVB_HS_ROLE_D : KVB_HS_ROLE_P,
 			rx->remote_dp, rx->targets[t]);
 
-		if ((hw && desc_layer(hw, o->layer)) || rx->refreshed)
+		if (hw && desc_layer(hw, o->layer))
+			continue;
+		/* once per transfer; its later layer ops wait for that
+		 * answer too */
+		if (rx->refreshed && !p->stale && p->state != PEER_HS)
 			continue;
 		rx->refreshed = 1;
 		p->stale = 1;

@@ -467,3 +467,16 @@ def test_p_abort_ends_the_save(broker_factory):
     assert (st["aborted"], st["failed"], st["live"]) == (1, 1, 0)
     assert st["layer_errors"] <= 2  # its held layer ops fail with it
     c.shutdown()
+
+
+def test_required_layout_in_the_asking_vllms_words():
+    """vLLM >= 0.29 names layouts LBNHC..., earlier ones NHD / HND: the
+    connector asks for the head-splittable one in the vocabulary it meets
+    (without vLLM installed: the cache_config's own layout name tells)."""
+    from types import SimpleNamespace as NS
+
+    new = NS(cache_config=NS(kv_cache_layout="BLNHC"))
+    old = NS(cache_config=NS(kv_cache_layout="HND"))
+    assert KVBrokerConnector.get_required_kvcache_layout(new) == "LBNHC"
+    assert KVBrokerConnector.get_required_kvcache_layout(old) == "NHD"
+    assert KVBrokerConnector.get_required_kvcache_layout(NS()) == "NHD"

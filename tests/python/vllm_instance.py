@@ -203,7 +203,7 @@ class Engine:
             self._recv(pipe)
         self.res = collections.defaultdict(list)
         for k in ("sent", "not_sent", "ok", "bad", "local", "load_error",
-                  "load_error_t", "aborted", "abort_not_delayed",
+                  "load_error_t", "aborted", "abort_delayed",
                   "recv_after_abort", "delay_after_load", "unfinished"):
             self.res[k] = []
         self.finished_prev: set[str] = set()
@@ -401,21 +401,23 @@ def run_d(e: Engine, a):
             r.status = vd.RequestStatus.WAITING_FOR_REMOTE_KVS
             new.append(rid)
             if i in a.abort:  # the client goes away before it runs
+                # vLLM holds a request dropped in WAITING_FOR_REMOTE_KVS
+                # until finished_recving names it (its own delay_free):
+                # a connector asking for a delay of its own is wrong
                 delay, _ = e.finish(rid, vd.RequestStatus.FINISHED_ABORTED)
                 if delay:
-                    aborting.add(rid)
-                else:
-                    e.res["abort_not_delayed"].append(rid)
-                    e.release(rid)
+                    e.res["abort_delayed"].append(rid)
+                aborting.add(rid)
             else:
                 loading.add(rid)
         _, done_recv = e.run_step(new)
-        done_send = set(r for r, c in e.count_send.items() if c == a.tp)
-        for rid in done_send & aborting:
+        for rid in done_recv & aborting:
             aborting.discard(rid)
             e.res["aborted"].append(rid)
             e.release(rid)
         for rid in done_recv:
+            if rid in e.res["aborted"]:
+                continue
             if rid not in loading:
                 e.res["recv_after_abort"].append(rid)
                 continue

@@ -26,6 +26,20 @@ from ._scheduler import BrokerScheduler, KVBrokerMetadata
 
 __all__ = ["KVBrokerConnector", "KVBrokerMetadata"]
 
+_STANDARD = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+
+
+def _standard_layouts(vllm_config: Any) -> bool:
+    """Does this vLLM name KV cache layouts as stride permutations of
+    [L, B, H, N, C] (0.29 and later) rather than NHD / HND?"""
+    try:
+        from vllm.v1 import kv_cache_layout  # noqa: F401  (0.29+)
+        return True
+    except ImportError:
+        pass
+    cc = getattr(vllm_config, "cache_config", None)
+    return str(getattr(cc, "kv_cache_layout", "") or "") in _STANDARD
+
 
 class KVBrokerConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
@@ -92,9 +106,13 @@ class KVBrokerConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any):
-        # NHD lets heads split across different TP sizes; HND works with
-        # equal heads per rank on both sides (whole blocks move)
-        return None
+        """The layout that lets the broker split heads between different
+        TP sizes, in the vocabulary of the vLLM that asks: "LBNHC" (vLLM
+        >= 0.29, vllm/v1/kv_cache_layout.py), "NHD" before. Either is that
+        vLLM's default; the others still work with equal heads per rank
+        on both sides (docs/vllm.md). VLLM_KV_CACHE_LAYOUT, when set, wins
+        over this answer in vLLM."""
+        return "LBNHC" if _standard_layouts(vllm_config) else "NHD"
 
     # ---------------- worker side ----------------
 
