@@ -132,7 +132,8 @@ class BrokerWorker:
         self._xfers: dict[int, Xfer] = {}  # tag -> live
         self._by_req: dict[str, Xfer] = {}  # req -> its load or save
         self._next_tag = 1
-        self._bound: Any = None  # the metadata this step was set up from
+        self._bound: Any = None  # the metadata P's step was set up from
+        self._started: Any = None  # ... D's
         self._saves: list[Xfer] = []  # P: this step's
         self._step_layers = 0  # layers queued for each of them
         self._burst = _LayerBurst.make(self.client) if producer else None
@@ -397,9 +398,9 @@ class BrokerWorker:
     # --- per step ---
 
     def bind(self, meta: Any) -> None:
-        """The step's set-up, once per metadata object: P opens this step's
-        saves (the forward's layer hooks queue their layers), D opens its
-        loads and releases, both abort the dropped requests' transfers."""
+        """P's step set-up, once per metadata object (vLLM binds before the
+        forward in every version): the step's saves open, for the
+        forward's layer hooks to feed; dropped requests' saves abort."""
         if meta is None or meta is self._bound:
             return
         self._bound = meta
@@ -407,15 +408,33 @@ class BrokerWorker:
         self._saved_layers = set()
         self._step_layers = 0
         self._cuda_pending = []
-        todo = [(m, LOAD) for m in getattr(meta, "reqs_to_load", ())]
-        todo += [(m, RELEASE) for m in getattr(meta, "reqs_to_release", ())]
-        todo += [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
+        if not self.producer:
+            return
+        todo = [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
         if todo:
             for x in self._open_all(todo):
-                if x.kind == SAVE and not x.done:
+                if not x.done:
                     self._saves.append(x)
             if self._burst is not None:
                 self._burst.prepare(self._saves)
+        for rid in getattr(meta, "reqs_to_abort", ()):  # after the opens
+            self._abort_req(rid)
+        if not todo:
+            self._reap_cheap()
+
+    def start_loads(self, meta: Any) -> None:
+        """D's step set-up, once per metadata object: the loads (and
+        releases) open, dropped requests' loads abort. vLLM calls
+        start_load_kv before the forward up to 0.28 and after it from 0.29
+        (unless the step loads synchronously): loads need nothing from the
+        forward, so they leave its critical path."""
+        if meta is None or self.producer or meta is self._started:
+            return
+        self._started = meta
+        todo = [(m, LOAD) for m in getattr(meta, "reqs_to_load", ())]
+        todo += [(m, RELEASE) for m in getattr(meta, "reqs_to_release", ())]
+        if todo:
+            self._open_all(todo)
         for rid in getattr(meta, "reqs_to_abort", ()):  # after the opens
             self._abort_req(rid)
         if not todo:

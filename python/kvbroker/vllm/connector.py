@@ -121,7 +121,7 @@ class KVBrokerConnector(KVConnectorBase_V1):
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         # called before the forward in every vLLM version (start_load_kv
-        # runs after it from 0.29): the step's transfers open here
+        # runs after it from 0.29): P's saves open here
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, KVBrokerMetadata):
             self._worker.bind(connector_metadata)
@@ -131,11 +131,12 @@ class KVBrokerConnector(KVConnectorBase_V1):
             self._worker.handle_preemptions(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        # the loads opened at bind; a binder that skipped
-        # bind_connector_metadata still gets them here
+        # D's loads open here (after the forward from vLLM 0.29); P's
+        # saves opened at bind (a caller that did not bind: here)
         meta = self._connector_metadata
         if isinstance(meta, KVBrokerMetadata):
             self._worker.bind(meta)
+            self._worker.start_loads(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # WRITE mode loads between steps (get_num_new_matched_tokens says
