@@ -126,6 +126,10 @@ struct kvb_broker {
 	uint32_t *dirty;	/* dest indices with pending ops */
 	uint32_t ndirty;
 	int64_t next_timer_ns;
+	/* deadlines of the extension's that the timer passes keep (a count;
+	 * while > 0 an idle broker sleeps until the next pass, TIMER_NS,
+	 * not a second) */
+	uint32_t timers_soon;
 	/* the module that extends the engine (cross-node), NULL = none */
 	const struct kvb_engine_hooks *hooks;
 	void *hooks_ctx;

@@ -367,8 +367,9 @@ static int try_sleep(struct kvb_broker *b)
 	busy = kvb_engine_flush_owed(b) || rings_busy(b) || arm_transports(b);
 	if (!busy) {
 		int64_t left = b->next_timer_ns - kvb_now_ns();
-		/* deadlines to keep: transfers, connections without HELLO */
-		int ms = b->xfers.nactive || b->npending
+		/* deadlines to keep: transfers, connections without HELLO,
+		 * the extension's */
+		int ms = b->xfers.nactive || b->npending || b->timers_soon
 				 ? (int) (left / 1000000) + 1
 				 : 1000;
 

@@ -466,50 +466,130 @@ static int notify_open(struct kvb_broker *b, struct kvb_worker *w, int alias)
 	return 0;
 }
 
-int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
+/* w's primary notify port (kvb_port_of), or -errno */
+static int primary_port(struct kvb_broker *b, const struct kvb_worker *w)
 {
-	int rc;
+	return kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
+			   w->tp_size, KVB_PORT_DP_TIMES_TP);
+}
+
+/* Open w's notify ports; its primary port is taken back from a worker of
+ * ours that holds it as its alias. 0 or -errno. */
+static int notify_take(struct kvb_broker *b, struct kvb_worker *w)
+{
+	int rc = notify_open(b, w, 1);
 	uint16_t ports[2];
 
-	if (!kvb_xn_of(b) || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
-		return 0;
-	rc = notify_open(b, w, 1);
-	if (rc == -EADDRINUSE) {
-		/* maybe a worker of ours holds it as its alias: take it back */
-		int mine =
-			kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
-				    w->tp_size, KVB_PORT_DP_TIMES_TP);
+	if (rc != -EADDRINUSE)
+		return rc;
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		struct kvb_worker *v = &b->workers[b->live[i]];
 
-		for (uint32_t i = 0; i < b->nlive; i++) {
-			struct kvb_worker *v = &b->workers[b->live[i]];
-
-			if (v == w || !kvb_xn_notify(b, v) ||
-			    kvb_notify_ports(kvb_xn_notify(b, v), ports, 2) !=
-				    2 ||
-			    ports[1] != mine)
-				continue;
-			kvb_xn_notify_close(b, v);
-			notify_open(b, v, 0);
-			rc = notify_open(b, w, 1);
-			break;
-		}
+		if (v == w || !kvb_xn_notify(b, v) ||
+		    kvb_notify_ports(kvb_xn_notify(b, v), ports, 2) != 2 ||
+		    ports[1] != primary_port(b, w))
+			continue;
+		kvb_xn_notify_close(b, v);
+		notify_open(b, v, 0);
+		return notify_open(b, w, 1);
 	}
+	return rc;
+}
+
+/* Another attached worker of ours has w's primary port as its own. */
+static int port_owned(struct kvb_broker *b, const struct kvb_worker *w)
+{
+	for (uint32_t i = 0; i < b->nlive; i++) {
+		const struct kvb_worker *v = &b->workers[b->live[i]];
+
+		if (v != w &&
+		    (v->role == KVB_ROLE_P || v->role == KVB_ROLE_D) &&
+		    primary_port(b, v) == primary_port(b, w))
+			return 1;
+	}
+	return 0;
+}
+
+static void rebind_stop(struct kvb_xn *xn, struct kvb_xn_wctx *ws)
+{
+	if (!ws->rebind_until)
+		return;
+	ws->rebind_until = 0;
+	xn->nrebind--;
+	xn->b->timers_soon--;
+}
+
+/* The outcome of notify_take() for w, logged; since: when its port was
+ * first found taken (0: it was not) */
+static void notify_opened(struct kvb_broker *b, struct kvb_worker *w, int rc,
+			  int64_t since)
+{
+	uint16_t ports[2];
+
 	if (rc)
 		log_warn("worker %u: notify port %d unavailable (%s): no "
 			 "cross-node messages for it",
-			 w->id,
-			 kvb_port_of(b->opt.notify_port, w->dp_rank, w->tp_rank,
-				     w->tp_size, KVB_PORT_DP_TIMES_TP),
-			 strerror(-rc));
+			 w->id, primary_port(b, w), strerror(-rc));
+	else if (kvb_notify_ports(kvb_xn_notify(b, w), ports, 2) > 0 && since)
+		log_info("worker %u: notify port %u (free after %lld ms)",
+			 w->id, ports[0],
+			 (long long) ((kvb_now_ns() - since) / 1000000));
 	else if (kvb_notify_ports(kvb_xn_notify(b, w), ports, 2) > 0)
 		log_info("worker %u: notify port %u", w->id, ports[0]);
+}
+
+int kvb_xn_worker_attached(struct kvb_broker *b, struct kvb_worker *w)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_xn_wctx *ws;
+	int rc;
+
+	if (!xn || (w->role != KVB_ROLE_P && w->role != KVB_ROLE_D))
+		return 0;
+	rc = notify_take(b, w);
+	if (rc == -EADDRINUSE && !port_owned(b, w)) {
+		/* no worker of ours has it: one that just left, whose ROUTER
+		 * libzmq has not closed yet (or another process): again at
+		 * the next timer passes */
+		ws = kvb_xn_w(xn, w);
+		ws->rebind_since = kvb_now_ns();
+		ws->rebind_until = ws->rebind_since + NOTIFY_REBIND_NS;
+		xn->nrebind++;
+		b->timers_soon++; /* tried every TIMER_NS, idle or not */
+		log_info("worker %u: notify port %d taken: trying again for "
+			 "%lld s",
+			 w->id, primary_port(b, w),
+			 (long long) (NOTIFY_REBIND_NS / 1000000000));
+		return 0;
+	}
+	notify_opened(b, w, rc, 0);
 	return rc;
+}
+
+void kvb_xn_notify_retry(struct kvb_broker *b, int64_t now)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+
+	for (uint32_t i = 0; xn && xn->nrebind && i < b->nlive; i++) {
+		struct kvb_worker *w = &b->workers[b->live[i]];
+		struct kvb_xn_wctx *ws = kvb_xn_w(xn, w);
+		int rc;
+
+		if (!ws->rebind_until)
+			continue;
+		rc = notify_take(b, w);
+		if (rc == -EADDRINUSE && now < ws->rebind_until)
+			continue;
+		rebind_stop(xn, ws);
+		notify_opened(b, w, rc, ws->rebind_since);
+	}
 }
 
 void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
 	if (!kvb_xn_of(b))
 		return;
+	rebind_stop(kvb_xn_of(b), kvb_xn_w(kvb_xn_of(b), w));
 	kvb_xn_notify_close(b, w);
 }
 
@@ -523,6 +603,7 @@ void kvb_xn_worker_free(struct kvb_broker *b, struct kvb_worker *w)
 	if (!xn)
 		return;
 	ws = kvb_xn_w(xn, w);	   /* the slot's: whatever is there goes */
+	rebind_stop(xn, ws);	   /* stopped at worker_gone already */
 	kvb_xn_notify_close(b, w); /* closed at worker_gone already */
 	free(ws->kv_layer);
 	kvb_grant_free(ws);

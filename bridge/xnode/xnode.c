@@ -1059,6 +1059,7 @@ void kvb_xn_timers(struct kvb_broker *b, int64_t now)
 	/* the count of a burst's suppressed lines comes out within a second
 	 * of it, not with the next bad message */
 	rlog_roll(xn, now);
+	kvb_xn_notify_retry(b, now);
 	kvb_xn_live_tick(b, now);
 	for (uint32_t i = 1; i < xn->npeers_max; i++) {
 		struct kvb_peer *p = &xn->peers[i];

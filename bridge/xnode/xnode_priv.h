@@ -40,6 +40,10 @@
 #define UNOPENED_IDS	 65536u
 #define UNOPENED_IDS_ALL (1u << 22) /* 16 MiB */
 #define UNOPENED_FIFO	 (2 * UNOPENED_MAX)
+/* A worker's notify port that is taken when it attaches is tried again at
+ * every timer pass for this long (notify.c): the ROUTER of a worker that
+ * just left closes in libzmq's I/O thread, a moment after zmq_close() */
+#define NOTIFY_REBIND_NS (2000ll * 1000000)
 
 enum peer_state { PEER_FREE = 0, PEER_HS, PEER_READY, PEER_FAILED };
 
@@ -157,6 +161,9 @@ struct kvb_xn_wctx {
 	uint32_t nkv;
 	uint16_t *grant; /* per KV block: holders, fenced (grants.c) */
 	uint32_t ngrant;
+	/* its notify port was taken at attach: tried again until then
+	 * (0: not; counted in xn->nrebind) */
+	int64_t rebind_until, rebind_since;
 };
 
 /* What the module keeps per region slot (xn->regs[id & 0xffff], for region
@@ -215,6 +222,7 @@ struct kvb_xn {
 	char notify_from[64]; /* sender of the notify message in hand */
 	int64_t live_next;    /* next liveness pass (live.c) */
 	uint32_t nunopened;   /* kvb_rxfer.unopened ones */
+	uint32_t nrebind;     /* workers whose notify port is tried again */
 	/* the least in-flight room a transfer whose layers wait for it needs
 	 * (0: none waits); they are retried once that much is free */
 	uint64_t starved_need;
@@ -421,6 +429,9 @@ void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx);
 void kvb_xn_rx_opened(struct kvb_xn *xn, struct kvb_rxfer *rx);
 /* notify.c */
 void kvb_xn_notify_close(struct kvb_broker *b, struct kvb_worker *w);
+/* notify.c: the notify ports that were taken at attach, tried again (the
+ * timers hook) */
+void kvb_xn_notify_retry(struct kvb_broker *b, int64_t now);
 
 /* grants.c: the KV blocks a cross-node D transfer holds (WRITE mode) and
  * those a failed one left (fenced), so that tcp writes arriving after it

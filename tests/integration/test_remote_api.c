@@ -6,13 +6,23 @@
  * kvb_transfer_open_remote on a broker without --host-ip, bad arguments,
  * an unreachable peer, a layer op on a same-node transfer. The broker keeps
  * serving after each.
+ *
+ * A worker's notify port that is taken when it attaches (the ROUTER of a
+ * worker that just detached closes in libzmq's I/O thread, a moment after
+ * the broker let it go): the broker binds it as soon as it is free, within
+ * 2 s, and says so; one still taken after 2 s, or that another worker of
+ * this broker has, is logged unavailable.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -150,12 +160,154 @@ static void test_unreachable_peer(void **state)
 	broker_cleanup(&b);
 }
 
+/* The notify-port tests' broker, workers and the socket that holds its
+ * port: a failed test leaves them to np_teardown() */
+#define NP_PORT 16345
+#define NP_WAIT 2000 /* ms: NOTIFY_REBIND_NS (bridge/xnode) */
+static struct broker np_br;
+static struct kvb_ctx *np_w[2];
+static int np_fd = -1;
+
+static const char *const np_args[] = {
+	"--host-ip", "127.0.0.1", "--handshake-port", "16341", "--notify-port",
+	"16345",     NULL};
+
+/* A listening socket on 127.0.0.1:NP_PORT, or -errno */
+static int hold_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET,
+				.sin_port = htons(NP_PORT)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, rc;
+
+	if (fd < 0)
+		return -errno;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(fd, (struct sockaddr *) &a, sizeof(a)) || listen(fd, 1)) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+/* Until the broker's log has s: 0, or -ETIMEDOUT after ms */
+static int log_wait(const struct broker *b, const char *s, int ms)
+{
+	int64_t t0 = now_ns();
+
+	while (!broker_log_has(b, s)) {
+		if (ms_since(t0) > ms)
+			return -ETIMEDOUT;
+		usleep(20000);
+	}
+	return 0;
+}
+
+static int np_teardown(void **state)
+{
+	(void) state;
+	for (int i = 0; i < 2; i++)
+		kvb_detach(np_w[i]);
+	memset(np_w, 0, sizeof(np_w));
+	if (np_br.pid > 0) {
+		broker_log_dump(&np_br);
+		broker_kill(&np_br);
+		broker_cleanup(&np_br);
+	}
+	if (np_fd >= 0)
+		close(np_fd);
+	np_fd = -1;
+	return 0;
+}
+
+/* A passing test's end: its workers detach, the broker exits with 0 */
+static void np_end(void)
+{
+	for (int i = 0; i < 2; i++)
+		kvb_detach(np_w[i]);
+	memset(np_w, 0, sizeof(np_w));
+	assert_int_equal(broker_stop(&np_br), 0);
+	broker_cleanup(&np_br);
+}
+
+/* The port is freed 300 ms after the worker attached: bound then, and the
+ * worker has it (nobody else can bind it) */
+static void test_notify_port_freed(void **state)
+{
+	struct broker_opts o = {.args = np_args};
+
+	(void) state;
+	np_fd = hold_port();
+	assert_true(np_fd >= 0);
+	assert_int_equal(broker_start(&np_br, &o), 0);
+	np_w[0] = attach(&np_br, KVB_ROLE_P);
+	assert_int_equal(log_wait(&np_br,
+				  "notify port 16345 taken: trying again",
+				  SLACK),
+			 0);
+	usleep(300000);
+	close(np_fd);
+	np_fd = -1;
+	assert_int_equal(
+		log_wait(&np_br, "notify port 16345 (free after", SLACK), 0);
+	assert_false(broker_log_has(&np_br, "unavailable (Address"));
+	assert_int_equal(hold_port(), -EADDRINUSE);
+	np_end();
+}
+
+/* The port stays taken: unavailable, not before NP_WAIT */
+static void test_notify_port_kept(void **state)
+{
+	struct broker_opts o = {.args = np_args};
+	int64_t t0;
+
+	(void) state;
+	np_fd = hold_port();
+	assert_true(np_fd >= 0);
+	assert_int_equal(broker_start(&np_br, &o), 0);
+	t0 = now_ns();
+	np_w[0] = attach(&np_br, KVB_ROLE_P);
+	assert_int_equal(log_wait(&np_br,
+				  "notify port 16345 unavailable (Address "
+				  "already in use)",
+				  NP_WAIT + SLACK),
+			 0);
+	assert_true(ms_since(t0) >= NP_WAIT);
+	assert_true(broker_log_has(&np_br, "trying again"));
+	assert_false(broker_log_has(&np_br, "free after"));
+	np_end();
+}
+
+/* Another worker of this broker has it (P and D of the same ranks): no
+ * second try, unavailable at once */
+static void test_notify_port_own(void **state)
+{
+	struct broker_opts o = {.args = np_args};
+
+	(void) state;
+	assert_int_equal(broker_start(&np_br, &o), 0);
+	np_w[0] = attach(&np_br, KVB_ROLE_P);
+	assert_int_equal(log_wait(&np_br, "notify port 16345\n", SLACK), 0);
+	np_w[1] = attach(&np_br, KVB_ROLE_D);
+	assert_int_equal(log_wait(&np_br,
+				  "notify port 16345 unavailable (Address "
+				  "already in use)",
+				  SLACK),
+			 0);
+	assert_false(broker_log_has(&np_br, "trying again"));
+	np_end();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mem_set_kv),
 		cmocka_unit_test(test_no_host_ip),
 		cmocka_unit_test(test_unreachable_peer),
+		cmocka_unit_test_teardown(test_notify_port_freed, np_teardown),
+		cmocka_unit_test_teardown(test_notify_port_kept, np_teardown),
+		cmocka_unit_test_teardown(test_notify_port_own, np_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -299,7 +299,7 @@ static int64_t stat_of(struct node *n, const char *key)
 /* A WRITE transfer between new workers: succeeds, D holds P's bytes. */
 static int transfer_ok(const char *id)
 {
-	struct side p, d;
+	struct side p = {0}, d = {0};
 	uint32_t hp, hd;
 	int rc;
 
@@ -372,7 +372,7 @@ static void report(const char *what, int64_t *v, int n)
 static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 {
 	int p_dies = victim == &na;
-	struct side p, d;
+	struct side p = {0}, d = {0};
 	uint32_t hpw, hdw, hdu, hpu = 0;
 	char idw[64], idu[64], idok[64];
 	int rc, st;
@@ -385,12 +385,12 @@ static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 	rc = side_up(&p, &na, KVB_ROLE_P, nb.ip);
 	if (rc) {
 		check(0, "P worker on A: %s", kvb_strerror(rc));
-		return rc;
+		goto out;
 	}
 	rc = side_up(&d, &nb, KVB_ROLE_D, na.ip);
 	if (rc) {
 		check(0, "D worker on B: %s", kvb_strerror(rc));
-		return rc;
+		goto out;
 	}
 	/* U announced first: the same notify path carries W's after it */
 	rc = xopen(&d, idu, 8, &hdu);
@@ -413,7 +413,7 @@ static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 	if (rc) {
 		check(0, "try %s %d: set-up: %s", victim->name, k,
 		      kvb_strerror(rc));
-		return rc;
+		goto out;
 	}
 	kill(victim->pid, SIGKILL);
 	t0 = now_us();
@@ -467,6 +467,10 @@ static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 	check(!rc, "%s restarted, try %d: a new transfer: %s", victim->name, k,
 	      rc ? kvb_strerror(rc) : "done, bytes checked");
 	return 0;
+out: /* detached: no worker left behind (nor leak reports) */
+	side_down(&p);
+	side_down(&d);
+	return rc;
 }
 
 static int case_peer_death(void)
@@ -504,7 +508,7 @@ static int case_peer_death(void)
 
 static int case_unopened(void)
 {
-	struct side p, d;
+	struct side p = {0}, d = {0};
 	uint32_t hd, hp;
 	int rc;
 	int64_t t0, dt;
@@ -513,6 +517,8 @@ static int case_unopened(void)
 	if (side_up(&p, &na, KVB_ROLE_P, nb.ip) ||
 	    side_up(&d, &nb, KVB_ROLE_D, na.ip)) {
 		check(0, "workers up");
+		side_down(&p);
+		side_down(&d);
 		return 1;
 	}
 	rc = xopen(&d, "never-opened", 0, &hd);
