@@ -78,11 +78,10 @@ static void group_free(struct kvb_xn *xn, uint32_t gi)
 static int conn_error(int status)
 {
 	return status == -EACCES || status == -EREMOTEIO || status == -EIO ||
-	       status == -ECONNRESET ||
-	       status == -ECONNREFUSED || status == -ECONNABORTED ||
-	       status == -ETIMEDOUT || status == -EPIPE ||
-	       status == -ENOTCONN || status == -EHOSTUNREACH ||
-	       status == -ENETUNREACH;
+	       status == -ECONNRESET || status == -ECONNREFUSED ||
+	       status == -ECONNABORTED || status == -ETIMEDOUT ||
+	       status == -EPIPE || status == -ENOTCONN ||
+	       status == -EHOSTUNREACH || status == -ENETUNREACH;
 }
 
 /* The group_done hook: entry gi's piece ended. The layer op's completion
@@ -393,8 +392,8 @@ static int layer_check(struct kvb_broker *b, struct layer_op *o)
 		return -1;
 	}
 	rc = kvb_xn_compute_targets(b, w, o->p, o->rx);
-	if (rc && (!o->rx->refreshed || o->p->stale ||
-		   o->p->state == PEER_HS)) {
+	if (rc &&
+	    (!o->rx->refreshed || o->p->stale || o->p->state == PEER_HS)) {
 		/* the peer's workers may have attached after our handshake
 		 * (a batched open uses the descriptor it finds): ask again
 		 * once; this and the transfer's next layer ops wait for the
