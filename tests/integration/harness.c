@@ -598,3 +598,74 @@ int fixture_teardown(void **state)
 	broker_cleanup(&fx.br);
 	return rc ? -1 : 0;
 }
+
+/* ------------------------------------------------------- broker pairs */
+
+static int pair_args(const char **v, size_t cap, const char *hs,
+		     const char *notify, const char *const *extra)
+{
+	const char *base[] = {
+		"--host-ip",	 "127.0.0.1", "--handshake-port", hs,
+		"--notify-port", notify,      "--trusted-hosts",  "127.0.0.1"};
+	size_t n = 0;
+
+	for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
+		v[n++] = base[i];
+	for (size_t i = 0; extra && extra[i]; i++) {
+		if (n + 1 >= cap)
+			return -E2BIG;
+		v[n++] = extra[i];
+	}
+	v[n] = NULL;
+	return 0;
+}
+
+int broker_pair_start(struct broker_pair *p, const char *const *extra)
+{
+	static unsigned k;
+	const char *aa[32], *ab[32];
+	struct broker_opts oa = {.args = aa}, ob = {.args = ab};
+	int rc = -1;
+
+	for (int tries = 0; rc && tries < 4; tries++) {
+		uint16_t base = (uint16_t) (20000 + (getpid() % 120) * 100 +
+					    (k++ % 6) * 16);
+
+		memset(&p->a, 0, sizeof(p->a));
+		memset(&p->b, 0, sizeof(p->b));
+		p->hs_a = base;
+		p->hs_b = (uint16_t) (base + 8);
+		snprintf(p->ha, sizeof(p->ha), "%u", p->hs_a);
+		snprintf(p->na, sizeof(p->na), "%u", p->hs_a + 1);
+		snprintf(p->hb, sizeof(p->hb), "%u", p->hs_b);
+		snprintf(p->nb, sizeof(p->nb), "%u", p->hs_b + 1);
+		rc = pair_args(aa, 32, p->ha, p->na, extra);
+		if (!rc)
+			rc = pair_args(ab, 32, p->hb, p->nb, extra);
+		if (rc)
+			return rc;
+		rc = broker_start(&p->a, &oa);
+		if (!rc)
+			rc = broker_start(&p->b, &ob);
+		if (rc)
+			broker_pair_kill(p);
+	}
+	return rc;
+}
+
+int broker_pair_stop(struct broker_pair *p)
+{
+	int ra = broker_stop(&p->a), rb = broker_stop(&p->b);
+
+	broker_cleanup(&p->a);
+	broker_cleanup(&p->b);
+	return ra ? ra : rb;
+}
+
+void broker_pair_kill(struct broker_pair *p)
+{
+	broker_kill(&p->a);
+	broker_cleanup(&p->a);
+	broker_kill(&p->b);
+	broker_cleanup(&p->b);
+}

@@ -150,4 +150,22 @@ extern struct fixture fx;
 int fixture_setup(void **state);
 int fixture_teardown(void **state);
 
+/* Two brokers on 127.0.0.1 that talk to each other (cross-node tests): a
+ * (P's node) and b (D's), each trusting 127.0.0.1, on handshake ports
+ * hs_a / hs_b (notify ports one above), below the ephemeral range. */
+struct broker_pair {
+	struct broker a, b;
+	uint16_t hs_a, hs_b;
+	char ha[8], hb[8], na[8], nb[8];
+};
+
+/* Start both, extra (NULL-terminated, may be NULL) added to each one's
+ * arguments; a port another program or a connection took is tried again
+ * on others (4 tries). 0 or -errno (neither left running). */
+int broker_pair_start(struct broker_pair *p, const char *const *extra);
+/* SIGTERM both: 0, or the first failure (both are stopped anyway). */
+int broker_pair_stop(struct broker_pair *p);
+/* SIGKILL what is left of both (a failed test's teardown). */
+void broker_pair_kill(struct broker_pair *p);
+
 #endif

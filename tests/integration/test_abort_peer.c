@@ -44,90 +44,28 @@ static const struct kvb_kv_geometry geo = {KVB_KV_KV_FIRST, NB, 16, 2, 64, 2};
 #define KV_BYTES (2ull * NB * BLK) /* a layer's tensor */
 #define VICTIM	 0u		   /* the aborted one: first of each layer */
 
-struct pair {
-	struct broker a, b;
-	uint16_t hs_a, hs_b;
-	char ha[8], hb[8], na[8], nb[8];
-};
-
 /* the brokers of the test running: its teardown kills what is left */
-static struct pair pp;
+static struct broker_pair pp;
 
 /* Teardown: the brokers a failed test left (none after pair_stop). */
 static int pair_kill(void **state)
 {
 	(void) state;
-	broker_kill(&pp.a);
-	broker_cleanup(&pp.a);
-	broker_kill(&pp.b);
-	broker_cleanup(&pp.b);
+	broker_pair_kill(&pp);
 	return 0;
 }
 
-/*
- * Ports of their own per test, below the ephemeral range (32768-): a
- * connection's port or another program's listener can still take one, so
- * a pair that does not start is tried again on others.
- */
-static void pair_start(struct pair *p)
+/* one data connection to the peer: every transfer shares its queue */
+static void pair_start(struct broker_pair *p)
 {
-	static unsigned k;
-	const char *aa[] = {"--host-ip",
-			    "127.0.0.1",
-			    "--handshake-port",
-			    p->ha,
-			    "--notify-port",
-			    p->na,
-			    "--trusted-hosts",
-			    "127.0.0.1",
-			    "--tcp-conns",
-			    "1",
-			    NULL};
-	const char *ab[] = {"--host-ip",
-			    "127.0.0.1",
-			    "--handshake-port",
-			    p->hb,
-			    "--notify-port",
-			    p->nb,
-			    "--trusted-hosts",
-			    "127.0.0.1",
-			    "--tcp-conns",
-			    "1",
-			    NULL};
-	struct broker_opts oa = {.args = aa}, ob = {.args = ab};
-	int rc = -1;
+	static const char *const extra[] = {"--tcp-conns", "1", NULL};
 
-	for (int tries = 0; rc && tries < 4; tries++) {
-		uint16_t base = (uint16_t) (20000 + (getpid() % 120) * 100 +
-					    (k++ % 6) * 16);
-
-		memset(&p->a, 0, sizeof(p->a));
-		memset(&p->b, 0, sizeof(p->b));
-		p->hs_a = base;
-		p->hs_b = (uint16_t) (base + 8);
-		snprintf(p->ha, sizeof(p->ha), "%u", p->hs_a);
-		snprintf(p->na, sizeof(p->na), "%u", p->hs_a + 1);
-		snprintf(p->hb, sizeof(p->hb), "%u", p->hs_b);
-		snprintf(p->nb, sizeof(p->nb), "%u", p->hs_b + 1);
-		rc = broker_start(&p->a, &oa);
-		if (!rc)
-			rc = broker_start(&p->b, &ob);
-		if (rc) {
-			broker_kill(&p->a);
-			broker_cleanup(&p->a);
-			broker_kill(&p->b);
-			broker_cleanup(&p->b);
-		}
-	}
-	assert_int_equal(rc, 0);
+	assert_int_equal(broker_pair_start(p, extra), 0);
 }
 
-static void pair_stop(struct pair *p)
+static void pair_stop(struct broker_pair *p)
 {
-	assert_int_equal(broker_stop(&p->a), 0);
-	broker_cleanup(&p->a);
-	assert_int_equal(broker_stop(&p->b), 0);
-	broker_cleanup(&p->b);
+	assert_int_equal(broker_pair_stop(p), 0);
 }
 
 /* A worker with one KV region per layer (key = layer); P's filled with a
