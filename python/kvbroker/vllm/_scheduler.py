@@ -127,28 +127,29 @@ class BrokerScheduler:
                     "VLLM_KV_CACHE_LAYOUT on both" % (theirs, self.kv_layout))
         return ""
 
-    def _load_refusal(self, request: Any) -> str:
-        """D: why this request loads nothing (no_remote: not ours)."""
+    def _load_params(self, request: Any) -> tuple[str, ReqMeta | None]:
+        """D: the request's load, or why there is none: "no_remote" (not
+        ours), "bad" (refused, logged and counted once), "duplicate"."""
         params = request.kv_transfer_params
         if not params:
-            return "no_remote"
+            return "no_remote", None
         if not isinstance(params, dict):  # from outside: refuse, not raise
             self._parse(request)
-            return "bad"
+            return "bad", None
         if not params.get("do_remote_prefill"):
-            return "no_remote"
+            return "no_remote", None
         if request.request_id in self._bad:
-            return "bad"
+            return "bad", None
         m = self._parse(request)
         if m is None:
-            return "bad"
+            return "bad", None
         why = self._layout_mismatch(params)
         if why:
             self._refuse(request, why)
-            return "bad"
+            return "bad", None
         if self._duplicate(request.request_id, m.transfer_id):
-            return "duplicate"
-        return ""
+            return "duplicate", m
+        return "", m
 
     # --- vLLM scheduler-side calls ---
 
@@ -156,7 +157,7 @@ class BrokerScheduler:
                                    num_computed_tokens: int):
         if self.producer:
             return 0, False
-        if self._load_refusal(request):
+        if self._load_params(request)[0]:
             return 0, False
         # vLLM hands the block-aligned local prefix hit: D loads the rest
         n = int(request.num_prompt_tokens) - int(num_computed_tokens)
@@ -175,12 +176,9 @@ class BrokerScheduler:
             if params.get("do_remote_decode"):
                 self._p_alloc(request, blocks)
             return
-        if not params.get("do_remote_prefill"):
+        why, m = self._load_params(request)
+        if m is None:
             return
-        why = self._load_refusal(request)
-        if why == "bad":
-            return
-        m = self._parse(request)
         params["do_remote_prefill"] = False  # one transfer per request
         if why == "duplicate":
             self.duplicate_ids += 1

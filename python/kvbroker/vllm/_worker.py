@@ -60,10 +60,6 @@ class Xfer:
     status: int = 0
     why: list = field(default_factory=list)
 
-    @property
-    def load(self) -> bool:
-        return self.kind == LOAD
-
 
 def _errno(e: BaseException) -> int:
     return getattr(e, "errno", None) or errno.EIO
@@ -125,7 +121,6 @@ class BrokerWorker:
         self.local_heads = 0
         self.hnd = False
         self.cuda = False
-        self.kv_form = ""
         # broker layers whose vLLM layers share block rows (block-major
         # views): queued once, in wait_for_save
         self._row_layers: set[int] = set()
@@ -170,12 +165,11 @@ class BrokerWorker:
                               "(%s): not supported" % sorted(heads))
         self.local_heads = heads.pop()
         self.hnd = any(lay.hnd for lay in self.layouts)
-        self.kv_form = self.layouts[0].name
         log.info("KVBrokerConnector: %s rank dp %d tp %d/%d: %d layers "
                  "registered as %d broker layers (%s, %d heads)",
                  "P" if self.producer else "D", self.dp_rank, self.tp_rank,
                  self.tp_size, len(self.layer_of), len(self.layouts),
-                 self.kv_form, self.local_heads)
+                 self.layouts[0].name, self.local_heads)
 
     def _add_layer(self, names: list[str], t: Any, ptr: int,
                    lay: LayerLayout) -> int:
