@@ -480,3 +480,39 @@ def test_required_layout_in_the_asking_vllms_words():
     assert KVBrokerConnector.get_required_kvcache_layout(new) == "LBNHC"
     assert KVBrokerConnector.get_required_kvcache_layout(old) == "NHD"
     assert KVBrokerConnector.get_required_kvcache_layout(NS()) == "NHD"
+
+
+def test_d_refuses_another_kv_layout():
+    """P's params name its vLLM KV cache layout; a D with another one
+    refuses the request (logged, counted once: the bytes would land in
+    the wrong order) and computes it locally; the same layout loads."""
+    c = sched("kv_consumer")
+    c._sched.kv_layout = "LBNHC"  # what vLLM >= 0.29 puts in cache_config
+    other = vd.Request("x", 32, dict(GOOD_D, kv_cache_layout="BLNHC"))
+    assert c.get_num_new_matched_tokens(other, 0) == (0, False)
+    assert c.get_num_new_matched_tokens(other, 0) == (0, False)
+    assert c.connector_stats()["bad_params"] == 1
+    same = vd.Request("y", 32, dict(GOOD_D, transfer_id="tx-2",
+                                    kv_cache_layout="LBNHC"))
+    assert c.get_num_new_matched_tokens(same, 0) == (32, True)
+    c.update_state_after_alloc(same, vd.KVCacheBlocks([4, 5]), 32)
+    m = c.build_connector_meta(vd.SchedulerOutput())
+    assert [x.req_id for x in m.reqs_to_load] == ["y"]
+    assert m.reqs_to_load[0].block_ids == [4, 5]
+
+
+def test_d_refuses_a_transfer_id_already_loading():
+    """Two D requests with one transfer_id: the second is computed
+    locally (counted), the first loads; nothing is released for the
+    second (P's broker refuses its duplicate save itself)."""
+    c = sched("kv_consumer")
+    a = vd.Request("a", 32, dict(GOOD_D))
+    b = vd.Request("b", 32, dict(GOOD_D))
+    assert c.get_num_new_matched_tokens(a, 0) == (32, True)
+    c.update_state_after_alloc(a, vd.KVCacheBlocks([1, 2]), 32)
+    assert c.get_num_new_matched_tokens(b, 0) == (0, False)
+    c.update_state_after_alloc(b, vd.KVCacheBlocks([3, 4]), 0)
+    m = c.build_connector_meta(vd.SchedulerOutput())
+    assert [x.req_id for x in m.reqs_to_load] == ["a"]
+    assert m.reqs_to_release == []
+    assert c.connector_stats()["duplicate_ids"] == 1
