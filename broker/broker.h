@@ -403,6 +403,10 @@ struct kvb_engine_hooks {
 	int (*xopen_batch)(struct kvb_broker *b, struct kvb_worker *w,
 			   const struct kvb_msg_xopen_batch *m, uint32_t len,
 			   struct kvb_open_result *res);
+	/* XEXPECT (len bytes, m->n and m->flags checked): as xopen_batch */
+	int (*expect)(struct kvb_broker *b, struct kvb_worker *w,
+		      const struct kvb_msg_xexpect *m, uint32_t len,
+		      struct kvb_open_result *res);
 	/* the daemon's loop: an fd added with kvb_engine_watch_fd() turned
 	 * readable (tag), and, after every sleep, its sockets' turn */
 	void (*event)(struct kvb_broker *b, uint64_t tag);
@@ -588,6 +592,14 @@ static inline int kvb_hook_xopen_batch(struct kvb_broker *b,
 	return KVB_HOOK(b, xopen_batch)
 		       ? b->hooks->xopen_batch(b, w, m, len, res)
 		       : -ENOTCONN;
+}
+
+static inline int kvb_hook_expect(struct kvb_broker *b, struct kvb_worker *w,
+				  const struct kvb_msg_xexpect *m, uint32_t len,
+				  struct kvb_open_result *res)
+{
+	return KVB_HOOK(b, expect) ? b->hooks->expect(b, w, m, len, res)
+				   : -ENOTCONN;
 }
 
 static inline void kvb_hook_event(struct kvb_broker *b, uint64_t tag)

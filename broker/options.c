@@ -49,6 +49,7 @@ void kvb_options_default(struct kvb_options *o)
 	o->defer_timeout_ms = 60000;
 	o->peer_timeout_ms = 4000;
 	o->unopened_timeout_ms = 60000;
+	o->unknown_timeout_ms = 5000;
 	snprintf(o->host_ip, sizeof(o->host_ip), "127.0.0.1");
 	o->notify_port = 61005;
 	o->handshake_port = 6301;
@@ -119,6 +120,10 @@ static const struct usage_opt usage_opts[] = {
 	{"--unopened-timeout S",
 	 "seconds remote_blocks for a transfer no P worker opened\n"
 	 "is kept; then D hears kvb_write_failed ENOENT (default 60)"},
+	{"--unknown-timeout S",
+	 "the same for an id that the P worker, which declares the\n"
+	 "transfers it will open (kvb_transfer_expect), does not\n"
+	 "expect (default 5)"},
 	{"--host-ip IP", "this node's address: enables the cross-node\n"
 			 "bridge (notify ports, handshake port, tcp)"},
 	{"--data-port N", "tcp transport port (default 0 = any free)"},
@@ -265,6 +270,7 @@ enum {
 	O_DTO,
 	O_PEER_TO,
 	O_UNOPENED_TO,
+	O_UNKNOWN_TO,
 	O_DEADLINE,
 	O_STALL,
 	O_HOST,
@@ -317,6 +323,7 @@ static const struct option longopts[] = {
 	{"defer-timeout", required_argument, NULL, O_DTO},
 	{"peer-timeout", required_argument, NULL, O_PEER_TO},
 	{"unopened-timeout", required_argument, NULL, O_UNOPENED_TO},
+	{"unknown-timeout", required_argument, NULL, O_UNKNOWN_TO},
 	{"host-ip", required_argument, NULL, O_HOST},
 	{"notify-port", required_argument, NULL, O_NPORT},
 	{"data-port", required_argument, NULL, O_DPORT},
@@ -394,6 +401,7 @@ static const struct num_opt num_opts[] = {
 	NUM(O_DTO, 1, 86400, N_SECONDS, defer_timeout_ms),
 	NUM(O_PEER_TO, 1, 3600, N_SECONDS, peer_timeout_ms),
 	NUM(O_UNOPENED_TO, 1, 86400, N_SECONDS, unopened_timeout_ms),
+	NUM(O_UNKNOWN_TO, 1, 86400, N_SECONDS, unknown_timeout_ms),
 	NUM(O_DEADLINE, 1, 86400, N_SECONDS, transfer_deadline_ms),
 	NUM(O_DPORT, 0, 65535, 0, data_port),
 	NUM(O_NPORT, 1, 65535, 0, notify_port),

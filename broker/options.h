@@ -48,6 +48,7 @@ struct kvb_options {
 	uint32_t defer_timeout_ms;
 	uint32_t peer_timeout_ms;      /* --peer-timeout: a peer is lost */
 	uint32_t unopened_timeout_ms;  /* --unopened-timeout */
+	uint32_t unknown_timeout_ms;   /* --unknown-timeout */
 	uint32_t transfer_deadline_ms; /* --transfer-deadline */
 	char host_ip[64];
 	int xnode; /* --host-ip given: the cross-node module (bridge/xnode) */

@@ -672,6 +672,7 @@ static union ctl_msg {
 	struct kvb_msg_xtimeouts xt;
 	struct kvb_msg_xopen_batch xopen_batch;
 	struct kvb_msg_mem_alias alias;
+	struct kvb_msg_xexpect xexpect;
 	char raw[KVB_MSG_MAX];
 } ctl_m;
 
@@ -855,6 +856,38 @@ static void ctl_xopen_batch(struct kvb_broker *b, struct kvb_worker *w,
 	      0);
 }
 
+/* XEXPECT (proto.h): each id taken on its own by the cross-node module. */
+static void ctl_xexpect(struct kvb_broker *b, struct kvb_worker *w,
+			struct ctl_req *q)
+{
+	static union {
+		struct kvb_msg_open_batch_reply r;
+		char raw[sizeof(struct kvb_msg_open_batch_reply) +
+			 KVB_XEXPECT_MAX * sizeof(struct kvb_open_result)];
+	} rep;
+	const struct kvb_msg_xexpect *m = &q->m->xexpect;
+	int rc;
+
+	memset(&rep.r, 0, sizeof(rep.r));
+	rep.r.h.type = KVB_MSG_XEXPECT;
+	if (m->n == 0 || m->n > KVB_XEXPECT_MAX ||
+	    (m->flags & ~KVB_XEXPECT_F_WITHDRAW)) {
+		reply(w, &rep.r.h, sizeof(rep.r), -EINVAL, NULL, 0);
+		return;
+	}
+	rc = kvb_hook_expect(b, w, m, (uint32_t) q->n, rep.r.res);
+	if (rc == -EBADMSG) {
+		reject(b, w, "XEXPECT: the ids do not fill the message");
+		return;
+	}
+	if (rc)
+		for (uint32_t i = 0; i < m->n; i++)
+			rep.r.res[i] = (struct kvb_open_result){.status = rc};
+	rep.r.n = m->n;
+	reply(w, &rep.r.h, sizeof(rep.r) + m->n * sizeof(rep.r.res[0]), 0, NULL,
+	      0);
+}
+
 static void ctl_stats(struct kvb_broker *b, struct kvb_worker *w,
 		      struct ctl_req *q)
 {
@@ -953,6 +986,7 @@ static const struct ctl_type {
 				 sizeof(struct kvb_msg_xopen_batch), 1},
 	[KVB_MSG_MEM_ALIAS] = {ctl_mem_alias, sizeof(struct kvb_msg_mem_alias),
 			       0},
+	[KVB_MSG_XEXPECT] = {ctl_xexpect, sizeof(struct kvb_msg_xexpect), 1},
 };
 
 /*

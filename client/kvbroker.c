@@ -653,6 +653,77 @@ out:
 	return rc;
 }
 
+int kvb_transfer_expect(struct kvb_ctx *ctx, const char *const *ids, unsigned n,
+			unsigned flags, int32_t *status)
+{
+	struct kvb_msg_open_batch_reply *r;
+	struct kvb_msg_xexpect *m;
+	size_t len = sizeof(*m), rlen;
+	char *req, *rep;
+	int rc;
+
+	if (!ctx || !ids || !status || n == 0 || n > KVB_EXPECT_MAX ||
+	    (flags & ~KVB_EXPECT_WITHDRAW))
+		return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		size_t k = ids[i] ? strlen(ids[i]) : 0;
+
+		status[i] = k == 0 || k > KVB_XFER_ID_MAX ? -EINVAL : 0;
+		if (!status[i])
+			len += 1 + k;
+	}
+	if (len > KVB_MSG_MAX)
+		return -E2BIG;
+	rlen = sizeof(*r) + n * sizeof(r->res[0]);
+	req = malloc(len);
+	rep = malloc(rlen);
+	if (!req || !rep) {
+		free(req);
+		free(rep);
+		return -ENOMEM;
+	}
+	m = (struct kvb_msg_xexpect *) req;
+	kvb_msg_init(&m->h, KVB_MSG_XEXPECT, sizeof(*m));
+	m->h.len = (uint32_t) len;
+	m->flags = flags;
+	m->n = 0;
+	len = sizeof(*m);
+	for (unsigned i = 0; i < n; i++) {
+		size_t k;
+
+		if (status[i])
+			continue;
+		k = strlen(ids[i]);
+		req[len] = (char) k;
+		memcpy(req + len + 1, ids[i], k);
+		len += 1 + k;
+		m->n++;
+	}
+	rc = 0;
+	if (m->n) {
+		r = (struct kvb_msg_open_batch_reply *) rep;
+		rc = kvb_client_call(ctx, &m->h, NULL, 0, rep, rlen,
+				     sizeof(*r) + m->n * sizeof(r->res[0]));
+		if (!rc && (r->n != m->n ||
+			    r->h.len != sizeof(*r) + m->n * sizeof(r->res[0])))
+			rc = -EPROTO;
+		for (unsigned i = 0, j = 0; !rc && i < n; i++) {
+			int32_t st;
+
+			if (status[i])
+				continue;
+			st = r->res[j++].status;
+			status[i] = st > 0 ? -EPROTO : st;
+		}
+		for (unsigned i = 0; rc && i < n; i++)
+			if (!status[i])
+				status[i] = rc;
+	}
+	free(req);
+	free(rep);
+	return rc;
+}
+
 /* Tell a sleeping broker there is work. Pairs with the broker's sleep path. */
 static inline void wake_broker(struct kvb_ctx *ctx)
 {

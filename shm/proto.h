@@ -42,6 +42,7 @@ enum kvb_msg_type {
 	KVB_MSG_XTIMEOUTS = 12,	  /* a transfer's clocks */
 	KVB_MSG_XOPEN_BATCH = 13, /* cross-node opens by peer address */
 	KVB_MSG_MEM_ALIAS = 14,	  /* a region over part of another */
+	KVB_MSG_XEXPECT = 15,	  /* transfer ids this P worker will open */
 };
 
 struct kvb_msg_hdr {
@@ -241,6 +242,23 @@ struct kvb_msg_mem_alias {
 	uint32_t parent;
 	uint32_t flags; /* KVB_MEM_REMOTE_* */
 	uint64_t offset, size, key;
+};
+
+/*
+ * XEXPECT: this header, then n entries (1..KVB_XEXPECT_MAX), each one
+ * byte id_len (1..255) and the id's bytes, packed, filling the message
+ * exactly (else it is malformed and the worker dropped). flags: 0 or
+ * KVB_XEXPECT_F_WITHDRAW. n or flags out of range: a header-only reply
+ * with status -EINVAL. Else status 0 and one struct kvb_open_result per
+ * entry (struct kvb_msg_open_batch_reply; handle 0, the entry's status).
+ */
+#define KVB_XEXPECT_MAX	       1024u
+#define KVB_XEXPECT_F_WITHDRAW 0x1u
+
+struct kvb_msg_xexpect {
+	struct kvb_msg_hdr h;
+	uint32_t n;
+	uint32_t flags;
 };
 
 #endif /* KVB_SHM_PROTO_H */

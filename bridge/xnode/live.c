@@ -479,7 +479,7 @@ void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 	if (kvb_xn_compute_targets(b, w, p, rx) ||
 	    kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, x->id))
 		return;
-	m.status = -ENOENT;
+	m.status = rx->withdrawn ? -ECANCELED : -ENOENT;
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
 		int port = kvb_port_of(p->desc.notify_port
 					       ? p->desc.notify_port
@@ -495,10 +495,28 @@ void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 	}
 	kvb_zmsg_fini(&m);
 	xn->st.write_failed_sent += sent;
-	xn->st.unopened_expired++;
+	if (rx->withdrawn) {
+		xn->st.withdrawn_told++;
+		if (kvb_xn_rlog_ok(xn))
+			log_info("transfer '%s': withdrawn by P worker %u "
+				 "before it opened it: told %u D rank(s) (%s)",
+				 x->id, x->worker, sent,
+				 kvb_strerror(-ECANCELED));
+		return;
+	}
+	if (rx->unknown)
+		xn->st.unknown_expired++;
+	else
+		xn->st.unopened_expired++;
 	if (kvb_xn_rlog_ok(xn))
-		log_warn("transfer '%s': no P worker opened it within %u s of "
-			 "its remote_blocks: told %u D rank(s) (%s)",
-			 x->id, b->opt.unopened_timeout_ms / 1000, sent,
-			 kvb_strerror(-ENOENT));
+		log_warn("transfer '%s': %s within %u s of its remote_blocks: "
+			 "told %u D rank(s) (%s)",
+			 x->id,
+			 rx->unknown
+				 ? "P worker does not expect it, nor opened it"
+				 : "no P worker opened it",
+			 (rx->unknown ? b->opt.unknown_timeout_ms
+				      : b->opt.unopened_timeout_ms) /
+				 1000,
+			 sent, kvb_strerror(-ENOENT));
 }

@@ -188,10 +188,19 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 			return reject(b, w, m, -ENOSPC,
 				      "too many block ids for a transfer not "
 				      "opened yet");
-		x = unopened_xfer(b, w, m, KVB_ROLE_P,
-				  b->opt.unopened_timeout_ms, &err);
+		enum kvb_xn_expected e = kvb_xn_expected(
+			b, w, m->transfer_id, strlen(m->transfer_id));
+
+		x = unopened_xfer(
+			b, w, m, KVB_ROLE_P,
+			e == XN_EXPECT_UNKNOWN	   ? b->opt.unknown_timeout_ms
+			: e == XN_EXPECT_WITHDRAWN ? 0
+						   : b->opt.unopened_timeout_ms,
+			&err);
 		if (!x)
 			return err;
+		x->rx->unknown = e == XN_EXPECT_UNKNOWN;
+		x->rx->withdrawn = e == XN_EXPECT_WITHDRAWN;
 		/* its sender (a handshaken peer) hears kvb_write_failed if
 		 * no worker opens it in time, and its loss ends it */
 		x->rx->peer = kvb_xn_live_sender(kvb_xn_of(b));
@@ -607,5 +616,6 @@ void kvb_xn_worker_free(struct kvb_broker *b, struct kvb_worker *w)
 	kvb_xn_notify_close(b, w); /* closed at worker_gone already */
 	free(ws->kv_layer);
 	kvb_grant_free(ws);
+	kvb_xn_expect_free(ws);
 	memset(ws, 0, sizeof(*ws));
 }

@@ -301,6 +301,7 @@ static const struct kvb_engine_hooks xn_hooks = {
 	.peer_req = kvb_xn_peer_req,
 	.xopen = kvb_xn_xopen,
 	.xopen_batch = kvb_xn_xopen_batch,
+	.expect = kvb_xn_expect,
 	.event = xn_event,
 	.service = kvb_xn_service,
 	.rejected = kvb_xn_rejected,

@@ -112,7 +112,9 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"peers_back\":%llu,\"heartbeats_sent\":%llu,"
 	    "\"heartbeats_answered\":%llu,\"heartbeats_served\":%llu,"
 	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
-	    "\"unopened_expired\":%llu,",
+	    "\"unopened_expired\":%llu,\"expects\":%llu,\"withdraws\":%llu,"
+	    "\"expects_refused\":%llu,\"unknown_expired\":%llu,"
+	    "\"withdrawn_told\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -148,7 +150,12 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.hb_served,
 	    (unsigned long long) xn->st.hb_refused,
 	    (unsigned long long) xn->st.hb_bad_pongs,
-	    (unsigned long long) xn->st.unopened_expired);
+	    (unsigned long long) xn->st.unopened_expired,
+	    (unsigned long long) xn->st.expects,
+	    (unsigned long long) xn->st.withdraws,
+	    (unsigned long long) xn->st.expects_refused,
+	    (unsigned long long) xn->st.unknown_expired,
+	    (unsigned long long) xn->st.withdrawn_told);
 	*lenp = len;
 }
 
@@ -203,6 +210,14 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "ENOENT); %u held now (created by a peer's message, not opened "
 	    "by a worker yet)\n",
 	    (unsigned long long) xn->st.unopened_expired, xn->nunopened);
+	PUT("expected ids           %llu declared, %llu withdrawn, %llu "
+	    "refused; D told: %llu unknown (ENOENT), %llu withdrawn "
+	    "(ECANCELED)\n",
+	    (unsigned long long) xn->st.expects,
+	    (unsigned long long) xn->st.withdraws,
+	    (unsigned long long) xn->st.expects_refused,
+	    (unsigned long long) xn->st.unknown_expired,
+	    (unsigned long long) xn->st.withdrawn_told);
 	*lenp = len;
 }
 

@@ -124,6 +124,10 @@ struct kvb_rxfer {
 	uint8_t role, mode, flags;
 	uint8_t have_rblocks, announced, refreshed;
 	uint8_t unopened; /* created by a message, counted in xn->nunopened */
+	/* ... P/WRITE unopened: its worker declares the ids it expects and
+	 * did not expect this one (--unknown-timeout), or withdrew it (D is
+	 * told -ECANCELED at once): expect.c */
+	uint8_t unknown, withdrawn;
 	uint8_t peer_released; /* P/WRITE: ended by D's release (abort) */
 	uint8_t starved; /* layers deferred for in-flight room (starved_need) */
 	/* opened by address while the peer's handshake runs (open.c): what
@@ -164,6 +168,7 @@ struct kvb_xn_wctx {
 	/* its notify port was taken at attach: tried again until then
 	 * (0: not; counted in xn->nrebind) */
 	int64_t rebind_until, rebind_since;
+	struct kvb_xn_expect *exp; /* ids it will open (expect.c), or NULL */
 };
 
 /* What the module keeps per region slot (xn->regs[id & 0xffff], for region
@@ -218,6 +223,10 @@ struct kvb_xn {
 		uint64_t hb_served, hb_refused;	 /* their pings: ponged, not */
 		uint64_t hb_bad_pongs;		 /* refused or not proven */
 		uint64_t unopened_expired; /* told D: kvb_write_failed ENOENT */
+		/* expect.c: ids declared, withdrawn, refused (table full);
+		 * unknown ids and withdrawn ones whose D was told */
+		uint64_t expects, withdraws, expects_refused;
+		uint64_t unknown_expired, withdrawn_told;
 	} st;
 	char notify_from[64]; /* sender of the notify message in hand */
 	int64_t live_next;    /* next liveness pass (live.c) */
@@ -489,6 +498,22 @@ void kvb_xn_live_tick(struct kvb_broker *b, int64_t now);
 /* live.c: the handshaken peer a notify message came from (the sender's
  * address, xn->notify_from), 0 if none or several */
 uint32_t kvb_xn_live_sender(struct kvb_xn *xn);
+/* expect.c: the XEXPECT hook; what worker w said of an id (below); its
+ * table goes with the worker slot */
+int kvb_xn_expect(struct kvb_broker *b, struct kvb_worker *w,
+		  const struct kvb_msg_xexpect *m, uint32_t len,
+		  struct kvb_open_result *res);
+enum kvb_xn_expected {
+	XN_EXPECT_UNDECLARED, /* w never declared: --unopened-timeout */
+	XN_EXPECT_UNKNOWN,    /* w declares, not this id: --unknown-timeout */
+	XN_EXPECT_YES,	      /* expected: --unopened-timeout */
+	XN_EXPECT_WITHDRAWN,  /* withdrawn: D is told at once */
+};
+enum kvb_xn_expected kvb_xn_expected(struct kvb_broker *b,
+				     const struct kvb_worker *w, const char *id,
+				     size_t len);
+void kvb_xn_expect_free(struct kvb_xn_wctx *ws);
+
 /* live.c: an unopened P transfer ends (its --unopened-timeout): tell D */
 void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			      int status);

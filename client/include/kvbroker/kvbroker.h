@@ -499,6 +499,43 @@ int kvb_transfer_open_remote_batch(struct kvb_ctx *ctx,
 				   const struct kvb_remote_open *o, unsigned n,
 				   uint32_t *handles, int32_t *status);
 
+/* kvb_transfer_expect flags */
+#define KVB_EXPECT_WITHDRAW 0x1u /* no longer expected: tell D at once */
+
+/* Ids one call takes at most */
+#define KVB_EXPECT_MAX 1024u
+
+/*
+ * P, WRITE mode: the transfer ids this worker will open (as soon as its
+ * engine has the request, long before it opens the transfer), in one
+ * control round trip. A D announcement (remote_blocks) reaches P's
+ * broker as soon as D opens, often before P opens; the broker holds it
+ * until P opens, up to --unopened-timeout (60 s). Once a worker has
+ * declared an expectation, an announcement for an id it neither opened
+ * nor expects is held --unknown-timeout only (5 s): then D is told
+ * kvb_write_failed (-ENOENT) and its transfer fails, instead of waiting
+ * the whole --unopened-timeout for a transfer no one will open. An
+ * expectation lasts --unopened-timeout (or until the id is opened,
+ * withdrawn, or the worker detaches); an expected id that was announced
+ * already gets the full --unopened-timeout from the call.
+ *
+ * KVB_EXPECT_WITHDRAW: the request went away before P opened its
+ * transfer. An announcement held for the id (or arriving later, within
+ * --unopened-timeout) is answered at once with kvb_write_failed
+ * (-ECANCELED), so D's transfer fails now. An id the worker opened
+ * already is left alone (abort it).
+ *
+ * Workers that never call this keep the --unopened-timeout for every
+ * announcement. Returns 0 with status[i] per id: 0, -EINVAL (empty or
+ * longer than KVB_XFER_ID_MAX), -ESTALE (the id ended already), -ENOSPC
+ * (the worker holds 4096 expectations), -ENOTCONN (no --host-ip); or
+ * -errno for the whole call: -EINVAL (ctx, ids or status NULL, n 0 or over
+ * KVB_EXPECT_MAX, unknown flags), -E2BIG (the ids do not fit one control
+ * message), -EPIPE, -ETIMEDOUT, -EPROTO. Thread-safe.
+ */
+int kvb_transfer_expect(struct kvb_ctx *ctx, const char *const *ids,
+			unsigned n, unsigned flags, int32_t *status);
+
 /*
  * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
  * transfer opened with kvb_transfer_open_remote(). Completes as one

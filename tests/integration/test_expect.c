@@ -1,0 +1,377 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvb_transfer_expect: a P worker declares the transfer ids it will open,
+ * so that D's announcement (remote_blocks) of an id it will never open
+ * fails D's transfer after --unknown-timeout, not the whole
+ * --unopened-timeout. Two brokers on loopback, A (a P worker) and B (a D
+ * worker), tcp between them, A with --unknown-timeout 1.
+ *
+ * - unknown: P expects one id; D opens it and one P does not expect. The
+ *   unknown one fails at D (-ENOENT) after about 1 s; the expected one is
+ *   still held, and succeeds (every byte checked) when P opens it later.
+ * - late_expect: D announces first, P expects the id after that: held
+ *   past --unknown-timeout, then it succeeds.
+ * - undeclared: a P worker that never declares: an announcement it has
+ *   not opened is held past --unknown-timeout (the old behaviour), and
+ *   succeeds when P opens it.
+ * - withdraw: P withdraws an id announced already (D fails at once,
+ *   -ECANCELED) and one announced after the withdrawal (the same).
+ * - bad_calls: refused arguments, an ended id (-ESTALE), the per-worker
+ *   bound (4096 held: the next -ENOSPC, counted).
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define LAYERS 2u
+#define NPX    4u  /* blocks per transfer */
+#define NB     64u /* blocks per region */
+/* 16 tokens x 2 heads x 64 x 2 bytes: 4 KiB of K (or V) per block */
+static const struct kvb_kv_geometry geo = {KVB_KV_KV_FIRST, NB, 16, 2, 64, 2};
+#define BLK	 (16ull * 2 * 64 * 2)
+#define KV_BYTES (2ull * NB * BLK)
+
+static struct broker_pair pp;
+static struct kvb_region pr[LAYERS], dr[LAYERS];
+
+static int pair_kill(void **state)
+{
+	(void) state;
+	broker_pair_kill(&pp);
+	return 0;
+}
+
+static void pair_start(void)
+{
+	static const char *const extra[] = {"--unknown-timeout", "1", NULL};
+
+	assert_int_equal(broker_pair_start(&pp, extra), 0);
+}
+
+static struct kvb_ctx *worker(struct broker *b, enum kvb_role role,
+			      struct kvb_region *r)
+{
+	struct kvb_ctx *c = w_attach(b, role, 0, 1, 0);
+
+	assert_non_null(c);
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		assert_int_equal(kvb_mem_alloc(c, KV_BYTES,
+					       KVB_MEM_REMOTE_WRITE |
+						       KVB_MEM_REMOTE_READ,
+					       l, &r[l]),
+				 0);
+		assert_int_equal(kvb_mem_set_kv(c, r[l].id, l, &geo), 0);
+		if (role == KVB_ROLE_P)
+			pattern_fill(r[l].addr, KV_BYTES, 11 + l, 0);
+		else
+			memset(r[l].addr, 0, KV_BYTES);
+	}
+	return c;
+}
+
+/* transfer k: P's blocks k*NPX.., D's (k+8)*NPX.. */
+static void blocks(uint32_t k, uint32_t *pb, uint32_t *db)
+{
+	for (uint32_t i = 0; i < NPX; i++) {
+		pb[i] = k * NPX + i;
+		db[i] = (k + 8) * NPX + i;
+	}
+}
+
+static uint64_t check(uint32_t k)
+{
+	uint32_t pb[NPX], db[NPX];
+	uint64_t bad = 0;
+
+	blocks(k, pb, db);
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint32_t i = 0; i < NPX; i++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				bad += memcmp((const uint8_t *) dr[l].addr +
+						      ((uint64_t) kv * NB +
+						       db[i]) *
+							      BLK,
+					      (const uint8_t *) pr[l].addr +
+						      ((uint64_t) kv * NB +
+						       pb[i]) *
+							      BLK,
+					      BLK) != 0;
+	return bad;
+}
+
+/* D opens transfer k (WRITE, announced) and seals it with tag 100 + k. */
+static uint32_t d_open(struct kvb_ctx *d, const char *id, uint32_t k)
+{
+	uint32_t pb[NPX], db[NPX], h;
+	int32_t st;
+	struct kvb_remote_open o = {.transfer_id = id,
+				    .host = "127.0.0.1",
+				    .port = pp.hs_a,
+				    .mode = KVB_XFER_WRITE,
+				    .blocks = db,
+				    .nblocks = NPX};
+
+	blocks(k, pb, db);
+	assert_int_equal(kvb_transfer_open_remote_batch(d, &o, 1, &h, &st), 0);
+	assert_int_equal(st, 0);
+	assert_int_equal(kvb_transfer_seal(d, h, 1, 100 + k), 0);
+	return h;
+}
+
+/* P opens transfer k, writes every layer and seals it. */
+static void p_write(struct kvb_ctx *p, const char *id, uint32_t k)
+{
+	uint32_t pb[NPX], db[NPX], h;
+	int32_t st;
+	struct kvb_remote_open o = {.transfer_id = id,
+				    .host = "127.0.0.1",
+				    .port = pp.hs_b,
+				    .mode = KVB_XFER_WRITE,
+				    .blocks = pb,
+				    .nblocks = NPX};
+
+	blocks(k, pb, db);
+	assert_int_equal(kvb_transfer_open_remote_batch(p, &o, 1, &h, &st), 0);
+	assert_int_equal(st, 0);
+	for (uint32_t l = 0; l < LAYERS; l++) {
+		uint64_t tag = l;
+
+		assert_int_equal(kvb_submit_layers(p, &h, &tag, 1, (uint16_t) l,
+						   KVB_DESC_UNSIGNALED),
+				 1);
+	}
+	assert_int_equal(kvb_transfer_seal(p, h, LAYERS, 200 + k), 0);
+}
+
+/* The status of the KVB_COMP_TRANSFER tagged `tag` on c, 1 if none came
+ * within timeout_ms (other completions are dropped). */
+static int32_t ended(struct kvb_ctx *c, uint64_t tag, int timeout_ms)
+{
+	int64_t t0 = now_ns();
+
+	while (ms_since(t0) < timeout_ms) {
+		struct kvb_completion v[16];
+		int n = kvb_wait(c, v, 16, 50);
+
+		if (n == -ETIMEDOUT)
+			continue;
+		assert_true(n >= 0);
+		for (int i = 0; i < n; i++)
+			if (v[i].kind == KVB_COMP_TRANSFER && v[i].tag == tag)
+				return v[i].status;
+	}
+	return 1;
+}
+
+static int expect1(struct kvb_ctx *c, const char *id, unsigned flags)
+{
+	int32_t st = 1;
+
+	assert_int_equal(kvb_transfer_expect(c, &id, 1, flags, &st), 0);
+	return st;
+}
+
+static void test_unknown(void **state)
+{
+	struct kvb_ctx *p, *d;
+	int64_t t0;
+	double ms;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	assert_int_equal(expect1(p, "tx-exp-yes", 0), 0);
+	d_open(d, "tx-exp-yes", 0);
+	t0 = now_ns();
+	d_open(d, "tx-exp-no", 1);
+	assert_int_equal(ended(d, 101, 5000), -ENOENT);
+	ms = ms_since(t0);
+	printf("unknown id: D's transfer failed after %.0f ms "
+	       "(--unknown-timeout 1)\n",
+	       ms);
+	assert_true(ms >= 900 && ms < 3000);
+	/* the expected one is still held: P opens it now */
+	assert_int_equal(broker_stat(&pp.a, "unopened_held"), 1);
+	p_write(p, "tx-exp-yes", 0);
+	assert_int_equal(ended(p, 200, 10000), 0);
+	assert_int_equal(ended(d, 100, 10000), 0);
+	assert_int_equal(check(0), 0);
+	assert_int_equal(broker_stat(&pp.a, "unknown_expired"), 1);
+	assert_int_equal(broker_stat(&pp.a, "unopened_expired"), 0);
+	assert_int_equal(broker_stat(&pp.a, "expects"), 1);
+	assert_true(broker_log_has(&pp.a, "does not expect it"));
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
+static void test_late_expect(void **state)
+{
+	struct kvb_ctx *p, *d;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	assert_int_equal(expect1(p, "tx-other", 0), 0); /* declares */
+	d_open(d, "tx-late", 2);
+	assert_int_equal(
+		broker_wait_stat(&pp.a, "remote_blocks_received", 1, 5000), 0);
+	assert_int_equal(expect1(p, "tx-late", 0), 0);
+	/* past --unknown-timeout: still held */
+	assert_int_equal(ended(d, 102, 2000), 1);
+	p_write(p, "tx-late", 2);
+	assert_int_equal(ended(p, 202, 10000), 0);
+	assert_int_equal(ended(d, 102, 10000), 0);
+	assert_int_equal(check(2), 0);
+	assert_int_equal(broker_stat(&pp.a, "unknown_expired"), 0);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
+static void test_undeclared(void **state)
+{
+	struct kvb_ctx *p, *d;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	d_open(d, "tx-undeclared", 3);
+	assert_int_equal(ended(d, 103, 2000), 1);
+	assert_int_equal(broker_stat(&pp.a, "unopened_held"), 1);
+	p_write(p, "tx-undeclared", 3);
+	assert_int_equal(ended(p, 203, 10000), 0);
+	assert_int_equal(ended(d, 103, 10000), 0);
+	assert_int_equal(check(3), 0);
+	assert_int_equal(broker_stat(&pp.a, "unknown_expired"), 0);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
+static void test_withdraw(void **state)
+{
+	const char *ids[2] = {"tx-wd-1", "tx-wd-2"};
+	int32_t st[2];
+	struct kvb_ctx *p, *d;
+	int64_t t0;
+	double ms;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	assert_int_equal(kvb_transfer_expect(p, ids, 2, 0, st), 0);
+	assert_int_equal(st[0], 0);
+	assert_int_equal(st[1], 0);
+	d_open(d, ids[0], 4);
+	assert_int_equal(
+		broker_wait_stat(&pp.a, "remote_blocks_received", 1, 5000), 0);
+	t0 = now_ns();
+	assert_int_equal(
+		kvb_transfer_expect(p, ids, 2, KVB_EXPECT_WITHDRAW, st), 0);
+	assert_int_equal(st[0], 0);
+	assert_int_equal(st[1], 0);
+	assert_int_equal(ended(d, 104, 3000), -ECANCELED);
+	ms = ms_since(t0);
+	printf("withdrawn after its announcement: D failed after %.1f ms\n",
+	       ms);
+	assert_true(ms < 900);
+	/* announced after its withdrawal: answered at once too */
+	t0 = now_ns();
+	d_open(d, ids[1], 5);
+	assert_int_equal(ended(d, 105, 3000), -ECANCELED);
+	ms = ms_since(t0);
+	printf("withdrawn before its announcement: D failed after %.1f ms\n",
+	       ms);
+	assert_true(ms < 900);
+	assert_int_equal(broker_stat(&pp.a, "withdrawn_told"), 2);
+	assert_int_equal(broker_stat(&pp.a, "withdraws"), 2);
+	assert_int_equal(broker_stat(&pp.a, "unopened_held"), 0);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
+static void test_bad_calls(void **state)
+{
+	static char many[4097][16];
+	static const char *pm[4097];
+	static int32_t st[4097];
+	char longid[300];
+	const char *ids[2];
+	struct kvb_ctx *p, *d;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	ids[0] = "tx-a";
+	assert_int_equal(kvb_transfer_expect(NULL, ids, 1, 0, st), -EINVAL);
+	assert_int_equal(kvb_transfer_expect(p, ids, 0, 0, st), -EINVAL);
+	assert_int_equal(kvb_transfer_expect(p, NULL, 1, 0, st), -EINVAL);
+	assert_int_equal(kvb_transfer_expect(p, ids, 1, 0x2, st), -EINVAL);
+	assert_int_equal(kvb_transfer_expect(p, ids, KVB_EXPECT_MAX + 1, 0, st),
+			 -EINVAL);
+	memset(longid, 'x', sizeof(longid) - 1);
+	longid[sizeof(longid) - 1] = 0;
+	ids[0] = "";
+	ids[1] = longid;
+	assert_int_equal(kvb_transfer_expect(p, ids, 2, 0, st), 0);
+	assert_int_equal(st[0], -EINVAL);
+	assert_int_equal(st[1], -EINVAL);
+	/* an id that ended: -ESTALE */
+	d_open(d, "tx-ended", 6);
+	p_write(p, "tx-ended", 6);
+	assert_int_equal(ended(p, 206, 10000), 0);
+	assert_int_equal(ended(d, 106, 10000), 0);
+	assert_int_equal(expect1(p, "tx-ended", 0), -ESTALE);
+	/* 4096 held at most (in 5 calls of up to KVB_EXPECT_MAX) */
+	for (unsigned i = 0; i < 4097; i++) {
+		snprintf(many[i], sizeof(many[i]), "tx-many-%u", i);
+		pm[i] = many[i];
+	}
+	for (unsigned i = 0; i < 4097; i += KVB_EXPECT_MAX) {
+		unsigned n =
+			4097 - i < KVB_EXPECT_MAX ? 4097 - i : KVB_EXPECT_MAX;
+
+		assert_int_equal(kvb_transfer_expect(p, pm + i, n, 0, st + i),
+				 0);
+	}
+	for (unsigned i = 0; i < 4096; i++)
+		assert_int_equal(st[i], 0);
+	assert_int_equal(st[4096], -ENOSPC);
+	assert_int_equal(broker_stat(&pp.a, "expects_refused"), 1);
+	/* a held one can still be withdrawn */
+	assert_int_equal(expect1(p, many[0], KVB_EXPECT_WITHDRAW), 0);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_unknown, pair_kill),
+		cmocka_unit_test_teardown(test_late_expect, pair_kill),
+		cmocka_unit_test_teardown(test_undeclared, pair_kill),
+		cmocka_unit_test_teardown(test_withdraw, pair_kill),
+		cmocka_unit_test_teardown(test_bad_calls, pair_kill),
+	};
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
