@@ -18,6 +18,8 @@ from .client import Client, Region, default_socket
 from .errors import BrokerGone, Error, LibraryNotFound, RingFull, strerror
 from .types import (
     DESC_UNSIGNALED,
+    EXPECT_MAX,
+    EXPECT_WITHDRAW,
     KV_BLOCK_FIRST,
     KV_PACKED,
     KV_KV_FIRST,
@@ -55,5 +57,5 @@ __all__ = [
     "MEM_REMOTE_WRITE", "MEM_REMOTE_READ", "DESC_UNSIGNALED",
     "XFER_F_NO_ANNOUNCE", "XFER_F_PLAIN_RELEASE", "XFER_F_RELEASE_ONLY",
     "REMOTE_OPEN_BATCH_MAX", "KV_KV_FIRST", "KV_BLOCK_FIRST", "KV_PACKED",
-    "TRANSFER_OPEN_BATCH_MAX", "TRANSFER_ID_MAX",
+    "TRANSFER_OPEN_BATCH_MAX", "TRANSFER_ID_MAX", "EXPECT_MAX", "EXPECT_WITHDRAW",
 ]

@@ -19,6 +19,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from . import _lib
 from .errors import Error, check, error
 from .types import (
+    EXPECT_MAX,
+    EXPECT_WITHDRAW,
     TRANSFER_OPEN_BATCH_MAX,
     XFER_F_RELEASE_ONLY,
     CompKind,
@@ -658,6 +660,36 @@ class Client:
         check(rc, call)
         del keep
         return [(st[i], hs[i]) for i in range(n)]
+
+    def expect(self, ids: Sequence[Union[str, bytes]], withdraw: bool = False) -> List[int]:
+        """P: the transfer ids this worker will open (kvb_transfer_expect),
+        so that D's announcement of an id it does not expect fails after
+        the broker's --unknown-timeout; withdraw=True: no longer expected,
+        D's transfer fails at once. One round trip per 1024 ids. Returns
+        one status per id (0 or -errno: EINVAL, ESTALE, ENOSPC, ENOTCONN);
+        raises Error for the whole call (EPIPE, ETIMEDOUT, ENOSYS: a
+        libkvbroker without it)."""
+        call = "kvb_transfer_expect"
+        if not ids:
+            return []
+        if not self._lib.has(call):
+            raise Error(errno.ENOSYS, f"this libkvbroker has no {call}", call)
+        bs = [_id_bytes(i, call) for i in ids]
+        out: List[int] = []
+        for k in range(0, len(bs), EXPECT_MAX):
+            chunk = bs[k:k + EXPECT_MAX]
+            n = len(chunk)
+            cids = (ctypes.c_char_p * n)(*chunk)
+            st = (c_int32 * n)()
+            ctx = self._enter(call)
+            try:
+                rc = self._lib.kvb_transfer_expect(ctx, cids, n,
+                                                   EXPECT_WITHDRAW if withdraw else 0, st)
+            finally:
+                self._leave()
+            check(rc, call)
+            out.extend(st[i] for i in range(n))
+        return out
 
     # ---- submission (one submitting thread) ----
 

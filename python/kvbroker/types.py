@@ -25,6 +25,9 @@ KV_PACKED = 2
 TRANSFER_OPEN_BATCH_MAX = 64
 # Entries one XOPEN_BATCH message carries at most (the library splits more)
 REMOTE_OPEN_BATCH_MAX = 1024
+# Ids one kvb_transfer_expect call takes (Client.expect splits more); its flag
+EXPECT_MAX = 1024
+EXPECT_WITHDRAW = 0x1
 # Longest transfer id, in bytes (UTF-8)
 TRANSFER_ID_MAX = 255
 

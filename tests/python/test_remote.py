@@ -242,6 +242,43 @@ def test_open_remote_batch_release_only(pair):
         assert D.stats()["remote"]["release_only_sent"] == 1
 
 
+def test_expect(pair):
+    """expect: P declares the ids it will open; D's announcement of an id
+    P withdrew fails at once (ECANCELED); an expected one is held and
+    lands when P opens it; bad ids and a library call's limits."""
+    A, a, B, b = pair
+    P, D, pr, dr = workers(A, B)
+    with P, D:
+        assert P.expect(["tx-e1", "tx-e2"]) == [0, 0]
+        assert P.expect(["tx-e2"], withdraw=True) == [0]
+        got = D.open_remote_batch([
+            dict(transfer_id=t, host="127.0.0.1", port=a, blocks=[i])
+            for i, t in enumerate(("tx-e1", "tx-e2"))])
+        assert [s for s, _ in got] == [0, 0]
+        for i, (_, h) in enumerate(got):
+            D.seal(h, 1, tag=500 + i)
+        (c,) = D.wait_min(1, timeout_ms=5000)
+        assert (c.kind, c.tag, c.status) == (CompKind.TRANSFER, 501, -errno.ECANCELED)
+        ((s, hp),) = P.open_remote_batch([dict(transfer_id="tx-e1", host="127.0.0.1", port=b,
+                                               blocks=[3])])
+        assert s == 0
+        for l in range(LAYERS):
+            P.submit_layer(hp, l, tag=l, flags=kvbroker.DESC_UNSIGNALED)
+        P.seal(hp, LAYERS, tag=600)
+        (c,) = P.wait_min(1, timeout_ms=10000)
+        assert (c.tag, c.status) == (600, 0)
+        (c,) = D.wait_min(1, timeout_ms=10000)
+        assert (c.tag, c.status) == (500, 0)
+        check_blocks(pr, dr, [3], [0])
+        r = P.stats()["remote"]
+        assert (r["expects"], r["withdraws"], r["withdrawn_told"]) == (2, 1, 1)
+        assert P.expect([]) == []
+        with pytest.raises(ValueError):
+            P.expect([""])
+        assert P.expect(["tx-e1"]) == [-errno.ESTALE]  # ended
+        assert kvbroker.EXPECT_MAX == 1024
+
+
 def test_alias_regions(pair):
     """One backing buffer per side, a region alias per layer at odd byte
     offsets: P writes D's blocks through them; nothing else of D's buffer

@@ -398,6 +398,78 @@ def test_same_transfer_id(make, nodes, version):
     assert_no_leak(h, nodes)
 
 
+def _d_ended(h, did):
+    return did in h.D.sched.finished or (
+        did in h.D.verified and did not in h.D.sched.requests)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_transfer_id_p_never_opens(make, nodes, version):
+    """D gets a request whose transfer_id P never gets (a proxy that lost
+    the P half, a stale id): P's workers declare the ids they will open,
+    so P's broker holds D's announcement of this one --unknown-timeout (5
+    s), not --unopened-timeout (60 s), and tells D: D's load fails (the
+    prompt is recomputed), the others load intact."""
+    h = make(version, proxy="concurrent")
+    rng = random.Random(21)
+    submit_many(h, 4, rng, lo=30, hi=90)
+    h.prompts["ghost"] = make_prompt(rng, 64)
+    h.d_max_tokens["ghost"] = 2
+    h._to_d("ghost", {
+        "do_remote_prefill": True, "do_remote_decode": False,
+        "transfer_id": "tx-ghost", "remote_host": h.p_ip,
+        "remote_handshake_port": 6301, "remote_tp_size": h.P.spec.tp,
+        "remote_dp_rank": 0})
+    t0 = time.monotonic()
+    h.run(40, until=lambda h: _d_ended(h, "d-ghost") and not h.busy())
+    took = time.monotonic() - t0
+    res = h.d_results()
+    assert res.get("d-ghost") == "load_error", res
+    assert took < 15, "D's load of an id P never opened ended after %.1f s" \
+        % took
+    others = {k: v for k, v in res.items() if k != "d-ghost"}
+    assert len(others) == 4 and all(v == "ok" for v in others.values()), res
+    h.run(30)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_abort_at_p_before_scheduled_concurrent(make, nodes, version):
+    """A WRITE-mode proxy sent the request to P and D at once; the client
+    goes away while P still queues it: P withdraws its transfer id and D's
+    load fails at once (not after P's broker's --unopened-timeout)."""
+    h = make(version, proxy="concurrent", p=dict(max_num_seqs=1))
+    rng = random.Random(22)
+    submit_many(h, 4, rng, lo=60, hi=120)
+    got = {}
+
+    def abort(h):
+        got["t"] = time.monotonic()
+        h.P.abort(["r3"])
+
+    h.at(lambda h: "r3" in h.P.sched.requests and
+         h.P.sched.requests["r3"].status == RequestStatus.WAITING and
+         "d-r3" in h.D.sched.requests and
+         h.D.sched.requests["d-r3"].status ==
+         RequestStatus.WAITING_FOR_REMOTE_KVS, abort)
+
+    def ended(h):
+        if "t" in got and "end" not in got and _d_ended(h, "d-r3"):
+            got["end"] = time.monotonic()
+        return "end" in got and not h.busy()
+
+    h.run(40, until=ended)
+    assert "end" in got, "P never aborted r3 while D waited for it"
+    took = got["end"] - got["t"]
+    assert took < 3, "D's load ended %.1f s after P's abort" % took
+    res = h.d_results()
+    assert res.get("d-r3") == "load_error", res
+    others = {k: v for k, v in res.items() if k != "d-r3"}
+    assert len(others) == 3 and all(v == "ok" for v in others.values()), res
+    h.run(30)
+    assert_no_leak(h, nodes)
+
+
 @pytest.mark.parametrize("version,sched", [(OLD, "sync"), (NEW, "async")])
 def test_200_requests_no_leak(make, nodes, version, sched):
     """200 requests of random lengths (1 to 300 tokens): all intact, both

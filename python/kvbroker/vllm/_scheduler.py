@@ -39,6 +39,11 @@ class KVBrokerMetadata(KVConnectorMetadata):
         self.reqs_to_release: list[ReqMeta] = []  # D: P frees, no load
         self.reqs_to_abort: list[str] = []  # abort; reported when ended
         self.preempted: list[str] = []  # P: saves reading freed blocks
+        # P: transfer ids of new requests (the broker holds D's
+        # announcements of these; others fail D soon), and of requests
+        # that went away before their save opened (D fails at once)
+        self.expect: list[str] = []
+        self.withdraw: list[str] = []
 
     def __repr__(self):
         return "KVBrokerMetadata(save=%d, load=%d, release=%d, abort=%d)" % (
@@ -87,6 +92,12 @@ class BrokerScheduler:
         self._release_next: list[ReqMeta] = []
         self._abort_next: list[str] = []
         self._save_aborted: set[str] = set()  # P: preempted mid-save
+        # P: ids of requests vLLM added, for the workers to declare (and
+        # withdraw when a request goes before its save opened): rid -> tid
+        self._expect_next: list[str] = []
+        self._withdraw_next: list[str] = []
+        self._expected: dict[str, str] = {}
+        self._expected_tids: set[str] = set()
         self._live_tids: dict[str, str] = {}  # tid -> rid, both roles
         self._bad: set[str] = set()  # refused params, not asked again
         self.bad_params = 0
@@ -152,6 +163,32 @@ class BrokerScheduler:
         return "", m
 
     # --- vLLM scheduler-side calls ---
+
+    def on_new_request(self, request: Any) -> None:
+        """P: vLLM added the request (Scheduler.add_request): its workers
+        declare its transfer id at the next step, long before the save
+        opens, so that P's broker tells it from an id no one will open."""
+        if not self.producer:
+            return
+        params = request.kv_transfer_params
+        if not isinstance(params, dict) or not params.get("do_remote_decode"):
+            return
+        tid = params.get("transfer_id")
+        if not isinstance(tid, str) or not tid or \
+                len(tid.encode("utf-8", "replace")) > 255 or \
+                tid in self._live_tids or tid in self._expected_tids:
+            return  # refused later, with its reason, or another's
+        self._expected[request.request_id] = tid
+        self._expected_tids.add(tid)
+        self._expect_next.append(tid)
+
+    def _withdraw(self, rid: str) -> None:
+        """P: the request went away (or will not be sent) before its save
+        opened: D's load of it fails at once."""
+        tid = self._expected.pop(rid, None)
+        if tid is not None:
+            self._expected_tids.discard(tid)
+            self._withdraw_next.append(tid)
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int):
@@ -226,6 +263,8 @@ class BrokerScheduler:
         meta = KVBrokerMetadata()
         if self.producer:
             self._meta_saves(scheduler_output, meta)
+            meta.expect, self._expect_next = self._expect_next, []
+            meta.withdraw, self._withdraw_next = self._withdraw_next, []
         meta.reqs_to_load = list(self._load_next.values())
         for rid, m in self._load_next.items():
             self._loading[rid] = m.transfer_id
@@ -278,10 +317,13 @@ class BrokerScheduler:
                 log.error("KVBrokerConnector: request %s: %d blocks known "
                           "for a prompt of %d: its KV is not sent", rid,
                           len(s.blocks), nb)
+                self._withdraw(rid)
                 del self._save_pending[rid]
                 self._live_tids.pop(s.meta.transfer_id, None)
                 continue
             s.meta.block_ids = s.blocks[:nb]
+            self._expected_tids.discard(  # opened by this step's workers
+                self._expected.pop(rid, ""))
             meta.reqs_to_save.append(s.meta)
             self._sending[rid] = s.meta.transfer_id
             del self._save_pending[rid]
@@ -304,6 +346,7 @@ class BrokerScheduler:
             if s is not None and \
                     self._live_tids.get(s.meta.transfer_id) == rid:
                 del self._live_tids[s.meta.transfer_id]
+            self._withdraw(rid)  # never saved: D need not wait
             if rid not in self._sending:
                 return False, None
             if rid in self._save_aborted:  # D would wait for nothing

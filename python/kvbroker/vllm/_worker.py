@@ -145,7 +145,9 @@ class BrokerWorker:
         self.broker_gone = ""
         self._probed = 0.0
         self.stats = {"opened": 0, "ok": 0, "failed": 0, "aborted": 0,
-                      "layer_errors": 0, "open_errors": 0, "released": 0}
+                      "layer_errors": 0, "open_errors": 0, "released": 0,
+                      "expect_errors": 0}
+        self._no_expect = False
 
     # --- registration ---
 
@@ -404,6 +406,8 @@ class BrokerWorker:
         self._cuda_pending = []
         if not self.producer:
             return
+        self._expect(getattr(meta, "expect", ()), False)
+        self._expect(getattr(meta, "withdraw", ()), True)
         todo = [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
         if todo:
             for x in self._open_all(todo):
@@ -415,6 +419,33 @@ class BrokerWorker:
             self._abort_req(rid)
         if not todo:
             self._reap_cheap()
+
+    def _expect(self, tids: Any, withdraw: bool) -> None:
+        """P: tell the broker which transfer ids this worker will open (a
+        D announcement of any other fails after the broker's
+        --unknown-timeout), or no longer will (D fails at once)."""
+        if not tids or self._no_expect:
+            return
+        try:
+            st = self.client.expect(list(tids), withdraw=withdraw)
+        except Exception as e:  # noqa: BLE001  (never into vLLM's step)
+            if _errno(e) == errno.ENOSYS:
+                self._no_expect = True
+                log.warning("KVBrokerConnector: this libkvbroker cannot "
+                            "declare transfer ids: D waits the broker's "
+                            "--unopened-timeout for ids P never opens")
+                return
+            self.stats["expect_errors"] += len(tids)
+            log.error("KVBrokerConnector: declaring %d transfer id(s) "
+                      "failed: %s", len(tids), e)
+            return
+        bad = [(t, s) for t, s in zip(tids, st) if s and s != -errno.ESTALE]
+        if bad:
+            self.stats["expect_errors"] += len(bad)
+            log.error("KVBrokerConnector: %d transfer id(s) not declared "
+                      "(first: %r, %s): D waits the broker's "
+                      "--unopened-timeout for them if P never opens them",
+                      len(bad), bad[0][0], self._strerror(bad[0][1]))
 
     def start_loads(self, meta: Any) -> None:
         """D's step set-up, once per metadata object: the loads (and

@@ -86,6 +86,9 @@ class KVBrokerConnector(KVConnectorBase_V1):
         self._sched.update_state_after_alloc(request, blocks,
                                              num_external_tokens)
 
+    def on_new_request(self, request: Any) -> None:
+        self._sched.on_new_request(request)
+
     def build_connector_meta(self, scheduler_output: Any) -> KVBrokerMetadata:
         return self._sched.build_connector_meta(scheduler_output)
 
