@@ -15,6 +15,11 @@ over tcp. Needs root and ip(8).
   D's connector sends P a release (a release-only open); measured: from
   the abort to the step in which P's scheduler freed that request's blocks
   (finished_sending).
+- d_abort_while_loading: D aborts a request whose load runs (D's
+  scheduler holds it in WAITING_FOR_REMOTE_KVS, P still holds its
+  blocks): D's connector aborts the load, its broker releases the
+  transfer at P; measured: from the abort to the step in which P's
+  scheduler freed the request's blocks.
 
     sudo bench/python/vllm_events_bench.py [--build build] [--tries 5]
         [--json out.json]
@@ -81,14 +86,29 @@ def p_broker_death(Nodes, Harness, make_prompt):
 
         h.at(lambda h: len(waiting_for_kv(h)) >= 4, kill)
 
+        seen: dict[str, float] = {}  # waiting at or after the kill
+        ends: dict[str, float] = {}  # ... seconds from the kill to its end
+
         def done(h):
-            return "t" in killed and not waiting_for_kv(h)
+            if "t" not in killed:
+                return False
+            now = time.monotonic()
+            w = set(waiting_for_kv(h))
+            for r in w:
+                seen.setdefault(r, now)
+            for r in seen:
+                if r not in w and r not in ends:
+                    ends[r] = round(now - killed["t"], 3)
+            return not w
 
         h.run(120, until=done)
         took = time.monotonic() - killed["t"]
         res = h.d_results()
         errs = sum(1 for v in res.values() if v == "load_error")
         return {"waiting_at_kill": killed["waiting"], "s": round(took, 3),
+                "ends": sorted(ends.values()),
+                "waiting_after_kill": sum(1 for r, t in seen.items()
+                                          if t > killed["t"] + 0.05),
                 "load_errors": errs, "ok": sum(1 for v in res.values()
                                                if v == "ok")}
     finally:
@@ -137,6 +157,47 @@ def d_drop_before_scheduled(Nodes, Harness, make_prompt):
         nodes.close()
 
 
+def d_abort_while_loading(Nodes, Harness, make_prompt):
+    nodes = Nodes()
+    h = None
+    try:
+        ps, ds = specs(nodes)
+        h = Harness(ps, ds)
+        rng = random.Random(3)
+        for i in range(6):
+            h.submit("r%d" % i, make_prompt(rng, 480), d_max_tokens=4)
+        from vllm_model.objects import RequestStatus
+
+        got = {}
+
+        def loading(h):
+            r = h.D.sched.requests.get("d-r4")
+            return r is not None and \
+                r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and \
+                "r4" in h.P.sched.requests
+
+        def drop(h):
+            got["t"] = time.monotonic()
+            h.D.abort(["d-r4"])
+
+        h.at(loading, drop)
+
+        def freed(h):
+            if "t" in got and "freed" not in got and \
+                    "r4" not in h.P.sched.requests:
+                got["freed"] = time.monotonic()
+            return False
+
+        h.run(120, until=freed)
+        if "freed" not in got:
+            raise RuntimeError("r4 never loading at D while P held it")
+        return {"s": round(got["freed"] - got["t"], 4)}
+    finally:
+        if h is not None:
+            h.close()
+        nodes.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -149,17 +210,17 @@ def main():
     from test_vllm_xnode import Nodes
     from vllm_model.engine import Harness, make_prompt
 
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "p_broker_death": [], "d_drop_before_scheduled": []}
+    cases = ("p_broker_death", "d_drop_before_scheduled",
+             "d_abort_while_loading")
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for name in cases:
+        out[name] = []
     for k in range(a.tries):
-        out["p_broker_death"].append(
-            p_broker_death(Nodes, Harness, make_prompt))
-        out["d_drop_before_scheduled"].append(
-            d_drop_before_scheduled(Nodes, Harness, make_prompt))
-        print("try %d: %s / %s" % (k, out["p_broker_death"][-1],
-                                   out["d_drop_before_scheduled"][-1]),
+        for name in cases:
+            out[name].append(globals()[name](Nodes, Harness, make_prompt))
+        print("try %d: %s" % (k, " / ".join(str(out[n][-1]) for n in cases)),
               flush=True)
-    for name in ("p_broker_death", "d_drop_before_scheduled"):
+    for name in cases:
         v = sorted(x["s"] for x in out[name])
         print("%s: p50 %.3f s, max %.3f s over %d tries" % (
             name, v[len(v) // 2], v[-1], len(v)))

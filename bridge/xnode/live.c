@@ -190,6 +190,29 @@ void kvb_xn_live_restarted(struct kvb_broker *b, struct kvb_peer *p)
 	peer_lost(b, p, why);
 }
 
+int kvb_xn_live_refuse(struct kvb_broker *b, struct kvb_peer *p)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	int64_t now;
+
+	if (!p || !p->live.lost)
+		return 0;
+	/* it may be back: ask (at most every LOST_RETRY_NS); a handshake
+	 * that succeeds ends the refusals (kvb_xn_live_alive) */
+	now = kvb_now_ns();
+	if (p->state != PEER_HS && now >= p->live.retry) {
+		p->live.retry = now + LOST_RETRY_NS;
+		kvb_xn_peer_start_hs(b, p);
+	}
+	xn->st.lost_refused++;
+	if (kvb_xn_rlog_ok(xn))
+		log_warn("peer %u %s:%u is lost: new transfers with it refused "
+			 "(%s) until it answers again",
+			 kvb_xn_peer_id(xn, p), p->host, p->port,
+			 kvb_strerror(-EHOSTDOWN));
+	return -EHOSTDOWN;
+}
+
 void kvb_xn_live_alive(struct kvb_broker *b, struct kvb_peer *p)
 {
 	struct kvb_xn *xn = kvb_xn_of(b);

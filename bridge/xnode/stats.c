@@ -114,7 +114,7 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
 	    "\"unopened_expired\":%llu,\"expects\":%llu,\"withdraws\":%llu,"
 	    "\"expects_refused\":%llu,\"unknown_expired\":%llu,"
-	    "\"withdrawn_told\":%llu,",
+	    "\"withdrawn_told\":%llu,\"lost_refused\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -155,7 +155,8 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.withdraws,
 	    (unsigned long long) xn->st.expects_refused,
 	    (unsigned long long) xn->st.unknown_expired,
-	    (unsigned long long) xn->st.withdrawn_told);
+	    (unsigned long long) xn->st.withdrawn_told,
+	    (unsigned long long) xn->st.lost_refused);
 	*lenp = len;
 }
 
@@ -196,11 +197,13 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	PUT("release-only           %llu sent, %llu failed\n",
 	    (unsigned long long) xn->st.release_only_sent,
 	    (unsigned long long) xn->st.release_only_failed);
-	PUT("peers lost             %llu (%llu back); heartbeats %llu sent, "
+	PUT("peers lost             %llu (%llu back, %llu opens refused "
+	    "while lost); heartbeats %llu sent, "
 	    "%llu answered, %llu served, %llu refused, %llu answers "
 	    "rejected\n",
 	    (unsigned long long) xn->st.peers_lost,
 	    (unsigned long long) xn->st.peers_back,
+	    (unsigned long long) xn->st.lost_refused,
 	    (unsigned long long) xn->st.hb_sent,
 	    (unsigned long long) xn->st.hb_answered,
 	    (unsigned long long) xn->st.hb_served,

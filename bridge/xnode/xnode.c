@@ -588,6 +588,9 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 	if (err)
 		return err;
 	p = kvb_xn_peer_get(xn, o->peer);
+	err = kvb_xn_live_refuse(b, p);
+	if (err)
+		return err;
 	if (!x)
 		x = kvb_xfer_open(
 			&b->xfers, w->id, o->id, o->id_len,

@@ -227,6 +227,7 @@ struct kvb_xn {
 		 * unknown ids and withdrawn ones whose D was told */
 		uint64_t expects, withdraws, expects_refused;
 		uint64_t unknown_expired, withdrawn_told;
+		uint64_t lost_refused; /* opens with a lost peer: live.c */
 	} st;
 	char notify_from[64]; /* sender of the notify message in hand */
 	int64_t live_next;    /* next liveness pass (live.c) */
@@ -514,6 +515,9 @@ enum kvb_xn_expected kvb_xn_expected(struct kvb_broker *b,
 				     size_t len);
 void kvb_xn_expect_free(struct kvb_xn_wctx *ws);
 
+/* live.c: -EHOSTDOWN for a new transfer with a peer declared lost (and a
+ * handshake asked of it, at most every 2 s), else 0 */
+int kvb_xn_live_refuse(struct kvb_broker *b, struct kvb_peer *p);
 /* live.c: an unopened P transfer ends (its --unopened-timeout): tell D */
 void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			      int status);

@@ -19,6 +19,8 @@
  * EHOSTDOWN (P's U: any failure). The killed broker is restarted and a
  * transfer between new workers on the two nodes must succeed (every byte
  * checked). The survivor counts each death once (remote.peers_lost).
+ * When A died, D's new open with it after the loss is refused at once
+ * (-EHOSTDOWN), not held for another --peer-timeout.
  * Prints p50 and max per side and stage.
  *
  * --case unopened: A with --unopened-timeout 2: D announces a transfer
@@ -455,6 +457,22 @@ static int one_try(struct node *victim, int k, int64_t *dw, int64_t *du)
 		      p_dies ? "D" : "P", i ? "U" : "W",
 		      got[i].have ? kvb_strerror(st) : "never",
 		      (double) dt / 1000);
+	}
+	if (p_dies) {
+		/* a new transfer with the lost peer: refused at once, not
+		 * held for another --peer-timeout */
+		uint32_t hn;
+		char idn[64];
+		int64_t t1 = now_us();
+
+		snprintf(idn, sizeof(idn), "n-%s-%d", victim->name, k);
+		rc = xopen(&d, idn, 16, &hn);
+		check(rc == -EHOSTDOWN && now_us() - t1 < 200000,
+		      "P's broker killed, try %d: D's new open after the loss: "
+		      "%s after %.1f ms (want %s at once)",
+		      k, rc ? kvb_strerror(rc) : "opened",
+		      (double) (now_us() - t1) / 1000,
+		      kvb_strerror(-EHOSTDOWN));
 	}
 	side_down(&p);
 	side_down(&d);
