@@ -891,6 +891,34 @@ int kvb_submit_layers(struct kvb_ctx *ctx, const uint32_t *handles,
 	return submitted(ctx, done, n);
 }
 
+int kvb_transfer_seal_many(struct kvb_ctx *ctx, const uint32_t *handles,
+			   const uint32_t *expected, const uint64_t *tags,
+			   unsigned n)
+{
+	struct kvb_sqe sqe[SUBMIT_CHUNK];
+	unsigned done = 0;
+
+	if (!ctx || (n && (!handles || !expected || !tags)))
+		return -EINVAL;
+	if (__atomic_load_n(&ctx->dead, __ATOMIC_RELAXED))
+		return -EPIPE;
+	while (done < n) {
+		unsigned k = n - done < SUBMIT_CHUNK ? n - done : SUBMIT_CHUNK;
+		unsigned got;
+
+		for (unsigned i = 0; i < k; i++)
+			sqe[i] = (struct kvb_sqe){.opcode = KVB_OP_SEAL,
+						  .transfer = handles[done + i],
+						  .len = expected[done + i],
+						  .tag = tags[done + i]};
+		got = kvb_ring_enqueue_burst(&ctx->seg.sq, sqe, k);
+		done += got;
+		if (got < k)
+			break;
+	}
+	return submitted(ctx, done, n);
+}
+
 static unsigned reap(struct kvb_ctx *ctx, struct kvb_completion *c,
 		     unsigned max)
 {

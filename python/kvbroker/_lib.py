@@ -191,6 +191,11 @@ _PROTOS = {
         [_P, POINTER(CRemoteOpen), c_uint, POINTER(c_uint32), POINTER(c_int32)],
         False,
     ),
+    "kvb_transfer_seal_many": (
+        c_int,
+        [_P, POINTER(c_uint32), POINTER(c_uint32), POINTER(c_uint64), c_uint],
+        False,
+    ),
     "kvb_transfer_expect": (
         c_int,
         [_P, POINTER(c_char_p), c_uint, c_uint, POINTER(c_int32)],

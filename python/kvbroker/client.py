@@ -796,6 +796,36 @@ class Client:
             self._leave()
         check(rc, "kvb_transfer_seal")
 
+    def seal_many(self, handles: Sequence[int], expected: Sequence[int],
+                  tags: Sequence[int]) -> int:
+        """seal for many transfers at once (kvb_transfer_seal_many: one
+        broker wake-up): how many went in, the first ones (0: ring full,
+        poll and retry the rest). Without it in the library: one seal
+        each."""
+        n = len(handles)
+        if n != len(expected) or n != len(tags):
+            raise ValueError(f"{n} handles, {len(expected)} counts, {len(tags)} tags")
+        if n == 0:
+            return 0
+        if not self._lib.has("kvb_transfer_seal_many"):
+            for i in range(n):
+                try:
+                    self.seal(handles[i], expected[i], tags[i])
+                except RingFull:
+                    return i
+            return n
+        hs = (c_uint32 * n)(*handles)
+        ex = (c_uint32 * n)(*expected)
+        ts = (ctypes.c_uint64 * n)(*tags)
+        ctx = self._enter("kvb_transfer_seal_many")
+        try:
+            rc = self._lib.kvb_transfer_seal_many(ctx, hs, ex, ts, n)
+        finally:
+            self._leave()
+        if rc == -errno.EAGAIN:
+            return 0
+        return check(rc, "kvb_transfer_seal_many")
+
     def abort(self, handle: int, tag: int = 0) -> None:
         """Abort a transfer: it completes with -ECANCELED. RingFull as seal."""
         ctx = self._enter("kvb_transfer_abort")

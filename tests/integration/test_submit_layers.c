@@ -5,7 +5,7 @@
  * (here on same-node transfers, where a layer op is refused with -EINVAL:
  * what is checked is that every op arrived, in order, with its tag); a
  * full ring takes a prefix (a burst) and then -EAGAIN; a dead broker gives
- * -EPIPE.
+ * -EPIPE. kvb_transfer_seal_many: the same for seals.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -121,11 +121,77 @@ static void test_ring_full_then_dead(void **state)
 	broker_cleanup(&b);
 }
 
+/* kvb_transfer_seal_many: refused arguments; N seals in one call (more
+ * than a library chunk), each transfer's completion with its tag; a full
+ * ring takes a prefix, then -EAGAIN. */
+static void test_seal_many(void **state)
+{
+	struct broker b;
+	struct kvb_ctx *ctx;
+	uint32_t h[N], ex[N];
+	uint64_t tags[N];
+	unsigned seen[N] = {0}, got = 0;
+	char id[32];
+	int n, total;
+
+	(void) state;
+	assert_int_equal(broker_start(&b, NULL), 0);
+	ctx = attach(&b, 16);
+	for (unsigned i = 0; i < N; i++) {
+		snprintf(id, sizeof(id), "tx-s%u", i);
+		assert_int_equal(kvb_transfer_open(ctx, id, &h[i]), 0);
+		tags[i] = 7000 + i;
+		ex[i] = 0;
+	}
+	assert_int_equal(kvb_transfer_seal_many(NULL, h, ex, tags, 1), -EINVAL);
+	assert_int_equal(kvb_transfer_seal_many(ctx, NULL, ex, tags, 1),
+			 -EINVAL);
+	assert_int_equal(kvb_transfer_seal_many(ctx, h, NULL, tags, 1),
+			 -EINVAL);
+	assert_int_equal(kvb_transfer_seal_many(ctx, h, ex, NULL, 1), -EINVAL);
+	assert_int_equal(kvb_transfer_seal_many(ctx, NULL, NULL, NULL, 0), 0);
+	/* the broker stopped: the 16-slot ring takes a prefix, then EAGAIN */
+	assert_int_equal(kill(b.pid, SIGSTOP), 0);
+	n = kvb_transfer_seal_many(ctx, h, ex, tags, N);
+	assert_true(n > 0 && n <= 16);
+	assert_int_equal(kvb_transfer_seal_many(ctx, h + n, ex + n, tags + n,
+						N - (unsigned) n),
+			 -EAGAIN);
+	assert_int_equal(kill(b.pid, SIGCONT), 0);
+	total = n;
+	while (got < N) {
+		struct kvb_completion c[64];
+		int k;
+
+		if (total < N) {
+			n = kvb_transfer_seal_many(ctx, h + total, ex + total,
+						   tags + total,
+						   N - (unsigned) total);
+			assert_true(n > 0 || n == -EAGAIN);
+			if (n > 0)
+				total += n;
+		}
+		k = kvb_wait(ctx, c, 64, 5000);
+		assert_true(k > 0);
+		for (int i = 0; i < k; i++) {
+			assert_int_equal(c[i].kind, KVB_COMP_TRANSFER);
+			assert_int_equal(c[i].status, 0);
+			assert_true(c[i].tag >= 7000 && c[i].tag < 7000 + N);
+			assert_int_equal(seen[c[i].tag - 7000]++, 0);
+			got++;
+		}
+	}
+	kvb_detach(ctx);
+	assert_int_equal(broker_stop(&b), 0);
+	broker_cleanup(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_args_and_order),
 		cmocka_unit_test(test_ring_full_then_dead),
+		cmocka_unit_test(test_seal_many),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

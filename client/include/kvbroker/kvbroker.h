@@ -287,6 +287,18 @@ int kvb_submit_read(struct kvb_ctx *ctx, const struct kvb_desc *d, unsigned n);
  * `expected` is the number of peer workers whose writes it waits for (their
  * write_done). Returns 0, -EAGAIN, -EPIPE. Single submitting thread.
  */
+/*
+ * kvb_transfer_seal for n transfers at once: handles[i] sealed with
+ * expected[i], its KVB_COMP_TRANSFER tagged tags[i]; one wake-up of the
+ * broker (a step's seals, as a vLLM connector makes them). A burst: returns
+ * how many went in (the first ones, 1..n; 0 when n is 0), -EAGAIN when
+ * none fit (ring full), -EINVAL (an array NULL with n), -EPIPE. Single
+ * submitting thread.
+ */
+int kvb_transfer_seal_many(struct kvb_ctx *ctx, const uint32_t *handles,
+			   const uint32_t *expected, const uint64_t *tags,
+			   unsigned n);
+
 int kvb_transfer_seal(struct kvb_ctx *ctx, uint32_t handle, uint32_t expected,
 		      uint64_t tag);
 

@@ -367,6 +367,7 @@ class BrokerWorker:
                     self.stats["open_errors"] += 1
                     self._end(x, -_errno(e), "open: %s" % e)
                 continue
+            seals = []
             for x, (st, h) in zip(px, res):
                 if st:
                     self.stats["open_errors"] += 1
@@ -375,13 +376,30 @@ class BrokerWorker:
                 x.handle = int(h)
                 self.stats["opened"] += 1
                 if x.kind == LOAD:
-                    self._control(x, "seal", self.client.seal, x.handle,
-                                  self._write_dones(x.meta), x.tag)
+                    seals.append((x, self._write_dones(x.meta)))
                 elif x.kind == RELEASE:
                     self.stats["released"] += 1
-                    self._control(x, "seal", self.client.seal, x.handle, 0,
-                                  x.tag)
+                    seals.append((x, 0))
+            self._seal_all(seals)
         return xs
+
+    def _seal_all(self, seals: list) -> None:
+        """Seal (x, expected) pairs in one ring burst (one broker wake-up);
+        what does not fit (ring full) or fails goes one by one, retried."""
+        if not seals:
+            return
+        done = 0
+        try:
+            done = self.client.seal_many([x.handle for x, _ in seals],
+                                         [n for _, n in seals],
+                                         [x.tag for x, _ in seals])
+        except self._kvb.Error as e:
+            if _errno(e) == errno.EPIPE:
+                self._broker_died(str(e))
+                return
+        for x, n in seals[done:]:
+            if not x.done:
+                self._control(x, "seal", self.client.seal, x.handle, n, x.tag)
 
     def _write_dones(self, m: ReqMeta) -> int:
         """D: write_done messages to wait for (several when P's ranks each
@@ -596,10 +614,8 @@ class BrokerWorker:
             if layer not in self._saved_layers:
                 self._saved_layers.add(layer)
                 self._submit(self._saves, layer)
-        for x in self._saves:
-            if not x.done:
-                self._control(x, "seal", self.client.seal, x.handle,
-                              self._step_layers, x.tag)
+        self._seal_all([(x, self._step_layers) for x in self._saves
+                        if not x.done])
         self._saves = []
         self._step_layers = 0
 
