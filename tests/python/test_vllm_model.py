@@ -398,6 +398,25 @@ def test_same_transfer_id(make, nodes, version):
     assert_no_leak(h, nodes)
 
 
+@pytest.mark.parametrize("version,kv_form", [(OLD, None), (NEW, None),
+                                              (NEW, "5d")])
+def test_full_cudagraph(make, nodes, version, kv_form):
+    """CUDAGraphMode.FULL: the connector does not ask vLLM for piecewise
+    graphs, so the layer hooks never run (graph replay) and P's
+    wait_for_save queues every layer after the forward: every byte
+    arrives, chunked prefill included, nothing leaks."""
+    from kvbroker.vllm import KVBrokerConnector
+
+    assert KVBrokerConnector.requires_piecewise_for_cudagraph({}) is False
+    h = make(version, kv_form=kv_form, cudagraph="full",
+             p=dict(max_num_batched_tokens=48,
+                    long_prefill_token_threshold=32))
+    submit_many(h, 8, random.Random(23), lo=20, hi=140)
+    h.run(60)
+    assert_all_ok(h, 8)
+    assert_no_leak(h, nodes)
+
+
 def _d_ended(h, did):
     return did in h.D.sched.finished or (
         did in h.D.verified and did not in h.D.sched.requests)

@@ -192,7 +192,7 @@ def sched(role, **extra):
 
 def test_interface_and_refused_roles():
     assert "003df29" in VLLM_INTERFACE and not HAVE_VLLM
-    assert KVBrokerConnector.requires_piecewise_for_cudagraph({}) is True
+    assert KVBrokerConnector.requires_piecewise_for_cudagraph({}) is False
     assert KVBrokerConnector.get_required_kvcache_layout(None) == "NHD"
     with pytest.raises(ValueError, match="kv_both"):
         sched("kv_both")

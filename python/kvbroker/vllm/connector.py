@@ -103,9 +103,10 @@ class KVBrokerConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
-        # save_kv_layer runs between the layers: a full CUDA graph replay
-        # would skip it
-        return True
+        # WRITE mode needs no hook: under a FULL CUDA graph replay (no
+        # save_kv_layer) wait_for_save queues every layer after the
+        # forward (the stream synchronized first); D loads between steps
+        return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any):

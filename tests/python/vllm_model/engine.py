@@ -84,6 +84,12 @@ class InstanceSpec:
     enable_prefix_caching: bool = True
     kv_load_failure_policy: str = "recompute"
     transfer_timeout_s: float = 12.0
+    # "full": vLLM's CUDAGraphMode.FULL, every step a graph replay, so the
+    # attention layers' connector hooks (wait_for_layer_load,
+    # save_kv_layer) do not run, unless the connector's
+    # requires_piecewise_for_cudagraph() says True (then vLLM downgrades
+    # to PIECEWISE and they run)
+    cudagraph: str = "piecewise"
     extra: dict = field(default_factory=dict)
 
     @property
@@ -149,6 +155,7 @@ class Instance:
             "kernel_block_size": spec.kernel_block_size,
             "heads": spec.heads, "head_dim": spec.head_dim,
             "vllm_config_factory": spec.vllm_config,
+            "cudagraph": spec.cudagraph,
         }
         for r in range(spec.tp):
             parent, child = _ctx.Pipe()

@@ -256,6 +256,11 @@ class Worker:
         # ActiveKVConnector.__init__)
         self.conn.register_kv_caches(self.kv.caches)
         self.conn.set_host_xfer_buffer_ops(None)
+        # the layer hooks run unless the forward is a FULL graph replay,
+        # which vLLM downgrades to PIECEWISE when the connector asks
+        extra = cfg.kv_transfer_config.kv_connector_extra_config
+        self.hooks = spec.get("cudagraph", "piecewise") != "full" or bool(
+            type(self.conn).requires_piecewise_for_cudagraph(extra))
         self.reqs: dict[str, dict] = {}  # the persistent batch
         self.checks: dict[str, dict] = {}  # loads to verify
         self.pending_load = False
@@ -301,11 +306,13 @@ class Worker:
             work.append((rid, pos, toks, bidx, pos % self.kv.BS))
         for li in range(self.kv.L):
             name = layer_name(li)
-            self.conn.wait_for_layer_load(name)
+            if self.hooks:
+                self.conn.wait_for_layer_load(name)
             for rid, pos, toks, bidx, slots in work:
                 self.kv.write(li, bidx, slots,
                               self.pattern.values(toks, pos, li, self.salt))
-            self.conn.save_kv_layer(name, self.kv.caches[name], None)
+            if self.hooks:
+                self.conn.save_kv_layer(name, self.kv.caches[name], None)
         req_ids, sampled = [], []
         for rid, n in so.num_scheduled_tokens.items():
             st = self.reqs[rid]
