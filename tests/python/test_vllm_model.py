@@ -173,6 +173,40 @@ def test_forms(make, nodes, version, kw):
     assert_no_leak(h, nodes)
 
 
+@pytest.mark.parametrize("version,ptp,dtp", [
+    (OLD, 2, 1), (NEW, 1, 2), (NEW, 4, 2), (OLD, 2, 4)],
+    ids=["0.28-2to1", "0.32-1to2", "0.32-4to2", "0.28-2to4"])
+def test_heterogeneous_tp(make, nodes, version, ptp, dtp):
+    """P and D with different TP sizes, the same 8 KV heads in all: each D
+    rank's heads come from the P ranks that hold them (P TP larger: each P
+    rank writes its heads into the D rank holding them, D waits for every
+    writer; smaller: each P rank writes a slice of its heads into each D
+    rank). NHD 5-D caches (0.28) and LBNHC views (0.32); every byte checked
+    on every D rank."""
+    h = make(version, p=dict(tp=ptp, heads=8 // ptp),
+             d=dict(tp=dtp, heads=8 // dtp))
+    submit_many(h, 6, random.Random(24), lo=20, hi=120)
+    h.run(90)
+    assert_all_ok(h, 6)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_heterogeneous_tp_hnd_refused(make, nodes, version):
+    """HND pages (heads outside the tokens) cannot be split between TP
+    sizes: D refuses each load (a load error, recomputed at D) and says
+    why; P's blocks are freed (a release); nothing hangs or leaks."""
+    layout = "HND" if version == OLD else "LBHNC"
+    h = make(version, layout=layout, p=dict(tp=2, heads=2),
+             d=dict(tp=1, heads=4))
+    submit_many(h, 3, random.Random(25), lo=20, hi=80)
+    h.run(60)
+    res = h.d_results()
+    assert len(res) == 3 and all(v == "load_error" for v in res.values()), \
+        res
+    assert_no_leak(h, nodes)
+
+
 @pytest.mark.parametrize("version,sched", [("0.29", "sync"),
                                            (NEW, "sync"), (NEW, "async")])
 def test_newer_contract_on_5d_caches(make, nodes, version, sched):
