@@ -13,6 +13,7 @@ free, both brokers' transfer tables empty. Needs root and ip(8).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -449,6 +450,83 @@ def test_full_cudagraph(make, nodes, version, kv_form):
     h.run(60)
     assert_all_ok(h, 8)
     assert_no_leak(h, nodes)
+
+
+class _Metric:
+    """prometheus_client's Gauge / Counter / Histogram, as vLLM hands
+    their classes to build_prom_metrics (metric_types): children by label
+    values, observations and increments kept."""
+    made: dict = {}
+
+    def __init__(self, name, documentation, labelnames, buckets=None):
+        self.name, self.labelnames = name, list(labelnames)
+        self.children: dict = {}
+        _Metric.made[name] = self
+
+    def labels(self, *values):
+        assert len(values) == len(self.labelnames), (self.name, values)
+        return self.children.setdefault(tuple(values), _Child())
+
+
+class _Child:
+    def __init__(self):
+        self.obs, self.total = [], 0.0
+
+    def observe(self, v):
+        self.obs.append(v)
+
+    def inc(self, n=1):
+        self.total += n
+
+
+@pytest.mark.parametrize("version,ptp", [(OLD, 1), (NEW, 2)])
+def test_stats(make, nodes, version, ptp):
+    """vLLM's connector stats path: each worker's
+    get_kv_connector_stats, aggregated over the TP ranks (as
+    KVOutputAggregator does), its .data rebuilt by
+    build_kv_connector_stats and aggregated over the steps (as vLLM's
+    logging process does), reduce() logged; and build_prom_metrics' object
+    fed the same data. Every transfer counted once per rank, bytes and
+    blocks as moved; a transfer that fails is counted by reason."""
+    from kvbroker.vllm import KVBrokerConnector
+
+    h = make(version, p=dict(tp=ptp, heads=4 // ptp), d=dict(heads=4))
+    submit_many(h, 6, random.Random(26), lo=20, hi=120)
+    h.run(60)
+    assert_all_ok(h, 6)
+    for inst in (h.P, h.D):
+        acc = None
+        for data in inst.kv_stats_data:
+            st = KVBrokerConnector.build_kv_connector_stats(data)
+            acc = st if acc is None else acc.aggregate(st)
+        r = acc.reduce()
+        ranks = inst.spec.tp
+        assert r["Num successful transfers"] == 6 * ranks, (inst.spec.role, r)
+        assert r["Num failed transfers"] == 0, r
+        assert r["Avg post time (ms)"] > 0 and r["Avg xfer time (ms)"] > 0
+        # bytes: every rank's share of the blocks it named, all layers
+        sp = inst.spec
+        per_block = 2 * sp.block_size * sp.heads * sp.head_dim * 2 * \
+            sp.layers
+        assert sum(acc.data["bytes_transferred"]) == \
+            per_block * sum(acc.data["num_blocks"]), r
+        _Metric.made.clear()
+        prom = KVBrokerConnector.build_prom_metrics(
+            inst.spec.vllm_config(), {"Gauge": _Metric, "Counter": _Metric,
+                                      "Histogram": _Metric},
+            ["model_name", "engine"], {0: ["m", "0"]})
+        for data in inst.kv_stats_data:
+            prom.observe(data, 0)
+        xt = _Metric.made["vllm:kvbroker_xfer_time_seconds"]
+        assert len(xt.children[("m", "0")].obs) == 6 * ranks
+        assert not _Metric.made[
+            "vllm:kvbroker_num_failed_transfers"].children
+    # a failure, counted by reason: D loads from an id P never opens
+    st = KVBrokerConnector.build_kv_connector_stats(None)
+    assert st.is_empty() and st.reduce()["Num successful transfers"] == 0
+    st.record_failed(-errno.ENOENT)
+    st2 = KVBrokerConnector.build_kv_connector_stats(st.data)
+    assert st2.reduce()["Failed (ENOENT)"] == 1
 
 
 def _d_ended(h, did):

@@ -9,7 +9,9 @@ runs on a stand-in base class with the same interface (``_compat``).
 from ._compat import HAVE_VLLM, VLLM_INTERFACE
 from ._layout import LayoutError
 from ._params import ParamsError
+from ._stats import KVBrokerConnectorStats, KVBrokerPromMetrics
 from .connector import KVBrokerConnector, KVBrokerMetadata
 
 __all__ = ["KVBrokerConnector", "KVBrokerMetadata", "LayoutError",
-           "ParamsError", "HAVE_VLLM", "VLLM_INTERFACE"]
+           "ParamsError", "HAVE_VLLM", "VLLM_INTERFACE",
+           "KVBrokerConnectorStats", "KVBrokerPromMetrics"]

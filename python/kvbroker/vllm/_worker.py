@@ -35,6 +35,9 @@ from ._params import Config, ReqMeta
 
 log = logging.getLogger("kvbroker.vllm")
 
+# the broker's doorbell counters are read at most this often (stats)
+DOORBELL_SAMPLE_S = 5.0
+
 KIND_DESC, KIND_TRANSFER, KIND_SHUTDOWN = 1, 2, 3
 UNSIGNALED = 0x1  # KVB_DESC_UNSIGNALED
 REGION_FLAGS = 0x3  # KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ
@@ -58,6 +61,7 @@ class Xfer:
     abort_sent: float = 0.0  # when we aborted it (deadline passed)
     done: bool = False
     status: int = 0
+    opened_at: float = 0.0  # time.monotonic() at the open (stats)
     why: list = field(default_factory=list)
 
 
@@ -148,6 +152,11 @@ class BrokerWorker:
                       "layer_errors": 0, "open_errors": 0, "released": 0,
                       "expect_errors": 0}
         self._no_expect = False
+        from ._stats import KVBrokerConnectorStats
+
+        self.kv_stats = KVBrokerConnectorStats()
+        self._block_bytes = 0  # this rank's bytes per vLLM block, all layers
+        self._db_sample: tuple[float, int, int] | None = None
 
     # --- registration ---
 
@@ -167,6 +176,13 @@ class BrokerWorker:
                               "(%s): not supported" % sorted(heads))
         self.local_heads = heads.pop()
         self.hnd = any(lay.hnd for lay in self.layouts)
+        # bytes a token takes in all layers (a block-row layout holds
+        # `layers` of them per row), for the stats' bytes per transfer
+        per_token = sum(lay.nbytes * lay.layers /
+                        (lay.num_blocks * lay.block_size)
+                        for lay in self.layouts
+                        if lay.num_blocks and lay.block_size)
+        self._block_bytes = int(per_token * self.block_size)
         log.info("KVBrokerConnector: %s rank dp %d tp %d/%d: %d layers "
                  "registered as %d broker layers (%s, %d heads)",
                  "P" if self.producer else "D", self.dp_rank, self.tp_rank,
@@ -311,8 +327,9 @@ class BrokerWorker:
     # --- opening ---
 
     def _new_xfer(self, m: ReqMeta, kind: str) -> Xfer:
+        now = time.monotonic()
         x = Xfer(meta=m, kind=kind, tag=self._next_tag,
-                 deadline=time.monotonic() + self.cfg.transfer_timeout_s)
+                 deadline=now + self.cfg.transfer_timeout_s, opened_at=now)
         self._next_tag += 1
         self._xfers[x.tag] = x
         if kind != RELEASE:
@@ -359,7 +376,9 @@ class BrokerWorker:
         for i in range(0, len(entries), max_n):
             part, px = entries[i:i + max_n], live[i:i + max_n]
             try:
+                t0 = time.perf_counter()
                 res = self.client.open_remote_batch(part)
+                self.kv_stats.record_post(time.perf_counter() - t0)
             except self._kvb.Error as e:
                 if _errno(e) == errno.EPIPE:
                     self._broker_died(str(e))
@@ -706,7 +725,14 @@ class BrokerWorker:
             del self._by_req[rid]
         if status == 0:
             self.stats["ok"] += 1
+            n = len(x.meta.block_ids)
+            self.kv_stats.record_transfer(time.monotonic() - x.opened_at,
+                                          n * self._block_bytes, n)
+        elif x.aborted:
+            self.kv_stats.record_aborted()
         else:
+            self.kv_stats.record_failed(status)
+        if status:
             self.stats["failed"] += 1
             if why:
                 x.why.append(why)
@@ -739,6 +765,30 @@ class BrokerWorker:
         recving, self._recv_done = self._recv_done, set()
         failed, self._recv_failed = self._recv_failed, set()
         return sending, recving, failed
+
+    def connector_stats_object(self) -> Any:
+        """vLLM's get_kv_connector_stats: what this worker's transfers did
+        since the last call (None when nothing), with the broker's
+        descriptors per doorbell sampled every DOORBELL_SAMPLE_S at most."""
+        now = time.monotonic()
+        if not self.broker_gone and (
+                self._db_sample is None or
+                now - self._db_sample[0] >= DOORBELL_SAMPLE_S):
+            try:
+                st = self.client.stats()
+                wrs, dbs = int(st.get("wrs", 0)), int(st.get("doorbells", 0))
+            except Exception:  # noqa: BLE001  (stats never fail a step)
+                wrs = dbs = -1
+            if wrs >= 0:
+                if self._db_sample is not None and \
+                        dbs > self._db_sample[2]:
+                    self.kv_stats.record_descs_per_doorbell(
+                        (wrs - self._db_sample[1]) /
+                        (dbs - self._db_sample[2]))
+                self._db_sample = (now, wrs, dbs)
+        if self.kv_stats.is_empty():
+            return None
+        return self.kv_stats.clone_and_reset()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errs, self._load_errors = self._load_errors, set()

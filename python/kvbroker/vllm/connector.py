@@ -17,12 +17,14 @@ each call to the half that exists. See docs/vllm.md.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ._compat import (KVConnectorBase_V1, KVConnectorRole,
                       KVConnectorTransferResults)
 from ._params import Config, ParamsError
 from ._scheduler import BrokerScheduler, KVBrokerMetadata
+from ._stats import KVBrokerConnectorStats, KVBrokerPromMetrics
 
 __all__ = ["KVBrokerConnector", "KVBrokerMetadata"]
 
@@ -172,6 +174,31 @@ class KVBrokerConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._worker is not None:
             self._worker.shutdown()
+
+    # ---------------- stats (vLLM's metrics) ----------------
+
+    def get_kv_connector_stats(self):
+        """Worker: what its transfers did since the last call (a
+        KVBrokerConnectorStats), None when nothing; vLLM aggregates the
+        ranks'. The scheduler side has none."""
+        if self._worker is None:
+            return None
+        return self._worker.connector_stats_object()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Any = None):
+        """vLLM's logging process rebuilds the aggregated stats from
+        their data (a copy: aggregating it later must not change the
+        dict vLLM also hands its Prometheus logger)."""
+        return KVBrokerConnectorStats(data=copy.deepcopy(data) if data
+                                      else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any,
+                           labelnames: Any, per_engine_labelvalues: Any):
+        """vllm:kvbroker_* Prometheus metrics (docs/vllm.md)."""
+        return KVBrokerPromMetrics(vllm_config, metric_types, labelnames,
+                                   per_engine_labelvalues)
 
     # ---------------- for tests and operators ----------------
 

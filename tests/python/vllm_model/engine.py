@@ -168,6 +168,7 @@ class Instance:
             m = self._recv(pipe, 60)
             self.pids.append(m["pid"])
         self.batch_queue: collections.deque = collections.deque()
+        self.kv_stats_data: list[dict] = []  # per step, TP ranks aggregated
         self.dead = ""
         self.count_send: collections.Counter = collections.Counter()
         self.count_recv: collections.Counter = collections.Counter()
@@ -223,6 +224,17 @@ class Instance:
                 self.verified[rid].append(why)
         kvo.finished_sending = send or None
         kvo.finished_recving = recv or None
+        # KVOutputAggregator: the first rank's stats object aggregates the
+        # others' (pickled across processes, as vLLM ships them)
+        for o in outs:
+            st = o.get("kv_stats")
+            if st is None:
+                continue
+            kvo.kv_connector_stats = st if kvo.kv_connector_stats is None \
+                else kvo.kv_connector_stats.aggregate(st)
+        if kvo.kv_connector_stats is not None:
+            # what the scheduler hands vLLM's logging process: .data
+            self.kv_stats_data.append(kvo.kv_connector_stats.data)
         self.calls.append(outs[0]["calls"])
         self.worker_stats = [o["stats"] for o in outs]
         o0 = outs[0]

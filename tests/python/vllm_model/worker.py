@@ -348,7 +348,7 @@ class Worker:
             out["sending"], out["recving"] = set(s or ()), set(r or ())
             out["failed_recving"] = set()
         out["invalid"] = set(c.get_block_ids_with_load_errors() or ())
-        c.get_kv_connector_stats()
+        out["kv_stats"] = c.get_kv_connector_stats()
         c.get_kv_connector_kv_cache_events()
         c.build_connector_worker_meta()
         return out
