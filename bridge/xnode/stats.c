@@ -112,7 +112,7 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"peers_back\":%llu,\"heartbeats_sent\":%llu,"
 	    "\"heartbeats_answered\":%llu,\"heartbeats_served\":%llu,"
 	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
-	    "\"unopened_expired\":%llu,",
+	    "\"unopened_expired\":%llu,\"announcements_joined\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -148,7 +148,8 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.hb_served,
 	    (unsigned long long) xn->st.hb_refused,
 	    (unsigned long long) xn->st.hb_bad_pongs,
-	    (unsigned long long) xn->st.unopened_expired);
+	    (unsigned long long) xn->st.unopened_expired,
+	    (unsigned long long) xn->st.announce_joined);
 	*lenp = len;
 }
 
@@ -180,6 +181,9 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.write_done_sent,
 	    (unsigned long long) xn->st.releases_sent,
 	    (unsigned long long) xn->st.write_failed_sent);
+	PUT("announcements joined   %llu (D opens of an id this node "
+	    "announced already)\n",
+	    (unsigned long long) xn->st.announce_joined);
 	PUT("opens by address       %llu (%llu waited for the peer, %llu "
 	    "failed so), %llu duplicate ids refused\n",
 	    (unsigned long long) xn->st.opens_batched,
