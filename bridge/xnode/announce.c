@@ -12,9 +12,9 @@
  *   node sends (the sender's and those open then) or when it opens after
  *   (it finds the mark), so any one left is a witness, whichever worker
  *   sent and whether that one is still attached;
- * - the node's list of the last XN_SENT_IDS (peer, id) it sent, for ranks
- *   that open after every transfer of the id here ended. A worker's own
- *   list of ended ids (the transfer table's, 4,096 for all workers) is not
+ * - the node's list of the last XN_SENT_IDS (peer address, id) it sent,
+ *   for ranks that open after every transfer of the id here ended. The
+ *   transfer table's list of ended ids (4,096 for all workers) is not
  *   used: an id falls out of it after as many later transfers end, and a
  *   transfer that ended without sending (its announce failed) is no
  *   witness of a send.
@@ -34,9 +34,31 @@
 
 enum { SENT_BLOCKS = 0, SENT_RELEASE = 1 };
 
-static uint64_t id_hash(const struct kvb_xfer *x)
+static uint64_t fnv1a(uint64_t h, const char *p, size_t n)
 {
-	return kvb_xfer_hash(0, x->id, strlen(x->id));
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char) p[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+/* The list's key of x's id at x's peer: a 64-bit FNV-1a of the peer's
+ * address (what names it also across a reclaim of its slot) and the id. */
+static uint64_t sent_key(struct kvb_xn *xn, const struct kvb_xfer *x)
+{
+	const struct kvb_peer *p = kvb_xn_peer_get(xn, x->rx->peer);
+	char addr[80];
+	int n;
+
+	if (p)
+		n = snprintf(addr, sizeof(addr), "%s:%u/", p->host, p->port);
+	else
+		n = snprintf(addr, sizeof(addr), "#%u/", x->rx->peer);
+	if (n < 0 || (size_t) n >= sizeof(addr))
+		n = 0;
+	return fnv1a(fnv1a(1469598103934665603ull, addr, (size_t) n), x->id,
+		     strlen(x->id));
 }
 
 static uint32_t sent_bucket(uint64_t h)
@@ -49,24 +71,22 @@ static uint8_t *mark_of(struct kvb_rxfer *rx, int kind)
 	return kind == SENT_RELEASE ? &rx->released : &rx->announced;
 }
 
-/* Is (kind, peer, h) in the node's list of sent ones? */
-static int sent_listed(const struct kvb_xn_sent *s, int kind, uint32_t peer,
-		       uint64_t h)
+/* Is (kind, h) in the node's list of sent ones? */
+static int sent_listed(const struct kvb_xn_sent *s, int kind, uint64_t h)
 {
 	for (uint32_t e = s->head[sent_bucket(h)]; e; e = s->chain[e - 1])
-		if (s->hash[e - 1] == h && s->peer[e - 1] == peer &&
-		    s->kind[e - 1] == kind)
+		if (s->hash[e - 1] == h && s->kind[e - 1] == kind)
 			return 1;
 	return 0;
 }
 
 /* Add it, in place of the oldest entry once the list is full. */
-static void sent_add(struct kvb_xn_sent *s, int kind, uint32_t peer, uint64_t h)
+static void sent_add(struct kvb_xn_sent *s, int kind, uint64_t h)
 {
 	uint32_t i = s->next;
 	uint16_t *pp;
 
-	if (sent_listed(s, kind, peer, h))
+	if (sent_listed(s, kind, h))
 		return;
 	if (i < s->fill) { /* unlink the entry this one replaces */
 		pp = &s->head[sent_bucket(s->hash[i])];
@@ -78,7 +98,6 @@ static void sent_add(struct kvb_xn_sent *s, int kind, uint32_t peer, uint64_t h)
 		s->fill = i + 1;
 	}
 	s->hash[i] = h;
-	s->peer[i] = peer;
 	s->kind[i] = (uint8_t) kind;
 	pp = &s->head[sent_bucket(h)];
 	s->chain[i] = *pp;
@@ -128,7 +147,7 @@ static int node_sent(struct kvb_broker *b, struct kvb_xfer *x, int kind)
 	struct kvb_xn *xn = kvb_xn_of(b);
 
 	if (!is_marked(x->rx, kind) && !each_sibling(b, x, is_marked, kind) &&
-	    !sent_listed(&xn->sent, kind, x->rx->peer, id_hash(x)))
+	    !sent_listed(&xn->sent, kind, sent_key(xn, x)))
 		return 0;
 	set_mark(x->rx, kind);
 	return 1;
@@ -137,9 +156,11 @@ static int node_sent(struct kvb_broker *b, struct kvb_xfer *x, int kind)
 /* It went out: x and every live sibling say so, and the node's list. */
 static void node_mark(struct kvb_broker *b, struct kvb_xfer *x, int kind)
 {
+	struct kvb_xn *xn = kvb_xn_of(b);
+
 	set_mark(x->rx, kind);
 	each_sibling(b, x, set_mark, kind);
-	sent_add(&kvb_xn_of(b)->sent, kind, x->rx->peer, id_hash(x));
+	sent_add(&xn->sent, kind, sent_key(xn, x));
 }
 
 int kvb_xn_announce(struct kvb_broker *b, struct kvb_worker *w,

@@ -48,9 +48,8 @@
 /* The node's list of them: a ring, indexed by a hash of the id (entry + 1
  * in 16 bits, 0 = end of chain), the oldest replaced first. */
 struct kvb_xn_sent {
-	uint64_t hash[XN_SENT_IDS]; /* the id's (kvb_xfer_hash, worker 0) */
-	uint32_t peer[XN_SENT_IDS];
-	uint8_t kind[XN_SENT_IDS]; /* remote_blocks or release */
+	uint64_t hash[XN_SENT_IDS]; /* of the peer's address and the id */
+	uint8_t kind[XN_SENT_IDS];  /* remote_blocks or release */
 	uint16_t head[XN_SENT_IDS];
 	uint16_t chain[XN_SENT_IDS];
 	uint32_t next, fill;
