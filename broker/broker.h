@@ -157,6 +157,9 @@ struct kvb_broker {
 		uint64_t ctl_empty;	     /* zero-length control messages */
 		uint64_t mem_reg_refused;    /* every MEM_REG refusal */
 		uint64_t xfer_quota_refused; /* opens past a worker's share */
+		/* opens within the share refused for a full table: others
+		 * hold entries past the shares of now (until those end) */
+		uint64_t xfer_table_full;
 		uint64_t inflight_quota_stalls; /* drains held at the share */
 		uint64_t undelivered_refused; /* held: completions not reaped */
 		uint64_t xfer_notify_refused; /* writes not counted for D */
@@ -184,9 +187,12 @@ struct kvb_worker *kvb_worker_by_id(struct kvb_broker *b, uint32_t id);
 /* Close connections past their HELLO deadline; called every few ms. */
 void kvb_worker_timers(struct kvb_broker *b, int64_t now);
 
-/* quota.c (docs/security.md, "On the node"). May w take one more
- * transfer table slot (1) or not (0)? */
-int kvb_xfer_room(struct kvb_broker *b, const struct kvb_worker *w);
+/* quota.c (docs/security.md, "On the node"). May w take one more entry
+ * of the transfer table, for `what` (its kind of open) of id[0..len)? 0, or
+ * -ENOSPC counted (xfer_quota_refused past its share, xfer_table_full
+ * within it) and logged. */
+int kvb_xfer_admit(struct kvb_broker *b, const struct kvb_worker *w,
+		   const char *what, const char *id, uint32_t len);
 /* How many of w's descriptors (at most burst) the engine may take now. */
 uint32_t kvb_inflight_room(struct kvb_broker *b, struct kvb_worker *w,
 			   uint32_t burst);

@@ -424,6 +424,7 @@ static void render_node(struct mbuf *m, struct kvb_broker *b)
 		{"ctl_empty", b->st.ctl_empty},
 		{"mem_reg", b->st.mem_reg_refused},
 		{"xfer_quota", b->st.xfer_quota_refused},
+		{"xfer_table_full", b->st.xfer_table_full},
 		{"undelivered", b->st.undelivered_refused},
 		{"xfer_notify", b->st.xfer_notify_refused},
 	};

@@ -62,6 +62,7 @@ static void guard_stats(struct kvb_broker *b, struct out *o, int json)
 		{"ctl_empty_messages", b->st.ctl_empty},
 		{"mem_reg_refused", b->st.mem_reg_refused},
 		{"xfer_quota_refused", b->st.xfer_quota_refused},
+		{"xfer_table_full", b->st.xfer_table_full},
 		{"inflight_quota_stalls", b->st.inflight_quota_stalls},
 		{"undelivered_refused", b->st.undelivered_refused},
 		{"xfer_notify_refused", b->st.xfer_notify_refused},

@@ -557,27 +557,16 @@ static int xfer_open(struct kvb_broker *b, struct kvb_worker *w, const char *id,
 	if (len == 0 || len > KVB_XFER_ID_MAX)
 		return -EINVAL;
 	x = kvb_xfer_find(&b->xfers, w->id, id, len);
-	if (!x && !kvb_xfer_room(b, w)) {
-		b->st.xfer_quota_refused++;
-		log_warn_rl("worker %u: transfer '%.*s' refused (-ENOSPC): "
-			    "the worker holds %u transfers, its share of the "
-			    "table (%u active of %u)",
-			    w->id, (int) len, id,
-			    kvb_xfers_charged(&b->xfers, w->id),
-			    b->xfers.nactive, KVB_MAX_XFERS - 1);
-		return -ENOSPC;
-	}
+	if (!x && (err = kvb_xfer_admit(b, w, "transfer", id, len)))
+		return err;
 	if (!x)
 		x = kvb_xfer_open(
 			&b->xfers, w->id, id, len,
 			kvb_now_ns() +
 				(int64_t) b->opt.transfer_deadline_ms * 1000000,
 			&err);
-	if (!x) {
-		if (err == -ENOSPC)
-			log_warn_rl("worker %u: transfer table full", w->id);
+	if (!x)
 		return err;
-	}
 	/* an entry another worker's writes made for w is w's own now */
 	kvb_xfer_charge(&b->xfers, x, w->id);
 	x->opened = 1;
@@ -926,18 +915,17 @@ static void ctl_xopen(struct kvb_broker *b, struct kvb_worker *w,
 		      struct ctl_req *q)
 {
 	struct kvb_msg_open_reply rep = {.h.type = KVB_MSG_XOPEN};
+	const struct kvb_msg_xopen *m = &q->m->xopen;
+	/* a bad length is the hook's to refuse */
+	uint32_t len = m->id_len <= KVB_XFER_ID_MAX ? m->id_len : 0;
 	int rc = undelivered_check(b, w);
 
-	if (!rc && !kvb_xfer_room(b, w)) {
-		b->st.xfer_quota_refused++;
-		log_warn_rl("worker %u: remote transfer refused (-ENOSPC): "
-			    "its share of the table is used",
-			    w->id);
-		rc = -ENOSPC;
-	}
+	/* an id it holds already (a message's, or a duplicate the hook
+	 * refuses) takes no entry */
+	if (!rc && len && !kvb_xfer_find(&b->xfers, w->id, m->id, len))
+		rc = kvb_xfer_admit(b, w, "remote transfer", m->id, len);
 	if (!rc)
-		rc = kvb_hook_xopen(b, w, &q->m->xopen, (uint32_t) q->n,
-				    &rep.handle);
+		rc = kvb_hook_xopen(b, w, m, (uint32_t) q->n, &rep.handle);
 	reply(w, &rep.h, sizeof(rep), rc, NULL, 0);
 }
 

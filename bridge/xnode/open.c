@@ -70,13 +70,9 @@ static int open_entry(struct kvb_broker *b, struct kvb_worker *w,
 	x = kvb_xfer_find(&b->xfers, w->id, e->id, e->h.id_len);
 	if (x && x->opened) /* refused there: -EEXIST, -EBUSY */
 		return kvb_xn_open_one(b, w, &o, handle);
-	if (!x && !kvb_xfer_room(b, w)) {
-		b->st.xfer_quota_refused++;
-		log_warn_rl("worker %u: remote transfer refused (-ENOSPC): "
-			    "its share of the table is used",
-			    w->id);
-		return -ENOSPC;
-	}
+	if (!x &&
+	    (rc = kvb_xfer_admit(b, w, "remote transfer", e->id, e->h.id_len)))
+		return rc;
 	p = kvb_xn_peer_find(xn, host, e->h.port, 1);
 	if (!p) {
 		if (kvb_xn_rlog_ok(xn))

@@ -114,7 +114,8 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"heartbeats_refused\":%llu,\"heartbeat_answers_rejected\":%llu,"
 	    "\"unopened_expired\":%llu,\"expects\":%llu,\"withdraws\":%llu,"
 	    "\"expects_refused\":%llu,\"unknown_expired\":%llu,"
-	    "\"withdrawn_told\":%llu,\"lost_refused\":%llu,",
+	    "\"withdrawn_told\":%llu,\"lost_refused\":%llu,"
+	    "\"announcements_joined\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -156,7 +157,8 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.expects_refused,
 	    (unsigned long long) xn->st.unknown_expired,
 	    (unsigned long long) xn->st.withdrawn_told,
-	    (unsigned long long) xn->st.lost_refused);
+	    (unsigned long long) xn->st.lost_refused,
+	    (unsigned long long) xn->st.announce_joined);
 	*lenp = len;
 }
 
@@ -188,6 +190,9 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.write_done_sent,
 	    (unsigned long long) xn->st.releases_sent,
 	    (unsigned long long) xn->st.write_failed_sent);
+	PUT("announcements joined   %llu (D opens of an id this node "
+	    "announced already)\n",
+	    (unsigned long long) xn->st.announce_joined);
 	PUT("opens by address       %llu (%llu waited for the peer, %llu "
 	    "failed so), %llu duplicate ids refused\n",
 	    (unsigned long long) xn->st.opens_batched,

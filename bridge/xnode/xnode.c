@@ -17,7 +17,8 @@
  * drained without waiting, peers that do not answer time out. Set-up,
  * teardown and region registration: setup.c; peers and the
  * handshake: peer.c; notify messages: notify.c; layer ops:
- * layer.c.
+ * layer.c; a D transfer's remote_blocks (or release), once per node:
+ * announce.c.
  */
 #include "xnode_priv.h"
 
@@ -332,9 +333,7 @@ uint32_t *kvb_xn_copy_ids(const uint32_t *ids, uint32_t n)
 	return c;
 }
 
-/* Send m to the notify port of every P rank of the peer's DP rank
- * rx->remote_dp (a D transfer's writers); returns how many went out. */
-static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
+uint32_t kvb_xn_send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
 				struct kvb_peer *p, const struct kvb_rxfer *rx,
 				struct kvb_zmsg *m)
 {
@@ -354,77 +353,6 @@ static uint32_t send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
 			sent++;
 	}
 	return sent;
-}
-
-/* Did another D worker of this node already send x's message to the same
- * peer: its remote_blocks (release 0: or its transfer of that id ended
- * there already) or its release-only (release 1)? */
-static int node_did(struct kvb_broker *b, const struct kvb_worker *w,
-		    const struct kvb_xfer *x, int release)
-{
-	size_t len = strlen(x->id);
-
-	for (uint32_t i = 0; i < b->nlive; i++) {
-		struct kvb_worker *v = &b->workers[b->live[i]];
-		struct kvb_xfer *y;
-
-		if (v == w || v->role != KVB_ROLE_D)
-			continue;
-		y = kvb_xfer_find(&b->xfers, v->id, x->id, len);
-		if (y && y->rx && y->rx->peer == x->rx->peer &&
-		    (release ? y->rx->released : y->rx->announced))
-			return 1;
-		if (!release && !y &&
-		    kvb_xfer_is_terminal(&b->xfers, v->id,
-					 kvb_xfer_hash(v->id, x->id, len)))
-			return 1;
-	}
-	return 0;
-}
-
-/* remote_blocks to every P TP rank of rx->remote_dp at the peer. */
-static int announce(struct kvb_broker *b, struct kvb_worker *w,
-		    struct kvb_xfer *x)
-{
-	struct kvb_rxfer *rx = x->rx;
-	struct kvb_peer *p = kvb_xn_peer_get(kvb_xn_of(b), rx->peer);
-	struct kvb_zmsg m;
-	uint32_t sent = 0;
-	int rc;
-
-	/* once per node: another D rank here may have announced it, or it
-	 * ended there already (P wrote every rank) */
-	if (node_did(b, w, x, 0))
-		return 0;
-	rc = kvb_zmsg_init(&m, KVB_ZMSG_REMOTE_BLOCKS, x->id);
-	if (rc)
-		return rc;
-	snprintf(m.req_id, sizeof(m.req_id), "%s", x->id);
-	m.decode_rank = w->dp_rank;
-	rc = kvb_zmsg_set_blocks(&m, rx->lb, rx->nlb);
-	if (!rc)
-		rc = kvb_zmsg_check(&m); /* what no peer would take */
-	if (rc) {
-		log_warn("transfer '%s': cannot announce its blocks (ids up to "
-			 "%u, at most %u of them): %s",
-			 x->id, (unsigned) KVB_ZMSG_BLOCK_MAX,
-			 KVB_ZMSG_BLOCKS_MAX, strerror(-rc));
-		kvb_zmsg_fini(&m);
-		return rc;
-	}
-	sent = send_to_p_ranks(b, w, p, rx, &m);
-	kvb_xn_of(b)->st.remote_blocks_sent += sent;
-	kvb_zmsg_fini(&m);
-	if (!sent) {
-		log_warn("transfer '%s': peer %s has no reachable P worker of "
-			 "DP rank %u (attach them, then kvb_peer_connect "
-			 "again)",
-			 x->id, p->desc.node_id, rx->remote_dp);
-		return -EHOSTUNREACH;
-	}
-	rx->announced = 1;
-	kvb_grant_unfence(b, w->dp_rank, rx->lb, rx->nlb);
-	return 0;
 }
 
 /* Is an open well formed for w (its block lists as its role and mode need
@@ -480,47 +408,6 @@ static uint32_t read_acks(const struct kvb_worker *w, const struct kvb_peer *p)
 	return a > 0 ? (uint32_t) a : 1;
 }
 
-/*
- * D dropped the request before anything was written (release-only): a
- * typed release to every P rank of rx->remote_dp at the peer, which P's
- * broker takes as D's abort. Once per node and id: where another D worker
- * here released it already, nothing more goes. 0 or -errno (none went).
- */
-static int release_only(struct kvb_broker *b, struct kvb_worker *w,
-			struct kvb_xfer *x)
-{
-	struct kvb_xn *xn = kvb_xn_of(b);
-	struct kvb_rxfer *rx = x->rx;
-	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
-	struct kvb_zmsg m;
-	uint32_t sent;
-	int rc;
-
-	if (node_did(b, w, x, 1)) { /* another D rank here released it */
-		rx->released = 1;
-		return 0;
-	}
-	if (!p || !p->have_desc)
-		return -EHOSTUNREACH;
-	rc = kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, x->id);
-	if (rc)
-		return rc;
-	sent = send_to_p_ranks(b, w, p, rx, &m);
-	kvb_zmsg_fini(&m);
-	xn->st.releases_sent += sent;
-	if (!sent) {
-		xn->st.release_only_failed++;
-		if (kvb_xn_rlog_ok(xn))
-			log_warn("transfer '%s': release not sent: peer %s has "
-				 "no reachable P worker of DP rank %u",
-				 x->id, p->desc.node_id, rx->remote_dp);
-		return -EHOSTUNREACH;
-	}
-	xn->st.release_only_sent++;
-	rx->released = 1;
-	return 0;
-}
-
 /* What an open does once its peer is known: D/WRITE announces its blocks
  * (or releases them: release-only), P/READ counts the ACKs it waits for.
  * 0 or -errno. */
@@ -538,10 +425,10 @@ static int open_steps(struct kvb_broker *b, struct kvb_worker *w,
 	if (rx->role != KVB_ROLE_D || rx->mode != KVB_XFER_WRITE)
 		return 0;
 	if (rx->release_only)
-		return release_only(b, w, x);
+		return kvb_xn_release_only(b, w, x);
 	if (rx->flags & KVB_XFER_F_NO_ANNOUNCE)
 		return 0;
-	return announce(b, w, x);
+	return kvb_xn_announce(b, w, x);
 }
 
 int kvb_xn_open_ready(struct kvb_broker *b, struct kvb_xfer *x)
@@ -741,7 +628,7 @@ static uint32_t release_writers(struct kvb_broker *b, struct kvb_xfer *x)
 
 	if (!w || !p || kvb_zmsg_init(&m, KVB_ZMSG_RELEASE, x->id))
 		return 0;
-	sent = send_to_p_ranks(b, w, p, rx, &m);
+	sent = kvb_xn_send_to_p_ranks(b, w, p, rx, &m);
 	kvb_xn_of(b)->st.releases_sent += sent;
 	kvb_zmsg_fini(&m);
 	return sent;

@@ -40,6 +40,21 @@
 #define UNOPENED_IDS	 65536u
 #define UNOPENED_IDS_ALL (1u << 22) /* 16 MiB */
 #define UNOPENED_FIFO	 (2 * UNOPENED_MAX)
+/* (peer, transfer id) a D transfer of this node announced (or released)
+ * last, remembered for the D ranks that open the id after every transfer
+ * of it here ended (announce.c); a power of two below 65536 */
+#define XN_SENT_IDS 16384u
+
+/* The node's list of them: a ring, indexed by a hash of the id (entry + 1
+ * in 16 bits, 0 = end of chain), the oldest replaced first. */
+struct kvb_xn_sent {
+	uint64_t hash[XN_SENT_IDS]; /* of the peer's address and the id */
+	uint8_t kind[XN_SENT_IDS];  /* remote_blocks or release */
+	uint16_t head[XN_SENT_IDS];
+	uint16_t chain[XN_SENT_IDS];
+	uint32_t next, fill;
+};
+
 /* A worker's notify port that is taken when it attaches is tried again at
  * every timer pass for this long (notify.c): the ROUTER of a worker that
  * just left closes in libzmq's I/O thread, a moment after zmq_close() */
@@ -122,7 +137,10 @@ struct deferred {
 struct kvb_rxfer {
 	uint32_t peer;
 	uint8_t role, mode, flags;
-	uint8_t have_rblocks, announced, refreshed;
+	uint8_t have_rblocks, refreshed;
+	/* D/WRITE: this node sent the id's remote_blocks to the peer (this
+	 * transfer or another D rank's: announce.c) */
+	uint8_t announced;
 	uint8_t unopened; /* created by a message, counted in xn->nunopened */
 	/* ... P/WRITE unopened: its worker declares the ids it expects and
 	 * did not expect this one (--unknown-timeout), or withdrew it (D is
@@ -228,6 +246,8 @@ struct kvb_xn {
 		uint64_t expects, withdraws, expects_refused;
 		uint64_t unknown_expired, withdrawn_told;
 		uint64_t lost_refused; /* opens with a lost peer: live.c */
+		/* D opens of an id this node announced already: not sent */
+		uint64_t announce_joined;
 	} st;
 	char notify_from[64]; /* sender of the notify message in hand */
 	int64_t live_next;    /* next liveness pass (live.c) */
@@ -244,7 +264,8 @@ struct kvb_xn {
 		uint32_t handle, worker;
 	} * ufifo;
 	uint32_t ufifo_head, ufifo_tail;
-	uint64_t tick; /* peer LRU clock */
+	uint64_t tick;		 /* peer LRU clock */
+	struct kvb_xn_sent sent; /* what D transfers announced (announce.c) */
 	/* auth.c: this instance's X25519 key pair, the cluster key
 	 * (--cluster-key) and the handshake MAC key derived from it */
 	uint8_t kx_pk[32], kx_sk[32];
@@ -523,6 +544,19 @@ void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			      int status);
 /* peer.c */
 int kvb_xn_peer_dealer(struct kvb_broker *b, struct kvb_peer *p);
+/* xnode.c: send m to the notify port of every P rank of the peer's DP rank
+ * rx->remote_dp (a D transfer's writers); returns how many went out */
+uint32_t kvb_xn_send_to_p_ranks(struct kvb_broker *b, struct kvb_worker *w,
+				struct kvb_peer *p, const struct kvb_rxfer *rx,
+				struct kvb_zmsg *m);
+/* announce.c: D/WRITE x's remote_blocks to every P rank of its peer's DP
+ * rank, once per node and id: 0 when sent or sent already (by any D rank
+ * here), -errno when it could not go (nothing sent, nothing marked) */
+int kvb_xn_announce(struct kvb_broker *b, struct kvb_worker *w,
+		    struct kvb_xfer *x);
+/* announce.c: the same for a release-only open's release */
+int kvb_xn_release_only(struct kvb_broker *b, struct kvb_worker *w,
+			struct kvb_xfer *x);
 /* xnode.c: send m to w's peer's notify port (counted, logged) */
 int kvb_xn_send_msg(struct kvb_broker *b, struct kvb_worker *w,
 		    const char *host, uint32_t port, const struct kvb_zmsg *m);

@@ -4,7 +4,8 @@
  * workers: connections that never say HELLO (closed at the deadline, kept
  * apart from the worker slots), a worker hogging the transfer table (its
  * share, -ENOSPC at once, a log line a second; one trying 100,000 ids
- * while the others keep their share), a worker that never reaps
+ * while the others keep their share; one alone that leaves the next
+ * worker its share, which it opens at once), a worker that never reaps
  * (the broker's memory bounded, its submissions wait, nothing lost), a
  * worker completing another's transfer by its id (not counted), a second
  * worker with an identity that is attached (-EADDRINUSE), rings too large
@@ -299,6 +300,136 @@ static void test_open_storm(void **state)
 	stop();
 }
 
+/* Open "<pfx>-<n>" for n = 0.. in batches of 64 until one is refused or
+ * `max` are open; their handles into h. Returns how many opened; *err: the
+ * refusal (0: none). */
+static unsigned open_keep(struct kvb_ctx *c, const char *pfx, unsigned max,
+			  uint32_t *h, int *err)
+{
+	static char names[64][32];
+	const char *ids[64];
+	unsigned opened = 0;
+	int st[64];
+
+	*err = 0;
+	while (opened < max && !*err) {
+		unsigned k = max - opened < 64 ? max - opened : 64;
+		int rc;
+
+		for (unsigned i = 0; i < k; i++) {
+			snprintf(names[i], sizeof(names[i]), "%s-%u", pfx,
+				 opened + i);
+			ids[i] = names[i];
+		}
+		rc = kvb_transfer_open_batch(c, ids, k, h + opened, st);
+		assert_true(rc == 0 || rc == -ENOSPC);
+		for (unsigned i = 0; i < k && !*err; i++) {
+			if (st[i])
+				*err = st[i];
+			else
+				opened++;
+		}
+	}
+	return opened;
+}
+
+/* Seal n transfers with nothing expected and collect their completions;
+ * returns how many completed with status 0. */
+static unsigned seal_all(struct kvb_ctx *c, const uint32_t *h, unsigned n)
+{
+	static struct kvb_completion cv[1024];
+	unsigned sealed = 0, done = 0, ok = 0;
+	int64_t t0 = now_ns();
+
+	while (done < n && ms_since(t0) < 30000) {
+		int k;
+
+		while (sealed < n &&
+		       kvb_transfer_seal(c, h[sealed], 0, sealed) == 0)
+			sealed++;
+		k = kvb_wait(c, cv, 1024, 100);
+		for (int i = 0; i < k; i++)
+			if (cv[i].kind == KVB_COMP_TRANSFER) {
+				done++;
+				ok += cv[i].status == 0;
+			}
+	}
+	return ok;
+}
+
+/*
+ * A worker alone, then a second one. The first takes what it may: half of
+ * the table (the other half is the next worker's share, kept); the second
+ * opens its whole share (16383 / 2) at once, while every transfer of the
+ * first stays open; the first is refused above its new share, and its
+ * transfers all still complete. Before, the first took all 16383 and the
+ * second got -ENOSPC until the first's transfers ended (--transfer-deadline,
+ * 600 s, for transfers that only wait).
+ */
+static void test_late_worker(void **state)
+{
+	static uint32_t h1[16384], h2[16384];
+	const unsigned total = 16383, share = 16383 / 2;
+	struct kvb_ctx *w1, *w2;
+	unsigned n1, n2, ok;
+	double first_ms, share_ms;
+	int64_t t0;
+	uint32_t h;
+	int err, rc;
+
+	(void) state;
+	start(NULL);
+	w1 = attach(KVB_ROLE_D, 0, 4096, NULL);
+	assert_non_null(w1);
+	n1 = open_keep(w1, "first", total, h1, &err);
+	fprintf(stderr, "worker 1 alone: %u transfers opened, then %d\n", n1,
+		err);
+	w2 = attach(KVB_ROLE_P, 0, 0, NULL);
+	assert_non_null(w2);
+	t0 = now_ns();
+	rc = kvb_transfer_open(w2, "second-first", &h2[0]);
+	first_ms = ms_since(t0);
+	if (rc)
+		fail_msg("worker 2, attached after worker 1 took %u of %u "
+			 "transfers: its first open %d (%s)",
+			 n1, total, rc, kvb_strerror(rc));
+	n2 = 1 + open_keep(w2, "second", share - 1, h2 + 1, &err);
+	share_ms = ms_since(t0);
+	fprintf(stderr,
+		"worker 2 attached later: its first open in %.2f ms, its "
+		"share (%u) in %.1f ms (%u opened, then %d), with worker 1's "
+		"%u transfers all open\n",
+		first_ms, share, share_ms, n2, err, n1);
+	assert_int_equal(n1, total - share);
+	assert_int_equal(err, 0);
+	assert_int_equal(n2, share);
+	assert_true(share_ms < 1000 + SLACK);
+	/* the first is at its new share (and past it by the one lent) */
+	assert_int_equal(kvb_transfer_open(w1, "first-more", &h), -ENOSPC);
+	assert_true(broker_stat(&br, "xfer_quota_refused") >= 2);
+	assert_int_equal(broker_stat(&br, "xfer_table_full"), 0);
+	/* nothing of the first was broken: every transfer completes */
+	ok = seal_all(w1, h1, n1);
+	fprintf(stderr, "worker 1: %u of %u transfers completed (status 0)\n",
+		ok, n1);
+	assert_int_equal(ok, n1);
+	assert_int_equal(seal_all(w2, h2, n2), n2);
+	/* --max-workers 1: nobody can attach, a worker alone has it all */
+	kvb_detach(w1);
+	kvb_detach(w2);
+	stop();
+	{
+		static const char *const args[] = {"--max-workers", "1", NULL};
+
+		start(args);
+		w1 = attach(KVB_ROLE_D, 0, 4096, NULL);
+		assert_non_null(w1);
+		assert_int_equal(open_keep(w1, "all", total, h1, &err), total);
+		kvb_detach(w1);
+		stop();
+	}
+}
+
 /* A worker that fills its ring and never reaps, while its control calls
  * (a region allocated and freed) make the broker take its ring: the
  * broker's memory stays bounded, its ring waits (-EAGAIN) past
@@ -537,6 +668,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_silent_connections, teardown),
 		cmocka_unit_test_teardown(test_transfer_hog, teardown),
 		cmocka_unit_test_teardown(test_open_storm, teardown),
+		cmocka_unit_test_teardown(test_late_worker, teardown),
 		cmocka_unit_test_teardown(test_never_reaps, teardown),
 		cmocka_unit_test_teardown(test_transfer_spoof, teardown),
 		cmocka_unit_test_teardown(test_duplicate_identity, teardown),
