@@ -452,6 +452,32 @@ def test_full_cudagraph(make, nodes, version, kv_form):
     assert_no_leak(h, nodes)
 
 
+@pytest.mark.parametrize("version,ptp,dtp", [
+    (OLD, 2, 1), (NEW, 1, 2), (NEW, 4, 2), (OLD, 1, 2)],
+    ids=["0.28-2to1", "0.32-1to2", "0.32-4to2", "0.28-1to2"])
+def test_mla(make, nodes, version, ptp, dtp):
+    """An MLA model: one latent cache per layer ([num_blocks, block_size,
+    latent] up to 0.28, [B, 1, N, C] views from 0.29), the same on every TP
+    rank, while the model config names 16 KV heads. WRITE must fill the
+    latent of every D rank: P TP larger, one P rank of each group writes
+    (the others' transfers end with nothing to write); P TP smaller, each P
+    rank writes its whole latent into each of its D ranks. Every byte
+    checked on every D rank; each D rank receives the whole latent."""
+    from kvbroker.vllm import KVBrokerConnector
+
+    h = make(version, mla=True, heads=1, p=dict(tp=ptp), d=dict(tp=dtp))
+    submit_many(h, 6, random.Random(27), lo=20, hi=120)
+    h.run(90)
+    assert_all_ok(h, 6)
+    assert_no_leak(h, nodes)
+    acc = None
+    for data in h.D.kv_stats_data:
+        st = KVBrokerConnector.build_kv_connector_stats(data)
+        acc = st if acc is None else acc.aggregate(st)
+    # every D rank loaded every request (6 per rank)
+    assert acc.reduce()["Num successful transfers"] == 6 * dtp
+
+
 class _Metric:
     """prometheus_client's Gauge / Counter / Histogram, as vLLM hands
     their classes to build_prom_metrics (metric_types): children by label

@@ -69,8 +69,17 @@ def test_layout_matches_torch_views():
     assert lay.num_heads == 1  # a size-1 dim's stride does not matter
 
 
+def test_layout_mla():
+    """An MLA latent cache [num_blocks, block_size, latent]: one PACKED
+    head of latent_dim elements."""
+    lay = derive((10, 16, 576), dense((10, 16, 576), (0, 1, 2)), 2)
+    assert (lay.layout, lay.num_blocks, lay.block_size, lay.num_heads,
+            lay.head_dim, lay.form) == (PACKED, 10, 16, 1, 576, "MLA")
+    assert lay.nbytes == 10 * 16 * 576 * 2
+
+
 @pytest.mark.parametrize("shape,strides,why", [
-    ((10, 16, 576), None, "MLA"),  # one latent vector per token
+    ((10, 16, 576), (16 * 640, 640, 1), "MLA shape"),  # padded latent
     ((32, 2, 10, 16, 4, 64), None, "cross-layer"),
     ((3, 10, 16, 4, 64), None, "no K/V dimension"),
     ((2, 10, 16, 4, 64), (10 * 16 * 4 * 128, 16 * 4 * 128, 4 * 128, 128, 1),
@@ -322,9 +331,6 @@ def test_register_refuses_what_the_broker_cannot_reach(broker):
     with pytest.raises(LayoutError, match="not memory the broker maps"):
         c.register_kv_caches({"l.0": torch.zeros(2, 4, 16, 2, 32)})
     r = c.broker_client.alloc(1 << 20)
-    mla = r.as_torch(torch.int16, (4, 16, 576))
-    with pytest.raises(LayoutError, match="MLA"):
-        c.register_kv_caches({"l.0": mla})
     # a layer 128 bytes into a region gets a region of its own (an alias)
     t = r.as_torch(torch.int16, 2 * 4 * 16 * 2 * 32 + 64)
     inner = t[64:].view(2, 4, 16, 2, 32)

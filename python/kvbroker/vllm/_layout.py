@@ -170,18 +170,38 @@ def _expected_strides(sizes: dict, outer: tuple, inner: tuple) -> dict:
     return strides
 
 
+def _derive_mla(shape, strides, elem_size: int, what: str) -> LayerLayout:
+    """An MLA layer (vLLM <= 0.28): one latent cache [num_blocks,
+    block_size, latent_dim], dense; the same bytes on every TP rank. It
+    moves as a PACKED layer of one head of latent_dim elements."""
+    nb, bs, dim = shape
+    if min(shape) < 1 or elem_size not in (1, 2, 4, 8) or \
+            max(shape) >= _U32:
+        raise LayoutError("%s: MLA shape %s, element size %d: unsupported" %
+                          (what, list(shape), elem_size))
+    want = (bs * dim, dim, 1)
+    if any(n != 1 and s != w for n, s, w in zip(shape, strides, want)):
+        raise LayoutError(
+            "%s: MLA shape %s with strides %s is not dense [num_blocks, "
+            "block_size, latent_dim]" % (what, list(shape), list(strides)))
+    return LayerLayout(PACKED, nb, bs, 1, dim, elem_size, False, form="MLA")
+
+
 def derive(shape, strides, elem_size: int, what: str = "tensor") -> LayerLayout:
     """The geometry of one layer's KV tensor, or LayoutError saying why not.
 
     shape and strides are in elements (torch's .shape and .stride()).
     """
     shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
+    if len(shape) == 3:
+        return _derive_mla(shape, strides, elem_size, what)
     if len(shape) != 5:
         raise LayoutError(
             "%s: shape %s: the broker needs [2, num_blocks, block_size, "
             "heads, head_dim] or [num_blocks, 2, block_size, heads, "
-            "head_dim]; MLA latent caches (3 dims) and cross-layer KV "
-            "blocks (6 dims) are not supported" % (what, list(shape)))
+            "head_dim], or an MLA latent cache [num_blocks, block_size, "
+            "latent_dim]; cross-layer KV blocks (6 dims) are not supported"
+            % (what, list(shape)))
     if shape[0] == 2:
         names = ("kv", "blk", "tok", "head", "dim")
     elif shape[1] == 2:

@@ -296,6 +296,10 @@ class BrokerWorker:
     # --- heads on the other side (heterogeneous TP) ---
 
     def remote_heads(self, remote_tp: int) -> int:
+        mc = getattr(self.vllm_config, "model_config", None)
+        if getattr(mc, "use_mla", False) is True:
+            # one latent per layer, the same on every rank: never split
+            return self.local_heads
         total = self.cfg.total_num_kv_heads
         if not total:
             mc = getattr(self.vllm_config, "model_config", None)

@@ -90,6 +90,11 @@ class InstanceSpec:
     # requires_piecewise_for_cudagraph() says True (then vLLM downgrades
     # to PIECEWISE and they run)
     cudagraph: str = "piecewise"
+    # an MLA model (DeepSeek-style): one latent cache per layer, heads must
+    # be 1 and the latent is 2 * head_dim wide; <= 0.28 hands
+    # register_kv_caches [num_blocks, block_size, latent] per layer, >= 0.29
+    # [B, 1, N, C] views; every rank holds the same latent
+    mla: bool = False
     extra: dict = field(default_factory=dict)
 
     @property
@@ -118,7 +123,11 @@ class InstanceSpec:
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 async_scheduling=self.async_scheduling),
-            model_config=ModelConfig(total_num_kv_heads=self.heads * self.tp),
+            model_config=ModelConfig(
+                # an MLA config names its attention heads (16 here), not
+                # what a rank holds
+                total_num_kv_heads=16 if self.mla else self.heads * self.tp,
+                use_mla=self.mla),
             use_v2_model_runner=runner == "v2")
 
 
@@ -156,6 +165,7 @@ class Instance:
             "heads": spec.heads, "head_dim": spec.head_dim,
             "vllm_config_factory": spec.vllm_config,
             "cudagraph": spec.cudagraph,
+            "mla": spec.mla,
         }
         for r in range(spec.tp):
             parent, child = _ctx.Pipe()

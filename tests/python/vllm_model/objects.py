@@ -263,6 +263,9 @@ class SchedulerConfig:
 class ModelConfig:
     max_model_len: int = 4096
     total_num_kv_heads: int = 4
+    # MLA: one latent per layer, the same on every TP rank; the config's
+    # KV head count (get_total_num_kv_heads) is then not what ranks hold
+    use_mla: bool = False
 
     def get_total_num_kv_heads(self) -> int:
         return self.total_num_kv_heads

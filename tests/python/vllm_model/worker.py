@@ -104,6 +104,9 @@ class KVCaches:
         self.H = spec["heads"]
         self.D = spec["head_dim"]
         self.KBS = spec.get("kernel_block_size") or self.BS
+        self.mla = bool(spec.get("mla"))
+        if self.mla and self.H != 1:
+            raise ValueError("an MLA model holds one latent (heads=1)")
         self.dtype = torch.int16
         self.regions = []
         self.caches: dict[str, Any] = {}
@@ -120,6 +123,8 @@ class KVCaches:
 
     def _view_5d(self, flat):
         NB, BS, H, D = self.NB, self.BS, self.H, self.D
+        if self.mla:  # (num_blocks, block_size, latent_dim)
+            return flat.view(NB, BS, 2 * D)
         if self.backend == "flashinfer":  # (num_blocks, 2, BS, H, D)
             shape = (NB, 2, BS, H, D)
             if self.layout == "HND":  # memory (NB, 2, H, BS, D)
@@ -167,7 +172,9 @@ class KVCaches:
     def write(self, li: int, blocks, slots, vals) -> None:
         t = self.caches[layer_name(li)]
         n = vals.shape[0]
-        if self.form == "5d":
+        if self.form == "5d" and self.mla:
+            t[blocks, slots] = vals.view(n, 2 * self.D)
+        elif self.form == "5d":
             v = vals.view(n, self.H, 2, self.D)
             if self.backend == "flashinfer":
                 t[blocks, :, slots] = v.permute(0, 2, 1, 3)
@@ -179,6 +186,8 @@ class KVCaches:
 
     def read(self, li: int, blocks, slots):
         t = self.caches[layer_name(li)]
+        if self.form == "5d" and self.mla:
+            return t[blocks, slots].view(len(blocks), 1, 2 * self.D)
         if self.form == "5d":
             if self.backend == "flashinfer":
                 v = t[blocks, :, slots]  # [n, 2, H, D]
@@ -249,8 +258,9 @@ class Worker:
         self.conn = KVBrokerConnector(cfg, KVConnectorRole.WORKER,
                                       spec.get("kv_cache_config"))
         self.kv = KVCaches(torch, self.conn.broker_client, spec)
+        # MLA: every rank computes the same latent
         self.pattern = Pattern(torch, spec["heads"], spec["head_dim"],
-                               rank * spec["heads"])
+                               0 if spec.get("mla") else rank * spec["heads"])
         self.calls: list[str] = []
         # vLLM registers the caches, then sets the host copy op (V2:
         # ActiveKVConnector.__init__)
