@@ -498,8 +498,16 @@ static int notify_take(struct kvb_broker *b, struct kvb_worker *w)
 		    kvb_notify_ports(kvb_xn_notify(b, v), ports, 2) != 2 ||
 		    ports[1] != primary_port(b, w))
 			continue;
-		kvb_xn_notify_close(b, v);
-		notify_open(b, v, 0);
+		/* only v's alias goes: its primary port (and the messages and
+		 * connections on it) stay. Closing and reopening all of v
+		 * left v with no endpoint when libzmq had not released its
+		 * primary port yet (it closes in its I/O thread) */
+		if (kvb_notify_alias_fd(kvb_xn_notify(b, v)) >= 0)
+			kvb_xn_ep_del(b,
+				      kvb_notify_alias_fd(kvb_xn_notify(b, v)));
+		kvb_notify_drop_alias(kvb_xn_notify(b, v));
+		/* the alias port, too, is freed a moment later: taken at a
+		 * later timer pass if not now */
 		return notify_open(b, w, 1);
 	}
 	return rc;

@@ -216,6 +216,31 @@ int kvb_notify_bind_alias(struct kvb_notify *n)
 	return ret;
 }
 
+int kvb_notify_alias_fd(const struct kvb_notify *n)
+{
+	for (int i = 1; i < n->nsocks; i++)
+		if (n->ports[i] == n->alias_port)
+			return n->fds[i];
+	return -1;
+}
+
+void kvb_notify_drop_alias(struct kvb_notify *n)
+{
+	for (int i = 1; i < n->nsocks; i++) {
+		if (n->ports[i] != n->alias_port)
+			continue;
+		zmq_close(n->socks[i]);
+		for (int k = i + 1; k < n->nsocks; k++) {
+			n->socks[k - 1] = n->socks[k];
+			n->ports[k - 1] = n->ports[k];
+			n->fds[k - 1] = n->fds[k];
+		}
+		n->nsocks--;
+		break;
+	}
+	n->alias_port = 0;
+}
+
 int kvb_notify_open(struct kvb_notify **out, const struct kvb_notify_conf *conf)
 {
 	enum kvb_port_formula other;

@@ -116,6 +116,16 @@ int kvb_notify_open(struct kvb_notify **out,
  */
 int kvb_notify_bind_alias(struct kvb_notify *n);
 
+/* The alias port's socket descriptor (kvb_notify_fds), -1 if not bound. */
+int kvb_notify_alias_fd(const struct kvb_notify *n);
+
+/*
+ * Close the alias port's ROUTER (another endpoint needs that port as its
+ * primary one) and never bind it again; the primary port stays as it is.
+ * Take kvb_notify_alias_fd() out of a poll set first.
+ */
+void kvb_notify_drop_alias(struct kvb_notify *n);
+
 /* Close every socket (pending sends are dropped after linger_ms) and free. */
 void kvb_notify_close(struct kvb_notify *n);
 

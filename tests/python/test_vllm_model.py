@@ -478,6 +478,33 @@ def test_mla(make, nodes, version, ptp, dtp):
     assert acc.reduce()["Num successful transfers"] == 6 * dtp
 
 
+@pytest.mark.parametrize("version,proxy", [(OLD, "sequential"),
+                                           (NEW, "concurrent")])
+def test_data_parallel(make, nodes, version, proxy):
+    """DP 2 on each side, TP 2, on the same two brokers: P's DP rank 0
+    feeds D's DP rank 1 and P's rank 1 D's rank 0 (the params carry
+    remote_dp_rank; each engine's workers sit on the notify ports base +
+    dp_rank * tp + tp_rank, MoRIIO's formula). Every byte checked on every
+    D rank of both engines; nothing leaks."""
+    from vllm_model.engine import run_all
+
+    hs = []
+    for pdp, ddp in ((0, 1), (1, 0)):
+        hs.append(make(version, proxy=proxy, tp=2, heads=2,
+                       p=dict(dp_rank=pdp, dp_size=2),
+                       d=dict(dp_rank=ddp, dp_size=2)))
+    for k, h in enumerate(hs):
+        rng = random.Random(28 + k)
+        for i in range(4):
+            h.submit("dp%d-r%d" % (k, i), make_prompt(rng, rng.randint(20,
+                                                                       120)))
+    run_all(hs, 90)
+    for h in hs:
+        assert_all_ok(h, 4)
+    for h in hs:
+        assert_no_leak(h, nodes)
+
+
 class _Metric:
     """prometheus_client's Gauge / Counter / Histogram, as vLLM hands
     their classes to build_prom_metrics (metric_types): children by label

@@ -95,6 +95,10 @@ class InstanceSpec:
     # register_kv_caches [num_blocks, block_size, latent] per layer, >= 0.29
     # [B, 1, N, C] views; every rank holds the same latent
     mla: bool = False
+    # data parallelism: this engine's DP rank of dp_size (its workers'
+    # notify ports are the broker's base + dp_rank * tp + tp_rank)
+    dp_rank: int = 0
+    dp_size: int = 1
     extra: dict = field(default_factory=dict)
 
     @property
@@ -117,7 +121,9 @@ class InstanceSpec:
                 enable_prefix_caching=self.enable_prefix_caching,
                 kv_cache_layout=self.layout or v.default_layout),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tp,
-                                           rank=rank),
+                                           rank=rank,
+                                           data_parallel_size=self.dp_size,
+                                           data_parallel_rank=self.dp_rank),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
@@ -396,7 +402,8 @@ class Harness:
                 "do_remote_prefill": True, "do_remote_decode": False,
                 "transfer_id": params.get("transfer_id"),
                 "remote_host": self.p_ip, "remote_handshake_port": 6301,
-                "remote_tp_size": self.P.spec.tp, "remote_dp_rank": 0})
+                "remote_tp_size": self.P.spec.tp,
+                "remote_dp_rank": self.P.spec.dp_rank})
 
     def _to_d(self, rid: str, params: dict) -> None:
         if self.transform_params is not None:
@@ -459,23 +466,33 @@ class Harness:
         return any(not i.dead and (i.sched.has_requests() or i.batch_queue)
                    for i in (self.P, self.D))
 
+    def step_once(self) -> bool:
+        """One engine step of P, the proxy, one of D; whether any ran."""
+        self._run_events()
+        did = self.P.step()
+        self._proxy()
+        self._run_events()
+        did = self.D.step() or did
+        self.loop_steps += 1
+        return did
+
+    def settled(self) -> bool:
+        """Nothing left to run (the batch queues drained)."""
+        if self.busy() or self.events:
+            return False
+        for i in (self.P, self.D):
+            i.drain()
+        return not self.busy()
+
     def run(self, timeout: float = 60.0, until: Callable | None = None
             ) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            self._run_events()
-            did = self.P.step()
-            self._proxy()
-            self._run_events()
-            did = self.D.step() or did
-            self.loop_steps += 1
+            did = self.step_once()
             if until is not None and until(self):
                 return
-            if not self.busy() and not self.events:
-                for i in (self.P, self.D):
-                    i.drain()
-                if not self.busy():
-                    return
+            if self.settled():
+                return
             if not did:
                 time.sleep(0.002)
             elif not self.P.sched.has_unfinished_requests() and \
@@ -517,3 +534,17 @@ class Harness:
                 res[did] = "checked on %d of %d ranks" % (len(whys),
                                                           self.D.spec.tp)
         return res
+
+
+def run_all(harnesses: list, timeout: float = 60.0) -> None:
+    """Step several harnesses in turn (data-parallel engines sharing the
+    two nodes' brokers) until all settled."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        did = False
+        for h in harnesses:
+            did = h.step_once() or did
+        if all(h.settled() for h in harnesses):
+            return
+        if not did:
+            time.sleep(0.002)
