@@ -49,6 +49,17 @@ int kvb_xfers_init(struct kvb_xfers *t)
 
 void kvb_xfers_fini(struct kvb_xfers *t)
 {
+	/* Transfers still open at shutdown (a detached rank's transfers that
+	 * the node keeps for its other ranks) give back their cross-node
+	 * state; by now rx_ctx is NULL, so this only frees memory. */
+	for (uint32_t i = 0; t->v && t->active && i < t->nactive; i++) {
+		struct kvb_xfer *x = &t->v[t->active[i]];
+
+		if (x->rx && t->rx_free)
+			t->rx_free(t->rx_ctx, x->rx);
+		x->rx = NULL;
+	}
+	t->nactive = 0;
 	if (t->v)
 		munmap(t->v, slots_bytes());
 	free(t->buckets);
