@@ -23,6 +23,12 @@ env, volumes and uid; a stand-in worker instead of vLLM) on one node.
    a crash) and stopped (SIGTERM, the kubelet): the worker sees an error
    within 5 s, attaches to the new broker once it listens and goes on
    moving checked bytes.
+5. Two nodes (network namespaces joined by a veth pair, at the addresses
+   of the ConfigMap's trusted-hosts): P in a prefill pod on one writes 4
+   KV layers into D's blocks in a decode pod on the other, through both
+   broker pods (hostNetwork, the ConfigMap's ports, tcp, the Secret's
+   cluster key); D's bytes are P's. A broker with another cluster key
+   refuses the handshake. (Not run where veth is missing.)
 
 Runs as root (77 otherwise, and without unshare, nsenter, setpriv, ip,
 overlayfs or PyYAML). Usage: pod_boundary.py SOURCE_DIR BUILD_DIR
@@ -137,6 +143,8 @@ def main():
     src, build = (os.path.abspath(a) for a in sys.argv[1:3])
     preflight()
     reexec_in_node()
+    # a timeout's SIGTERM still stops every container (finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     import podsim as ps
 
     for f in ("broker/kvbroker", "broker/kvbctl", "client/libkvbroker.so.0",
@@ -144,6 +152,7 @@ def main():
         if not os.path.exists(os.path.join(build, f)):
             skip("not built: %s" % f)
     ps.enter_node()
+    peer = ps.add_peer_node()
     objs = ps.load_kustomization(os.path.join(src, "deploy", "kubernetes"))
     ds = ps.find(objs, "DaemonSet", "kvbroker")
     pre = ps.find(objs, "Deployment", "vllm-prefill")
@@ -158,17 +167,31 @@ def main():
     logs = os.path.join(build, "Testing", "pod_boundary")
     shutil.rmtree(logs, ignore_errors=True)
     os.makedirs(logs)
-    node = ps.Node(root, objs, ps.Image(build, src))
+    image = ps.Image(build, src)
+    node = ps.Node(os.path.join(root, "a"), objs, image, ps.NODE_IPS[0])
+    # the Secret, the same for every node (it is one object)
     node.secrets["kvbroker-cluster-key"] = {"cluster.key": os.urandom(32)}
+    node_b = None
+    if peer:
+        node_b = ps.Node(os.path.join(root, "b"), objs, image, ps.NODE_IPS[1],
+                         netns=peer[1])
+        node_b.secrets = node.secrets
     live = []
     failed = None
     try:
         run_all(ps, node, bspec, bc, pre, dec, build, logs, live)
+        if node_b:
+            cross_node(ps, node, node_b, bspec, bc, pre, dec, logs, live)
+        else:
+            print("5. across nodes: not run (no veth device here)")
     except Fail as e:
         failed = str(e)
     finally:
         for c in live:
             c.stop()
+        if peer:
+            peer[0].kill()
+            peer[0].wait()
         subprocess.run(["umount", "-l", root])
         os.rmdir(root)
     if failed:
@@ -197,16 +220,24 @@ def start_init(ps, node, pod, spec, logs):
 
 
 def start_broker(ps, node, bspec, bc, logs, live, n):
-    pod = "kvbroker-%d" % n
+    pod = "kvbroker-%s" % n
     start_init(ps, node, pod, bspec, logs)
     log = open(os.path.join(logs, "%s.log" % pod), "ab")
     c = ps.Container(node, pod, bspec, bc, stdout=log, stderr=log)
     live.append(c)
     port = next(p["containerPort"] for p in bc["ports"]
                 if p["name"] == bc["readinessProbe"]["httpGet"]["port"])
-    url = "http://%s:%d%s" % (ps.NODE_IP, port, bc["readinessProbe"]["httpGet"]["path"])
+    url = "http://%s:%d%s" % (node.ip, port, bc["readinessProbe"]["httpGet"]["path"])
+    if node.netns:  # the probe runs on its node
+        probe = subprocess.run(["nsenter", "--net=" + node.netns, "--",
+                                sys.executable, "-c", PROBE, url], capture_output=True,
+                               text=True, timeout=30)
+        if probe.returncode:
+            raise Fail("%s: readiness probe %s: %s" % (pod, url, probe.stdout + probe.stderr))
+        body = probe.stdout
+        url = None
     t0 = time.monotonic()
-    while True:
+    while url:
         if c.proc.poll() is not None:
             raise Fail("%s exited %s before it was ready" % (pod, c.proc.returncode))
         try:
@@ -220,13 +251,61 @@ def start_broker(ps, node, bspec, bc, logs, live, n):
             raise Fail("%s: readiness probe %s never answered" % (pod, url))
         time.sleep(0.05)
     check("kvbroker_workers" in body,
-          "%s ready: readiness probe GET %s answers 200 with metrics" % (pod, url))
+          "%s ready: readiness probe GET /metrics on %s answers 200 with metrics"
+          % (pod, node.ip))
     uid = ps.identity(bspec, bc)
     r = c.exec(bc["livenessProbe"]["exec"]["command"], uid)
     check(r.returncode == 0 and "workers" in r.stdout,
           "%s: liveness probe %s in the container: exit %d" %
           (pod, " ".join(bc["livenessProbe"]["exec"]["command"]), r.returncode))
     return c
+
+
+PROBE = """
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
+            if r.status == 200:
+                sys.stdout.write(r.read().decode())
+                sys.exit(0)
+    except OSError:
+        time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+def cross_node(ps, a, b, bspec, bc, pre, dec, logs, live):
+    """P on node a, D on node b, each broker with the manifests' settings
+    (hostNetwork, ports, trusted-hosts, the cluster key): one WRITE-mode
+    transfer over tcp, every byte compared."""
+    print("5. across nodes: prefill pod on %s, decode pod on %s" % (a.ip, b.ip))
+    bb = start_broker(ps, b, bspec, bc, logs, live, "b")
+    start_broker(ps, a, bspec, bc, logs, live, "a")
+    vc = ps.container(dec["spec"]["template"]["spec"], "vllm")
+    port = kv_config(vc, {"HOST_IP": b.ip})["kv_connector_extra_config"]["handshake_port"]
+    # P first, as the proxy does: D's load is opened once P holds the save
+    p = worker(ps, a, pre, "prefill-x", logs, live, ["xp", b.ip, str(port)])
+    check(p.lines.next(lambda e: e["ev"] == "opened", 20),
+          "P (node %s): its save is open, its layers wait for D's blocks" % a.ip)
+    d = worker(ps, b, dec, "decode-x", logs, live, ["xd", a.ip, str(port)])
+    pe = p.lines.next(lambda e: e["ev"] in ("moved", "failed"), 40)
+    de = d.lines.next(lambda e: e["ev"] in ("moved", "failed"), 40)
+    check(pe and pe["ev"] == "moved", "P (node %s) wrote 4 layers into D's blocks "
+          "through both brokers over tcp: completions %s" % (a.ip, pe and pe["status"]))
+    check(de and de["ev"] == "moved" and de["digest"] == pe["digest"],
+          "D (node %s): its transfer completed, every byte is P's" % b.ip)
+    check(p.wait(10) == 0 and d.wait(10) == 0, "both workers exit 0")
+    # a node whose broker has another cluster key
+    bb.kill(signal.SIGTERM)
+    check(bb.wait(10) == 0, "node %s's broker stopped" % b.ip)
+    b.secrets = {"kvbroker-cluster-key": {"cluster.key": os.urandom(32)}}
+    start_broker(ps, b, bspec, bc, logs, live, "b-otherkey")
+    p = worker(ps, a, pre, "prefill-x2", logs, live, ["xp", b.ip, str(port)])
+    pe = p.lines.next(lambda e: e["ev"] in ("moved", "failed", "error"), 40)
+    check(pe and pe["ev"] == "error",
+          "a broker with another cluster key: P's handshake is refused (%s)"
+          % (pe and pe.get("errno")))
 
 
 def ns_of(pid):
@@ -250,7 +329,7 @@ def worker(ps, node, dep, pod, logs, live, args, drop=(), uid=None):
     if not os.path.isdir(os.path.join(node.root, "pods", pod)):
         start_init(ps, node, pod, spec, logs)
     vc = ps.container(spec, "vllm")
-    env = {"HOST_IP": ps.NODE_IP}
+    env = {"HOST_IP": node.ip}
     cfg = kv_config(vc, env)
     sock = cfg["kv_connector_extra_config"]["broker_socket"]
     argv = ["/usr/bin/python3", os.path.join(HERE, "pod_worker.py"), sock] + args
@@ -308,7 +387,7 @@ def run_all(ps, node, bspec, bc, pre, dec, build, logs, live):
 
     spec = pre["spec"]["template"]["spec"]
     log = open(os.path.join(logs, "prefill-kvb-demo.log"), "ab")
-    sock = kv_config(vc, {"HOST_IP": ps.NODE_IP})["kv_connector_extra_config"]["broker_socket"]
+    sock = kv_config(vc, {"HOST_IP": node.ip})["kv_connector_extra_config"]["broker_socket"]
     demo = ps.Container(node, "prefill", spec, vc, stdout=log, stderr=log, argv=[
         os.path.join(build, "bench", "demo", "kvb-demo"), "--socket", sock,
         "--p", "1", "--d", "1", "--layers", "4", "--blocks", "8",
@@ -369,7 +448,9 @@ def run_all(ps, node, bspec, bc, pre, dec, build, logs, live):
               "started" % ((ev["at"] - t_start) if ev else -1))
         times[what] = (detect, ev["at"] - t_start)
         check(oks(3, 10), "and moves checked bytes again")
-    w.kill(signal.SIGTERM)
+    # the worker is its container's PID 1: SIGTERM without a handler of its
+    # own would be ignored
+    w.stop()
     broker.kill(signal.SIGTERM)
     check(broker.wait(10) == 0, "the last broker stops cleanly (SIGTERM): exit 0")
     check(not os.path.exists(os.path.join(sockdir, "kvbroker.sock")),

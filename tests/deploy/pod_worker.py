@@ -11,6 +11,13 @@ on stdout.
                                       region KEY, print their digest
   pod_worker.py SOCKET attach ROLE    attach and detach: "attached", or the
                                       error's errno name
+  pod_worker.py SOCKET xd HOST PORT   D across nodes: KV regions of 4 layers
+                                      (set_kv), a WRITE-mode transfer opened
+                                      toward P's broker at HOST:PORT; when it
+                                      completes, the digest of its layers
+  pod_worker.py SOCKET xp HOST PORT   P across nodes: random layers written
+                                      into D's blocks through D's broker at
+                                      HOST:PORT; the digest of its layers
   pod_worker.py SOCKET loop SECONDS   attach, then transfers of its own
                                       (region to region, bytes checked)
                                       until SECONDS pass; on an error it
@@ -71,10 +78,51 @@ def main():
             ok = len(done) == 2 and all(c.ok for c in done)
             say(ev="written", ok=ok, digest=hashlib.sha256(src.buffer).hexdigest())
             return 0 if ok else 1
+    if mode in ("xp", "xd"):
+        return cross(sock, mode == "xp", sys.argv[3], int(sys.argv[4]))
     if mode == "loop":
         return loop(sock, float(sys.argv[3]))
     print("unknown mode", mode, file=sys.stderr)
     return 2
+
+
+def cross(sock, is_p, host, port):
+    """One WRITE-mode transfer between nodes, as the vLLM connector makes
+    it: every block of every layer, P's bytes checked at D by digest."""
+    g = kvbroker.KVGeometry("kv_first", num_blocks=8, block_size=16,
+                            num_heads=2, head_dim=64, elem_size=2)
+    layers = 4
+    blocks = list(range(g.num_blocks))
+    flags = kvbroker.MEM_REMOTE_READ | kvbroker.MEM_REMOTE_WRITE
+    with kvbroker.Client(sock, role="P" if is_p else "D", timeout_ms=15000) as c:
+        rs = [c.alloc(g.nbytes, flags=flags, key=i) for i in range(layers)]
+        for i, r in enumerate(rs):
+            c.set_kv(r, i, g)
+            if is_p:
+                r.buffer[:] = os.urandom(g.nbytes)
+        try:
+            peer = c.peer_connect(host, port)
+        except kvbroker.Error as e:
+            say(ev="error", errno=ename(e), msg=str(e)[:300])
+            return 3
+        say(ev="connected", peer=peer)
+        h = c.open_remote("pod-xnode", peer, "write", blocks=blocks,
+                          **({} if is_p else {"remote_dp_rank": 0}))
+        if is_p:
+            for i in range(layers):
+                c.submit_layer(h, i, tag=i)
+            c.seal(h, layers, tag=100)
+            say(ev="opened")  # as in vLLM: D's load comes after P's prefill
+            done = c.wait_min(layers + 1, timeout_ms=30000)
+            ok = len(done) == layers + 1 and all(x.ok for x in done)
+        else:
+            c.seal(h, 1, tag=100)
+            done = c.wait_min(1, timeout_ms=30000)
+            ok = len(done) == 1 and done[0].ok
+        dig = hashlib.sha256(b"".join(bytes(r.buffer) for r in rs)).hexdigest()
+        say(ev="moved" if ok else "failed", digest=dig,
+            status=[int(x.status) for x in done])
+        return 0 if ok else 1
 
 
 def loop(sock, seconds):

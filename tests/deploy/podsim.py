@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: MIT
 """Pods of deploy/kubernetes/ as Linux namespaces, without Kubernetes.
 
-A "node" is a network and mount namespace of its own (the node's address,
-192.0.2.1, on its loopback). Each container of a pod runs as the
-kubelet and a container runtime would start it, as far as the questions
-"what does a worker pod share with the broker pod" go:
+A "node" is a network namespace of its own with the node's address (two
+nodes: joined by a veth pair), its files in a directory of its own. Each
+container of a pod runs as the kubelet and a container runtime would start
+it, as far as the questions "what does a worker pod share with the broker
+pod" go:
 
 - its own mount namespace, its root an overlay over the host's / (the
   "image": for images named kvbroker:*, this build's kvbroker, kvbctl,
@@ -30,6 +31,7 @@ containers of a pod share no namespaces with its main container (they
 share its volumes, which is all they use here), and each pod has one main
 container.
 """
+import ctypes
 import json
 import os
 import re
@@ -41,7 +43,9 @@ import time
 
 import yaml
 
-NODE_IP = "192.0.2.1"
+# the nodes' addresses: those of the placeholder trusted-hosts of
+# deploy/kubernetes/broker/config.yaml
+NODE_IPS = ("192.0.2.11", "192.0.2.12")
 
 
 # --- manifests ----------------------------------------------------------
@@ -122,14 +126,55 @@ def run(cmd, **kw):
 
 
 def enter_node():
-    """Sets up the node in the network and mount namespaces this process
-    was started in (`unshare --net --mount`): loopback up, the node's
-    address."""
+    """Sets up the first node in the network and mount namespaces this
+    process was started in (`unshare --net --mount`): loopback up. Its
+    address: add_peer_node() puts it on a veth pair to the second node;
+    without veth it goes on loopback (one node only)."""
     run(["mount", "--make-rprivate", "/"])
     run(["ip", "link", "set", "lo", "up"])
-    # on loopback: no kernel module needed (a dummy or veth device may be
-    # missing); the pods of this node see it only with hostNetwork
-    run(["ip", "addr", "add", NODE_IP + "/32", "dev", "lo"])
+
+
+def die_with_parent():
+    """preexec_fn: SIGKILL when the test dies, however it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def add_peer_node():
+    """A second node: a network namespace held by a sleeping process,
+    joined to this one by a veth pair (NODE_IPS[0] here, NODE_IPS[1]
+    there). Returns (holder process, its netns path), or None without
+    veth (then NODE_IPS[0] is put on loopback)."""
+    holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "3600"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    ns = "/proc/%d/ns/net" % holder.pid
+    mine = os.readlink("/proc/self/ns/net")
+    t0 = time.monotonic()
+    while True:  # until unshare has made its namespace
+        try:
+            if os.readlink(ns) != mine:
+                break
+        except OSError:
+            pass
+        if time.monotonic() - t0 > 10:
+            holder.kill()
+            raise RuntimeError("the second node's namespace never came up")
+        time.sleep(0.01)
+    r = subprocess.run(["ip", "link", "add", "kvbn0", "type", "veth", "peer",
+                        "name", "kvbn1", "netns", str(holder.pid)],
+                       capture_output=True)
+    if r.returncode:
+        holder.kill()
+        holder.wait()
+        run(["ip", "addr", "add", NODE_IPS[0] + "/32", "dev", "lo"])
+        return None
+    run(["ip", "addr", "add", NODE_IPS[0] + "/24", "dev", "kvbn0"])
+    run(["ip", "link", "set", "kvbn0", "up"])
+    there = ["nsenter", "--net=" + ns, "--"]
+    run(there + ["ip", "link", "set", "lo", "up"])
+    run(there + ["ip", "addr", "add", NODE_IPS[1] + "/24", "dev", "kvbn1"])
+    run(there + ["ip", "link", "set", "kvbn1", "up"])
+    return holder, ns
 
 
 class Image:
@@ -158,10 +203,12 @@ class Image:
 
 
 class Node:
-    def __init__(self, root, objs, image):
+    def __init__(self, root, objs, image, ip, netns=None):
         self.root = root  # the node's own files: hostPath dirs, pods
         self.objs = objs
         self.image = image
+        self.ip = ip
+        self.netns = netns  # None: this process's network namespace
         self.secrets = {}  # name -> {key: bytes}
         os.makedirs(os.path.join(root, "host"), exist_ok=True)
         self.env_base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:"
@@ -263,7 +310,7 @@ class Container:
                     (podspec.get("hostNetwork") or
                      e["valueFrom"]["fieldRef"]["fieldPath"] ==
                      "status.hostIP"):
-                env[e["name"]] = NODE_IP
+                env[e["name"]] = node.ip
             else:
                 raise PodError("env %s: not simulated" % e["name"])
         env.update(env_extra or {})
@@ -334,10 +381,13 @@ class Container:
         if not podspec.get("hostNetwork"):
             flags.append("--net")
         self.cmd = ["unshare"] + flags + ["--", "/bin/sh", "-c", "\n".join(sh)]
+        if node.netns:
+            self.cmd = ["nsenter", "--net=" + node.netns, "--"] + self.cmd
         self.env = env
         self.argv = argv
         self.proc = subprocess.Popen(self.cmd, stdin=stdin, stdout=stdout,
-                                     stderr=stderr, start_new_session=True)
+                                     stderr=stderr, start_new_session=True,
+                                     preexec_fn=die_with_parent)
         self.pid = None
 
     def init_pid(self, timeout=5.0):
