@@ -184,7 +184,7 @@ def main():
             cross_node(ps, node, node_b, bspec, bc, pre, dec, logs, live)
         else:
             print("5. across nodes: not run (no veth device here)")
-    except Fail as e:
+    except (Fail, ps.PodError) as e:
         failed = str(e)
     finally:
         for c in live:
