@@ -77,6 +77,7 @@ TOOLS=$(dirname "$0")/../deploy/tools
 # or older than the lock file
 npm_deps() {
 	[ -n "$npm_tools" ] || return 0
+	# shellcheck disable=SC3013 # dash's test has -nt
 	if [ -f "$TOOLS/node_modules/.package-lock.json" ] &&
 		[ ! "$TOOLS/package-lock.json" -nt "$TOOLS/node_modules/.package-lock.json" ]; then
 		return 0

@@ -77,7 +77,7 @@ mmdebstrap --variant=essential --architectures="$ARCH" \
 	--dpkgopt='path-exclude=/usr/share/lintian/*' \
 	--customize-hook="echo $NAME:x:$UID_:$UID_:kvbroker:/nonexistent:/usr/sbin/nologin >>\"\$1/etc/passwd\"" \
 	--customize-hook="echo $NAME:x:$UID_: >>\"\$1/etc/group\"" \
-	--customize-hook='find "$1/run" -mindepth 1 -maxdepth 1 -exec rm -rf {} +' \
+	--customize-hook='find "$1/run" -mindepth 1 -maxdepth 1 -exec rm -rf --one-file-system {} +' \
 	--customize-hook="install -d -m 0700 -o $UID_ -g $UID_ \"\$1/run/kvbroker\"" \
 	--skip=cleanup/run \
 	--customize-hook="sync-out /var/cache/apt/archives \"$CACHE\"" \
