@@ -14,8 +14,9 @@ test test-asan test-tsan: DEPS_LAYERS = build test
 bench: DEPS_LAYERS = build bench
 fuzz: DEPS_LAYERS = build fuzz
 deb: DEPS_LAYERS = build deb
+image: DEPS_LAYERS = build deb image
 
-.PHONY: all deps deps-layers build run test test-asan test-tsan fuzz bench deb format clean
+.PHONY: all deps deps-layers build run test test-asan test-tsan fuzz bench deb image format clean
 
 all: build
 
@@ -94,6 +95,15 @@ deb: deps-layers
 	cd $(DEB_BUILD) && cpack -G DEB
 	@if command -v lintian >/dev/null; then \
 	  lintian $(DEB_BUILD)/kvbroker_*.deb || exit 1; fi
+
+# The container image (docs/deploy.md): a Debian root filesystem with the
+# package of `make deb` (mmdebstrap), one OCI layer and its configuration
+# (umoci), written as an OCI layout, an OCI archive and a docker archive
+# (skopeo) into $(IMAGE_OUT), then checked (deploy/image/check-image.sh).
+# Needs root (mmdebstrap's root mode, chroot).
+IMAGE_OUT ?= build-image
+image: deb
+	deploy/image/build-image.sh "$$(ls -t $(DEB_BUILD)/kvbroker_*.deb | head -1)" $(IMAGE_OUT)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -5,7 +5,10 @@
 #   bench  what `make bench` uses besides
 #   fuzz   the libFuzzer build (`make fuzz`)
 #   deb    building and checking the Debian package (`make deb`)
+#   image  building and checking the container image (`make image`)
 #   all    every layer (the default; CI)
+# The test layer also installs deploy/tools' npm packages (the manifest and
+# dashboard checks, docs/deploy.md) with `npm ci`, from its lock file.
 # As root: installs what is missing with apt-get. Otherwise: prints the exact
 # apt-get line and fails.
 # Usage: scripts/deps.sh [--check] [LAYER...]
@@ -21,8 +24,9 @@ ibverbs-providers ibverbs-utils rdmacm-utils"
 # and dpkg-dev: the man page, unit and package tests; libamdhip64-dev: the
 # HIP ABI check; prometheus: promtool and a Prometheus server for
 # test_metrics_prom (it skips without them)
+# python3-yaml: the pod simulation of deploy/kubernetes (pod_boundary)
 TEST_PKGS="libcmocka-dev python3 python3-zmq python3-msgpack python3-pytest \
-python3-numpy python3-torch python3-cffi python3-pip python3-setuptools \
+python3-numpy python3-torch python3-cffi python3-pip python3-setuptools python3-yaml \
 iproute2 iperf3 procps libamdhip64-dev mandoc systemd dpkg-dev prometheus \
 $GUEST_PKGS"
 # scripts/bench.sh: the guest (rdma), network namespaces and iperf3 (tcp),
@@ -31,15 +35,18 @@ $GUEST_PKGS"
 BENCH_PKGS="perftest dpdk-dev gnuplot-nox iperf3 iproute2 python3 $GUEST_PKGS"
 FUZZ_PKGS="clang"
 DEB_PKGS="dpkg-dev lintian"
+# deploy/image: the root filesystem (mmdebstrap), the OCI image (umoci,
+# skopeo) and the check that runs it (podman, where it can run containers)
+IMAGE_PKGS="mmdebstrap umoci skopeo podman"
 
 check=
 layers=
 for a in "$@"; do
 	case $a in
 	--check) check=1 ;;
-	build | test | bench | fuzz | deb | all) layers="$layers $a" ;;
+	build | test | bench | fuzz | deb | image | all) layers="$layers $a" ;;
 	*)
-		echo "deps.sh: unknown layer '$a' (build, test, bench, fuzz, deb, all)" >&2
+		echo "deps.sh: unknown layer '$a' (build, test, bench, fuzz, deb, image, all)" >&2
 		exit 2
 		;;
 	esac
@@ -53,9 +60,35 @@ for l in $layers; do
 	bench) PKGS="$PKGS $BENCH_PKGS" ;;
 	fuzz) PKGS="$PKGS $FUZZ_PKGS" ;;
 	deb) PKGS="$PKGS $DEB_PKGS" ;;
-	all) PKGS="$PKGS $BUILD_PKGS $TEST_PKGS $BENCH_PKGS $FUZZ_PKGS $DEB_PKGS" ;;
+	image) PKGS="$PKGS $IMAGE_PKGS" ;;
+	all) PKGS="$PKGS $BUILD_PKGS $TEST_PKGS $BENCH_PKGS $FUZZ_PKGS $DEB_PKGS $IMAGE_PKGS" ;;
 	esac
 done
+# Node.js for deploy/tools: a node already on the PATH (any source) will
+# do, else Debian's nodejs and npm
+npm_tools=
+case " $layers " in *" test "* | *" all "*) npm_tools=1 ;; esac
+if [ -n "$npm_tools" ] && ! { command -v node >/dev/null && command -v npm >/dev/null; }; then
+	PKGS="$PKGS nodejs npm"
+fi
+TOOLS=$(dirname "$0")/../deploy/tools
+
+# deploy/tools/node_modules from package-lock.json (npm ci), when missing
+# or older than the lock file
+npm_deps() {
+	[ -n "$npm_tools" ] || return 0
+	# shellcheck disable=SC3013 # dash's test has -nt
+	if [ -f "$TOOLS/node_modules/.package-lock.json" ] &&
+		[ ! "$TOOLS/package-lock.json" -nt "$TOOLS/node_modules/.package-lock.json" ]; then
+		return 0
+	fi
+	if [ -n "$check" ]; then
+		echo "missing: deploy/tools/node_modules (npm ci --prefix deploy/tools)"
+		return 1
+	fi
+	echo "deps.sh: npm ci in deploy/tools"
+	npm ci --prefix "$TOOLS" --no-audit --no-fund --loglevel=error >/dev/null
+}
 
 missing=""
 for p in $PKGS; do
@@ -64,8 +97,11 @@ for p in $PKGS; do
 		missing="$missing $p"
 	fi
 done
-[ -z "$missing" ] && exit 0
-[ -n "$check" ] && { echo "missing:$missing"; exit 1; }
+if [ -z "$missing" ]; then
+	npm_deps
+	exit
+fi
+[ -n "$check" ] && { echo "missing:$missing"; npm_deps; exit 1; }
 if [ "$(id -u)" != 0 ]; then
 	echo "kvbroker needs these Debian packages; run as root:" >&2
 	echo "  apt-get install -y --no-install-recommends$missing" >&2
@@ -85,3 +121,4 @@ case " $missing " in
 	fi
 	;;
 esac
+npm_deps
