@@ -60,7 +60,7 @@ static int ux_open(struct ux *u, const struct wl_cfg *c, int is_d,
 		   unsigned rank)
 {
 	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-			  .features = UCP_FEATURE_RMA | (getenv("KVB_NOWAKE") ? 0 : UCP_FEATURE_WAKEUP)};
+			  .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP};
 	ucp_worker_params_t wp = {
 		.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 		.thread_mode = UCS_THREAD_MODE_SINGLE};
@@ -87,7 +87,7 @@ static int ux_open(struct ux *u, const struct wl_cfg *c, int is_d,
 	ucp_config_release(cfg);
 	if (st == UCS_OK)
 		st = ucp_worker_create(u->ctx, &wp, &u->w);
-	if (st == UCS_OK && !getenv("KVB_NOWAKE"))
+	if (st == UCS_OK)
 		st = ucp_worker_get_efd(u->w, &u->efd);
 	if (st != UCS_OK) {
 		fprintf(stderr,
@@ -612,7 +612,23 @@ const char *wl_ucx_version(void)
 	return ucp_get_version_string();
 }
 
-#else /* no UCX: wl_parse() refuses --mode ucx */
+#else /* no UCX: wl_parse() refuses --mode ucx, these are never called */
+
+int wl_ucx_p(const struct wl_cfg *c, unsigned rank, int hs, int ready_fd,
+	     const int *go, struct wl_pres *res)
+{
+	(void) c, (void) rank, (void) hs, (void) ready_fd, (void) go;
+	(void) res;
+	return 1;
+}
+
+int wl_ucx_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps, int hs,
+	     int ready_fd, const int *go, struct wl_pres *res)
+{
+	(void) c, (void) rank, (void) dmaps, (void) hs, (void) ready_fd;
+	(void) go, (void) res;
+	return 1;
+}
 
 const char *wl_ucx_version(void)
 {
