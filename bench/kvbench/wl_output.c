@@ -459,8 +459,16 @@ static void json_config(FILE *f, const struct wl_cfg *c, const char *ucx)
 		c->verify ? "true" : "false");
 	json_key_str(f, "broker_opts", c->broker_opts ? c->broker_opts : "");
 	fprintf(f, "\"repeat\":%u,\"figures_are\":\"%s\"}", c->repeat,
-		c->repeat > 1 ? "the median of the trials, figure by figure; "
-				"ratio = median broker / median direct"
+		c->repeat > 1 ? ((c->modes & MODE_UCX)
+					 ? "the median of the trials, figure "
+					   "by figure; ratio = median broker / "
+					   "median direct, ratio_broker_ucx = "
+					   "median broker / median ucx, "
+					   "ratio_ucx_direct = median ucx / "
+					   "median direct"
+					 : "the median of the trials, figure "
+					   "by figure; ratio = median broker / "
+					   "median direct")
 			      : "one trial");
 }
 
