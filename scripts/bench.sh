@@ -698,7 +698,7 @@ EOF
 	# tests/rdma/post-cpu.sh, kvbench --mode all against UCX)
 	for f in bench/results/rate-sweep.md bench/results/rate-workers.md \
 		bench/results/post-cpu-rdma.md bench/results/peer-death.md \
-		bench/results/against-peers.md; do
+		bench/results/against-peers.md bench/results/ring-vs-plain.md; do
 		if [ -f "$f" ]; then
 			cat "$f"
 			echo
