@@ -31,8 +31,10 @@ iproute2 iperf3 procps libamdhip64-dev mandoc systemd dpkg-dev prometheus \
 $GUEST_PKGS"
 # scripts/bench.sh: the guest (rdma), network namespaces and iperf3 (tcp),
 # perftest (ib_write_bw), dpdk-dev (kvbench ring against rte_ring),
-# gnuplot, python3 (the summary tables)
-BENCH_PKGS="perftest dpdk-dev gnuplot-nox iperf3 iproute2 python3 $GUEST_PKGS"
+# libucx-dev (kvbench workload --mode ucx) and ucx-utils (ucx_info: the
+# transports and devices UCX sees), gnuplot, python3 (the summary tables)
+BENCH_PKGS="perftest dpdk-dev libucx-dev ucx-utils gnuplot-nox iperf3 \
+iproute2 python3 $GUEST_PKGS"
 FUZZ_PKGS="clang"
 DEB_PKGS="dpkg-dev lintian"
 # deploy/image: the root filesystem (mmdebstrap), the OCI image (umoci,

@@ -35,7 +35,9 @@ refuse "--repeat: '16' is not a whole number in [1, 15]" --repeat 16
 refuse "--repeat: 'x' is not a whole number" --repeat x
 refuse "--workers: '0' is not a whole number in [1, 64]" --workers 0
 refuse "--block-bytes: 12 is not a multiple of 8" --block-bytes 12
-refuse "--mode: 'sideways' is not direct, broker or both" --mode sideways
+refuse "--mode: 'sideways' is not direct, broker, ucx, both or all" --mode sideways
+refuse "--mode: empty" --mode ,
+refuse "--ucx-tls goes with --mode ucx or all" --ucx-tls tcp
 refuse "--transport: 'pigeon' is not one of" --transport pigeon
 refuse "unknown option '--bogus'" --bogus
 refuse "--iters and --iters-total: give one of them" --iters 3 --iters-total 5

@@ -16,7 +16,9 @@
 #define KVB_BENCH_MAX_SWEEP   16u
 #define KVB_BENCH_MAX_REPEAT  15u
 
-enum { MODE_DIRECT = 1, MODE_BROKER = 2 };
+enum { MODE_DIRECT = 1, MODE_BROKER = 2, MODE_UCX = 4 };
+/* the modes' slots in the result arrays: direct, broker, ucx */
+#define WL_NMODES 3u
 enum {
 	KVB_BENCH_TR_LOCAL = 0,
 	KVB_BENCH_TR_TCP = 1,
@@ -61,6 +63,12 @@ struct wl_cfg {
 	unsigned sweep[KVB_BENCH_MAX_SWEEP], nsweep;
 	unsigned repeat;      /* trials per mode per worker count (medians) */
 	unsigned iters_total; /* --iters-total: steps split among workers */
+	/* ucx mode: the UCX_TLS and UCX_NET_DEVICES (per side: P, D) its
+	 * workers put into their UCP configuration (NULL / "": UCX's own,
+	 * from the environment or its defaults) */
+	const char *ucx_tls;
+	char ucx_dev[2][80];
+	const char *ucx_tls_opt; /* --ucx-tls as given (NULL: not given) */
 };
 
 /* Steps per worker at w workers: --iters, or --iters-total / w rounded up. */
@@ -97,6 +105,7 @@ struct wl_pres {
 	 * doorbells (stats post_cpu_ns), and their WRs (post_cpu_wrs) */
 	uint64_t verbs_post_cpu_ns, verbs_post_cpu_wrs;
 	volatile int port; /* tcp direct D: the receiver's listening port */
+	char ucx_info[320]; /* ucx P0: the lanes its endpoint used */
 	int ok;		   /* 1 = finished cleanly */
 };
 
@@ -227,6 +236,12 @@ void kvb_bench_cleanup_init(void);
 void kvb_bench_cleanup_path(const char *path, int add);
 /* In a child: join the network namespace `name`; 0 or -1 (printed). */
 int kvb_bench_enter_netns(const char *name);
+/*
+ * After kvb_bench_enter_netns(), for a library that lists network devices
+ * in /sys/class/net (UCX): a private mount namespace with /sys mounted
+ * afresh, showing the namespace's devices. 0 or -1 (printed).
+ */
+int kvb_bench_netns_sysfs(void);
 /*
  * want = NET_*: namespaces when asked for or (auto) when root and `ip netns`
  * works, else loopback (NET_AUTO: n->why says why). 0, or -1 when
@@ -374,6 +389,18 @@ int wl_rdma_direct_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps,
 int wl_rdma_probe(struct bench_net *n, const char *ip);
 
 /*
+ * wl_ucx.c: the same writes through UCX (UCP: ucp_put_nbx per block, a
+ * flush per step); `hs` is a SOCK_SEQPACKET socket to the peer worker: D's
+ * worker address and rkeys, then P's request notifications. Built only
+ * with KVB_HAVE_UCX; wl_ucx_version() is NULL without.
+ */
+int wl_ucx_p(const struct wl_cfg *c, unsigned rank, int hs, int ready_fd,
+	     const int *go, struct wl_pres *res);
+int wl_ucx_d(const struct wl_cfg *c, unsigned rank, void *const *dmaps, int hs,
+	     int ready_fd, const int *go, struct wl_pres *res);
+const char *wl_ucx_version(void);
+
+/*
  * wl_gpu.c: direct mode on the gpu transport. `hs` is a SOCK_SEQPACKET
  * socket to the peer worker: D's exported layer regions, then P's request
  * notifications, then P's "imports closed". Every gpu worker opens the
@@ -454,23 +481,39 @@ uint64_t wl_dslots(const struct wl_cfg *c);
 uint64_t wl_region_bytes_p(const struct wl_cfg *c);
 uint64_t wl_region_bytes_d(const struct wl_cfg *c);
 
-/* wl_output.c: res[k][0] = direct, res[k][1] = broker at ws[k] workers */
+/*
+ * wl_output.c: res[k][m] at ws[k] workers, m = 0 direct, 1 broker, 2 ucx
+ * (WL_NMODES slots; a mode not run is not valid)
+ */
+extern const char *const wl_mode_name[WL_NMODES];
 void wl_table_header(void);
 void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 		  const struct wl_figs *f);
-void wl_ratio_row(unsigned w, const struct wl_figs *d, const struct wl_figs *b);
+/* label: "ratio" (broker / direct), "b/ucx", "ucx/d"; num / den */
+void wl_ratio_row(const char *label, unsigned w, const struct wl_figs *den,
+		  const struct wl_figs *num);
 /* out = the median of n trials, figure by figure (NAN if any is n/a);
  * the counts of failures and bad bytes are summed; valid if any trial was */
 void wl_figs_median(const struct wl_figs *t, unsigned n, struct wl_figs *out);
-/* with --repeat: the bandwidth and message-rate ratio of each trial pair */
-void wl_trials_row(const struct wl_cfg *c,
-		   const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT]);
-/* trials: [point][mode][trial], c->repeat of them (NULL: none kept) */
+/* with --repeat: the bandwidth and message-rate ratio (num / den) of each
+ * trial pair; what: NULL = broker / direct ("ratio"), else its name */
+void wl_trials_row(const struct wl_cfg *c, const char *what,
+		   const struct wl_figs *den, const struct wl_figs *num);
+/* The ratio rows: {numerator, denominator} mode slots, label, JSON key. */
+struct wl_ratio_def {
+	unsigned num, den;
+	const char *label, *key, *what;
+};
+extern const struct wl_ratio_def wl_ratios[3];
+/* trials: [point][mode][trial], c->repeat of them (NULL: none kept);
+ * ucx_info: what P0's UCX endpoint used (NULL: no ucx run) */
 int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-		  const struct wl_figs (*res)[2],
-		  const struct wl_figs (*trials)[2][KVB_BENCH_MAX_REPEAT]);
+		  const struct wl_figs (*res)[WL_NMODES],
+		  const struct wl_figs (*trials)[WL_NMODES]
+					       [KVB_BENCH_MAX_REPEAT],
+		  const char *ucx_info);
 int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-	    const struct wl_figs (*res)[2]);
+	    const struct wl_figs (*res)[WL_NMODES]);
 
 /* micro.c */
 int kvb_bench_rate_main(int argc, char **argv);

@@ -155,6 +155,25 @@ int kvb_bench_enter_netns(const char *name)
 	return 0;
 }
 
+int kvb_bench_netns_sysfs(void)
+{
+	/* as `ip netns exec` does: a private mount namespace, nothing
+	 * propagated back, /sys remounted for the network namespace */
+	if (unshare(CLONE_NEWNS) ||
+	    mount("", "/", NULL, MS_SLAVE | MS_REC, NULL)) {
+		fprintf(stderr, "kvbench: mount namespace: %s\n",
+			strerror(errno));
+		return -1;
+	}
+	(void) umount2("/sys", MNT_DETACH);
+	if (mount("sysfs", "/sys", "sysfs", 0, NULL)) {
+		fprintf(stderr, "kvbench: sysfs of the network namespace: %s\n",
+			strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 /*
  * Run `ip ARGS...`; 0 when it exited 0. Its stdout (if out) and stderr go to
  * out/err (first bytes), else to /dev/null.

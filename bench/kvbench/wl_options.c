@@ -83,7 +83,23 @@ static void workload_usage(FILE *f)
 	      "                     when root and `ip netns` works, else "
 	      "loopback), netns,\n"
 	      "                     loopback (127.0.0.1, distinct ports)\n"
-	      "  --mode M           direct | broker | both (default both)\n"
+	      "  --mode M           direct | broker | ucx | both (= direct,broker;\n"
+	      "                     the default) | all (= direct,broker,ucx), "
+	      "or a\n"
+	      "                     comma-separated list (direct,ucx)\n"
+	      "  --ucx-tls LIST     ucx mode: the UCX_TLS its workers set "
+	      "(default: tcp\n"
+	      "                     on --transport tcp, with UCX_NET_DEVICES "
+	      "the veth end\n"
+	      "                     or lo; rc_verbs on rdma; UCX's own on "
+	      "local); default:\n"
+	      "                     set nothing (UCX picks, e.g. shared "
+	      "memory between\n"
+	      "                     two namespaces of one host). UCX_TLS / "
+	      "UCX_NET_DEVICES\n"
+	      "                     in the environment win over the defaults; "
+	      "every other\n"
+	      "                     UCX_* variable applies as usual\n"
 	      "  --verify           D checks every byte (default on)\n"
 	      "  --no-verify        skip it (speed runs: D regions then hold R "
 	      "slots)\n"
@@ -174,6 +190,24 @@ static void workload_usage(FILE *f)
 	      "post_wall_us_per_wr = wall time of every call per WR (stats "
 	      "post_ns).\n"
 	      "\n"
+	      "ucx: the same writes through UCX (UCP): a UCP context and "
+	      "worker per worker\n"
+	      "process; D maps each layer region (ucp_mem_map) and sends "
+	      "its worker address\n"
+	      "and rkeys to P over a socketpair; P puts every block "
+	      "(ucp_put_nbx, one per\n"
+	      "block, as vLLM's per-block descriptors), progresses once per "
+	      "(request, layer),\n"
+	      "flushes the endpoint once per step and then tells D which "
+	      "requests are done.\n"
+	      "doorbells: n/a (UCX counts none); the lanes P0's endpoint "
+	      "used are printed\n"
+	      "after the table and in the JSON (config.ucx). Rows: ratio = "
+	      "broker/direct,\n"
+	      "b/ucx = broker/ucx, ucx/d = ucx/direct (JSON ratio, "
+	      "ratio_broker_ucx,\n"
+	      "ratio_ucx_direct).\n"
+	      "\n"
 	      "gpu: direct = every P worker opens its own gpu transport "
 	      "(its streams and\n"
 	      "events) and imports its D peer's exported layer regions (IPC "
@@ -219,6 +253,40 @@ static int parse_sweep(struct wl_cfg *c, const char *arg)
 	return 0;
 }
 
+/* --mode: a comma-separated list of direct, broker, ucx, both, all */
+static int parse_modes(struct wl_cfg *c, const char *arg)
+{
+	char buf[128], *save = NULL, *tok;
+
+	snprintf(buf, sizeof(buf), "%s", arg);
+	c->modes = 0;
+	for (tok = strtok_r(buf, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(tok, "direct"))
+			c->modes |= MODE_DIRECT;
+		else if (!strcmp(tok, "broker"))
+			c->modes |= MODE_BROKER;
+		else if (!strcmp(tok, "ucx"))
+			c->modes |= MODE_UCX;
+		else if (!strcmp(tok, "both"))
+			c->modes |= MODE_DIRECT | MODE_BROKER;
+		else if (!strcmp(tok, "all"))
+			c->modes |= MODE_DIRECT | MODE_BROKER | MODE_UCX;
+		else {
+			fprintf(stderr,
+				"kvbench: --mode: '%s' is not direct, broker, "
+				"ucx, both or all\n",
+				tok);
+			return -1;
+		}
+	}
+	if (!c->modes) {
+		fprintf(stderr, "kvbench: --mode: empty\n");
+		return -1;
+	}
+	return 0;
+}
+
 enum {
 	O_WORKERS = 256,
 	O_LAYERS,
@@ -242,6 +310,7 @@ enum {
 	O_RDMA_IP,
 	O_GPU_BACKEND,
 	O_REPEAT,
+	O_UCX_TLS,
 	O_HELP,
 };
 
@@ -270,6 +339,7 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 		{"rdma-ip", 1, NULL, O_RDMA_IP},
 		{"gpu-backend", 1, NULL, O_GPU_BACKEND},
 		{"repeat", 1, NULL, O_REPEAT},
+		{"ucx-tls", 1, NULL, O_UCX_TLS},
 		{"help", 0, NULL, O_HELP},
 		{NULL, 0, NULL, 0}};
 	int o, iters_set = 0, workers_set = 0;
@@ -382,19 +452,15 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 			c->gpu_backend = a;
 			break;
 		case O_MODE:
-			if (!strcmp(a, "direct"))
-				c->modes = MODE_DIRECT;
-			else if (!strcmp(a, "broker"))
-				c->modes = MODE_BROKER;
-			else if (!strcmp(a, "both"))
-				c->modes = MODE_DIRECT | MODE_BROKER;
-			else {
-				fprintf(stderr,
-					"kvbench: --mode: '%s' is not direct, "
-					"broker or both\n",
-					a);
+			if (parse_modes(c, a))
+				return -1;
+			break;
+		case O_UCX_TLS:
+			if (!*a) {
+				fprintf(stderr, "kvbench: --ucx-tls: empty\n");
 				return -1;
 			}
+			c->ucx_tls_opt = a;
 			break;
 		case O_VERIFY:
 			c->verify = 1;
@@ -450,6 +516,22 @@ int wl_parse(struct wl_cfg *c, int argc, char **argv)
 	if (c->rdma_ip && c->transport != KVB_BENCH_TR_RDMA) {
 		fprintf(stderr, "kvbench: --rdma-ip goes with --transport "
 				"rdma\n");
+		return -1;
+	}
+	if ((c->modes & MODE_UCX) && !wl_ucx_version()) {
+		fprintf(stderr, "kvbench: --mode ucx: this kvbench was built "
+				"without UCX (libucx-dev; scripts/deps.sh "
+				"bench)\n");
+		return -1;
+	}
+	if ((c->modes & MODE_UCX) && c->transport == KVB_BENCH_TR_GPU) {
+		fprintf(stderr, "kvbench: --mode ucx: not on --transport gpu "
+				"(host memory only)\n");
+		return -1;
+	}
+	if (c->ucx_tls_opt && !(c->modes & MODE_UCX)) {
+		fprintf(stderr, "kvbench: --ucx-tls goes with --mode ucx or "
+				"all\n");
 		return -1;
 	}
 	if (workers_set && c->nsweep) {

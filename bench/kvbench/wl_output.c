@@ -171,15 +171,33 @@ void wl_table_header(void)
 	       "[us]", "[us]", "[s]", "");
 }
 
+/* v with `prec` decimals, "n/a" for NAN */
+static const char *colp(char *buf, size_t cap, double v, int prec)
+{
+	if (isnan(v))
+		snprintf(buf, cap, "n/a");
+	else
+		snprintf(buf, cap, "%.*f", prec, v);
+	return buf;
+}
+
+const char *const wl_mode_name[WL_NMODES] = {"direct", "broker", "ucx"};
+const struct wl_ratio_def wl_ratios[3] = {
+	{1, 0, "ratio", "ratio", "broker / direct"},
+	{1, 2, "b/ucx", "ratio_broker_ucx", "broker / ucx"},
+	{2, 0, "ucx/d", "ratio_ucx_direct", "ucx / direct"},
+};
+
 void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 		  const struct wl_figs *f)
 {
-	char pc[32];
+	char pc[32], db[32], wd[32];
 
-	printf("%-7s %4u %8llu %10.0f %10.0f %9.2f %8s %12.3f %10.3f %9.1f "
+	printf("%-7s %4u %8llu %10.0f %10s %9s %8s %12.3f %10.3f %9.1f "
 	       "%9.1f %9.1f %9.2f %8s\n",
 	       mode, w, (unsigned long long) c->block_bytes, f->descs,
-	       f->doorbells, f->wr_per_doorbell,
+	       colp(db, sizeof(db), f->doorbells, 0),
+	       colp(wd, sizeof(wd), f->wr_per_doorbell, 2),
 	       col3(pc, sizeof(pc), f->post_cpu_us_per_wr), f->msg_rate_mps,
 	       f->bw_gbps, f->lat_p50_us, f->lat_p99_us, f->lat_p999_us,
 	       f->cpu_s,
@@ -188,16 +206,18 @@ void wl_table_row(const char *mode, unsigned w, const struct wl_cfg *c,
 			      : "ok");
 }
 
-void wl_ratio_row(unsigned w, const struct wl_figs *d, const struct wl_figs *b)
+void wl_ratio_row(const char *label, unsigned w, const struct wl_figs *d,
+		  const struct wl_figs *b)
 {
 	double r[16];
-	char pc[32];
+	char pc[32], db[32], wd[32];
 
 	for (unsigned i = 0; i < NFIGS_RATIO; i++)
 		r[i] = ratio(d, b, i);
-	printf("%-7s %4u %8s %10s %10.3f %9.2f %8s %12.3f %10.3f %9.2f %9.2f "
+	printf("%-7s %4u %8s %10s %10s %9s %8s %12.3f %10.3f %9.2f %9.2f "
 	       "%9.2f %9.2f\n",
-	       "ratio", w, "", "", r[1], r[2], col3(pc, sizeof(pc), r[3]), r[4],
+	       label, w, "", "", colp(db, sizeof(db), r[1], 3),
+	       colp(wd, sizeof(wd), r[2], 2), col3(pc, sizeof(pc), r[3]), r[4],
 	       r[5], r[6], r[7], r[8], r[9]);
 }
 
@@ -239,18 +259,18 @@ void wl_figs_median(const struct wl_figs *t, unsigned n, struct wl_figs *out)
 	}
 }
 
-void wl_trials_row(const struct wl_cfg *c,
-		   const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
+void wl_trials_row(const struct wl_cfg *c, const char *name,
+		   const struct wl_figs *den, const struct wl_figs *num)
 {
 	static const char *const what[2] = {"BW", "MsgRate"};
 
 	for (int w = 0; w < 2; w++) {
 		unsigned i = w ? 4 : 5; /* msg_rate_mps, bw_gbps */
 
-		printf("  %s ratio per trial pair:", what[w]);
+		printf("  %s %s per trial pair:", what[w], name ? name : "ratio");
 		for (unsigned k = 0; k < c->repeat; k++) {
-			if (t[0][k].valid && t[1][k].valid)
-				printf(" %.3f", ratio(&t[0][k], &t[1][k], i));
+			if (den[k].valid && num[k].valid)
+				printf(" %.3f", ratio(&den[k], &num[k], i));
 			else
 				printf(" -");
 		}
@@ -283,8 +303,10 @@ static void json_trials(FILE *f, const struct wl_cfg *c,
 
 static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 		      const struct wl_figs *x, const struct wl_figs *tr,
-		      int broker)
+		      int mode)
 {
+	int broker = mode == 1, ucx = mode == 2;
+
 	fprintf(f, "\"%s\":{", key);
 	for (unsigned i = 0; i < sizeof(figs) / sizeof(figs[0]); i++) {
 		fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
@@ -298,6 +320,9 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 		c->transport == KVB_BENCH_TR_TCP
 			? "n/a on tcp: sending continues in poll() after "
 			  "post() (rest of a sendmsg, acks)"
+		: ucx ? "thread CPU of one (request, layer)'s ucp_put_nbx "
+			"calls in 16, net of the clock / their puts; doorbells "
+			"n/a (UCX counts none)"
 		: c->transport == KVB_BENCH_TR_RDMA
 			? (broker ? "thread CPU inside the P broker's "
 				    "ibv_post_send on 1 in 16 doorbells, net "
@@ -317,45 +342,79 @@ static void json_figs(FILE *f, const struct wl_cfg *c, const char *key,
 }
 
 /*
- * "direct", "broker" and (both valid) "ratio", each after a comma; with
- * trials (t: [mode][trial]), each also gets "trials"
+ * every mode that ran ("direct", "broker", "ucx") and every ratio whose
+ * two modes ran ("ratio" = broker / direct, "ratio_broker_ucx",
+ * "ratio_ucx_direct"), each after a comma; with trials (t:
+ * [mode][trial]), each also gets "trials"
  */
-static void json_modes(FILE *f, const struct wl_cfg *c, const struct wl_figs *d,
-		       const struct wl_figs *b,
+static void json_modes(FILE *f, const struct wl_cfg *c,
+		       const struct wl_figs *res,
 		       const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
 {
-	if (d->valid) {
-		fputs(",", f);
-		json_figs(f, c, "direct", d, t ? t[0] : NULL, 0);
-	}
-	if (b->valid) {
-		fputs(",", f);
-		json_figs(f, c, "broker", b, t ? t[1] : NULL, 1);
-	}
-	if (d->valid && b->valid) {
-		fputs(",\"ratio\":{", f);
+	for (unsigned m = 0; m < WL_NMODES; m++)
+		if (res[m].valid) {
+			fputs(",", f);
+			json_figs(f, c, wl_mode_name[m], &res[m],
+				  t ? t[m] : NULL, (int) m);
+		}
+	for (unsigned r = 0; r < 3; r++) {
+		const struct wl_figs *d = &res[wl_ratios[r].den],
+				     *b = &res[wl_ratios[r].num];
+
+		if (!d->valid || !b->valid)
+			continue;
+		fprintf(f, ",\"%s\":{", wl_ratios[r].key);
 		for (unsigned i = 0; i < NFIGS_RATIO; i++) {
 			fprintf(f, "%s\"%s\":", i ? "," : "", figs[i].name);
 			json_num(f, ratio(d, b, i));
 		}
 		if (t)
-			json_trials(f, c, t[0], t[1]);
+			json_trials(f, c, t[wl_ratios[r].den],
+				    t[wl_ratios[r].num]);
 		fputs("}", f);
 	}
 }
 
 static void json_point(FILE *f, const struct wl_cfg *c, unsigned w,
-		       const struct wl_figs *d, const struct wl_figs *b,
+		       const struct wl_figs *res,
 		       const struct wl_figs (*t)[KVB_BENCH_MAX_REPEAT])
 {
 	fprintf(f, "{\"workers\":%u,\"iters\":%u", w, wl_iters_for(c, w));
-	json_modes(f, c, d, b, t);
+	json_modes(f, c, res, t);
 	fputs("}", f);
 }
 
-static void json_config(FILE *f, const struct wl_cfg *c)
+/* "ucx":{...}: the version, what kvbench set, the UCX_* environment and
+ * the lanes P0's endpoint used */
+static void json_ucx(FILE *f, const struct wl_cfg *c, const char *info)
+{
+	extern char **environ;
+	char env[1024];
+	size_t used = 0;
+
+	env[0] = 0;
+	for (char **e = environ; *e; e++)
+		if (!strncmp(*e, "UCX_", 4) && used < sizeof(env))
+			used += (size_t) snprintf(env + used,
+						  sizeof(env) - used, "%s%s",
+						  used ? " " : "", *e);
+	fputs("\"ucx\":{", f);
+	json_key_str(f, "version",
+		     wl_ucx_version() ? wl_ucx_version() : "");
+	json_key_str(f, "tls_set", c->ucx_tls ? c->ucx_tls : "");
+	json_key_str(f, "net_devices_set_p", c->ucx_dev[0]);
+	json_key_str(f, "net_devices_set_d", c->ucx_dev[1]);
+	json_key_str(f, "environment", env);
+	fputs("\"p0_lanes\":\"", f);
+	json_str(f, info ? info : "");
+	fputs("\"},", f);
+}
+
+static void json_config(FILE *f, const struct wl_cfg *c, const char *ucx)
 {
 	fprintf(f, "\"config\":{\"transport\":\"%s\",", tr_name(c));
+	if (c->modes & MODE_UCX)
+		json_ucx(f, c, ucx);
 	if (c->transport == KVB_BENCH_TR_GPU) {
 		json_key_str(f, "gpu_backend", c->gpu_name);
 		json_key_str(f, "gpu_backend_asked",
@@ -400,14 +459,24 @@ static void json_config(FILE *f, const struct wl_cfg *c)
 		c->verify ? "true" : "false");
 	json_key_str(f, "broker_opts", c->broker_opts ? c->broker_opts : "");
 	fprintf(f, "\"repeat\":%u,\"figures_are\":\"%s\"}", c->repeat,
-		c->repeat > 1 ? "the median of the trials, figure by figure; "
-				"ratio = median broker / median direct"
+		c->repeat > 1 ? ((c->modes & MODE_UCX)
+					 ? "the median of the trials, figure "
+					   "by figure; ratio = median broker / "
+					   "median direct, ratio_broker_ucx = "
+					   "median broker / median ucx, "
+					   "ratio_ucx_direct = median ucx / "
+					   "median direct"
+					 : "the median of the trials, figure "
+					   "by figure; ratio = median broker / "
+					   "median direct")
 			      : "one trial");
 }
 
 int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-		  const struct wl_figs (*res)[2],
-		  const struct wl_figs (*trials)[2][KVB_BENCH_MAX_REPEAT])
+		  const struct wl_figs (*res)[WL_NMODES],
+		  const struct wl_figs (*trials)[WL_NMODES]
+					       [KVB_BENCH_MAX_REPEAT],
+		  const char *ucx_info)
 {
 	FILE *f = fopen(c->json, "w");
 
@@ -417,18 +486,17 @@ int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 		return -1;
 	}
 	fputs("{", f);
-	json_config(f, c);
+	json_config(f, c, ucx_info);
 	if (!c->nsweep) {
 		/* one point: its keys at the top level */
 		fprintf(f, ",\"workers\":%u,\"iters\":%u", ws[0],
 			wl_iters_for(c, ws[0]));
-		json_modes(f, c, &res[0][0], &res[0][1],
-			   trials ? trials[0] : NULL);
+		json_modes(f, c, res[0], trials ? trials[0] : NULL);
 	} else {
 		fputs(",\"sweep\":[", f);
 		for (unsigned k = 0; k < n; k++) {
 			fputs(k ? "," : "", f);
-			json_point(f, c, ws[k], &res[k][0], &res[k][1],
+			json_point(f, c, ws[k], res[k],
 				   trials ? trials[k] : NULL);
 		}
 		fputs("]", f);
@@ -438,10 +506,10 @@ int wl_write_json(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 }
 
 int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
-	    const struct wl_figs (*res)[2])
+	    const struct wl_figs (*res)[WL_NMODES])
 {
 	FILE *g = popen("gnuplot", "w");
-	const char *col[2] = {"direct", "broker"};
+	unsigned ran[WL_NMODES], nr = 0;
 	double wmin = ws[0], wmax = ws[0];
 	int rc;
 
@@ -474,17 +542,28 @@ int wl_plot(const struct wl_cfg *c, const unsigned *ws, unsigned n,
 	for (unsigned k = 0; k < n; k++)
 		fprintf(g, "%s%u", k ? "," : "", ws[k]);
 	fputs(")\n", g);
+	/* the modes that ran; ucx has no doorbell count: message rate only */
+	for (unsigned m = 0; m < WL_NMODES; m++)
+		if (c->modes & (1 << m))
+			ran[nr++] = m;
 	for (int panel = 0; panel < 2; panel++) {
+		unsigned np = 0;
+
 		fprintf(g, "set ylabel '%s'\nset title '%s'\nplot ",
 			panel ? "WRs per doorbell" : "Mdesc/s",
 			panel ? "WRs per doorbell" : "message rate");
-		for (int m = 0; m < 2; m++)
-			fprintf(g,
-				"%s'-' using 1:2 with linespoints lw 2 title "
-				"'%s'",
-				m ? ", " : "", col[m]);
-		fputs("\n", g);
-		for (int m = 0; m < 2; m++) {
+		for (unsigned k = 0; k < nr; k++)
+			if (!panel || ran[k] != 2)
+				fprintf(g,
+					"%s'-' using 1:2 with linespoints lw 2 "
+					"title '%s'",
+					np++ ? ", " : "", wl_mode_name[ran[k]]);
+		fputs(np ? "\n" : "1/0 notitle\n", g);
+		for (unsigned kk = 0; kk < nr; kk++) {
+			unsigned m = ran[kk];
+
+			if (panel && m == 2)
+				continue;
 			for (unsigned k = 0; k < n; k++)
 				if (res[k][m].valid)
 					fprintf(g, "%u %g\n", ws[k],

@@ -140,6 +140,10 @@ static int run_worker(int mode, int is_d, const struct wl_cfg *c, unsigned rank,
 {
 	int direct = mode == MODE_DIRECT;
 
+	if (mode == MODE_UCX) /* any transport: UCX picks its own */
+		return is_d ? wl_ucx_d(c, rank, maps, nfd[0], ready_w, go_r,
+				       res)
+			    : wl_ucx_p(c, rank, nfd[1], ready_w, go_r, res);
 	switch (c->transport) {
 	case KVB_BENCH_TR_LOCAL:
 		if (direct)
@@ -280,17 +284,24 @@ static int start_tcp_brokers(const struct wl_cfg *c, struct bench_broker *b)
 	return 0;
 }
 
+/* what P0's UCX endpoint used in the last ucx run ("": none yet) */
+static char ucx_info[sizeof(((struct wl_pres *) 0)->ucx_info)];
+
 /* Run one mode at c->workers; fills f. 0 or -1. */
 static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 {
-	const char *what = mode == MODE_DIRECT ? "direct" : "broker";
+	const char *what = mode == MODE_DIRECT	 ? "direct"
+			   : mode == MODE_BROKER ? "broker"
+						 : "ucx";
+	int ucx = mode == MODE_UCX;
 	size_t shm_len = 2 * c->workers * wl_pres_size(c);
 	struct bench_broker br[2] = {{0}}; /* local: [0]; tcp: P, D node */
 	/* tcp or rdma: two nodes, two brokers */
 	int tcp = two_nodes(c);
 	int rdma = c->transport == KVB_BENCH_TR_RDMA;
-	/* rdma and gpu: a socketpair per worker pair (handshake first) */
-	int hs = rdma || c->transport == KVB_BENCH_TR_GPU;
+	/* rdma, gpu and ucx: a socketpair per worker pair (handshake
+	 * first) */
+	int hs = rdma || c->transport == KVB_BENCH_TR_GPU || ucx;
 	uint64_t verbs_ns = 0, verbs_cpu_ns = 0, verbs_cpu_wrs = 0;
 	double bpost_ns = -1; /* tcp/rdma broker: P broker's post_ns */
 	double bcpu_ns = 0, bcpu_wrs = 0; /* its post_cpu_ns, post_cpu_wrs */
@@ -335,7 +346,7 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 					   NULL))
 			goto out;
 	}
-	if (mode == MODE_DIRECT) {
+	if (mode != MODE_BROKER) {
 		/* gpu: D allocates device memory itself */
 		if (c->transport != KVB_BENCH_TR_GPU && direct_maps(c, maps))
 			goto out;
@@ -494,8 +505,15 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 			goto out;
 		}
 	} else {
-		/* a direct worker's post() takes one WR per descriptor */
+		/* a direct worker's post() takes one WR per descriptor; ucx:
+		 * the sampled ucp_put_nbx calls (one put per descriptor) */
 		f->post_cpu_us_per_wr = f->worker_post_cpu_us_per_wr;
+	}
+	if (ucx) {
+		/* UCX counts no doorbells (sendmsg calls, ibv_post_send) */
+		f->doorbells = NAN;
+		snprintf(ucx_info, sizeof(ucx_info), "%s",
+			 pres_at(shm, c, 0)->ucx_info);
 	}
 	if (tcp) {
 		/* tcp: not measurable, a WR's sending goes on in poll() after
@@ -524,7 +542,9 @@ static int run_mode(const struct wl_cfg *c, int mode, struct wl_figs *f)
 		f->cpu_d_s = (double) dcpu_ns / 1e9;
 	}
 	f->cpu_s = f->cpu_workers_s + f->cpu_broker_s + f->cpu_d_s;
-	f->wr_per_doorbell = f->doorbells > 0 ? f->wrs / f->doorbells : 0;
+	f->wr_per_doorbell = isnan(f->doorbells) ? NAN
+			     : f->doorbells > 0	 ? f->wrs / f->doorbells
+						 : 0;
 	if (f->elapsed_s > 0) {
 		f->msg_rate_mps = f->descs / f->elapsed_s / 1e6;
 		f->bw_gbps = f->bytes / f->elapsed_s / 1e9;
@@ -566,6 +586,44 @@ out:
 	return rc;
 }
 
+/*
+ * ucx mode: the UCX_TLS and UCX_NET_DEVICES its workers set. --ucx-tls
+ * default: none (UCX's own choice, or the environment's). Else --ucx-tls
+ * LIST, or without it (and without UCX_TLS in the environment) what the
+ * transport means: tcp on --transport tcp, rc_verbs on rdma, UCX's own on
+ * local; then UCX_NET_DEVICES (unless the environment has it) is the
+ * side's veth end (namespaces), lo (loopback) or the verbs device.
+ */
+static void ucx_setup(struct wl_cfg *c, const struct bench_net *nw)
+{
+	const char *o = c->ucx_tls_opt;
+
+	c->ucx_tls = NULL;
+	c->ucx_dev[0][0] = c->ucx_dev[1][0] = 0;
+	if (o && !strcmp(o, "default"))
+		return;
+	if (o)
+		c->ucx_tls = o;
+	else if (getenv("UCX_TLS"))
+		return;
+	else if (c->transport == KVB_BENCH_TR_TCP)
+		c->ucx_tls = "tcp";
+	else if (c->transport == KVB_BENCH_TR_RDMA)
+		c->ucx_tls = "rc_verbs";
+	if (!c->ucx_tls || getenv("UCX_NET_DEVICES") || !nw)
+		return;
+	for (int s = 0; s < 2; s++) {
+		if (nw->rdma)
+			snprintf(c->ucx_dev[s], sizeof(c->ucx_dev[s]), "%s:1",
+				 nw->rdma_dev);
+		else if (nw->netns)
+			snprintf(c->ucx_dev[s], sizeof(c->ucx_dev[s]), "%s",
+				 nw->veth[s]);
+		else
+			snprintf(c->ucx_dev[s], sizeof(c->ucx_dev[s]), "lo");
+	}
+}
+
 int kvb_bench_workload_main(int argc, char **argv)
 {
 	struct wl_cfg c = {.workers = 8,
@@ -577,8 +635,9 @@ int kvb_bench_workload_main(int argc, char **argv)
 			   .modes = MODE_DIRECT | MODE_BROKER,
 			   .verify = 1,
 			   .repeat = 1};
-	static struct wl_figs res[KVB_BENCH_MAX_SWEEP][2];
-	static struct wl_figs tr[KVB_BENCH_MAX_SWEEP][2][KVB_BENCH_MAX_REPEAT];
+	static struct wl_figs res[KVB_BENCH_MAX_SWEEP][WL_NMODES];
+	static struct wl_figs tr[KVB_BENCH_MAX_SWEEP][WL_NMODES]
+				[KVB_BENCH_MAX_REPEAT];
 	static struct bench_net net;
 	unsigned ws[KVB_BENCH_MAX_SWEEP], n, k;
 	int rc = wl_parse(&c, argc, argv), fails = 0;
@@ -657,6 +716,8 @@ int kvb_bench_workload_main(int argc, char **argv)
 		       "--transport "
 		       "tcp for two)\n");
 	}
+	if (c.modes & MODE_UCX)
+		ucx_setup(&c, c.nw);
 	printf("%u layers x %u blocks x %llu B per request per rank, %u "
 	       "requests/step, ",
 	       c.layers, c.blocks, (unsigned long long) c.block_bytes,
@@ -670,20 +731,30 @@ int kvb_bench_workload_main(int argc, char **argv)
 	       c.verify ? "on" : "off");
 	if (c.rate > 0)
 		printf("rate: %g requests/s\n", c.rate);
+	if (c.modes & MODE_UCX)
+		printf("ucx: UCX %s, a UCP context and worker per worker "
+		       "process, one ucp_put_nbx per block, a flush per step; "
+		       "UCX_TLS %s, UCX_NET_DEVICES %s%s%s\n",
+		       wl_ucx_version(), c.ucx_tls ? c.ucx_tls : "UCX's own",
+		       c.ucx_dev[0][0] ? c.ucx_dev[0] : "UCX's own",
+		       c.ucx_dev[0][0] ? " (P) / " : "",
+		       c.ucx_dev[0][0] ? c.ucx_dev[1] : "");
 	if (c.repeat > 1)
-		printf("%u trials per mode and worker count, direct and broker "
-		       "alternating (d#k, b#k: trial k); the direct, broker "
-		       "and ratio rows are the medians\n",
+		printf("%u trials per mode and worker count, the modes "
+		       "alternating (ABBA: d#k, b#k, u#k: trial k of direct, "
+		       "broker, ucx); the mode and ratio rows are the "
+		       "medians\n",
 		       c.repeat);
 	wl_table_header();
 	for (k = 0; k < n; k++) {
 		c.workers = ws[k];
 		c.iters = wl_iters_for(&c, ws[k]);
 		for (unsigned t = 0; t < c.repeat; t++) {
-			/* ABBA: a drift in the machine's load hits both */
-			for (int j = 0; j < 2; j++) {
-				int m = t % 2 ? 1 - j : j;
-				int mode = m ? MODE_BROKER : MODE_DIRECT;
+			/* ABBA (ABC CBA with three modes): a drift in the
+			 * machine's load hits every mode alike */
+			for (unsigned j = 0; j < WL_NMODES; j++) {
+				unsigned m = t % 2 ? WL_NMODES - 1 - j : j;
+				int mode = 1 << m;
 				char label[16];
 
 				if (!(c.modes & mode))
@@ -695,25 +766,40 @@ int kvb_bench_workload_main(int argc, char **argv)
 				}
 				if (c.repeat > 1)
 					snprintf(label, sizeof(label), "%c#%u",
-						 m ? 'b' : 'd', t + 1);
+						 "dbu"[m], t + 1);
 				else
 					snprintf(label, sizeof(label), "%s",
-						 m ? "broker" : "direct");
+						 wl_mode_name[m]);
 				wl_table_row(label, ws[k], &c, &tr[k][m][t]);
 				fflush(stdout);
 			}
 		}
-		for (int m = 0; m < 2; m++) {
+		for (unsigned m = 0; m < WL_NMODES; m++) {
 			wl_figs_median(tr[k][m], c.repeat, &res[k][m]);
+			if (!(c.modes & (1 << m)))
+				res[k][m].valid = 0;
 			if (c.repeat > 1 && res[k][m].valid)
-				wl_table_row(m ? "broker" : "direct", ws[k], &c,
+				wl_table_row(wl_mode_name[m], ws[k], &c,
 					     &res[k][m]);
 		}
-		if (res[k][0].valid && res[k][1].valid) {
-			wl_ratio_row(ws[k], &res[k][0], &res[k][1]);
+		for (unsigned r = 0; r < 3; r++) {
+			const struct wl_ratio_def *rd = &wl_ratios[r];
+
+			if (!res[k][rd->den].valid || !res[k][rd->num].valid)
+				continue;
+			wl_ratio_row(rd->label, ws[k], &res[k][rd->den],
+				     &res[k][rd->num]);
 			if (c.repeat > 1)
-				wl_trials_row(&c, tr[k]);
+				wl_trials_row(&c, r ? rd->what : NULL,
+					      tr[k][rd->den], tr[k][rd->num]);
 		}
+	}
+	if (c.modes & MODE_UCX) {
+		printf("ucx: P0's endpoint used %s\n",
+		       ucx_info[0] ? ucx_info : "(not reported)");
+		printf("ratio = broker / direct, b/ucx = broker / ucx, ucx/d = "
+		       "ucx / direct; ucx doorbells n/a (UCX counts no "
+		       "sendmsg or ibv_post_send)\n");
 	}
 	if (c.transport == KVB_BENCH_TR_RDMA)
 		printf("%s\n", wl_rdma_post_note);
@@ -728,14 +814,14 @@ int kvb_bench_workload_main(int argc, char **argv)
 		printf("gpu backend host: these figures are the host copy "
 		       "path's, not a GPU's\n");
 	if (c.json &&
-	    wl_write_json(
-		    &c, ws, n, (const struct wl_figs(*)[2]) res,
-		    c.repeat > 1
-			    ? (const struct wl_figs(*)[2][KVB_BENCH_MAX_REPEAT])
-				      tr
-			    : NULL))
+	    wl_write_json(&c, ws, n, (const struct wl_figs(*)[WL_NMODES]) res,
+			  c.repeat > 1 ? (const struct wl_figs(*)[WL_NMODES]
+							       [KVB_BENCH_MAX_REPEAT]) tr
+				       : NULL,
+			  (c.modes & MODE_UCX) ? ucx_info : NULL))
 		fails++;
-	if (c.plot && wl_plot(&c, ws, n, (const struct wl_figs(*)[2]) res))
+	if (c.plot &&
+	    wl_plot(&c, ws, n, (const struct wl_figs(*)[WL_NMODES]) res))
 		fails++;
 	if (c.nw && !net.rdma)
 		kvb_bench_net_teardown(&net);

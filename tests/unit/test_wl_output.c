@@ -90,8 +90,8 @@ static char *slurp(const char *path)
 
 static void json_trials(void **state)
 {
-	static struct wl_figs tr[1][2][KVB_BENCH_MAX_REPEAT];
-	struct wl_figs res[1][2];
+	static struct wl_figs tr[1][WL_NMODES][KVB_BENCH_MAX_REPEAT];
+	struct wl_figs res[1][WL_NMODES] = {{{0}}};
 	char path[] = "/tmp/kvb-wl-json.XXXXXX";
 	struct wl_cfg c = {.layers = 1,
 			   .blocks = 1,
@@ -120,8 +120,9 @@ static void json_trials(void **state)
 	assert_true(res[0][1].bw_gbps == 5.5);
 	assert_int_equal(
 		wl_write_json(
-			&c, ws, 1, (const struct wl_figs(*)[2]) res,
-			(const struct wl_figs(*)[2][KVB_BENCH_MAX_REPEAT]) tr),
+			&c, ws, 1, (const struct wl_figs(*)[WL_NMODES]) res,
+			(const struct wl_figs(*)[WL_NMODES][KVB_BENCH_MAX_REPEAT]) tr,
+			NULL),
 		0);
 	j = slurp(path);
 	unlink(path);
@@ -136,7 +137,8 @@ static void json_trials(void **state)
 	/* one trial: no "trials" key */
 	c.repeat = 1;
 	assert_int_equal(wl_write_json(&c, ws, 1,
-				       (const struct wl_figs(*)[2]) res, NULL),
+				       (const struct wl_figs(*)[WL_NMODES]) res, NULL,
+				       NULL),
 			 0);
 	j = slurp(path);
 	unlink(path);
@@ -148,7 +150,7 @@ static void json_trials(void **state)
  * device ($KVB_RDMA_DEV), bytes that are not UTF-8 */
 static void json_strings_escaped(void **state)
 {
-	struct wl_figs res[1][2] = {{trial(1, 1, NAN), trial(1, 1, 1)}};
+	struct wl_figs res[1][WL_NMODES] = {{trial(1, 1, NAN), trial(1, 1, 1)}};
 	char path[] = "/tmp/kvb-wl-json.XXXXXX";
 	struct bench_net nw = {.rdma = 1};
 	struct wl_cfg c = {.layers = 1,
@@ -171,7 +173,8 @@ static void json_strings_escaped(void **state)
 	snprintf(nw.rdma_dev, sizeof(nw.rdma_dev), "rx\"e0");
 	snprintf(nw.ip[0], sizeof(nw.ip[0]), "192.0.2.1");
 	assert_int_equal(wl_write_json(&c, ws, 1,
-				       (const struct wl_figs(*)[2]) res, NULL),
+				       (const struct wl_figs(*)[WL_NMODES]) res, NULL,
+				       NULL),
 			 0);
 	j = slurp(path);
 	unlink(path);
@@ -213,7 +216,8 @@ static void sampled_post_cpu(void **state)
 /* rdma JSON: the wall figure next to the CPU one, and what each is */
 static void json_rdma_post_wall(void **state)
 {
-	struct wl_figs res[1][2] = {{trial(1, 1, 6.5), trial(1, 1, 2.5)}};
+	struct wl_figs res[1][WL_NMODES] = {
+		{trial(1, 1, 6.5), trial(1, 1, 2.5)}};
 	char path[] = "/tmp/kvb-wl-json.XXXXXX";
 	struct bench_net nw = {.rdma = 1};
 	struct wl_cfg c = {.layers = 1,
@@ -239,7 +243,8 @@ static void json_rdma_post_wall(void **state)
 	snprintf(nw.rdma_dev, sizeof(nw.rdma_dev), "rxe0");
 	snprintf(nw.ip[0], sizeof(nw.ip[0]), "192.0.2.1");
 	assert_int_equal(wl_write_json(&c, ws, 1,
-				       (const struct wl_figs(*)[2]) res, NULL),
+				       (const struct wl_figs(*)[WL_NMODES]) res, NULL,
+				       NULL),
 			 0);
 	j = slurp(path);
 	unlink(path);
@@ -255,6 +260,67 @@ static void json_rdma_post_wall(void **state)
 	free(j);
 }
 
+/* wl_output.c names UCX's version in config.ucx (wl_ucx.c is not linked) */
+const char *wl_ucx_version(void)
+{
+	return "9.8.7";
+}
+
+/* three modes: each one's figures, the three ratios, config.ucx */
+static void json_ucx_modes(void **state)
+{
+	struct wl_figs res[1][WL_NMODES] = {
+		{trial(2, 4, 1), trial(8, 16, 1), trial(4, 2, 1)}};
+	char path[] = "/tmp/kvb-wl-json.XXXXXX";
+	struct wl_cfg c = {.layers = 1,
+			   .blocks = 1,
+			   .block_bytes = 8,
+			   .requests = 1,
+			   .iters = 1,
+			   .repeat = 1,
+			   .modes = MODE_DIRECT | MODE_BROKER | MODE_UCX,
+			   .ucx_tls = "tcp",
+			   .json = path};
+	unsigned ws[1] = {4};
+	int fd = mkstemp(path);
+	char *j;
+
+	(void) state;
+	assert_true(fd >= 0);
+	close(fd);
+	res[0][2].doorbells = NAN;
+	snprintf(c.ucx_dev[0], sizeof(c.ucx_dev[0]), "veth-p");
+	assert_int_equal(wl_write_json(&c, ws, 1,
+				       (const struct wl_figs(*)[WL_NMODES]) res,
+				       NULL, "tcp/veth-p (am am_bw)"),
+			 0);
+	j = slurp(path);
+	unlink(path);
+	assert_non_null(strstr(j, "\"ucx\":{\"version\":\"9.8.7\",\"tls_set\":\"tcp\","));
+	assert_non_null(strstr(j, "\"net_devices_set_p\":\"veth-p\""));
+	assert_non_null(strstr(j, "\"p0_lanes\":\"tcp/veth-p (am am_bw)\""));
+	assert_non_null(strstr(j, ",\"direct\":{"));
+	assert_non_null(strstr(j, ",\"broker\":{"));
+	assert_non_null(strstr(j, ",\"ucx\":{\"wrs\""));
+	/* broker / direct 4, broker / ucx 2, ucx / direct 2 (bandwidth) */
+	assert_non_null(strstr(j, "\"ratio\":{"));
+	assert_non_null(strstr(j, "\"ratio_broker_ucx\":{"));
+	assert_non_null(strstr(j, "\"ratio_ucx_direct\":{"));
+	assert_null(strstr(j, "nan"));
+	free(j);
+	/* ucx not run: no ucx keys */
+	res[0][2].valid = 0;
+	c.modes = MODE_DIRECT | MODE_BROKER;
+	assert_int_equal(wl_write_json(&c, ws, 1,
+				       (const struct wl_figs(*)[WL_NMODES]) res,
+				       NULL, NULL),
+			 0);
+	j = slurp(path);
+	unlink(path);
+	assert_null(strstr(j, "ucx"));
+	free(j);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -264,6 +330,7 @@ int main(void)
 		cmocka_unit_test(json_strings_escaped),
 		cmocka_unit_test(sampled_post_cpu),
 		cmocka_unit_test(json_rdma_post_wall),
+		cmocka_unit_test(json_ucx_modes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
