@@ -207,6 +207,16 @@ def test_interface_and_refused_roles():
         sched("kv_both")
     with pytest.raises(ValueError, match="handshake_port"):
         sched("kv_producer", handshake_port="x")
+    # MoRIIO's READ mode is refused, not quietly run as WRITE
+    with pytest.raises(ValueError, match="READ mode"):
+        sched("kv_consumer", mode="read")
+    assert sched("kv_consumer", mode="WRITE")._producer is False
+    for role in ("kv_producer", "kv_consumer"):
+        cfg = vd.make_config(role, {"host_ip": "192.0.2.1"}, tp_size=2)
+        cfg.parallel_config.pipeline_parallel_size = 2
+        for r in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            with pytest.raises(ValueError, match="pipeline parallelism"):
+                KVBrokerConnector(cfg, r, None)
 
 
 def test_producer_saves_on_last_chunk_and_returns_params():

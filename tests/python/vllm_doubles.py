@@ -82,6 +82,7 @@ class CacheConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     data_parallel_rank: int = 0
     rank: int = 0

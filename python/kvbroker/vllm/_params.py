@@ -66,6 +66,13 @@ class Config:
         c.notify_port = _int(extra, "notify_port", 61005, 1, 65535)
         c.timeout_ms = _int(extra, "timeout_ms", 10000, 100, 600000)
         c.total_num_kv_heads = _int(extra, "total_num_kv_heads", 0, 0, 1 << 20)
+        # MoRIIO's key for its READ and WRITE modes: only WRITE runs here,
+        # and asking for READ must not quietly run WRITE instead
+        mode = extra.get("mode", "write")
+        if not isinstance(mode, str) or mode.lower() != "write":
+            raise ParamsError(
+                "mode: %r: only \"write\" is supported (P writes into D's "
+                "blocks); READ mode (D pulls from P) is not" % (mode,))
         t = extra.get("transfer_timeout_s", 90.0)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or \
                 not 0.1 <= t <= 3600:

@@ -54,6 +54,16 @@ class KVBrokerConnector(KVConnectorBase_V1):
                 "KVBrokerConnector: kv_role %r: it runs in WRITE mode as "
                 "kv_producer (prefill) or kv_consumer (decode); kv_both is "
                 "not supported" % (kv_role,))
+        pp = int(getattr(vllm_config.parallel_config,
+                         "pipeline_parallel_size", 1) or 1)
+        if pp > 1:
+            # each stage holds some of the layers under the same TP ranks:
+            # the broker knows a worker by (role, dp, tp) and a transfer
+            # covers all of a model's layers
+            raise ValueError(
+                "KVBrokerConnector: pipeline_parallel_size %d: pipeline "
+                "parallelism is not supported (tensor and data parallelism "
+                "are)" % pp)
         try:
             self._cfg = Config.parse(getattr(ktc, "kv_connector_extra_config",
                                              None))
