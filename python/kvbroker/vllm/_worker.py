@@ -895,18 +895,18 @@ class BrokerWorker:
         again (host memory as its memfds, GPU memory by pointer), every
         layer's geometry declared again, and the ids P declared and did not
         open yet. Transfers then open on it again."""
-        if self._no_reattach or not self._geoms:
+        if not self._geoms:
             return
         now = time.monotonic()
         if not self.client.closed:
-            if not self._keep_memfds():
-                return
+            if not self._no_reattach:
+                self._keep_memfds()
             try:
                 self.client.close()
             except Exception as e:  # noqa: BLE001  (it is gone)
                 log.debug("KVBrokerConnector: closing the gone client: %s",
                           e)
-        if now < self._next_try:
+        if self._no_reattach or now < self._next_try:
             return
         self._next_try = now + REATTACH_S
         old = self.client
@@ -948,10 +948,10 @@ class BrokerWorker:
             self._declared.clear()
             self._expect(ids, False)
 
-    def _keep_memfds(self) -> bool:
+    def _keep_memfds(self) -> None:
         """Own descriptors of the host KV cache regions' memfds, taken
-        before the gone client closes them. False (and no more tries) when
-        a region has none."""
+        before the gone client closes them. No more tries when a region
+        has none."""
         fds: dict[int, int] = {}
         try:
             for r in self.regions:
@@ -965,9 +965,8 @@ class BrokerWorker:
             log.error("KVBrokerConnector: cannot attach again: the KV "
                       "cache memory cannot be registered again (%s): every "
                       "later transfer of this worker fails", e)
-            return False
+            return
         self._memfds = fds
-        return True
 
     def _close_memfds(self) -> None:
         fds, self._memfds = self._memfds, {}
