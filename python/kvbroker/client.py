@@ -98,6 +98,12 @@ class Region:
         self.gpu: bool = gpu
         self.device: int = device
         self.addr: Optional[int] = addr
+        # a host region registered from a memfd keeps that file open (its
+        # own descriptor, closed when the region is released): the same
+        # memory can be registered with another client (fileno()), e.g. a
+        # worker attaching again after its broker restarted
+        self._fd: Optional[int] = None
+        self.fd_offset: int = 0
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else ("gpu" if self.gpu else "host")
@@ -158,6 +164,20 @@ class Region:
             raise ValueError(f"region {self.id:#x} is freed")
         return c.alias(self, offset, size, flags=flags, key=key)
 
+    def fileno(self) -> int:
+        """The memfd this host region was registered from (this region's
+        own descriptor: do not close it; valid until the region is freed or
+        its client closed), at byte ``fd_offset``. Register the same memory
+        with another client by ``register_fd(os.dup(r.fileno()), r.size,
+        r.fd_offset, ...)``. ValueError for GPU memory, an alias (use its
+        parent) or a freed region."""
+        if self._fd is None:
+            why = ("freed" if self.freed else "GPU memory" if self.gpu else
+                   "an alias: its parent holds the file"
+                   if self.parent is not None else "not from a file")
+            raise ValueError(f"region {self.id:#x} has no memfd ({why})")
+        return self._fd
+
     def free(self) -> None:
         """Give the region back (kvb_mem_free); idempotent."""
         ref = self._client
@@ -169,6 +189,9 @@ class Region:
     def _release(self) -> None:
         """Forget the region here: close the mapping where no view holds it."""
         self._client = None
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
         mm, self._mm = self._mm, None
         if mm is not None:
             try:
@@ -323,9 +346,12 @@ class Client:
             except (OSError, OverflowError) as e:
                 err = getattr(e, "errno", None) or errno.EINVAL
                 raise Error(err, f"sizing the memfd: {e}", "kvb_mem_alloc") from None
-            return self._register_fd(fd, 0, size, flags, key, "kvb_mem_alloc", True)
+            r = self._register_fd(fd, 0, size, flags, key, "kvb_mem_alloc", True, own=True)
+            fd = -1  # the region's now
+            return r
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def register_fd(self, fd: int, size: int, offset: int = 0, flags: int = 0,
                     key: int = 0, map: bool = True) -> Region:
@@ -333,12 +359,14 @@ class Client:
 
         The library seals the file against shrinking (a memfd made with
         MFD_ALLOW_SEALING; else the broker refuses it: EPERM). The caller
-        keeps its fd. map=True maps the range here too (Region.buffer).
+        keeps its fd (the region holds a duplicate: Region.fileno()).
+        map=True maps the range here too (Region.buffer).
         """
         return self._register_fd(fd, offset, size, flags, key, "kvb_mem_register_fd", map)
 
     def _register_fd(self, fd: int, offset: int, size: int, flags: int, key: int,
-                     call: str, want_map: bool) -> Region:
+                     call: str, want_map: bool, own: bool = False) -> Region:
+        """own: the region takes fd (else it keeps a duplicate)."""
         mm = None
         addr = None
         if want_map:
@@ -367,6 +395,11 @@ class Client:
                 mm.close()
             raise error(rc, call)
         r = Region(self, c, key, mm, addr, False)
+        try:
+            r._fd = fd if own else os.dup(fd)  # non-inheritable
+        except OSError:
+            r._fd = None  # no descriptor left: it cannot be registered again
+        r.fd_offset = offset
         self._track(r)
         return r
 

@@ -532,3 +532,130 @@ def test_d_refuses_a_transfer_id_already_loading():
     assert [x.req_id for x in m.reqs_to_load] == ["a"]
     assert m.reqs_to_release == []
     assert c.connector_stats()["duplicate_ids"] == 1
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_attach_again_after_the_broker_restarts(broker_factory, how):
+    """P's broker goes away (SIGKILL, or stopped with SIGTERM) with a save
+    in flight: the save is reported at once; while no broker answers the
+    step hooks stay fast and try to attach every 0.25 s at most (no attach
+    storm), a save opened meanwhile ends at once; a new broker on the same
+    socket is attached again within a few steps, with the same memory (one
+    region holding both layers, each an alias of it, as vLLM >= 0.29 hands
+    them) and the same geometry, and saves open on it again. A second
+    restart while the worker is idle is noticed at the next step's start,
+    before its opens. No descriptor is left behind."""
+    import types
+
+    import kvbroker
+    from conftest import fd_count
+
+    broker_factory("--host-ip", "127.0.0.1", "--handshake-port", "16395",
+                   "--notify-port", "16800")
+    b = broker_factory("--host-ip", "127.0.0.2", "--handshake-port", "16396",
+                       "--notify-port", "16900")
+    c = worker(b, "kv_producer")
+    w = c._worker
+    layer = 2 * 4 * 16 * 2 * 32
+    r = c.broker_client.alloc(4096 + 2 * layer * 2, kvbroker.MEM_REMOTE_READ)
+    t = r.as_torch(torch.int16, (4096 + 2 * layer * 2) // 2)
+    c.register_kv_caches({
+        "l.%d" % i: t[2048 + i * layer:2048 + (i + 1) * layer].view(
+            2, 4, 16, 2, 32) for i in range(2)})
+    assert b.stats()["regions"] == 3  # the memory and a layer alias each
+    attempts = []
+
+    class Counting:  # kvbroker.Client, counted
+        def __new__(cls, *a, **kw):
+            attempts.append(time.monotonic())
+            return kvbroker.Client(*a, **kw)
+
+    w._kvb = types.SimpleNamespace(**dict(vars(kvbroker), Client=Counting))
+    s = sched("kv_producer")
+    n = [0]
+
+    def step(new=()):
+        """One of vLLM's steps: (sending, its slowest hook in s)."""
+        for rid in new:
+            n[0] += 1
+            req = vd.Request(rid, 20, {
+                "do_remote_decode": True, "transfer_id": "t-" + rid,
+                "remote_host": "127.0.0.1", "remote_handshake_port": 16395})
+            s.update_state_after_alloc(req, vd.KVCacheBlocks([2, 3]), 0)
+        slow = 0.0
+        t0 = time.monotonic()
+        c.bind_connector_metadata(s.build_connector_meta(
+            vd.SchedulerOutput({rid: 20 for rid in new})))
+        c.start_load_kv(None)
+        slow = max(slow, time.monotonic() - t0)
+        for name in ("l.0", "l.1"):
+            c.save_kv_layer(name, None, None)
+        t0 = time.monotonic()
+        c.wait_for_save()
+        sending, _ = c.get_finished(set(new))
+        c.clear_connector_metadata()
+        return sending or set(), max(slow, time.monotonic() - t0)
+
+    step(["a"])
+    assert c.connector_stats()["live"] == 1  # waits for D's announcement
+    fds = fd_count()
+    if how == "kill":
+        b.kill()
+    else:
+        assert b.stop() == 0
+    t0 = time.monotonic()
+    sending = set()
+    while "a" not in sending and time.monotonic() - t0 < 3:
+        sending |= step()[0]
+    assert sending == {"a"}, "the save did not end with the broker"
+    # no broker: a second of steps (thousands), fast, few attach tries
+    sending, _ = step(["b"])  # refused at once: reported sent
+    hooks = []
+    t1 = time.monotonic()
+    while time.monotonic() - t1 < 1.0:
+        done, took = step()
+        sending |= done
+        hooks.append(took)
+    assert sending == {"b"}
+    st = c.connector_stats()
+    assert st["broker_gone"] and st["live"] == 0 and \
+        st.get("reattached", 0) == 0
+    hooks.sort()
+    # (a shared machine preempts now and then: the slowest is loose; a
+    # hook that waited for an attach would take timeout_ms, 10 s)
+    assert len(hooks) > 100 and hooks[len(hooks) * 99 // 100] < 0.002 and \
+        hooks[-1] < 2.0, (len(hooks), hooks[len(hooks) * 99 // 100],
+                          hooks[-1])
+    assert 3 <= len(attempts) <= 6, ["%.3f" % (x - t1) for x in attempts]
+    assert min(y - x for x, y in zip(attempts, attempts[1:])) >= 0.24
+    # a new broker on the same socket: attached within REATTACH_S
+    b.start()
+    up = time.monotonic()
+    while c.connector_stats().get("reattached", 0) == 0 and \
+            time.monotonic() - up < 3:
+        step()
+    took = time.monotonic() - up
+    st = c.connector_stats()
+    assert st.get("reattached", 0) == 1 and not st["broker_gone"], st
+    assert took < 0.6, took
+    bs = b.stats()
+    assert (bs["workers"], bs["regions"]) == (1, 3), bs
+    assert fd_count() == fds  # the gone client's socket, eventfds, memfds
+    step(["c"])
+    st = c.connector_stats()
+    assert st["live"] == 1 and st["open_errors"] == 0, st
+    # restarted again while this worker has nothing in flight: noticed at
+    # the next step's start (another socket file), before its opens
+    del attempts[:]
+    time.sleep(0.3)
+    b.kill()
+    b.start()
+    time.sleep(0.3)
+    step(["d"])
+    st = c.connector_stats()
+    assert st.get("reattached", 0) == 2 and st["open_errors"] == 0, st
+    assert len(attempts) == 1
+    assert b.stats()["regions"] == 3
+    c.shutdown()
+    assert fd_count() < fds
+    assert b.wait_stat("workers", 0) == 0

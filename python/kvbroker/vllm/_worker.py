@@ -17,12 +17,19 @@ in --peer-timeout); should the broker itself go away, every live transfer
 ends here at once; and a transfer that has heard nothing by
 ``transfer_timeout_s`` is aborted, and ended here 5 s after that whatever
 the broker says.
+
+A broker that went away (killed, restarted) is attached again once one
+answers at the same socket: from the step hooks, one try every
+REATTACH_S at most, the same KV cache memory registered again and each
+layer's geometry declared again (_reattach). Transfers opened meanwhile
+fail at once.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -44,6 +51,10 @@ REGION_FLAGS = 0x3  # KVB_MEM_REMOTE_WRITE | KVB_MEM_REMOTE_READ
 ABORT_GRACE_S = 5.0
 PREEMPT_WAIT_S = 2.0
 LIVENESS_S = 0.25
+REATTACH_S = 0.25  # a gone broker: one attach try per this, at most
+# ids declared to P's broker (expect) that no save opened yet are declared
+# again to a new broker while younger than its --unopened-timeout
+EXPECT_KEEP_S = 60.0
 _LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 
 LOAD, SAVE, RELEASE = "load", "save", "release"
@@ -148,9 +159,20 @@ class BrokerWorker:
         self._load_errors: set[int] = set()
         self.broker_gone = ""
         self._probed = 0.0
+        # attaching again (_reattach): each layer's geometry, when the
+        # broker went, the next try, the gone client's memfds
+        self._geoms: list[Any] = []
+        self._gone_at = 0.0
+        self._next_try = 0.0
+        self._memfds: dict[int, int] = {}
+        self._no_reattach = ""
+        self._reattach_warned = False
+        self._declared: dict[Any, float] = {}  # P: expected, not opened
+        self._sock_id = self._socket_id(self.client.socket)
+        self._sock_checked = 0.0
         self.stats = {"opened": 0, "ok": 0, "failed": 0, "aborted": 0,
                       "layer_errors": 0, "open_errors": 0, "released": 0,
-                      "expect_errors": 0}
+                      "expect_errors": 0, "reattached": 0}
         self._no_expect = False
         from ._stats import KVBrokerConnectorStats
 
@@ -198,6 +220,7 @@ class BrokerWorker:
             block_size=lay.block_size, num_heads=lay.num_heads,
             head_dim=lay.head_dim, elem_size=lay.elem_size)
         self.client.set_kv(region, layer, geom)
+        self._geoms.append(geom)
         for n in names:
             self.layer_of[n] = layer
         self.layouts.append(lay)
@@ -440,6 +463,9 @@ class BrokerWorker:
         forward's layer hooks to feed; dropped requests' saves abort."""
         if meta is None or meta is self._bound:
             return
+        self._check_socket()
+        if self.broker_gone:  # the step's opens may go to a new broker
+            self._reattach()
         self._bound = meta
         self._saves = []
         self._saved_layers = set()
@@ -450,6 +476,8 @@ class BrokerWorker:
         self._expect(getattr(meta, "expect", ()), False)
         self._expect(getattr(meta, "withdraw", ()), True)
         todo = [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
+        for m, _ in todo:
+            self._declared.pop(m.transfer_id, None)
         if todo:
             for x in self._open_all(todo):
                 if not x.done:
@@ -466,6 +494,9 @@ class BrokerWorker:
         D announcement of any other fails after the broker's
         --unknown-timeout), or no longer will (D fails at once)."""
         if not tids or self._no_expect:
+            return
+        self._note_declared(tids, withdraw)
+        if self.broker_gone:  # declared to the next broker (_reattach)
             return
         try:
             st = self.client.expect(list(tids), withdraw=withdraw)
@@ -711,8 +742,14 @@ class BrokerWorker:
     def _broker_died(self, why: str) -> None:
         if not self.broker_gone:
             self.broker_gone = why or "broker gone"
-            log.error("KVBrokerConnector: the broker is gone (%s): every "
-                      "transfer of this worker fails", self.broker_gone)
+            self._gone_at = time.monotonic()
+            self._next_try = 0.0
+            self._reattach_warned = False
+            log.error("KVBrokerConnector: %s rank dp %d tp %d: the broker "
+                      "is gone (%s): transfers fail until one answers at "
+                      "%s; will attach again", "P" if self.producer else
+                      "D", self.dp_rank, self.tp_rank, self.broker_gone,
+                      self.client.socket)
         for x in list(self._xfers.values()):
             if not x.done:
                 self._end(x, -errno.EPIPE, self.broker_gone)
@@ -758,6 +795,8 @@ class BrokerWorker:
         once. P: a save is reported once it ended and vLLM finished its
         request (finished_req_ids of this or an earlier step). D: a load
         once it ended, done or failed (failed ones in both sets)."""
+        if self.broker_gone:
+            self._reattach()
         self._reap_cheap()
         for rid in finished_req_ids or ():  # only ours: the set stays small
             x = self._by_req.get(rid)
@@ -802,7 +841,166 @@ class BrokerWorker:
         return sum(1 for x in self._xfers.values() if not x.done)
 
     def shutdown(self) -> None:
+        self._close_memfds()
         try:
             self.client.close()
         except Exception as e:  # noqa: BLE001 - shutting down anyway
             log.warning("KVBrokerConnector: closing the client: %s", e)
+
+    # --- attaching again after the broker went away ---
+
+    def _note_declared(self, tids: Any, withdraw: bool) -> None:
+        """P: the ids declared and not yet opened (nor withdrawn), for a
+        new broker to hear them again."""
+        now = time.monotonic()
+        for t in tids:
+            if withdraw:
+                self._declared.pop(t, None)
+            else:
+                self._declared[t] = now
+        if len(self._declared) > 4096:  # the broker forgot the old ones
+            for t, at in list(self._declared.items()):
+                if now - at > EXPECT_KEEP_S:
+                    del self._declared[t]
+
+    @staticmethod
+    def _socket_id(path: str) -> Any:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def _check_socket(self) -> None:
+        """A step's start, every LIVENESS_S at most: another socket file
+        at the broker's path is a new broker (ours went away; a broker
+        never takes the path of a live one), noticed before the step's
+        opens even when no transfer would have told."""
+        now = time.monotonic()
+        if self.broker_gone or self._sock_id is None or \
+                now - self._sock_checked < LIVENESS_S:
+            return
+        self._sock_checked = now
+        cur = self._socket_id(self.client.socket)
+        if cur is not None and cur != self._sock_id:
+            self._broker_died("a new broker listens at %s" %
+                              self.client.socket)
+
+    def _reattach(self) -> None:
+        """The broker is gone: from a step hook. The gone client is closed
+        (its context freed; the KV caches' memfds kept), then, every
+        REATTACH_S at most, a new one attaches at the same socket with the
+        same role and ranks. No broker there fails at once (ENOENT,
+        ECONNREFUSED); one that answers gets the same memory registered
+        again (host memory as its memfds, GPU memory by pointer), every
+        layer's geometry declared again, and the ids P declared and did not
+        open yet. Transfers then open on it again."""
+        if not self._geoms:
+            return
+        now = time.monotonic()
+        if not self.client.closed:
+            if not self._no_reattach:
+                self._keep_memfds()
+            try:
+                self.client.close()
+            except Exception as e:  # noqa: BLE001  (it is gone)
+                log.debug("KVBrokerConnector: closing the gone client: %s",
+                          e)
+        if self._no_reattach or now < self._next_try:
+            return
+        self._next_try = now + REATTACH_S
+        old = self.client
+        try:
+            client = self._kvb.Client(
+                socket=old.socket, role=old.role, dp_rank=old.dp_rank,
+                tp_rank=old.tp_rank, tp_size=old.tp_size,
+                timeout_ms=self.cfg.timeout_ms)
+        except Exception as e:  # noqa: BLE001  (no broker yet: quiet)
+            if _errno(e) not in (errno.ENOENT, errno.ECONNREFUSED,
+                                 errno.ETIMEDOUT, errno.EPIPE,
+                                 errno.ECONNRESET, errno.EAGAIN):
+                self._reattach_failed("attach: %s" % e)
+            return
+        try:
+            regions = self._register_again(client)
+        except Exception as e:  # noqa: BLE001  (never into vLLM's step)
+            client.close()
+            self._reattach_failed("registering the KV caches: %s" % e)
+            return
+        self.client, self.regions = client, regions
+        self._sock_id = self._socket_id(client.socket)
+        self._burst = _LayerBurst.make(client) if self.producer else None
+        self._close_memfds()
+        self._db_sample = None
+        self._probed = 0.0
+        gone, self.broker_gone = self.broker_gone, ""
+        self.stats["reattached"] += 1
+        log.warning("KVBrokerConnector: %s rank dp %d tp %d: attached "
+                    "again after %.2f s (the broker was gone: %s); %d "
+                    "layers registered", "P" if self.producer else "D",
+                    self.dp_rank, self.tp_rank,
+                    time.monotonic() - self._gone_at, gone,
+                    len(self.regions))
+        if self._declared:
+            now = time.monotonic()
+            ids = [t for t, at in self._declared.items()
+                   if now - at <= EXPECT_KEEP_S]
+            self._declared.clear()
+            self._expect(ids, False)
+
+    def _keep_memfds(self) -> None:
+        """Own descriptors of the host KV cache regions' memfds, taken
+        before the gone client closes them. No more tries when a region
+        has none."""
+        fds: dict[int, int] = {}
+        try:
+            for r in self.regions:
+                base = r.parent if r.parent is not None else r
+                if not base.gpu and id(base) not in fds:
+                    fds[id(base)] = os.dup(base.fileno())
+        except (ValueError, OSError) as e:
+            for fd in fds.values():
+                os.close(fd)
+            self._no_reattach = str(e)
+            log.error("KVBrokerConnector: cannot attach again: the KV "
+                      "cache memory cannot be registered again (%s): every "
+                      "later transfer of this worker fails", e)
+            return
+        self._memfds = fds
+
+    def _close_memfds(self) -> None:
+        fds, self._memfds = self._memfds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def _register_again(self, client: Any) -> list[Any]:
+        """The gone client's layer regions on `client`, as
+        register_kv_caches made them: the same memory, flags and keys, the
+        same layer geometries."""
+        bases: dict[int, Any] = {}
+        out = []
+        for layer, (r, geom) in enumerate(zip(self.regions, self._geoms)):
+            if r.gpu:
+                nr = client.register_gpu(r.addr, r.size, r.device, r.flags,
+                                         r.key)
+            else:
+                base = r.parent if r.parent is not None else r
+                nb = bases.get(id(base))
+                if nb is None:
+                    nb = client.register_fd(
+                        self._memfds[id(base)], base.size, base.fd_offset,
+                        base.flags, base.key, map=False)
+                    bases[id(base)] = nb
+                nr = nb if r.parent is None else client.alias(
+                    nb, r.parent_offset, r.size, r.flags, r.key)
+            client.set_kv(nr, layer, geom)
+            out.append(nr)
+        return out
+
+    def _reattach_failed(self, why: str) -> None:
+        if not self._reattach_warned:
+            self._reattach_warned = True
+            log.warning("KVBrokerConnector: attaching again failed (%s): "
+                        "trying again every %.2f s", why, REATTACH_S)
+        else:
+            log.debug("KVBrokerConnector: attaching again failed: %s", why)
