@@ -484,6 +484,41 @@ uint32_t kvb_xn_live_sender(struct kvb_xn *xn)
 	return found ? kvb_xn_peer_id(xn, found) : 0;
 }
 
+void kvb_xn_live_tell_ended(struct kvb_broker *b, struct kvb_worker *w,
+			    const char *id, uint32_t remote_dp)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_peer *p = kvb_xn_peer_get(xn, kvb_xn_live_sender(xn));
+	struct kvb_rxfer rx = {.role = KVB_ROLE_P, .remote_dp = remote_dp};
+	struct kvb_zmsg m;
+	uint32_t sent = 0;
+
+	if (!p || !p->have_desc || p->live.lost ||
+	    kvb_xn_compute_targets(b, w, p, &rx) ||
+	    kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, id))
+		return;
+	m.status = -ESTALE;
+	for (uint32_t t = 0; t < rx.ntargets; t++) {
+		int port = kvb_port_of(p->desc.notify_port
+					       ? p->desc.notify_port
+					       : KVB_NOTIFY_PORT_DEFAULT,
+				       remote_dp, rx.targets[t], rx.target_tp,
+				       KVB_PORT_DP_TIMES_TP);
+
+		if (port > 0 &&
+		    !kvb_xn_send_msg(b, w,
+				     p->desc.host[0] ? p->desc.host : p->host,
+				     (uint32_t) port, &m))
+			sent++;
+	}
+	kvb_zmsg_fini(&m);
+	xn->st.write_failed_sent += sent;
+	if (sent && kvb_xn_rlog_ok(xn))
+		log_info("transfer '%s': remote_blocks after P worker %u ended "
+			 "it: told %u D rank(s) (%s)",
+			 id, w->id, sent, kvb_strerror(-ESTALE));
+}
+
 void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			      int status)
 {

@@ -180,8 +180,11 @@ static int p_remote_blocks(struct kvb_broker *b, struct kvb_worker *w,
 
 	kvb_xn_of(b)->st.remote_blocks_rx++;
 	x = find_or_terminal(b, w, m, &rc);
-	if (rc)
+	if (rc) {
+		/* D waits for this transfer's end: say it ended here */
+		kvb_xn_live_tell_ended(b, w, m->transfer_id, m->decode_rank);
 		return reject(b, w, m, rc, "the transfer already ended");
+	}
 	if (!x) { /* before P opened it: keep the blocks until it does */
 		if (m->nblocks > UNOPENED_IDS ||
 		    unopened_evict(b, UINT32_MAX, m->nblocks))

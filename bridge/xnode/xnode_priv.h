@@ -539,6 +539,12 @@ void kvb_xn_expect_free(struct kvb_xn_wctx *ws);
 /* live.c: -EHOSTDOWN for a new transfer with a peer declared lost (and a
  * handshake asked of it, at most every 2 s), else 0 */
 int kvb_xn_live_refuse(struct kvb_broker *b, struct kvb_peer *p);
+/* live.c: remote_blocks for a transfer P's worker `w` already ended
+ * (aborted, or failed toward a D broker that restarted since): tell the
+ * announcing peer's D ranks kvb_write_failed (-ESTALE) at once, so their
+ * loads do not wait for a clock. Only a handshaken sender hears it. */
+void kvb_xn_live_tell_ended(struct kvb_broker *b, struct kvb_worker *w,
+			    const char *id, uint32_t remote_dp);
 /* live.c: an unopened P transfer ends (its --unopened-timeout): tell D */
 void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			      int status);

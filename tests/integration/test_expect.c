@@ -16,6 +16,9 @@
  *   succeeds when P opens it.
  * - withdraw: P withdraws an id announced already (D fails at once,
  *   -ECANCELED) and one announced after the withdrawal (the same).
+ * - ended_before_announce: P's worker aborted a transfer before D
+ *   announced it: D's announcement is answered at once (-ESTALE), nothing
+ *   lands, and the pair serves the next transfer.
  * - bad_calls: refused arguments, an ended id (-ESTALE), the per-worker
  *   bound (4096 held: the next -ENOSPC, counted).
  */
@@ -306,6 +309,56 @@ static void test_withdraw(void **state)
 	assert_int_equal(broker_pair_stop(&pp), 0);
 }
 
+/* P's worker ended a transfer (aborted, or failed toward a D broker that
+ * restarted since) before D announced it: D hears kvb_write_failed at
+ * once instead of waiting for its clocks. */
+static void test_ended_before_announce(void **state)
+{
+	uint32_t pb[NPX], db[NPX], h;
+	int32_t st;
+	struct kvb_remote_open o = {.transfer_id = "tx-ended",
+				    .host = "127.0.0.1",
+				    .mode = KVB_XFER_WRITE,
+				    .blocks = pb,
+				    .nblocks = NPX};
+	struct kvb_ctx *p, *d;
+	int64_t t0;
+	double ms;
+
+	(void) state;
+	pair_start();
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	o.port = pp.hs_b;
+	blocks(6, pb, db);
+	assert_int_equal(kvb_transfer_open_remote_batch(p, &o, 1, &h, &st), 0);
+	assert_int_equal(st, 0);
+	assert_int_equal(kvb_transfer_abort(p, h, 206), 0);
+	assert_int_equal(ended(p, 206, 5000), -ECANCELED);
+	t0 = now_ns();
+	d_open(d, "tx-ended", 6);
+	assert_int_equal(ended(d, 106, 5000), -ESTALE);
+	ms = ms_since(t0);
+	printf("announced after P ended it: D failed after %.1f ms\n", ms);
+	assert_true(ms < 900);
+	/* nothing of it landed */
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint64_t i = 0; i < KV_BYTES; i++)
+			if (((const uint8_t *) dr[l].addr)[i])
+				fail_msg("layer %u byte %llu written", l,
+					 (unsigned long long) i);
+	assert_true(broker_log_has(&pp.a, "remote_blocks after P worker"));
+	/* the pair still serves a new transfer */
+	d_open(d, "tx-after-ended", 7);
+	p_write(p, "tx-after-ended", 7);
+	assert_int_equal(ended(p, 207, 10000), 0);
+	assert_int_equal(ended(d, 107, 10000), 0);
+	assert_int_equal(check(7), 0);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
 static void test_bad_calls(void **state)
 {
 	static char many[4097][16];
@@ -369,6 +422,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_late_expect, pair_kill),
 		cmocka_unit_test_teardown(test_undeclared, pair_kill),
 		cmocka_unit_test_teardown(test_withdraw, pair_kill),
+		cmocka_unit_test_teardown(test_ended_before_announce, pair_kill),
 		cmocka_unit_test_teardown(test_bad_calls, pair_kill),
 	};
 

@@ -750,11 +750,12 @@ def test_broker_restart(make, nodes, node, how):
     (same memory, same geometry) within a few steps of it answering; later
     requests load intact, every byte checked at D; nothing leaks.
 
-    From the moment the new broker answers (P's restart; D's: 1.5 s later,
-    as P's broker learns of D's restart at its next heartbeat, and a save
-    it opened toward the old D meanwhile fails while D's broker waits for
-    it: not the connector's part), a request is sent every 0.2 s until one
-    loads intact: how long after the new broker answered is printed."""
+    From the moment the new broker answers, a request is sent every 0.2 s
+    until one loads intact: how long after the new broker answered is
+    printed. After D's restart, a save P's broker opens toward the old D
+    before its heartbeat notices the restart fails; D's announcement of it
+    is then answered at once (kvb_write_failed), so such a probe ends as a
+    load error within the run's bounds, it does not wait for a clock."""
     h = make(NEW)
     rng = random.Random(31)
     submit_many(h, 8, rng, lo=60, hi=160)
@@ -791,8 +792,7 @@ def test_broker_restart(make, nodes, node, how):
     h.at(lambda h: len(h.handed) >= 3, stop)
     h.at(lambda h: "gone" in got and time.monotonic() - got["gone"] > 0.5,
          start)
-    h.at(lambda h: "up" in got and time.monotonic() - got["up"] >=
-         (0 if node == "a" else 1.5), probe)
+    h.at(lambda h: "up" in got, probe)
     h.run(60, until=first_ok)
     ended = time.monotonic()
     assert "sent" in got, "the broker was never restarted"
@@ -801,8 +801,11 @@ def test_broker_restart(make, nodes, node, how):
     first = {k: v for k, v in res.items() if k.startswith("d-r")}
     assert first and all(v in ("ok", "load_error") for v in first.values()), \
         res
-    assert ended - got["gone"] < 20, "the run took %.1f s after the loss" \
-        % (ended - got["gone"])
+    assert ended - got["gone"] < 20, \
+        "the run took %.1f s after the loss: %s, %s, %s" % (
+            ended - got["gone"], res, nodes.logs()[-6000:],
+            {k: round(v - got["gone"], 2) if isinstance(v, float) else v
+             for k, v in got.items()})
     assert inst.worker_stats and all(
         st.get("reattached", 0) == 1 and not st["broker_gone"]
         for st in inst.worker_stats), inst.worker_stats
