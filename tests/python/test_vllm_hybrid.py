@@ -1,0 +1,328 @@
+# SPDX-License-Identifier: MIT
+"""KVBrokerConnector with a hybrid model under the vLLM model
+(tests/python/vllm_model): vLLM's hybrid KV cache manager (SupportsHMA), a
+layout shaped like gpt-oss (even layers sliding-window attention, odd layers
+full attention, two KV cache groups over one block pool, a sliding layer and
+a full one sharing each KV cache tensor), window 128 tokens, block_size 16.
+
+vLLM frees a sliding-window group's out-of-window blocks (null block 0) in P
+before request_finished_all_groups and in D when it allocates the load; the
+connector moves every full-attention block and only the in-window
+sliding-window blocks. Every byte D will read is checked on every layer (and
+the null block untouched); the bytes moved are checked against that count.
+Needs root and ip(8), as test_vllm_model.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_vllm_model import (  # noqa: E402,F401
+    NEW,
+    assert_all_ok,
+    assert_no_leak,
+    harness,
+    make,
+    nodes,
+    pytestmark,
+)
+from test_vllm_xnode import Nodes  # noqa: E402
+from vllm_model.engine import make_prompt  # noqa: E402
+from vllm_model.objects import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    RequestStatus,
+    SlidingWindowSpec,
+)
+
+torch = pytest.importorskip("torch")
+
+W, BS = 128, 16
+HYBRID = dict(sliding_window=W, layers=4, block_size=BS, num_blocks=160)
+# prompts below, at and well past the window
+LENGTHS = (17, 100, 127, 128, 129, 200, 333, 600)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def expected_bytes(h, lengths, hybrid: bool) -> int:
+    """Bytes a D rank receives: per request, every block of the prompt in
+    the full-attention layers, the blocks the window reaches in the
+    sliding ones (all blocks in every layer without the hybrid manager)."""
+    s = h.D.spec
+    per_layer_block = BS * s.heads * 2 * s.head_dim * 2  # int16 K and V
+    full = s.layers // 2
+    total = 0
+    for n in lengths:
+        nb = cdiv(n, BS)
+        if hybrid:
+            skip = max(0, n - W + 1) // BS
+            total += per_layer_block * (full * nb + (s.layers - full) *
+                                        (nb - skip))
+        else:
+            total += per_layer_block * s.layers * nb
+    return total
+
+
+def moved_bytes(inst) -> int:
+    """What the connector's workers say they moved (its stats, every rank
+    aggregated as vLLM does)."""
+    return sum(sum(d.get("bytes_transferred", ())) for d in inst.kv_stats_data)
+
+
+def hybrid_on(h) -> None:
+    """vLLM's hybrid KV cache manager is on at both ends (two groups):
+    it is only for a connector that implements SupportsHMA."""
+    for inst in (h.P, h.D):
+        assert inst.sched.num_kv_cache_groups == 2, \
+            "vLLM's hybrid KV cache manager is off (connector not HMA?)"
+
+
+def run(make, version, lengths, seed, **kw):
+    h = make(version, **kw)
+    hybrid_on(h)
+    rng = random.Random(seed)
+    for i, n in enumerate(lengths):
+        h.submit("r%d" % i, make_prompt(rng, n))
+    h.run(90)
+    return h
+
+
+@pytest.mark.parametrize("version", [NEW, "0.30"])
+def test_hybrid_basic(make, nodes, version):
+    """P TP 1 -> D TP 1: two KV cache groups in use at both ends, every
+    in-window byte of every layer intact at D, exactly the in-window blocks
+    moved (a sliding-window group's skipped blocks are not), nothing left
+    behind."""
+    h = run(make, version, LENGTHS, 31, **HYBRID)
+    assert_all_ok(h, len(LENGTHS))
+    assert moved_bytes(h.D) == expected_bytes(h, LENGTHS, True)
+    # P's params name the groups and each group's blocks
+    for rid, params in h.handed.items():
+        assert params["kv_cache_groups"] == [0, W]
+        n = len(h.prompts[rid])
+        full, sw = params["remote_block_ids"]
+        assert len(full) == cdiv(n, BS)
+        assert len(sw) == cdiv(n, BS) - max(0, n - W + 1) // BS
+        assert 0 not in full and 0 not in sw
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("ptp,dtp", [(2, 1), (1, 2)], ids=["2to1", "1to2"])
+def test_hybrid_heterogeneous_tp(make, nodes, ptp, dtp):
+    """P TP 2 -> D TP 1 and 1 -> 2 (8 KV heads in all): each group's part
+    splits heads as a one-group transfer does; every byte checked on every
+    D rank."""
+    lengths = (40, 150, 300)
+    h = run(make, NEW, lengths, 32, p=dict(tp=ptp, heads=8 // ptp),
+            d=dict(tp=dtp, heads=8 // dtp), **HYBRID)
+    assert_all_ok(h, len(lengths))
+    assert_no_leak(h, nodes)
+
+
+def test_hybrid_chunked_prefill_and_preempt_p(make, nodes):
+    """P prefills in chunks of 32 tokens (its sliding-window group frees
+    blocks between chunks) and one request is preempted mid-prefill (V2:
+    it comes back in scheduled_new_reqs with all its groups' blocks): the
+    save follows every group's list; D gets every in-window byte."""
+    h = make(NEW, p=dict(max_num_batched_tokens=40,
+                         long_prefill_token_threshold=32), **HYBRID)
+    hybrid_on(h)
+    rng = random.Random(33)
+    lengths = (180, 260, 300)
+    for i, n in enumerate(lengths):
+        h.submit("r%d" % i, make_prompt(rng, n))
+
+    def mid_chunk(h):
+        r = h.P.sched.requests.get("r1")
+        return r is not None and r.status == RequestStatus.RUNNING and \
+            r.is_prefill_chunk and r.num_computed_tokens >= 160
+
+    h.at(mid_chunk, lambda h: h.P.sched.preempt("r1"))
+    h.run(90)
+    assert any(e[0] == "preempt" and e[2] == "r1" for e in h.P.sched.events)
+    assert_all_ok(h, 3)
+    assert moved_bytes(h.D) == expected_bytes(h, lengths, True)
+    assert_no_leak(h, nodes)
+
+
+def test_hybrid_abort_at_d_during_load(make, nodes):
+    """D drops a request while its two group parts are in flight: it is
+    reported once (vLLM frees its blocks then), the others load intact."""
+    h = make(NEW, **HYBRID)
+    hybrid_on(h)
+    rng = random.Random(34)
+    for i in range(4):
+        h.submit("r%d" % i, make_prompt(rng, 150 + 40 * i), d_max_tokens=4)
+
+    def loading(h):
+        r = h.D.sched.requests.get("d-r2")
+        return r is not None and \
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    h.at(loading, lambda h: h.D.abort(["d-r2"]))
+    h.run(60)
+    assert h.D.sched.finished.get("d-r2") == RequestStatus.FINISHED_ABORTED
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert others and all(v == "ok" for v in others.values()), others
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_hybrid_p_dies(make, nodes, policy):
+    """P's broker is SIGKILLed while loads are in flight. With two KV cache
+    groups vLLM cannot take failed block ids (the model raises as vLLM does):
+    D reports failed loads per request (failed_recving), its engine lives,
+    the requests end (recomputed, or FINISHED_ERROR), nothing leaks."""
+    h = make(NEW, d=dict(transfer_timeout_s=3.0,
+                         kv_load_failure_policy=policy), **HYBRID)
+    hybrid_on(h)
+    rng = random.Random(35)
+    for i in range(8):
+        h.submit("r%d" % i, make_prompt(rng, rng.randint(60, 300)))
+    h.at(lambda h: len(h.handed) >= 3, lambda h: nodes.kill_broker("a"))
+    h.run(60)
+    assert not h.D.dead, h.D.dead
+    res = h.d_results()
+    assert res and all(v in ("ok", "load_error") for v in res.values()), res
+    assert any(v == "load_error" for v in res.values()), res
+    assert not any(e[0] == "invalid_blocks" for e in h.D.sched.events)
+    assert any(e[0] == "failed_recving" for e in h.D.sched.events)
+    assert not h.D.sched.requests
+    assert h.D.sched.num_free_blocks() == h.D.spec.num_blocks - 1
+    want = (RequestStatus.FINISHED_ERROR if policy == "fail" else
+            RequestStatus.FINISHED_LENGTH_CAPPED)
+    for rid, v in res.items():
+        if v == "load_error":
+            assert h.D.sched.finished.get(rid) == want, (rid, policy)
+
+
+def test_hybrid_saving(capsys):
+    """The figure: bytes a D rank receives for the same prompts with the
+    hybrid KV cache manager (sliding-window layers move only their window)
+    and without it (vLLM's all-layers-full-attention fallback: every block
+    of every layer). Both intact; hybrid moves exactly the in-window count,
+    less than the fallback. (Fresh nodes for each: workers of the same
+    ranks attaching again to the same brokers are not what this tests.)"""
+    lengths = (256, 1024, 2048)
+    kw = dict(HYBRID, num_blocks=300)
+    got = {}
+    for hybrid in (True, False):
+        n = Nodes()
+        h = None
+        try:
+            h = harness(n, NEW, disable_hybrid_kv_cache_manager=not hybrid,
+                        **kw)
+            rng = random.Random(36)
+            for i, k in enumerate(lengths):
+                h.submit("r%d" % i, make_prompt(rng, k))
+            h.run(90)
+            assert h.D.sched.num_kv_cache_groups == (2 if hybrid else 1)
+            assert_all_ok(h, len(lengths))
+            got[hybrid] = moved_bytes(h.D)
+            assert got[hybrid] == expected_bytes(h, lengths, hybrid)
+            assert_no_leak(h, n)
+        finally:
+            if h is not None:
+                h.close()
+            n.close()
+    assert got[True] < got[False]
+    with capsys.disabled():
+        print("\nhybrid-bytes: prompts %s tokens, window %d, block %d, %d "
+              "layers (half sliding): hybrid %d bytes, all-full %d bytes, "
+              "ratio %.3f" % (list(lengths), W, BS, kw["layers"], got[True],
+                              got[False], got[True] / got[False]))
+
+
+def test_checker_catches_unmoved_sliding_layers(make, nodes):
+    """The test's own check: with P's sliding-window layer ops dropped, D's
+    sliding layers do not hold P's bytes and the verification says so."""
+    from kvbroker.vllm import KVBrokerConnector
+
+    class Broken(KVBrokerConnector):
+        def register_kv_caches(self, kv_caches):
+            super().register_kv_caches(kv_caches)
+            w = self._worker
+            if w is not None and w.producer:
+                w._pairs = [(g, li) for g, li in w._pairs if g == 0]
+                orig = w._submit
+
+                def submit(group, layer):
+                    if group == 0:
+                        orig(group, layer)
+                w._submit = submit
+
+    h = make(NEW, p=dict(connector_cls=Broken), **HYBRID)
+    hybrid_on(h)
+    rng = random.Random(37)
+    h.submit("r0", make_prompt(rng, 200))
+    h.run(60)
+    res = h.d_results()
+    assert res["d-r0"] not in ("ok", "unchecked", "load_error"), res
+    assert "layer 0 (group 1)" in res["d-r0"], res
+
+
+# ------------------------------------------------------- configuration
+
+
+def _cfg(role):
+    from vllm_model.engine import InstanceSpec
+
+    return InstanceSpec(role, NEW, socket="/nonexistent",
+                        host_ip="127.0.0.1").vllm_config(0)
+
+
+@pytest.mark.parametrize("role", ["P", "D"])
+def test_mamba_group_refused(role):
+    """A Mamba (linear-attention state) group: the connector refuses at
+    construction, in the scheduler and in a worker, saying what is missing;
+    so does chunked local attention's kind of unknown group."""
+    from kvbroker.vllm import KVBrokerConnector
+    from kvbroker.vllm._compat import KVConnectorRole
+
+    kcc = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.self_attn.attn"],
+                         FullAttentionSpec(block_size=16, num_kv_heads=4,
+                                           head_size=32, dtype="int16")),
+        KVCacheGroupSpec(["model.layers.1.mixer"],
+                         MambaSpec(block_size=16, shapes=((4, 64),),
+                                   dtypes=("int16",)))])
+    for r in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ValueError, match="Mamba / linear-attention") \
+                as ei:
+            KVBrokerConnector(_cfg(role), r, kcc)
+        assert "MambaSpec" in str(ei.value)
+        assert "not supported" in str(ei.value)
+
+
+def test_groups_parsed():
+    """Full attention (with or without a sliding_window left by the
+    all-full fallback) moves every block; SlidingWindowSpec only its
+    window; the connector implements SupportsHMA on this interface."""
+    from kvbroker.vllm import KVBrokerConnector
+    from kvbroker.vllm._compat import supports_hma
+    from kvbroker.vllm._groups import parse_groups, skipped_blocks
+
+    kw = dict(block_size=16, num_kv_heads=4, head_size=32, dtype="int16")
+    g = parse_groups(KVCacheConfig(64, [], [
+        KVCacheGroupSpec(["a"], FullAttentionSpec(**kw, sliding_window=128)),
+        KVCacheGroupSpec(["b"], SlidingWindowSpec(**kw, sliding_window=128))]))
+    assert [x.window for x in g] == [0, 128]
+    assert parse_groups(None) == []
+    assert skipped_blocks(128, 2048, 16) == 120
+    assert skipped_blocks(128, 128, 16) == 0
+    assert skipped_blocks(128, 144, 16) == 1
+    assert skipped_blocks(0, 2048, 16) == 0
+    assert supports_hma(KVBrokerConnector)
