@@ -99,13 +99,15 @@ def run(make, version, lengths, seed, **kw):
     return h
 
 
-@pytest.mark.parametrize("version", [NEW, "0.30"])
-def test_hybrid_basic(make, nodes, version):
+@pytest.mark.parametrize("version,sched", [(NEW, "sync"), ("0.30", "sync"),
+                                           (NEW, "async")])
+def test_hybrid_basic(make, nodes, version, sched):
     """P TP 1 -> D TP 1: two KV cache groups in use at both ends, every
     in-window byte of every layer intact at D, exactly the in-window blocks
     moved (a sliding-window group's skipped blocks are not), nothing left
-    behind."""
-    h = run(make, version, LENGTHS, 31, **HYBRID)
+    behind. Sync and async scheduling."""
+    h = run(make, version, LENGTHS, 31, async_scheduling=sched == "async",
+            **HYBRID)
     assert_all_ok(h, len(LENGTHS))
     assert moved_bytes(h.D) == expected_bytes(h, LENGTHS, True)
     # P's params name the groups and each group's blocks
@@ -326,3 +328,137 @@ def test_groups_parsed():
     assert skipped_blocks(128, 144, 16) == 1
     assert skipped_blocks(0, 2048, 16) == 0
     assert supports_hma(KVBrokerConnector)
+
+
+def _hybrid_kcc(names=("model.layers.0.self_attn.attn",
+                       "model.layers.1.self_attn.attn")):
+    kw = dict(block_size=16, num_kv_heads=4, head_size=32, dtype="int16")
+    return KVCacheConfig(64, [], [
+        KVCacheGroupSpec([names[1]], FullAttentionSpec(**kw)),
+        KVCacheGroupSpec([names[0]], SlidingWindowSpec(**kw,
+                                                       sliding_window=W))])
+
+
+class _Blocks:
+    def __init__(self, groups):
+        self.groups = groups
+
+    def get_block_ids(self):
+        return tuple(list(g) for g in self.groups)
+
+
+def test_scheduler_d_refuses_other_groups():
+    """D refuses (logged, counted, computed locally) a request whose P
+    names other KV cache groups, or none (a P that moves one group)."""
+    from kvbroker.vllm import KVBrokerConnector
+    from kvbroker.vllm._compat import KVConnectorRole
+    from vllm_model.objects import Request
+
+    c = KVBrokerConnector(_cfg("D"), KVConnectorRole.SCHEDULER,
+                          _hybrid_kcc())
+    base = {"do_remote_prefill": True, "transfer_id": "t",
+            "remote_host": "192.0.2.1", "remote_handshake_port": 6301}
+    for i, groups in enumerate(([0], [0, 64], None, "x")):
+        p = dict(base, transfer_id="t%d" % i)
+        if groups is not None:
+            p["kv_cache_groups"] = groups
+        r = Request("d%d" % i, list(range(1, 200)), 2, p)
+        assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert c.connector_stats()["bad_params"] == 4
+    ok = Request("ok", list(range(1, 200)), 2,
+                 dict(base, transfer_id="tok", kv_cache_groups=[0, W]))
+    assert c.get_num_new_matched_tokens(ok, 0) == (199, True)
+    # its load: every full-attention block, the in-window sliding ones
+    # (null blocks skipped)
+    nb = cdiv(199, BS)
+    skip = (199 - W + 1) // BS
+    full = list(range(100, 100 + nb))
+    sw = [0] * skip + list(range(200, 200 + nb - skip))
+    c.update_state_after_alloc(ok, _Blocks([full, sw]), 199)
+    meta = c.build_connector_meta(type("SO", (), {})())
+    (m,) = meta.reqs_to_load
+    assert m.group_block_ids == [full, sw[skip:]]
+    assert m.block_ids == full
+
+
+def test_scheduler_p_saves_in_window_and_checks_finish():
+    """P saves, per group, every full-attention block and the sliding
+    blocks the window of the prompt's next token reaches; if vLLM freed a
+    block the save reads before request_finished_all_groups, nothing is
+    handed to D and the save is aborted."""
+    from kvbroker.vllm import KVBrokerConnector
+    from kvbroker.vllm._compat import KVConnectorRole
+    from vllm_model.objects import (CachedRequestData, Request,
+                                    SchedulerOutput)
+
+    c = KVBrokerConnector(_cfg("P"), KVConnectorRole.SCHEDULER,
+                          _hybrid_kcc())
+    n = 300
+    nb, skip = cdiv(n, BS), (n - W + 1) // BS
+    params = {"do_remote_decode": True, "remote_host": "192.0.2.2",
+              "remote_handshake_port": 6301}
+    reqs = {}
+    for rid in ("a", "b"):
+        r = Request(rid, list(range(1, n + 1)), 1,
+                    dict(params, transfer_id="tx-" + rid))
+        c.on_new_request(r)
+        reqs[rid] = r
+        off = 1000 if rid == "a" else 2000
+        full = list(range(off, off + nb))
+        sw = list(range(off + 500, off + 500 + nb))
+        c.update_state_after_alloc(r, _Blocks([full, sw]), 0)
+    so = SchedulerOutput([], CachedRequestData(), {"a": n, "b": n}, 2 * n)
+    meta = c.build_connector_meta(so)
+    assert sorted(meta.expect) == ["tx-a", "tx-a#g1", "tx-b", "tx-b#g1"]
+    saves = {m.req_id: m for m in meta.reqs_to_save}
+    sw_a = list(range(1500 + skip, 1500 + nb))
+    assert saves["a"].group_block_ids == [list(range(1000, 1000 + nb)),
+                                          sw_a]
+    for r in reqs.values():
+        r.num_computed_tokens = n
+    # a: vLLM nulled exactly the out-of-window blocks: params for D
+    full_a = list(range(1000, 1000 + nb))
+    held_a = [0] * skip + sw_a
+    delay, p = c.request_finished_all_groups(reqs["a"], (full_a, held_a))
+    assert delay is True and p["remote_block_ids"] == [full_a, sw_a]
+    assert p["kv_cache_groups"] == [0, W]
+    # b: one block its save reads is gone: no params, the save aborts
+    full_b = list(range(2000, 2000 + nb))
+    held_b = [0] * (skip + 1) + list(range(2500 + skip + 1, 2500 + nb))
+    delay, p = c.request_finished_all_groups(reqs["b"], (full_b, held_b))
+    assert delay is True and p is None
+    meta = c.build_connector_meta(SchedulerOutput([], CachedRequestData(),
+                                                  {}, 0))
+    assert meta.reqs_to_abort == ["b"]
+
+
+def test_no_hma_without_failed_recving():
+    """A vLLM without KVConnectorTransferResults (0.25 - 0.29): the class
+    does not implement SupportsHMA (vLLM turns its hybrid manager off) and
+    refuses several groups at construction, saying why."""
+    code = r"""
+import sys
+sys.path.insert(0, %r)
+import importlib
+import kvbroker.vllm._compat as C
+import kvbroker.vllm.connector as M
+C.KVConnectorTransferResults = None  # as under vLLM 0.25 - 0.29
+M = importlib.reload(M)  # the class is defined anew against it
+KVBrokerConnector, hma_supported = M.KVBrokerConnector, M.hma_supported
+from test_vllm_hybrid import _cfg, _hybrid_kcc
+assert not hma_supported()
+assert not C.supports_hma(KVBrokerConnector)
+try:
+    KVBrokerConnector(_cfg("P"), C.KVConnectorRole.SCHEDULER, _hybrid_kcc())
+except ValueError as e:
+    assert "failed_recving" in str(e), e
+    print("refused:", e)
+else:
+    raise SystemExit("not refused")
+""" % HERE
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=60, cwd=HERE)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused:" in out.stdout
