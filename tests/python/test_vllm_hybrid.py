@@ -462,3 +462,36 @@ else:
                          text=True, timeout=60, cwd=HERE)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused:" in out.stdout
+
+
+@pytest.mark.parametrize("role", ["P", "D"])
+def test_transfer_id_room_for_groups(role):
+    """With two groups a transfer id must leave room for the sub-transfer
+    suffix and must not look like another request's part: refused (logged,
+    counted; D computes the prompt itself, matching no tokens)."""
+    from kvbroker.vllm import KVBrokerConnector
+    from kvbroker.vllm._compat import KVConnectorRole
+    from vllm_model.objects import Request
+
+    c = KVBrokerConnector(_cfg(role), KVConnectorRole.SCHEDULER,
+                          _hybrid_kcc())
+    key = "do_remote_decode" if role == "P" else "do_remote_prefill"
+    for i, tid in enumerate(("x" * 254, "a#g1")):
+        r = Request("r%d" % i, list(range(1, 100)), 1,
+                    {key: True, "transfer_id": tid, "kv_cache_groups": [0, W],
+                     "remote_host": "192.0.2.9",
+                     "remote_handshake_port": 6301})
+        if role == "D":
+            assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+        else:
+            c.update_state_after_alloc(r, _Blocks([[1] * 7, [2] * 7]), 0)
+    assert c.connector_stats()["bad_params"] == 2
+    ok = Request("ok", list(range(1, 100)), 1,
+                 {key: True, "transfer_id": "x" * 252,
+                  "kv_cache_groups": [0, W], "remote_host": "192.0.2.9",
+                  "remote_handshake_port": 6301})
+    if role == "D":
+        assert c.get_num_new_matched_tokens(ok, 0) == (99, True)
+    else:
+        c.update_state_after_alloc(ok, _Blocks([[1] * 7, [2] * 7]), 0)
+    assert c.connector_stats()["bad_params"] == 2

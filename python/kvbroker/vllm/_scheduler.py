@@ -27,6 +27,7 @@ one transfer per request whose parts the workers open per group.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from ._compat import KVConnectorMetadata, request_aborted
@@ -34,6 +35,8 @@ from ._groups import NULL_BLOCK, Group, skipped_blocks, sub_transfer_id
 from ._params import Config, ParamsError, ReqMeta, parse_request
 
 log = logging.getLogger("kvbroker.vllm")
+
+_SUB_ID = re.compile(r"#g[0-9]+$")
 
 
 class KVBrokerMetadata(KVConnectorMetadata):
@@ -200,6 +203,8 @@ class BrokerScheduler:
         if why:
             self._refuse(request, why)
             return "bad", None
+        if self.n_groups > 1 and not self._parse_tid_len(request, m):
+            return "bad", None
         if self._duplicate(request.request_id, m.transfer_id):
             return "duplicate", m
         return "", m
@@ -232,11 +237,16 @@ class BrokerScheduler:
         return 255 - len(sub_transfer_id("", self.n_groups - 1))
 
     def _parse_tid_len(self, request: Any, m: ReqMeta) -> bool:
-        if len(m.transfer_id.encode()) <= self._tid_max():
+        """Several groups: the transfer id leaves room for the groups'
+        sub-transfer ids, and is not one of them (another request's part)."""
+        if len(m.transfer_id.encode()) > self._tid_max():
+            why = "longer than %d bytes" % self._tid_max()
+        elif _SUB_ID.search(m.transfer_id):
+            why = "ends like a KV cache group's sub-transfer (#g<k>)"
+        else:
             return True
-        self._refuse(request, "transfer_id: longer than %d bytes (its "
-                     "%d KV cache groups move as sub-transfers)" %
-                     (self._tid_max(), self.n_groups))
+        self._refuse(request, "transfer_id: %s (its %d KV cache groups move "
+                     "as sub-transfers <id>#g<k>)" % (why, self.n_groups))
         return False
 
     def _withdraw(self, rid: str) -> None:
@@ -298,9 +308,6 @@ class BrokerScheduler:
             [per[0][first:nb]]
         m.block_ids = lists[0]
         if self.n_groups > 1:
-            if not self._parse_tid_len(request, m):
-                self._release_next.append(m)
-                return
             m.group_block_ids = lists
         self._load_next[rid] = m
         self._live_tids[m.transfer_id] = rid
