@@ -495,3 +495,15 @@ def test_transfer_id_room_for_groups(role):
     else:
         c.update_state_after_alloc(ok, _Blocks([[1] * 7, [2] * 7]), 0)
     assert c.connector_stats()["bad_params"] == 2
+
+
+def test_hybrid_block_major_refused(make, nodes):
+    """Block-major views (BLNHC: a block row holds every layer's page) with
+    two groups: one group's block ids would move the other's pages of the
+    row; the worker refuses at register_kv_caches, saying what to set
+    (here the shared tensors already break the row's page order)."""
+    from vllm_model.engine import WorkerDied
+
+    with pytest.raises(WorkerDied, match=r"LayoutError: .*block-major.*"
+                       r"\(set VLLM_KV_CACHE_LAYOUT=LBNHC\)"):
+        make(NEW, layout="BLNHC", **HYBRID)

@@ -233,14 +233,14 @@ class BrokerWorker:
                 "layer %s is in no KV cache group of the kv_cache_config "
                 "vLLM gave (%d groups)" % (missing[0], len(self.groups)))
         pairs = {(self.group_of[n], self.layer_of[n]) for n in names}
-        if self.n_groups > 1:
-            for li in self._row_layers:
-                gs = {g for g, lj in pairs if lj == li}
-                if len(gs) > 1 or len(self.groups) > 1:
-                    raise LayoutError(
-                        "block-major KV cache views (%s) with %d KV cache "
-                        "groups: not supported (set VLLM_KV_CACHE_LAYOUT="
-                        "LBNHC)" % (self.layouts[li].form, self.n_groups))
+        if self.n_groups > 1 and self._row_layers:
+            # a block row holds several layers' pages: one group's block
+            # ids would move other groups' pages of the row
+            li = min(self._row_layers)
+            raise LayoutError(
+                "block-major KV cache views (%s) with %d KV cache groups: "
+                "not supported (set VLLM_KV_CACHE_LAYOUT=LBNHC)" %
+                (self.layouts[li].form, self.n_groups))
         self._pairs = sorted(pairs, key=lambda p: (p[1], p[0]))
 
     def _add_layer(self, names: list[str], t: Any, ptr: int,
