@@ -507,3 +507,30 @@ def test_hybrid_block_major_refused(make, nodes):
     with pytest.raises(WorkerDied, match=r"LayoutError: .*block-major.*"
                        r"\(set VLLM_KV_CACHE_LAYOUT=LBNHC\)"):
         make(NEW, layout="BLNHC", **HYBRID)
+
+
+def test_hybrid_prefix_hit_at_d(make, nodes):
+    """D already holds the prompt's first blocks in its prefix cache, in
+    both groups (from a request it computed itself): the hit is cut to what
+    the sliding-window group still serves (its window's blocks before the
+    hit's end); only D's unhashed blocks of each group are filled (P writes
+    its last ones into them), D's own blocks come out unchanged."""
+    h = make(NEW, **HYBRID)
+    hybrid_on(h)
+    rng = random.Random(38)
+    prefix = make_prompt(rng, 200)
+    h.submit_d_local("local", prefix + make_prompt(rng, 30))
+    h.run(30)
+    prompt = prefix + make_prompt(rng, 100)
+    h.submit("r0", prompt, d_max_tokens=3)
+    h.run(60)
+    assert h.D.sched.local_hits.get("d-r0") == 192, h.D.sched.local_hits
+    assert_all_ok(h, 1)
+    n, nloc = len(prompt), 192 // BS
+    skip = max(0, n - W + 1) // BS
+    s = h.D.spec
+    per_layer_block = BS * s.heads * 2 * s.head_dim * 2
+    want = per_layer_block * (2 * (cdiv(n, BS) - nloc) +
+                              2 * (cdiv(n, BS) - max(nloc, skip)))
+    assert moved_bytes(h.D) == want
+    assert_no_leak(h, nodes)

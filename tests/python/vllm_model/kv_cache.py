@@ -21,8 +21,12 @@ block_size`` blocks of n computed tokens become the null block) when
 ``allocate_slots`` runs and before the connector's request_finished call,
 and an allocation with external (connector) tokens pads the skipped blocks
 with the null block and allocates only the rest
-(``allocate_new_computed_blocks``). Not modelled with several groups:
-local prefix-cache hits (``get_computed_blocks`` finds none).
+(``allocate_new_computed_blocks``). Local prefix-cache hits: each group's
+blocks cached under their group; the hit is the full-attention groups'
+longest prefix, cut to what every sliding-window group can serve (its
+``cdiv(window - 1, block_size)`` blocks before the hit's end all cached,
+searched right to left, else the cached blocks from the start:
+SlidingWindowManager.find_longest_cache_hit), without EAGLE.
 """
 
 from __future__ import annotations
@@ -278,11 +282,51 @@ class HybridKVCacheManager(KVCacheManager):
             return 0
         return max(0, num_computed_tokens - w + 1) // self.block_size
 
+    def _cached(self, g: int, h: int) -> KVCacheBlock | None:
+        return self.block_pool.get_cached_block(hash((g, h)))
+
     def get_computed_blocks(self, request: Request):
-        return self.empty_kv_cache_blocks, 0  # not modelled (see above)
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        hashes = request.block_hashes
+        hit = (request.num_tokens - 1) // self.block_size
+        per: list[list[KVCacheBlock]] = [[] for _ in self.windows]
+        for g, w in enumerate(self.windows):  # full attention: a prefix
+            if w:
+                continue
+            for h in hashes[:hit]:
+                b = self._cached(g, h)
+                if b is None:
+                    break
+                per[g].append(b)
+            hit = min(hit, len(per[g]))
+        for g, w in enumerate(self.windows):  # sliding window: its window
+            if not w:
+                continue
+            need = cdiv(w - 1, self.block_size)
+            comp = [self.null] * hit
+            run, found = 0, False
+            for i in range(hit - 1, -1, -1):
+                b = self._cached(g, hashes[i])
+                if b is None:
+                    run = 0
+                    continue
+                comp[i] = b
+                run += 1
+                if run >= need:
+                    del comp[i + run:]
+                    found = True
+                    break
+            if not found:
+                del comp[run:]
+            per[g] = comp
+            hit = min(hit, len(comp))
+        per = [lst[:hit] for lst in per]
+        return KVCacheBlocks.groups(per), hit * self.block_size
 
     def truncate_computed_blocks(self, blocks, num_tokens: int):
-        return self.empty_kv_cache_blocks
+        return KVCacheBlocks.groups(
+            lst[:num_tokens // self.block_size] for lst in blocks.blocks)
 
     def remove_skipped_blocks(self, request_id: str,
                               num_computed_tokens: int) -> None:
@@ -311,17 +355,27 @@ class HybridKVCacheManager(KVCacheManager):
         need_slots = min(total_computed + num_new_tokens +
                          num_lookahead_tokens, self.max_model_len)
         have = self.req_groups.get(rid)
+        hits = [list(x) for x in new_computed_blocks.blocks] \
+            if new_computed_blocks is not None and have is None else \
+            [[] for _ in self.windows]
         n_new = 0
         for g in range(len(self.windows)):
-            n_have = len(have[g]) if have else 0
+            n_have = (len(have[g]) if have else 0) + len(hits[g])
+            skip = self._skipped(g, total_computed)
             n_new += max(0, cdiv(need_slots, self.block_size) -
-                         max(self._skipped(g, total_computed), n_have))
+                         max(skip, n_have))
+            n_new += sum(1 for b in hits[g][skip:]
+                         if b is not self.null and b.ref_cnt == 0)
         if n_new > self.block_pool.get_num_free_blocks():
             return None
         if have is None:  # a new request: skipped blocks are null
             have = self.req_groups[rid] = []
             for g in range(len(self.windows)):
-                lst = [self.null] * self._skipped(g, total_computed)
+                skip = self._skipped(g, total_computed)
+                kept = hits[g][skip:]
+                self.block_pool.touch([b for b in kept
+                                       if b is not self.null])
+                lst = [self.null] * skip + kept
                 if num_external_computed_tokens > 0:
                     lst += self.block_pool.get_new_blocks(
                         cdiv(total_computed, self.block_size) - len(lst))
@@ -351,7 +405,8 @@ class HybridKVCacheManager(KVCacheManager):
                 if lst[i] is not self.null:
                     # per-group hashes: a block of one group is never found
                     # for another (vLLM keys the cache by group too)
-                    self.block_pool.cache_block(lst[i], hash((g, hashes[i])))
+                    self.block_pool.cache_block(lst[i],
+                                                hash((g, hashes[i])))
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         rid = request.request_id

@@ -451,9 +451,15 @@ class Worker:
         step's start_load_kv): they must come out unchanged."""
         for rid, ck in checks.items():
             nloc = ck["local_tokens"] // self.kv.BS
-            ck["snap"] = [self.kv.read_blocks(li, ck["blocks"][:nloc])
+            ck["snap"] = [self.kv.read_blocks(li, self._local(ck, li, nloc))
                           for li in range(self.kv.L)] if nloc else None
             self.checks[rid] = ck
+
+    def _local(self, ck: dict, li: int, nloc: int) -> list[int]:
+        """D's own blocks of the local hit in layer li's group (a
+        sliding-window group's null blocks left out)."""
+        gblocks = ck.get("gblocks") or [ck["blocks"]]
+        return [b for b in gblocks[self.kv.layer_group[li]][:nloc] if b]
 
     def verify(self, rid: str) -> str:
         torch = self.torch
@@ -482,6 +488,14 @@ class Worker:
             zero = self.kv.read_blocks(li, [0])
             if bool(zero.any()):
                 return "layer %d: the null block was written" % li
+            if nloc:
+                lb = self._local(ck, li, nloc)
+                now = self.kv.read_blocks(li, lb)
+                if not torch.equal(now, ck["snap"][li]):
+                    bad = (now != ck["snap"][li]).nonzero()[0].tolist()
+                    return ("layer %d: a block of D's local prefix hit was "
+                            "overwritten (slot %s of blocks %s)" %
+                            (li, bad, lb))
             if g or w:
                 if lo >= n:
                     continue
@@ -499,13 +513,6 @@ class Worker:
                                 li, g, p, gblocks[g][p // bs], p % bs,
                                 int(got[tuple(bad)]), int(want[tuple(bad)])))
                 continue
-            if nloc:
-                now = self.kv.read_blocks(li, ck["blocks"][:nloc])
-                if not torch.equal(now, ck["snap"][li]):
-                    bad = (now != ck["snap"][li]).nonzero()[0].tolist()
-                    return ("layer %d: a block of D's local prefix hit was "
-                            "overwritten (slot %s of blocks %s)" %
-                            (li, bad, ck["blocks"][:nloc]))
             if first >= n:
                 continue
             got = self.kv.read(li, blocks, pos % bs)
