@@ -99,6 +99,11 @@ class ReqMeta:
     port: int = 0  # its --handshake-port
     remote_dp_rank: int = 0
     remote_tp_size: int = 0  # 0: the same as ours
+    # hybrid models (several KV cache groups): every group's block ids
+    # (block_ids is group 0's); empty with one group. A worker moves group
+    # k in its own broker transfer (_groups.sub_transfer_id).
+    group_block_ids: list = field(default_factory=list)
+    group: int = 0  # the group a worker's part of the transfer moves
 
 
 def parse_request(params: Any, req_id: str, producer: bool) -> ReqMeta:

@@ -17,17 +17,26 @@ releases P's blocks (a release-only open).
 
 Each request is reported once, only while vLLM holds it: the scheduler's
 asserts (``_update_from_kv_xfer_finished``) forbid anything else.
+
+Hybrid models (several KV cache groups, _groups.py): block ids come per
+group; P saves and D loads each group's blocks (a sliding-window group only
+those in the window of the prompt's next token, never the null block), in
+one transfer per request whose parts the workers open per group.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from ._compat import KVConnectorMetadata, request_aborted
+from ._groups import NULL_BLOCK, Group, skipped_blocks, sub_transfer_id
 from ._params import Config, ParamsError, ReqMeta, parse_request
 
 log = logging.getLogger("kvbroker.vllm")
+
+_SUB_ID = re.compile(r"#g[0-9]+$")
 
 
 class KVBrokerMetadata(KVConnectorMetadata):
@@ -55,18 +64,23 @@ def _n_blocks(tokens: int, block_size: int) -> int:
     return (tokens + block_size - 1) // block_size
 
 
-def _first_group(block_ids: Any) -> list[int]:
-    """Block ids of the first KV cache group: vLLM gives a tuple of lists
-    (one per group), or already a list."""
+def _per_group(block_ids: Any, n_groups: int) -> list[list[int]]:
+    """Block ids per KV cache group: vLLM gives a tuple of lists (one per
+    group), or already one list (one group); None or () means none."""
     if block_ids and isinstance(block_ids[0], (list, tuple)):
-        return list(block_ids[0])
-    return list(block_ids or [])
+        out = [list(g) for g in block_ids]
+    else:
+        out = [list(block_ids or [])]
+    while len(out) < n_groups:
+        out.append([])
+    return out[:max(n_groups, 1)]
 
 
 class _Save:
-    """P: a request to be saved, and the blocks it holds now."""
+    """P: a request to be saved, and the blocks it holds now (per KV cache
+    group)."""
 
-    def __init__(self, request: Any, meta: ReqMeta, blocks: list[int]):
+    def __init__(self, request: Any, meta: ReqMeta, blocks: list[list[int]]):
         self.request = request
         self.meta = meta
         self.blocks = blocks
@@ -74,8 +88,17 @@ class _Save:
 
 class BrokerScheduler:
     def __init__(self, vllm_config: Any, cfg: Config, producer: bool,
-                 dp_size: int, dp_rank: int, tp_size: int):
+                 dp_size: int, dp_rank: int, tp_size: int,
+                 groups: list[Group] | None = None):
         self.cfg = cfg
+        # KV cache groups (empty: one, the connector's behaviour without a
+        # kv_cache_config); their sliding windows (0: full attention)
+        self.groups = list(groups or [])
+        self.n_groups = max(1, len(self.groups))
+        self.windows = [g.window for g in self.groups] or [0]
+        # blocks per group, null blocks skipped (several groups, or one
+        # sliding-window group)
+        self.hybrid = self.n_groups > 1 or any(self.windows)
         self.producer = producer
         self.block_size = int(vllm_config.cache_config.block_size)
         self.kv_layout = str(getattr(vllm_config.cache_config,
@@ -92,6 +115,8 @@ class BrokerScheduler:
         self._release_next: list[ReqMeta] = []
         self._abort_next: list[str] = []
         self._save_aborted: set[str] = set()  # P: preempted mid-save
+        # P, several groups: what each running save reads (rid -> lists)
+        self._saved_lists: dict[str, list[list[int]]] = {}
         # P: ids of requests vLLM added, for the workers to declare (and
         # withdraw when a request goes before its save opened): rid -> tid
         self._expect_next: list[str] = []
@@ -138,6 +163,26 @@ class BrokerScheduler:
                     "VLLM_KV_CACHE_LAYOUT on both" % (theirs, self.kv_layout))
         return ""
 
+    def _groups_mismatch(self, params: dict) -> str:
+        """D: P's KV cache groups (their sliding windows, in order) are
+        not ours: each group's blocks would land in another's layers."""
+        theirs = params.get("kv_cache_groups")
+        if theirs is None:
+            theirs = [0]  # a P without hybrid support: one group
+        if not isinstance(theirs, list) or \
+                any(isinstance(w, bool) or not isinstance(w, int)
+                    for w in theirs):
+            return "kv_cache_groups: %r is not a list of windows" % (theirs,)
+        if theirs != self.windows:
+            return ("P's KV cache groups (sliding windows %s, 0 = full "
+                    "attention) are not ours (%s): the same model and "
+                    "hybrid KV cache manager setting on both" %
+                    (theirs, self.windows))
+        return ""
+
+    def _sub_ids(self, tid: str) -> list[str]:
+        return [sub_transfer_id(tid, g) for g in range(self.n_groups)]
+
     def _load_params(self, request: Any) -> tuple[str, ReqMeta | None]:
         """D: the request's load, or why there is none: "no_remote" (not
         ours), "bad" (refused, logged and counted once), "duplicate"."""
@@ -154,9 +199,11 @@ class BrokerScheduler:
         m = self._parse(request)
         if m is None:
             return "bad", None
-        why = self._layout_mismatch(params)
+        why = self._layout_mismatch(params) or self._groups_mismatch(params)
         if why:
             self._refuse(request, why)
+            return "bad", None
+        if self.n_groups > 1 and not self._parse_tid_len(request, m):
             return "bad", None
         if self._duplicate(request.request_id, m.transfer_id):
             return "duplicate", m
@@ -175,12 +222,32 @@ class BrokerScheduler:
             return
         tid = params.get("transfer_id")
         if not isinstance(tid, str) or not tid or \
-                len(tid.encode("utf-8", "replace")) > 255 or \
+                len(tid.encode("utf-8", "replace")) > self._tid_max() or \
                 tid in self._live_tids or tid in self._expected_tids:
             return  # refused later, with its reason, or another's
         self._expected[request.request_id] = tid
         self._expected_tids.add(tid)
-        self._expect_next.append(tid)
+        self._expect_next.extend(self._sub_ids(tid))
+
+    def _tid_max(self) -> int:
+        """The longest transfer id: the broker's 255 bytes, less the
+        suffix of the groups' sub-transfers."""
+        if self.n_groups == 1:
+            return 255
+        return 255 - len(sub_transfer_id("", self.n_groups - 1))
+
+    def _parse_tid_len(self, request: Any, m: ReqMeta) -> bool:
+        """Several groups: the transfer id leaves room for the groups'
+        sub-transfer ids, and is not one of them (another request's part)."""
+        if len(m.transfer_id.encode()) > self._tid_max():
+            why = "longer than %d bytes" % self._tid_max()
+        elif _SUB_ID.search(m.transfer_id):
+            why = "ends like a KV cache group's sub-transfer (#g<k>)"
+        else:
+            return True
+        self._refuse(request, "transfer_id: %s (its %d KV cache groups move "
+                     "as sub-transfers <id>#g<k>)" % (why, self.n_groups))
+        return False
 
     def _withdraw(self, rid: str) -> None:
         """P: the request went away (or will not be sent) before its save
@@ -188,7 +255,7 @@ class BrokerScheduler:
         tid = self._expected.pop(rid, None)
         if tid is not None:
             self._expected_tids.discard(tid)
-            self._withdraw_next.append(tid)
+            self._withdraw_next.extend(self._sub_ids(tid))
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed_tokens: int):
@@ -228,12 +295,20 @@ class BrokerScheduler:
             # tail is): nothing to load, but P still holds its blocks
             self._release_next.append(m)
             return
-        ids = _first_group(blocks.get_block_ids())
+        per = _per_group(blocks.get_block_ids(), self.n_groups)
         n_prompt = int(request.num_prompt_tokens)
         # the local hit is block-aligned: its blocks are D's own (prefix
-        # cached), only the rest is filled (P writes its last blocks)
+        # cached), only the rest is filled (P writes its last blocks). A
+        # sliding-window group holds null blocks where vLLM skipped what the
+        # window no longer reaches: those are not filled (P sends none)
         first = (n_prompt - int(num_external_tokens)) // self.block_size
-        m.block_ids = ids[first:_n_blocks(n_prompt, self.block_size)]
+        nb = _n_blocks(n_prompt, self.block_size)
+        lists = [[b for b in ids[first:nb] if b != NULL_BLOCK]
+                 for ids in per] if self.hybrid else \
+            [per[0][first:nb]]
+        m.block_ids = lists[0]
+        if self.n_groups > 1:
+            m.group_block_ids = lists
         self._load_next[rid] = m
         self._live_tids[m.transfer_id] = rid
 
@@ -241,12 +316,14 @@ class BrokerScheduler:
         rid = request.request_id
         s = self._save_pending.get(rid)
         if s is not None:  # resumed after a preemption: its blocks now
-            s.blocks = _first_group(blocks.get_block_ids())
+            s.blocks = _per_group(blocks.get_block_ids(), self.n_groups)
             return
         if rid in self._sending:
             return
         m = self._parse(request)
         if m is None:
+            return
+        if self.n_groups > 1 and not self._parse_tid_len(request, m):
             return
         if self._duplicate(rid, m.transfer_id):
             self.duplicate_ids += 1
@@ -256,7 +333,7 @@ class BrokerScheduler:
             self._bad.add(rid)
             return
         self._save_pending[rid] = _Save(
-            request, m, _first_group(blocks.get_block_ids()))
+            request, m, _per_group(blocks.get_block_ids(), self.n_groups))
         self._live_tids[m.transfer_id] = rid
 
     def build_connector_meta(self, scheduler_output: Any) -> KVBrokerMetadata:
@@ -276,13 +353,14 @@ class BrokerScheduler:
     def _track_blocks(self, so: Any) -> None:
         """P: each pending save's block list as the workers hold it."""
         pend = self._save_pending
+        ng = self.n_groups
         for rid in getattr(so, "preempted_req_ids", None) or ():
             if rid in pend:  # its blocks went back to the pool
-                pend[rid].blocks = []
+                pend[rid].blocks = [[] for _ in range(ng)]
         for nr in getattr(so, "scheduled_new_reqs", None) or ():
             # new, or (V2 runner) resumed after a preemption: all its ids
             if nr.req_id in pend:
-                pend[nr.req_id].blocks = _first_group(nr.block_ids)
+                pend[nr.req_id].blocks = _per_group(nr.block_ids, ng)
         cached = getattr(so, "scheduled_cached_reqs", None)
         if cached is None:
             return
@@ -291,11 +369,12 @@ class BrokerScheduler:
             s = pend.get(rid)
             if s is None:
                 continue
-            nb = _first_group(cached.new_block_ids[i])
+            nb = _per_group(cached.new_block_ids[i], ng)
             if rid in resumed:  # V1 runner: the list is replaced
                 s.blocks = nb
-            elif nb:
-                s.blocks.extend(nb)
+            else:
+                for have, new in zip(s.blocks, nb):
+                    have.extend(new)
 
     def _meta_saves(self, so: Any, meta: KVBrokerMetadata) -> None:
         for rid in getattr(so, "preempted_req_ids", None) or ():
@@ -312,21 +391,43 @@ class BrokerScheduler:
                 continue
             if request.num_computed_tokens + n < request.num_prompt_tokens:
                 continue  # not the last prefill chunk
-            nb = _n_blocks(request.num_prompt_tokens, self.block_size)
-            if len(s.blocks) < nb:
-                log.error("KVBrokerConnector: request %s: %d blocks known "
-                          "for a prompt of %d: its KV is not sent", rid,
-                          len(s.blocks), nb)
+            lists, why = self._save_lists(s)
+            if why:
+                log.error("KVBrokerConnector: request %s: %s: its KV is not "
+                          "sent", rid, why)
                 self._withdraw(rid)
                 del self._save_pending[rid]
                 self._live_tids.pop(s.meta.transfer_id, None)
                 continue
-            s.meta.block_ids = s.blocks[:nb]
+            s.meta.block_ids = lists[0]
+            if self.n_groups > 1:
+                s.meta.group_block_ids = lists
             self._expected_tids.discard(  # opened by this step's workers
                 self._expected.pop(rid, ""))
             meta.reqs_to_save.append(s.meta)
+            if self.hybrid:
+                self._saved_lists[rid] = lists
             self._sending[rid] = s.meta.transfer_id
             del self._save_pending[rid]
+
+    def _save_lists(self, s: _Save) -> tuple[list[list[int]], str]:
+        """P: per group, the prompt's blocks D will read: all of them for
+        full attention; for a sliding window only those the window of the
+        prompt's next token reaches (vLLM frees the others before
+        request_finished: a save must not read them). Or why not."""
+        n = int(s.request.num_prompt_tokens)
+        nb = _n_blocks(n, self.block_size)
+        out = []
+        for g, (have, w) in enumerate(zip(s.blocks, self.windows)):
+            if len(have) < nb:
+                return [], "%d blocks known in KV cache group %d for a " \
+                    "prompt of %d" % (len(have), g, nb)
+            lst = have[skipped_blocks(w, n, self.block_size):nb]
+            if self.hybrid and NULL_BLOCK in lst:
+                return [], "KV cache group %d holds the null block in " \
+                    "the window" % g
+            out.append(lst)
+        return out, ""
 
     def update_connector_output(self, connector_output: Any) -> None:
         for rid in getattr(connector_output, "finished_sending", None) or ():
@@ -338,7 +439,31 @@ class BrokerScheduler:
             if tid is not None and self._live_tids.get(tid) == rid:
                 del self._live_tids[tid]
 
-    def request_finished(self, request: Any, block_ids: list[int]):
+    def request_finished_all_groups(self, request: Any, block_ids: Any):
+        """vLLM's SupportsHMA call (instead of request_finished): the
+        request's block ids per KV cache group, out-of-window sliding
+        window blocks already null."""
+        per = _per_group(block_ids, self.n_groups)
+        if not self.hybrid:
+            return self.request_finished(request, per[0])
+        rid = request.request_id
+        if self.producer and rid in self._sending and \
+                rid not in self._save_aborted and \
+                not self._holds_saved(rid, per):
+            # vLLM freed a block the save reads: nothing of it may go to D
+            log.error("KVBrokerConnector: request %s: a block its save "
+                      "reads was freed before it finished: not sent", rid)
+            self._save_aborted.add(rid)
+            self._abort_next.append(rid)
+        return self.request_finished(request, per)
+
+    def _holds_saved(self, rid: str, per: list[list[int]]) -> bool:
+        saved = self._saved_lists.get(rid)
+        if saved is None:
+            return True
+        return all(set(lst) <= set(have) for lst, have in zip(saved, per))
+
+    def request_finished(self, request: Any, block_ids: Any):
         rid = request.request_id
         self._bad.discard(rid)
         if self.producer:
@@ -347,6 +472,7 @@ class BrokerScheduler:
                     self._live_tids.get(s.meta.transfer_id) == rid:
                 del self._live_tids[s.meta.transfer_id]
             self._withdraw(rid)  # never saved: D need not wait
+            saved = self._saved_lists.pop(rid, None)
             if rid not in self._sending:
                 return False, None
             if rid in self._save_aborted:  # D would wait for nothing
@@ -355,7 +481,7 @@ class BrokerScheduler:
             if request_aborted(request):
                 self._abort_next.append(rid)
                 return True, None
-            return True, self._params_for_d(request, block_ids)
+            return True, self._params_for_d(request, block_ids, saved)
         if rid in self._load_next or rid in self._loading:
             # dropped while loading: vLLM keeps its blocks until it comes
             # back in finished_recving (the workers abort the transfer and
@@ -374,13 +500,22 @@ class BrokerScheduler:
                 self._release_next.append(m)
         return False, None
 
-    def _params_for_d(self, request: Any, block_ids: list[int]) -> dict:
+    def _params_for_d(self, request: Any, block_ids: Any,
+                      saved: list | None) -> dict:
         c = self.cfg
+        if self.hybrid:
+            # per group, the blocks P writes (informative: D announces its
+            # own; P's broker writes its last blocks into them)
+            remote = [list(x) for x in saved] if saved else \
+                [[b for b in lst if b != NULL_BLOCK]
+                 for lst in _per_group(block_ids, self.n_groups)]
+        else:
+            remote = _per_group(block_ids, 1)[0]
         p = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "transfer_id": request.kv_transfer_params["transfer_id"],
-            "remote_block_ids": _first_group(block_ids),
+            "remote_block_ids": remote,
             "remote_engine_id": "%s:%d" % (c.host_ip, c.handshake_port),
             "remote_host": c.host_ip,
             "remote_handshake_port": c.handshake_port,
@@ -392,6 +527,8 @@ class BrokerScheduler:
         }
         if self.kv_layout:
             p["kv_cache_layout"] = self.kv_layout
+        if self.hybrid:
+            p["kv_cache_groups"] = list(self.windows)
         return p
 
     def has_pending_push_work(self) -> bool:

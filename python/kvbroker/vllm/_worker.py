@@ -23,6 +23,13 @@ answers at the same socket: from the step hooks, one try every
 REATTACH_S at most, the same KV cache memory registered again and each
 layer's geometry declared again (_reattach). Transfers opened meanwhile
 fail at once.
+
+Hybrid models (several KV cache groups): the broker maps one block list to
+every layer of a transfer, so a request's transfer is opened as one part per
+group (group k under ``<transfer id>#g<k>``, _groups.sub_transfer_id), each
+carrying its group's layers and blocks; the request is reported once every
+part ended, failed if any failed (request-level: failed_recving only, never
+block ids, which vLLM cannot take with several groups).
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._compat import parallel_ranks
+from ._groups import Group, sub_transfer_id
 from ._layout import (LayerLayout, LayoutError, ViewInfo, derive,
                       derive_view, view_layout)
 from ._params import Config, ReqMeta
@@ -74,6 +82,15 @@ class Xfer:
     status: int = 0
     opened_at: float = 0.0  # time.monotonic() at the open (stats)
     why: list = field(default_factory=list)
+    # several KV cache groups: every part of the request's transfer (one
+    # per group, this one among them; parts[0] stands for the request)
+    parts: list | None = None
+    sib_abort: bool = False  # aborted here because another part failed
+
+
+def _parts(x: Xfer) -> list[Xfer]:
+    """Every part of x's request transfer (x alone with one group)."""
+    return x.parts or [x]
 
 
 def _errno(e: BaseException) -> int:
@@ -116,7 +133,8 @@ class _LayerBurst:
 
 
 class BrokerWorker:
-    def __init__(self, vllm_config: Any, cfg: Config, producer: bool):
+    def __init__(self, vllm_config: Any, cfg: Config, producer: bool,
+                 groups: list[Group] | None = None):
         import kvbroker
 
         self._kvb = kvbroker
@@ -131,6 +149,15 @@ class BrokerWorker:
             dp_rank=self.dp_rank, tp_rank=self.tp_rank, tp_size=self.tp_size,
             timeout_ms=cfg.timeout_ms)
         self.layer_of: dict[str, int] = {}
+        # KV cache groups: a vLLM layer's group, and the (group, broker
+        # layer) pairs a save queues (layers of several groups can share
+        # one tensor, hence one broker layer)
+        self.groups = list(groups or [])
+        self.n_groups = max(1, len(self.groups))
+        self.group_of: dict[str, int] = {
+            n: g for g, grp in enumerate(self.groups)
+            for n in grp.layer_names}
+        self._pairs: list[tuple[int, int]] = []
         self.layouts: list[LayerLayout] = []
         self.regions: list[Any] = []
         self.local_heads = 0
@@ -144,11 +171,12 @@ class BrokerWorker:
         self._next_tag = 1
         self._bound: Any = None  # the metadata P's step was set up from
         self._started: Any = None  # ... D's
-        self._saves: list[Xfer] = []  # P: this step's
-        self._step_layers = 0  # layers queued for each of them
-        self._burst = _LayerBurst.make(self.client) if producer else None
-        self._saved_layers: set[int] = set()
-        self._cuda_pending: list[tuple[int, Any]] = []
+        self._saves: list[Xfer] = []  # P: this step's (parts: all groups)
+        self._saves_g: dict[int, list[Xfer]] = {}  # ... by KV cache group
+        self._step_layers: dict[int, int] = {}  # layers queued, by group
+        self._bursts: dict[int, _LayerBurst] = {}
+        self._saved_layers: set[tuple[int, int]] = set()  # (group, layer)
+        self._cuda_pending: list[tuple[tuple[int, int], Any]] = []
         # reports: P saves ended (sent once vLLM finished the request), D
         # loads ended (with the failed ones apart), and requests vLLM
         # finished whose save still runs
@@ -177,7 +205,8 @@ class BrokerWorker:
         from ._stats import KVBrokerConnectorStats
 
         self.kv_stats = KVBrokerConnectorStats()
-        self._block_bytes = 0  # this rank's bytes per vLLM block, all layers
+        # this rank's bytes per vLLM block, all layers of each group
+        self._group_bytes: list[int] = [0] * self.n_groups
         self._db_sample: tuple[float, int, int] | None = None
 
     # --- registration ---
@@ -192,6 +221,7 @@ class BrokerWorker:
             self._register_views(names, kv_caches)
         else:
             self._register_5d(names, kv_caches)
+        self._map_groups(names)
         heads = {lay.kv_heads for lay in self.layouts}
         if len(heads) != 1:
             raise LayoutError("layers hold different numbers of KV heads "
@@ -200,16 +230,40 @@ class BrokerWorker:
         self.hnd = any(lay.hnd for lay in self.layouts)
         # bytes a token takes in all layers (a block-row layout holds
         # `layers` of them per row), for the stats' bytes per transfer
-        per_token = sum(lay.nbytes * lay.layers /
-                        (lay.num_blocks * lay.block_size)
-                        for lay in self.layouts
-                        if lay.num_blocks and lay.block_size)
-        self._block_bytes = int(per_token * self.block_size)
+        for g in range(self.n_groups):
+            per_token = sum(lay.nbytes * lay.layers /
+                            (lay.num_blocks * lay.block_size)
+                            for gg, li in self._pairs if gg == g
+                            for lay in (self.layouts[li],)
+                            if lay.num_blocks and lay.block_size)
+            self._group_bytes[g] = int(per_token * self.block_size)
         log.info("KVBrokerConnector: %s rank dp %d tp %d/%d: %d layers "
                  "registered as %d broker layers (%s, %d heads)",
                  "P" if self.producer else "D", self.dp_rank, self.tp_rank,
                  self.tp_size, len(self.layer_of), len(self.layouts),
                  self.layouts[0].name, self.local_heads)
+
+    def _map_groups(self, names: list[str]) -> None:
+        """Each broker layer's KV cache groups: the (group, layer) pairs a
+        save queues, one op each."""
+        if not self.groups:
+            self._pairs = [(0, li) for li in range(len(self.layouts))]
+            return
+        missing = [n for n in names if n not in self.group_of]
+        if missing:
+            raise LayoutError(
+                "layer %s is in no KV cache group of the kv_cache_config "
+                "vLLM gave (%d groups)" % (missing[0], len(self.groups)))
+        pairs = {(self.group_of[n], self.layer_of[n]) for n in names}
+        if self.n_groups > 1 and self._row_layers:
+            # a block row holds several layers' pages: one group's block
+            # ids would move other groups' pages of the row
+            li = min(self._row_layers)
+            raise LayoutError(
+                "block-major KV cache views (%s) with %d KV cache groups: "
+                "not supported (set VLLM_KV_CACHE_LAYOUT=LBNHC)" %
+                (self.layouts[li].form, self.n_groups))
+        self._pairs = sorted(pairs, key=lambda p: (p[1], p[0]))
 
     def _add_layer(self, names: list[str], t: Any, ptr: int,
                    lay: LayerLayout) -> int:
@@ -353,18 +407,35 @@ class BrokerWorker:
 
     # --- opening ---
 
-    def _new_xfer(self, m: ReqMeta, kind: str) -> Xfer:
+    def _new_xfer(self, m: ReqMeta, kind: str, lead: bool = True) -> Xfer:
         now = time.monotonic()
         x = Xfer(meta=m, kind=kind, tag=self._next_tag,
                  deadline=now + self.cfg.transfer_timeout_s, opened_at=now)
         self._next_tag += 1
         self._xfers[x.tag] = x
-        if kind != RELEASE:
+        if kind != RELEASE and lead:
             old = self._by_req.get(m.req_id)
             if old is not None and not old.done:
-                self._end(old, -errno.ECANCELED, "replaced by a new transfer")
+                for p in _parts(old):
+                    self._end(p, -errno.ECANCELED,
+                              "replaced by a new transfer")
             self._by_req[m.req_id] = x
         return x
+
+    def _group_parts(self, x: Xfer) -> list[Xfer]:
+        """Several KV cache groups: x (group 0) and a part per further
+        group, each its own broker transfer with its group's blocks."""
+        m = x.meta
+        parts = [x]
+        for g in range(1, self.n_groups):
+            pm = replace(m, transfer_id=sub_transfer_id(m.transfer_id, g),
+                         group=g, block_ids=list(m.group_block_ids[g])
+                         if x.kind != RELEASE else [])
+            parts.append(self._new_xfer(pm, x.kind, lead=False))
+        if x.kind != RELEASE:
+            for p in parts:
+                p.parts = parts
+        return parts
 
     def _open_all(self, todo: list[tuple[ReqMeta, str]]) -> list[Xfer]:
         """Open the step's transfers in one round trip; the ones that could
@@ -379,26 +450,35 @@ class BrokerWorker:
                 self._end(x, -errno.EPIPE, self.broker_gone)
                 return
             why = "" if kind == RELEASE else self._check(m)
-            if not why and kind != RELEASE and not m.block_ids:
-                why = "no blocks"
+            if not why and kind != RELEASE:
+                if self.n_groups > 1 and \
+                        len(m.group_block_ids) != self.n_groups:
+                    why = "%d KV cache groups' blocks for our %d" % (
+                        len(m.group_block_ids), self.n_groups)
+                elif not all(m.group_block_ids or [m.block_ids]):
+                    why = "no blocks"
             if why:
                 self._end(x, -errno.EINVAL, why)
                 if kind == LOAD:
                     add(m, RELEASE)
                 return
-            e = {"transfer_id": m.transfer_id, "host": m.host,
-                 "port": m.port}
-            if kind == RELEASE:
-                e["release_only"] = True
-            else:
-                e["blocks"] = m.block_ids
-            if kind != SAVE:
-                e["remote_dp_rank"] = m.remote_dp_rank
-            entries.append(e)
-            live.append(x)
+            for p in (self._group_parts(x) if self.n_groups > 1 else [x]):
+                pm = p.meta
+                e = {"transfer_id": pm.transfer_id, "host": pm.host,
+                     "port": pm.port}
+                if kind == RELEASE:
+                    e["release_only"] = True
+                else:
+                    e["blocks"] = pm.block_ids
+                if kind != SAVE:
+                    e["remote_dp_rank"] = pm.remote_dp_rank
+                entries.append(e)
+                live.append(p)
 
         for m, kind in todo:
             add(m, kind)
+        xs = [p for x in xs for p in (x.parts or [x])] if \
+            self.n_groups > 1 else xs
         max_n = getattr(self._kvb, "REMOTE_OPEN_BATCH_MAX", 1024)
         for i in range(0, len(entries), max_n):
             part, px = entries[i:i + max_n], live[i:i + max_n]
@@ -468,8 +548,9 @@ class BrokerWorker:
             self._reattach()
         self._bound = meta
         self._saves = []
+        self._saves_g = {}
         self._saved_layers = set()
-        self._step_layers = 0
+        self._step_layers = {}
         self._cuda_pending = []
         if not self.producer:
             return
@@ -482,8 +563,13 @@ class BrokerWorker:
             for x in self._open_all(todo):
                 if not x.done:
                     self._saves.append(x)
-            if self._burst is not None:
-                self._burst.prepare(self._saves)
+                    self._saves_g.setdefault(x.meta.group, []).append(x)
+            for g, saves in self._saves_g.items():
+                b = self._bursts.get(g)
+                if b is None:
+                    b = self._bursts[g] = _LayerBurst.make(self.client)
+                if b is not None:
+                    b.prepare(saves)
         for rid in getattr(meta, "reqs_to_abort", ()):  # after the opens
             self._abort_req(rid)
         if not todo:
@@ -548,10 +634,11 @@ class BrokerWorker:
         waiting = []
         for rid in ids:
             x = self._by_req.get(rid)
-            if x is None or x.done or x.kind != SAVE:
+            if x is None or x.kind != SAVE or \
+                    all(p.done for p in _parts(x)):
                 continue
             self._abort_req(rid)
-            waiting.append(x)
+            waiting.extend(_parts(x))
         end = time.monotonic() + PREEMPT_WAIT_S
         while any(not x.done for x in waiting) and time.monotonic() < end:
             self._reap(wait_ms=5)
@@ -566,34 +653,42 @@ class BrokerWorker:
         request is reported when the transfer ended (the broker completes
         an abort only once no byte of it can land any more)."""
         x = self._by_req.get(rid)
-        if x is None or x.done or x.aborted:
+        if x is None or all(p.done or p.aborted for p in _parts(x)):
             return
-        x.aborted = True
         self.stats["aborted"] += 1
-        self._control(x, "abort", self.client.abort, x.handle, x.tag)
+        for p in _parts(x):
+            if p.aborted:
+                continue
+            p.aborted = True
+            if not p.done:
+                self._control(p, "abort", self.client.abort, p.handle, p.tag)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any) -> None:
-        saves = self._saves
-        if not saves:
+        if not self._saves:
             return
         layer = self.layer_of.get(layer_name)
-        if layer is None or layer in self._saved_layers or \
-                layer in self._row_layers:
+        if layer is None or layer in self._row_layers:
             return
-        self._saved_layers.add(layer)
+        key = (self.group_of.get(layer_name, 0), layer)
+        if key in self._saved_layers:
+            return
+        self._saved_layers.add(key)
         if self.cuda:  # the layer's kernels may still run: later
-            self._cuda_layer(layer)
+            self._cuda_layer(key)
             return
-        self._submit(saves, layer)
+        self._submit(*key)
 
-    def _submit(self, saves: list, layer: int) -> None:
-        """One layer op per live transfer of the step. Every transfer that
-        is not ended afterwards has had each of the step's layers queued
-        (one that cannot take one is ended), so all seal with
-        _step_layers."""
-        self._step_layers += 1
-        start = self._burst.submit(saves, layer, self._kvb.Error) \
-            if self._burst else 0
+    def _submit(self, group: int, layer: int) -> None:
+        """One layer op per live transfer (part) of the step moving that
+        KV cache group. Every transfer that is not ended afterwards has had
+        each of its group's layers of the step queued (one that cannot take
+        one is ended), so each seals with its group's _step_layers."""
+        saves = self._saves_g.get(group)
+        if not saves:
+            return
+        self._step_layers[group] = self._step_layers.get(group, 0) + 1
+        burst = self._bursts.get(group)
+        start = burst.submit(saves, layer, self._kvb.Error) if burst else 0
         submit = self.client.submit_layer
         for x in saves[start:]:
             if x.done:
@@ -639,14 +734,14 @@ class BrokerWorker:
         else:
             self._end(x, -_errno(e), "%s: %s" % (what, e))
 
-    def _cuda_layer(self, layer: int) -> None:
+    def _cuda_layer(self, key: tuple[int, int]) -> None:
         import torch
 
         ev = torch.cuda.Event()
         ev.record()
-        self._cuda_pending.append((layer, ev))
+        self._cuda_pending.append((key, ev))
         while self._cuda_pending and self._cuda_pending[0][1].query():
-            self._submit(self._saves, self._cuda_pending.pop(0)[0])
+            self._submit(*self._cuda_pending.pop(0)[0])
 
     def wait_for_save(self) -> None:
         """Once per step (empty steps too from vLLM 0.30): a no-op without
@@ -656,22 +751,23 @@ class BrokerWorker:
         if not self._saves:
             return
         if self._cuda_pending or (self.cuda and
-                                  len(self._saved_layers) < len(self.layouts)):
+                                  len(self._saved_layers) < len(self._pairs)):
             import torch
 
-            for layer, ev in self._cuda_pending:
+            for key, ev in self._cuda_pending:
                 ev.synchronize()
-                self._submit(self._saves, layer)
+                self._submit(*key)
             self._cuda_pending = []
             torch.cuda.current_stream().synchronize()
-        for layer in range(len(self.layouts)):
-            if layer not in self._saved_layers:
-                self._saved_layers.add(layer)
-                self._submit(self._saves, layer)
-        self._seal_all([(x, self._step_layers) for x in self._saves
-                        if not x.done])
+        for key in self._pairs:
+            if key not in self._saved_layers:
+                self._saved_layers.add(key)
+                self._submit(*key)
+        self._seal_all([(x, self._step_layers.get(x.meta.group, 0))
+                        for x in self._saves if not x.done])
         self._saves = []
-        self._step_layers = 0
+        self._saves_g = {}
+        self._step_layers = {}
 
     # --- completions ---
 
@@ -754,21 +850,51 @@ class BrokerWorker:
             if not x.done:
                 self._end(x, -errno.EPIPE, self.broker_gone)
 
+    def _end_part(self, x: Xfer, status: int, why: str):
+        """One part of a request's transfer (several KV cache groups)
+        ended: the first to fail aborts the others (the request reports
+        once none of its bytes can land any more). Returns (lead, status,
+        why) once every part ended, else None."""
+        if status and why:
+            x.why.append("group %d: %s" % (x.meta.group, why))
+        if status and not x.aborted and not x.sib_abort:
+            for p in x.parts:
+                if not p.done and not p.aborted and not p.sib_abort:
+                    p.sib_abort = True
+                    self._control(p, "abort", self.client.abort, p.handle,
+                                  p.tag)
+        if any(not p.done for p in x.parts):
+            return None
+        lead = x.parts[0]
+        failed = [p for p in x.parts if p.status]
+        first = ([p for p in failed if not p.sib_abort] or failed or [lead])
+        lead.why = [w for p in x.parts for w in p.why]
+        return lead, first[0].status, ""
+
     def _end(self, x: Xfer, status: int, why: str) -> None:
         if x.done:
             return
         x.done, x.status = True, status
         self._xfers.pop(x.tag, None)
-        rid = x.meta.req_id
         if x.kind == RELEASE:
             return  # P frees its blocks; vLLM waits for nothing here
+        if x.parts:
+            ended = self._end_part(x, status, why)
+            if ended is None:
+                return
+            x, status, why = ended
+        rid = x.meta.req_id
         if self._by_req.get(rid) is x:
             del self._by_req[rid]
         if status == 0:
             self.stats["ok"] += 1
-            n = len(x.meta.block_ids)
+            n = nbytes = 0
+            for p in _parts(x):
+                k = len(p.meta.block_ids)
+                n += k
+                nbytes += k * self._group_bytes[p.meta.group]
             self.kv_stats.record_transfer(time.monotonic() - x.opened_at,
-                                          n * self._block_bytes, n)
+                                          nbytes, n)
         elif x.aborted:
             self.kv_stats.record_aborted()
         else:
@@ -788,7 +914,8 @@ class BrokerWorker:
         self._recv_done.add(rid)  # D: reported once, failed or not
         if status and not x.aborted:
             self._recv_failed.add(rid)
-            self._load_errors.update(x.meta.block_ids)
+            if self.n_groups == 1:  # vLLM takes block ids of one group only
+                self._load_errors.update(x.meta.block_ids)
 
     def results(self, finished_req_ids: Any) -> tuple[set, set, set]:
         """(finished_sending, finished_recving, failed_recving), each id

@@ -13,6 +13,13 @@ Load it with::
 vLLM makes one instance in its scheduler (role SCHEDULER: _scheduler.py)
 and one in each worker (role WORKER: _worker.py); this class only routes
 each call to the half that exists. See docs/vllm.md.
+
+Hybrid models: where vLLM reports failed loads per request
+(KVConnectorTransferResults.failed_recving, vLLM 0.30 and later) the class
+implements SupportsHMA, so vLLM keeps its hybrid KV cache manager on and
+calls request_finished_all_groups; every full-attention and sliding-window
+KV cache group moves (_groups.py). Under an older vLLM it does not, and vLLM
+turns the hybrid manager off (every layer full attention, one group).
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import copy
 from typing import Any
 
 from ._compat import (KVConnectorBase_V1, KVConnectorRole,
-                      KVConnectorTransferResults)
+                      KVConnectorTransferResults, SupportsHMA)
+from ._groups import GroupsError, parse_groups
 from ._params import Config, ParamsError
 from ._scheduler import BrokerScheduler, KVBrokerMetadata
 from ._stats import KVBrokerConnectorStats, KVBrokerPromMetrics
@@ -43,10 +51,32 @@ def _standard_layouts(vllm_config: Any) -> bool:
     return str(getattr(cc, "kv_cache_layout", "") or "") in _STANDARD
 
 
-class KVBrokerConnector(KVConnectorBase_V1):
+def hma_supported() -> bool:
+    """Can this vLLM run the connector with its hybrid KV cache manager?
+    It needs SupportsHMA and request-level load failures
+    (KVConnectorTransferResults.failed_recving): with several KV cache
+    groups vLLM cannot take failed block ids (0.30+ raises; older versions
+    unpack one group's block list)."""
+    return SupportsHMA is not None and KVConnectorTransferResults is not None
+
+
+_HMA_BASES = (SupportsHMA,) if hma_supported() else ()
+
+
+class KVBrokerConnector(KVConnectorBase_V1, *_HMA_BASES):
     def __init__(self, vllm_config: Any, role: KVConnectorRole,
                  kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
+        try:
+            self._groups = parse_groups(kv_cache_config)
+        except GroupsError as e:
+            raise ValueError("KVBrokerConnector: %s" % e) from None
+        if len(self._groups) > 1 and not hma_supported():
+            raise ValueError(
+                "KVBrokerConnector: %d KV cache groups, but this vLLM "
+                "reports no request-level load failures (failed_recving, "
+                "vLLM >= 0.30): run with the hybrid KV cache manager off "
+                "(--disable-hybrid-kv-cache-manager)" % len(self._groups))
         ktc = vllm_config.kv_transfer_config
         kv_role = getattr(ktc, "kv_role", None)
         if kv_role not in ("kv_producer", "kv_consumer"):
@@ -79,12 +109,13 @@ class KVBrokerConnector(KVConnectorBase_V1):
                 vllm_config, self._cfg, self._producer,
                 int(getattr(pc, "data_parallel_size", 1) or 1),
                 int(getattr(pc, "data_parallel_rank", 0) or 0),
-                int(getattr(pc, "tensor_parallel_size", 1) or 1))
+                int(getattr(pc, "tensor_parallel_size", 1) or 1),
+                self._groups)
         else:
             from ._worker import BrokerWorker
 
             self._worker = BrokerWorker(vllm_config, self._cfg,
-                                        self._producer)
+                                        self._producer, self._groups)
 
     # ---------------- scheduler side ----------------
 
@@ -109,6 +140,14 @@ class KVBrokerConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Any, block_ids: list[int]):
         return self._sched.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any,
+                                    block_ids: tuple[list[int], ...]):
+        """SupportsHMA: vLLM's call instead of request_finished when its
+        hybrid KV cache manager is on: the block ids of every KV cache
+        group (a sliding-window group's out-of-window blocks already
+        null)."""
+        return self._sched.request_finished_all_groups(request, block_ids)
 
     def has_pending_push_work(self) -> bool:
         return self._sched is not None and self._sched.has_pending_push_work()

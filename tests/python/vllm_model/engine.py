@@ -36,6 +36,11 @@ from typing import Any, Callable
 
 from .objects import (
     CacheConfig,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
     KVConnectorOutput,
     KVTransferConfig,
     ModelConfig,
@@ -99,7 +104,52 @@ class InstanceSpec:
     # notify ports are the broker's base + dp_rank * tp + tp_rank)
     dp_rank: int = 0
     dp_size: int = 1
+    # a hybrid model shaped like gpt-oss: even layers sliding-window
+    # attention over this many tokens, odd layers full attention (0: every
+    # layer full attention). With vLLM's hybrid KV cache manager on (a
+    # SupportsHMA connector) two KV cache groups, full attention first, and
+    # layer 2i (sliding) and 2i+1 (full) share one KV cache tensor
+    sliding_window: int = 0
+    # vLLM's --disable-hybrid-kv-cache-manager (what vLLM also does for a
+    # connector without SupportsHMA): one group, every layer full attention
+    disable_hybrid_kv_cache_manager: bool = False
+    # the workers' connector class (a test's subclass); None: the connector
+    connector_cls: Any = None
     extra: dict = field(default_factory=dict)
+
+    def hybrid_groups(self, hma: bool) -> bool:
+        return bool(self.sliding_window) and hma and \
+            not self.disable_hybrid_kv_cache_manager
+
+    def kv_cache_config(self, hma: bool) -> KVCacheConfig:
+        """The KVCacheConfig vLLM hands the connector (both roles)."""
+        from .worker import layer_name
+
+        names = [layer_name(i) for i in range(self.layers)]
+        page = 2 * self.block_size * self.heads * self.head_dim * 2
+        kw = dict(block_size=self.block_size, num_kv_heads=self.heads,
+                  head_size=2 * self.head_dim if self.mla else self.head_dim,
+                  dtype="int16")
+        if self.hybrid_groups(hma):
+            full, sw = names[1::2], names[0::2]
+            if len(full) != len(sw):
+                raise ValueError("a hybrid model here has an even number "
+                                 "of layers (sliding, full, ...)")
+            return KVCacheConfig(
+                num_blocks=self.num_blocks,
+                kv_cache_tensors=[
+                    KVCacheTensor(size=page * self.num_blocks,
+                                  shared_by=[a, b]) for a, b in zip(full, sw)],
+                kv_cache_groups=[
+                    KVCacheGroupSpec(full, FullAttentionSpec(**kw)),
+                    KVCacheGroupSpec(sw, SlidingWindowSpec(
+                        **kw, sliding_window=self.sliding_window))])
+        return KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_tensors=[KVCacheTensor(size=page * self.num_blocks,
+                                            shared_by=[n]) for n in names],
+            kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
+                **kw, sliding_window=self.sliding_window or None))])
 
     @property
     def kv_role(self) -> str:
@@ -149,11 +199,17 @@ class Instance:
         self.spec = spec
         self.version: Version = get(spec.version)
         self.runner = spec.runner or self.version.default_runner
+        from kvbroker.vllm._compat import supports_hma
+
         self.cfg = spec.vllm_config(0)
+        # vLLM keeps its hybrid KV cache manager on only for a SupportsHMA
+        # connector, and hands every connector instance the config
+        self.hma = supports_hma(KVBrokerConnector)
+        self.kv_cache_config = spec.kv_cache_config(self.hma)
         self.connector = KVBrokerConnector(self.cfg, KVConnectorRole.SCHEDULER,
-                                           None)
+                                           self.kv_cache_config)
         self.sched = Scheduler(self.cfg, self.version, self.connector,
-                               self.runner)
+                               self.runner, self.kv_cache_config)
         self.salt = salt
         self.workers: list[tuple[Any, Any]] = []
         self.pids: list[int] = []
@@ -172,6 +228,8 @@ class Instance:
             "vllm_config_factory": spec.vllm_config,
             "cudagraph": spec.cudagraph,
             "mla": spec.mla,
+            "kv_cache_config": self.kv_cache_config,
+            "connector_cls": spec.connector_cls,
         }
         for r in range(spec.tp):
             parent, child = _ctx.Pipe()
@@ -440,10 +498,11 @@ class Harness:
     def _d_async_load(self, inst, rid, num_local, num_external):
         if rid not in self.p_of:
             return
-        blocks = inst.sched.kv_cache_manager.get_block_ids(rid)[0]
+        groups = inst.sched.kv_cache_manager.get_block_ids(rid)
         inst.pending_checks[rid] = {
             "tokens": self.prompts[self.p_of[rid]],
-            "blocks": list(blocks), "local_tokens": num_local,
+            "blocks": list(groups[0]), "local_tokens": num_local,
+            "gblocks": [list(g) for g in groups],
             "salt": self.salt_of[rid]}
 
     # --- events ---

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""vLLM's block pool and KV cache manager, one KV cache group.
+"""vLLM's block pool and KV cache manager: one KV cache group, or several
+(HybridKVCacheManager: vLLM's hybrid memory allocator).
 
 Modelled on vllm/v1/core/block_pool.py and kv_cache_manager.py as the
 scheduler at vllm-project/vllm 00f4240ee645 calls them: block 0 is the null
@@ -11,6 +12,21 @@ delay_cache_blocks=True)`` (an async KV load) allocates without hashing, and
 ``cache_blocks`` hashes later; ``get_computed_blocks`` never covers the last
 token (it must be computed to sample); the local hit is a whole number of
 blocks.
+
+Hybrid (several groups over the one block pool, as vLLM's
+HybridKVCacheCoordinator and SingleTypeKVCacheManagers): block ids per group;
+a sliding-window group frees the blocks its window no longer reaches
+(``remove_skipped_blocks``: the first ``max(0, n - window + 1) //
+block_size`` blocks of n computed tokens become the null block) when
+``allocate_slots`` runs and before the connector's request_finished call,
+and an allocation with external (connector) tokens pads the skipped blocks
+with the null block and allocates only the rest
+(``allocate_new_computed_blocks``). Local prefix-cache hits: each group's
+blocks cached under their group; the hit is the full-attention groups'
+longest prefix, cut to what every sliding-window group can serve (its
+``cdiv(window - 1, block_size)`` blocks before the hit's end all cached,
+searched right to left, else the cached blocks from the start:
+SlidingWindowManager.find_longest_cache_hit), without EAGLE.
 """
 
 from __future__ import annotations
@@ -35,30 +51,45 @@ class KVCacheBlock:
 
 
 class KVCacheBlocks:
-    """vllm/v1/core/kv_cache_manager.py KVCacheBlocks (one group)."""
+    """vllm/v1/core/kv_cache_manager.py KVCacheBlocks: a list of blocks per
+    KV cache group (``KVCacheBlocks(blocks)``: one group;
+    ``KVCacheBlocks.groups(lists)``: several)."""
 
     def __init__(self, blocks: list[KVCacheBlock]):
         self.blocks = (list(blocks),)
 
+    @classmethod
+    def groups(cls, lists) -> "KVCacheBlocks":
+        kb = cls([])
+        kb.blocks = tuple(list(g) for g in lists)
+        return kb
+
     def get_block_ids(self, allow_none: bool = False):
-        if allow_none and not self.blocks[0]:
+        if allow_none and all(not g for g in self.blocks):
             return None
-        return (self.get_block_ids_flat(),)
+        return tuple([b.block_id for b in g] for g in self.blocks)
 
     def get_block_ids_flat(self) -> list[int]:
+        assert len(self.blocks) == 1, "only one group"
         return [b.block_id for b in self.blocks[0]]
 
     def get_unhashed_block_ids(self) -> list[int]:
+        assert len(self.blocks) == 1, "only one group"
         return [b.block_id for b in self.blocks[0] if b.block_hash is None]
 
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
-        return [self.get_unhashed_block_ids()]
+        return [[b.block_id for b in g if b.block_hash is None and
+                 b.block_id != NULL_BLOCK_ID] for g in self.blocks]
 
     def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
-        return KVCacheBlocks(self.blocks[0] + other.blocks[0])
+        return KVCacheBlocks.groups(a + b for a, b in zip(self.blocks,
+                                                          other.blocks))
 
     def __len__(self):
         return len(self.blocks[0])
+
+
+NULL_BLOCK_ID = 0  # BlockPool: the first block, never handed out
 
 
 class BlockPool:
@@ -227,3 +258,170 @@ class KVCacheManager:
 
     def take_events(self):
         return None
+
+
+class HybridKVCacheManager(KVCacheManager):
+    """Several KV cache groups over one block pool (vLLM's
+    HybridKVCacheCoordinator): ``windows`` holds each group's sliding
+    window (0: full attention), in the groups' order."""
+
+    def __init__(self, num_blocks: int, block_size: int, windows: list[int],
+                 enable_caching: bool = True, max_model_len: int = 1 << 20):
+        super().__init__(num_blocks, block_size, enable_caching,
+                         max_model_len)
+        self.windows = list(windows)
+        self.null = self.block_pool.null_block
+        self.req_groups: dict[str, list[list[KVCacheBlock]]] = {}
+        self.empty_kv_cache_blocks = KVCacheBlocks.groups(
+            [] for _ in self.windows)
+
+    def _skipped(self, g: int, num_computed_tokens: int) -> int:
+        """SlidingWindowManager.get_num_skipped_tokens // block_size."""
+        w = self.windows[g]
+        if not w:
+            return 0
+        return max(0, num_computed_tokens - w + 1) // self.block_size
+
+    def _cached(self, g: int, h: int) -> KVCacheBlock | None:
+        return self.block_pool.get_cached_block(hash((g, h)))
+
+    def get_computed_blocks(self, request: Request):
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        hashes = request.block_hashes
+        hit = (request.num_tokens - 1) // self.block_size
+        per: list[list[KVCacheBlock]] = [[] for _ in self.windows]
+        for g, w in enumerate(self.windows):  # full attention: a prefix
+            if w:
+                continue
+            for h in hashes[:hit]:
+                b = self._cached(g, h)
+                if b is None:
+                    break
+                per[g].append(b)
+            hit = min(hit, len(per[g]))
+        for g, w in enumerate(self.windows):  # sliding window: its window
+            if not w:
+                continue
+            need = cdiv(w - 1, self.block_size)
+            comp = [self.null] * hit
+            run, found = 0, False
+            for i in range(hit - 1, -1, -1):
+                b = self._cached(g, hashes[i])
+                if b is None:
+                    run = 0
+                    continue
+                comp[i] = b
+                run += 1
+                if run >= need:
+                    del comp[i + run:]
+                    found = True
+                    break
+            if not found:
+                del comp[run:]
+            per[g] = comp
+            hit = min(hit, len(comp))
+        per = [lst[:hit] for lst in per]
+        return KVCacheBlocks.groups(per), hit * self.block_size
+
+    def truncate_computed_blocks(self, blocks, num_tokens: int):
+        return KVCacheBlocks.groups(
+            lst[:num_tokens // self.block_size] for lst in blocks.blocks)
+
+    def remove_skipped_blocks(self, request_id: str,
+                              num_computed_tokens: int) -> None:
+        for g, blocks in enumerate(self.req_groups.get(request_id, ())):
+            removed = []
+            for i in range(min(self._skipped(g, num_computed_tokens),
+                               len(blocks)) - 1, -1, -1):
+                if blocks[i] is self.null:
+                    break  # the ones before were nulled earlier
+                removed.append(blocks[i])
+                blocks[i] = self.null
+            self.block_pool.free_blocks(removed)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False
+                       ) -> KVCacheBlocks | None:
+        rid = request.request_id
+        total_computed = (request.num_computed_tokens +
+                          num_new_computed_tokens +
+                          num_external_computed_tokens)
+        self.remove_skipped_blocks(rid, total_computed)
+        need_slots = min(total_computed + num_new_tokens +
+                         num_lookahead_tokens, self.max_model_len)
+        have = self.req_groups.get(rid)
+        hits = [list(x) for x in new_computed_blocks.blocks] \
+            if new_computed_blocks is not None and have is None else \
+            [[] for _ in self.windows]
+        n_new = 0
+        for g in range(len(self.windows)):
+            n_have = (len(have[g]) if have else 0) + len(hits[g])
+            skip = self._skipped(g, total_computed)
+            n_new += max(0, cdiv(need_slots, self.block_size) -
+                         max(skip, n_have))
+            n_new += sum(1 for b in hits[g][skip:]
+                         if b is not self.null and b.ref_cnt == 0)
+        if n_new > self.block_pool.get_num_free_blocks():
+            return None
+        if have is None:  # a new request: skipped blocks are null
+            have = self.req_groups[rid] = []
+            for g in range(len(self.windows)):
+                skip = self._skipped(g, total_computed)
+                kept = hits[g][skip:]
+                self.block_pool.touch([b for b in kept
+                                       if b is not self.null])
+                lst = [self.null] * skip + kept
+                if num_external_computed_tokens > 0:
+                    lst += self.block_pool.get_new_blocks(
+                        cdiv(total_computed, self.block_size) - len(lst))
+                have.append(lst)
+            self.num_cached_block[rid] = 0
+        new = []
+        for lst in have:
+            k = cdiv(need_slots, self.block_size) - len(lst)
+            got = self.block_pool.get_new_blocks(k) if k > 0 else []
+            lst.extend(got)
+            new.append(got)
+        self.req_to_blocks[rid] = [b for lst in have for b in lst
+                                   if b is not self.null]
+        if self.enable_caching and not delay_cache_blocks:
+            self.cache_blocks(request, min(total_computed + num_new_tokens,
+                                           request.num_tokens))
+        return KVCacheBlocks.groups(new)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        hashes = request.block_hashes
+        full = min(num_computed_tokens // self.block_size, len(hashes))
+        for g, lst in enumerate(self.req_groups.get(rid, ())):
+            for i in range(min(full, len(lst))):
+                if lst[i] is not self.null:
+                    # per-group hashes: a block of one group is never found
+                    # for another (vLLM keys the cache by group too)
+                    self.block_pool.cache_block(lst[i],
+                                                hash((g, hashes[i])))
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        rid = request.request_id
+        self.num_cached_block.pop(rid, None)
+        self.req_to_blocks.pop(rid, None)
+        groups = self.req_groups.pop(rid, [])
+        return [b for lst in groups for b in lst if b is not self.null]
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        groups = self.req_groups.get(request_id)
+        if groups is None:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks.groups(groups)
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int):
+        n = cdiv(num_computed_tokens, self.block_size)
+        return tuple(ids[:n] for ids in self.get_block_ids(request_id))

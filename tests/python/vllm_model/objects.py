@@ -9,6 +9,12 @@ has_sync_kv_loads, kv_connector_metadata), vllm/v1/outputs.py
 (KVConnectorOutput, ModelRunnerOutput) and the config fields the connector
 and scheduler read (KVTransferConfig.is_kv_producer / is_kv_consumer /
 kv_load_failure_policy). Only what a connector can observe is modelled.
+
+The KV cache config a connector is constructed with (KVCacheConfig,
+KVCacheGroupSpec, KVCacheTensor and the specs of vllm/v1/kv_cache_interface.py:
+AttentionSpec, FullAttentionSpec, SlidingWindowSpec, MambaSpec) carries
+vLLM's field names and defaults; the connector reads the groups' layer_names
+and kv_cache_spec.
 """
 
 from __future__ import annotations
@@ -211,6 +217,68 @@ class ModelRunnerOutput:
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
     kv_connector_output: KVConnectorOutput | None = None
+
+
+# ------------------------------------------------- KV cache config / specs
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    block_size: int
+
+
+@dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    num_kv_heads: int
+    head_size: int
+    dtype: Any
+    page_size_padded: int | None = None
+
+    @property
+    def page_size_bytes(self) -> int:  # K and V, 2-byte elements here
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * 2
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    head_size_v: int | None = None
+    # set when vLLM turned a sliding-window layer into full attention (the
+    # hybrid KV cache manager off): every block is kept
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    sliding_window: int = 0
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    page_size_padded: int | None = None
+    mamba_type: str = "mamba2"
+    num_speculative_blocks: int = 0
+
+
+@dataclass
+class KVCacheGroupSpec:
+    layer_names: list[str]
+    kv_cache_spec: KVCacheSpec
+
+
+@dataclass
+class KVCacheTensor:
+    size: int
+    shared_by: list[str]  # layers of different groups share one tensor
+
+
+@dataclass
+class KVCacheConfig:
+    num_blocks: int
+    kv_cache_tensors: list[KVCacheTensor]
+    kv_cache_groups: list[KVCacheGroupSpec]
 
 
 # ---------------------------------------------------------------- configs

@@ -44,6 +44,17 @@ kept, with vLLM's names:
 
 Version switches (versions.Version): the connector is bound with
 ``bind_kv_cache_manager`` or ``bind_gpu_block_pool``; ``failed_recving``.
+
+Hybrid models (a KVCacheConfig with several groups, or a sliding-window
+group; vLLM keeps its hybrid KV cache manager on only for a connector that
+implements SupportsHMA): block ids per group everywhere (KVCacheBlocks,
+NewRequestData.block_ids, CachedRequestData.new_block_ids),
+``remove_skipped_blocks`` before the connector's finish call, which is
+``request_finished_all_groups(request, block ids of every group)`` for a
+SupportsHMA connector (``request_finished(request, block_ids[0])`` after
+asserting one group otherwise), and ``_handle_invalid_blocks`` raising
+RuntimeError with more than one group (connectors must report failed loads
+through failed_recving).
 """
 
 from __future__ import annotations
@@ -51,7 +62,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .kv_cache import KVCacheBlocks, KVCacheManager
+from .kv_cache import HybridKVCacheManager, KVCacheBlocks, KVCacheManager
 from .objects import (
     CachedRequestData,
     KVConnectorOutput,
@@ -65,13 +76,21 @@ from .objects import (
 from .versions import V2, Version
 
 
+def supports_hma(connector: Any) -> bool:
+    """vLLM's supports_hma (base.py): the connector implements SupportsHMA
+    (the stand-in's class, or vLLM's)."""
+    from kvbroker.vllm._compat import supports_hma as f
+
+    return bool(f(connector))
+
+
 class EngineDead(AssertionError):
     """An assert of vLLM's scheduler failed: vLLM's engine core would die."""
 
 
 class Scheduler:
     def __init__(self, vllm_config: VllmConfig, version: Version,
-                 connector: Any, runner: str):
+                 connector: Any, runner: str, kv_cache_config: Any = None):
         self.vllm_config = vllm_config
         self.version = version
         self.runner = runner
@@ -93,9 +112,20 @@ class Scheduler:
                                  ktc.is_kv_consumer)
         self.requires_kv_delivery = bool(connector.requires_kv_delivery) \
             if hasattr(type(connector), "requires_kv_delivery") else False
-        self.kv_cache_manager = KVCacheManager(
-            cc.num_gpu_blocks, self.block_size, cc.enable_prefix_caching,
-            self.max_model_len)
+        self.kv_cache_config = kv_cache_config
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        windows = [g.kv_cache_spec.sliding_window
+                   if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec"
+                   else 0 for g in groups]
+        self.num_kv_cache_groups = max(1, len(groups))
+        if len(windows) > 1 or any(windows):
+            self.kv_cache_manager = HybridKVCacheManager(
+                cc.num_gpu_blocks, self.block_size, windows,
+                cc.enable_prefix_caching, self.max_model_len)
+        else:
+            self.kv_cache_manager = KVCacheManager(
+                cc.num_gpu_blocks, self.block_size, cc.enable_prefix_caching,
+                self.max_model_len)
         if version.bind_kv_cache_manager:
             connector.bind_kv_cache_manager(self.kv_cache_manager)
         else:
@@ -495,6 +525,12 @@ class Scheduler:
     def _handle_invalid_blocks(self, invalid: set[int],
                                num_scheduled: dict[str, int]) -> set[str]:
         self.events.append(("invalid_blocks", self.step, sorted(invalid)))
+        if self.num_kv_cache_groups > 1:
+            raise EngineDead(
+                "RuntimeError: invalid_block_ids with %d KV cache groups: "
+                "Connectors must report failed requests via "
+                "KVConnectorTransferResults.failed_recving" %
+                self.num_kv_cache_groups)
         async_reqs = [r for r in self.kv_holding_waiting
                       if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
         a_ids, _, _ = self._update_requests_with_invalid_blocks(
@@ -639,8 +675,19 @@ class Scheduler:
         return params
 
     def _connector_finished(self, request: Request):
-        block_ids = self.kv_cache_manager.get_block_ids_for_computed_tokens(
+        kvm = self.kv_cache_manager
+        if isinstance(kvm, HybridKVCacheManager):
+            kvm.remove_skipped_blocks(request.request_id,
+                                      request.num_computed_tokens)
+        block_ids = kvm.get_block_ids_for_computed_tokens(
             request.request_id, request.num_computed_tokens)
+        if supports_hma(self.connector):
+            return self.connector.request_finished_all_groups(request,
+                                                              block_ids)
+        if len(block_ids) != 1:
+            raise EngineDead("assert len(kv_cache_groups) == 1: a connector"
+                             " without SupportsHMA and %d groups" %
+                             len(block_ids))
         return self.connector.request_finished(request, block_ids[0])
 
     def _free_blocks(self, request: Request) -> None:

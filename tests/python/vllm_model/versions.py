@@ -217,6 +217,32 @@ for _n in ("0.30", "0.31", "0.32"):
 
 ALL = tuple(VERSIONS)
 
+# the hybrid KV cache manager (kv_cache.HybridKVCacheManager and the
+# scheduler's HMA calls), the same for every version the connector declares
+# SupportsHMA on (0.30+, where failed_recving exists)
+F_STKM = "vllm/v1/core/single_type_kv_cache_manager.py"
+HYBRID_SOURCES = (
+    "%s@%s: _connector_finished calls request_finished_all_groups(request, "
+    "block ids of every group) for a SupportsHMA connector, else asserts "
+    "one group; _handle_invalid_blocks raises RuntimeError with more than "
+    "one KV cache group (connectors report failed_recving)" % (F_SCHED,
+                                                               NEWEST),
+    "%s@002f34915134cfd1a7d6ed777edd67dcc2289466: SlidingWindowManager."
+    "remove_skipped_blocks: blocks before (n - sliding_window + 1) // "
+    "block_size become the null block and are freed" % F_STKM,
+)
+HYBRID_UNVERIFIED = (
+    "SlidingWindowManager.get_num_skipped_tokens = max(0, n - window + 1) "
+    "and allocate_new_computed_blocks padding an external (connector) "
+    "load's skipped blocks with the null block: read in copies of %s whose "
+    "commit is not named (a downstream mirror of the newer manager)" %
+    F_STKM,
+    "the group order (full attention first) and one KV cache tensor shared "
+    "by a layer of each group: vLLM's uniform-page-size hybrid config as "
+    "documented, not read at a named commit; the connector reads the "
+    "groups from the config and does not depend on either",
+)
+
 
 def get(name: str) -> Version:
     return VERSIONS[name]

@@ -41,6 +41,11 @@ client, Region.as_torch), in the version's form:
   (B = num_blocks * block_size / kernel_block_size, the block stride divided
   by that ratio), viewed as the model dtype.
 
+A hybrid model (a kv_cache_config with several groups): each layer's
+group gives its block list; layers that share a KVCacheTensor (one of each
+group) share one cache tensor (the same region, the same view), as vLLM
+allocates them; the forward never writes the null block.
+
 The "forward" writes, for each token computed this step, a pattern of
 (token id, position, layer, K/V and dim, global head, writer salt) into its
 slot; the test harness tells a worker which loads to check and the worker
@@ -107,17 +112,35 @@ class KVCaches:
         self.mla = bool(spec.get("mla"))
         if self.mla and self.H != 1:
             raise ValueError("an MLA model holds one latent (heads=1)")
+        # the layers' KV cache groups and the tensor each layer uses (from
+        # the KVCacheConfig: a tensor is shared by one layer of each group)
+        kcc = spec.get("kv_cache_config")
+        groups = getattr(kcc, "kv_cache_groups", None) or []
+        names = [layer_name(i) for i in range(self.L)]
+        gof = {n: g for g, grp in enumerate(groups) for n in grp.layer_names}
+        self.layer_group = [gof.get(n, 0) for n in names]
+        self.windows = [getattr(grp.kv_cache_spec, "sliding_window", 0) or 0
+                        if type(grp.kv_cache_spec).__name__ ==
+                        "SlidingWindowSpec" else 0 for grp in groups] or [0]
+        tensors = getattr(kcc, "kv_cache_tensors", None) or \
+            [type("T", (), {"shared_by": [n]}) for n in names]
+        mem = {n: t for t, kt in enumerate(tensors) for n in kt.shared_by}
+        self.mem_of = [mem[n] for n in names]
+        self.LM = len(tensors)
         self.dtype = torch.int16
         self.regions = []
         self.caches: dict[str, Any] = {}
         flags = kvbroker.MEM_REMOTE_WRITE | kvbroker.MEM_REMOTE_READ
         if self.form == "5d":
-            for li in range(self.L):
+            views = []
+            for mi in range(self.LM):
                 n = 2 * self.NB * self.BS * self.H * self.D
-                r = client.alloc(n * 2, flags, li)
+                r = client.alloc(n * 2, flags, mi)
                 self.regions.append(r)
                 flat = r.as_torch(torch.int16, (n,))
-                self.caches[layer_name(li)] = self._view_5d(flat)
+                views.append(self._view_5d(flat))
+            for li in range(self.L):
+                self.caches[layer_name(li)] = views[self.mem_of[li]]
         else:
             self._make_views(client, flags)
 
@@ -142,10 +165,10 @@ class KVCaches:
         page = self.H * self.BS * cbytes
         # the KVCacheTensor: placement of the group's L layers x NB blocks
         # (manager blocks) in one int8 allocation
-        mshape = (self.L, self.NB, self.H, self.BS, cbytes)
+        mshape = (self.LM, self.NB, self.H, self.BS, cbytes)
         ms = layout_strides(mshape, order)
         layer_stride, block_stride = ms[0], ms[1]
-        size = self.L * self.NB * page
+        size = self.LM * self.NB * page
         r = client.alloc(size, flags, 0)
         self.regions.append(r)
         raw = r.as_torch(torch.int8, (size,))
@@ -157,7 +180,7 @@ class KVCaches:
                     "kernel block split (as vLLM's create_kv_cache_views)" %
                     self.layout)
             block_stride //= ratio
-        shape = (self.L, self.NB * ratio, self.H, self.KBS, cbytes)
+        shape = (self.LM, self.NB * ratio, self.H, self.KBS, cbytes)
         strides = layout_strides(shape, order,
                                  (layer_stride, block_stride, None, None,
                                   None))
@@ -165,7 +188,7 @@ class KVCaches:
                               storage_offset=raw.storage_offset())
         self.page = page
         for li in range(self.L):
-            self.caches[layer_name(li)] = v5[li].view(self.dtype)
+            self.caches[layer_name(li)] = v5[self.mem_of[li]].view(self.dtype)
 
     # --- slot addressing: values are [n, H, 2*D] (K dims, then V dims) ---
 
@@ -284,17 +307,21 @@ class Worker:
             toks = nr.all_token_ids if nr.all_token_ids is not None \
                 else nr.prompt_token_ids
             self.reqs[nr.req_id] = {"tokens": list(toks),
-                                    "blocks": list(nr.block_ids[0]),
+                                    "blocks": [list(g) for g in nr.block_ids],
                                     "computed": nr.num_computed_tokens}
         cd = so.scheduled_cached_reqs
+        ng = len(self.kv.windows)
         for i, rid in enumerate(cd.req_ids):
-            st = self.reqs.setdefault(rid, {"tokens": [], "blocks": [],
+            st = self.reqs.setdefault(rid, {"tokens": [],
+                                            "blocks": [[] for _ in range(ng)],
                                             "computed": 0})
             nb = cd.new_block_ids[i]
             if rid in cd.resumed_req_ids:
-                st["blocks"] = list(nb[0]) if nb else []
+                st["blocks"] = [list(g) for g in nb] if nb else \
+                    [[] for _ in range(ng)]
             elif nb:
-                st["blocks"].extend(nb[0])
+                for have, new in zip(st["blocks"], nb):
+                    have.extend(new)
             if rid in cd.all_token_ids:
                 st["tokens"] = list(cd.all_token_ids[rid])
             st["computed"] = cd.num_computed_tokens[i]
@@ -310,16 +337,20 @@ class Worker:
             pos = torch.arange(start, start + n)
             toks = [st["tokens"][p] if p < len(st["tokens"]) else 0
                     for p in range(start, start + n)]
-            bidx = torch.tensor([st["blocks"][p // self.kv.BS]
-                                 for p in range(start, start + n)],
-                                dtype=torch.long)
+            bidx = [torch.tensor([g[p // self.kv.BS]
+                                  for p in range(start, start + n)],
+                                 dtype=torch.long) for g in st["blocks"]]
+            if any(bool((b == 0).any()) for b in bidx):
+                raise AssertionError("request %s: a computed token in the "
+                                     "null block" % rid)
             work.append((rid, pos, toks, bidx, pos % self.kv.BS))
         for li in range(self.kv.L):
             name = layer_name(li)
+            g = self.kv.layer_group[li]
             if self.hooks:
                 self.conn.wait_for_layer_load(name)
             for rid, pos, toks, bidx, slots in work:
-                self.kv.write(li, bidx, slots,
+                self.kv.write(li, bidx[g], slots,
                               self.pattern.values(toks, pos, li, self.salt))
             if self.hooks:
                 self.conn.save_kv_layer(name, self.kv.caches[name], None)
@@ -420,9 +451,15 @@ class Worker:
         step's start_load_kv): they must come out unchanged."""
         for rid, ck in checks.items():
             nloc = ck["local_tokens"] // self.kv.BS
-            ck["snap"] = [self.kv.read_blocks(li, ck["blocks"][:nloc])
+            ck["snap"] = [self.kv.read_blocks(li, self._local(ck, li, nloc))
                           for li in range(self.kv.L)] if nloc else None
             self.checks[rid] = ck
+
+    def _local(self, ck: dict, li: int, nloc: int) -> list[int]:
+        """D's own blocks of the local hit in layer li's group (a
+        sliding-window group's null blocks left out)."""
+        gblocks = ck.get("gblocks") or [ck["blocks"]]
+        return [b for b in gblocks[self.kv.layer_group[li]][:nloc] if b]
 
     def verify(self, rid: str) -> str:
         torch = self.torch
@@ -435,14 +472,47 @@ class Worker:
         blocks = torch.tensor([ck["blocks"][p // bs] for p in range(first, n)],
                               dtype=torch.long)
         toks = ck["tokens"][first:n]
+        gblocks = ck.get("gblocks") or [ck["blocks"]]
         for li in range(self.kv.L):
+            g = self.kv.layer_group[li]
+            w = self.kv.windows[g]
+            if w:  # sliding window: only what the window reaches is held
+                skip = max(0, n - w + 1) // bs
+                if any(b != 0 for b in gblocks[g][:skip]) or \
+                        0 in gblocks[g][skip:]:
+                    return ("layer %d: sliding-window blocks %s: not null "
+                            "exactly before block %d" % (li, gblocks[g], skip))
+                lo = max(first, skip * bs)
+            else:
+                lo = first
+            zero = self.kv.read_blocks(li, [0])
+            if bool(zero.any()):
+                return "layer %d: the null block was written" % li
             if nloc:
-                now = self.kv.read_blocks(li, ck["blocks"][:nloc])
+                lb = self._local(ck, li, nloc)
+                now = self.kv.read_blocks(li, lb)
                 if not torch.equal(now, ck["snap"][li]):
                     bad = (now != ck["snap"][li]).nonzero()[0].tolist()
                     return ("layer %d: a block of D's local prefix hit was "
                             "overwritten (slot %s of blocks %s)" %
-                            (li, bad, ck["blocks"][:nloc]))
+                            (li, bad, lb))
+            if g or w:
+                if lo >= n:
+                    continue
+                gpos = torch.arange(lo, n)
+                gbl = torch.tensor([gblocks[g][p // bs] for p in range(lo, n)],
+                                   dtype=torch.long)
+                got = self.kv.read(li, gbl, gpos % bs)
+                want = self.pattern.values(ck["tokens"][lo:n], gpos, li,
+                                           ck["salt"])
+                if not torch.equal(got, want):
+                    bad = (got != want).nonzero()[0].tolist()
+                    p = lo + bad[0]
+                    return ("layer %d (group %d): position %d (block %d "
+                            "slot %d): got %d, want %d" % (
+                                li, g, p, gblocks[g][p // bs], p % bs,
+                                int(got[tuple(bad)]), int(want[tuple(bad)])))
+                continue
             if first >= n:
                 continue
             got = self.kv.read(li, blocks, pos % bs)
