@@ -609,6 +609,7 @@ void kvb_xn_worker_gone(struct kvb_broker *b, struct kvb_worker *w)
 {
 	if (!kvb_xn_of(b))
 		return;
+	kvb_xn_of(b)->desc_gen++;
 	rebind_stop(kvb_xn_of(b), kvb_xn_w(kvb_xn_of(b), w));
 	kvb_xn_notify_close(b, w);
 }

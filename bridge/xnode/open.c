@@ -100,6 +100,16 @@ static int open_entry(struct kvb_broker *b, struct kvb_worker *w,
 			}
 		}
 		o.wait = 1;
+	} else if (p->sent_gen != xn->desc_gen && !p->live.lost) {
+		/* one of our workers or regions went since the peer last got
+		 * our descriptor, which may still name it (a vLLM worker that
+		 * restarted on the same ranks while the brokers ran): it gets
+		 * the new one before this transfer tells it anything. Should
+		 * the handshake fail, the transfer goes on with what it has */
+		if (p->state == PEER_HS || !kvb_xn_peer_start_hs(b, p)) {
+			o.wait = 1;
+			xn->st.desc_refreshes++;
+		}
 	}
 	o.peer = kvb_xn_peer_id(xn, p);
 	rc = kvb_xn_open_one(b, w, &o, handle);

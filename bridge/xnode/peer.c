@@ -335,6 +335,7 @@ int kvb_xn_peer_start_hs(struct kvb_broker *b, struct kvb_peer *p)
 		return rc;
 	}
 	kvb_xn_auth_tcp_peer(b, p); /* what we offer now */
+	p->sent_gen = kvb_xn_of(b)->desc_gen;
 	if (kvb_xn_of(b)->has_ck) {
 		/* [descriptor][MAC]: the reply's MAC is bound to this one */
 		kvb_xn_auth_hs_mac(kvb_xn_of(b), "kvb-hs-req1", NULL, buf, len,
@@ -836,6 +837,8 @@ static void hs_answer(struct kvb_broker *b, zmq_msg_t *id, struct kvb_peer *p,
 		rc = kvb_hs_encode(&mine, &buf, &len);
 	if (!rc && p && !kvb_xn_auth_offer(b, p, &mine))
 		kvb_xn_auth_tcp_peer(b, p); /* what this reply offers */
+	if (!rc && p)
+		p->sent_gen = xn->desc_gen;
 	kvb_hs_fini(&mine);
 	if (rc) {
 		hs_reply(xn, id, rc, "internal error", 14);

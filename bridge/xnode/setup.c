@@ -109,6 +109,7 @@ static void region_info(struct kvb_broker *b, const struct kvb_region_ent *r,
 
 	if (!x)
 		return;
+	kvb_xn_state(b)->desc_gen++;
 	ri->kv = x->has_kv;
 	ri->layer = x->layer;
 	ri->rdma = x->rdma_reg;

@@ -115,7 +115,7 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    "\"unopened_expired\":%llu,\"expects\":%llu,\"withdraws\":%llu,"
 	    "\"expects_refused\":%llu,\"unknown_expired\":%llu,"
 	    "\"withdrawn_told\":%llu,\"lost_refused\":%llu,"
-	    "\"announcements_joined\":%llu,",
+	    "\"announcements_joined\":%llu,\"descriptor_refreshes\":%llu,",
 	    (unsigned long long) rx, (unsigned long long) rej,
 	    (unsigned long long) sent, (unsigned long long) serr,
 	    (unsigned long long) xn->st.hs_served,
@@ -158,7 +158,8 @@ static void counters_json(const struct kvb_xn *xn, const struct notify_sums *t,
 	    (unsigned long long) xn->st.unknown_expired,
 	    (unsigned long long) xn->st.withdrawn_told,
 	    (unsigned long long) xn->st.lost_refused,
-	    (unsigned long long) xn->st.announce_joined);
+	    (unsigned long long) xn->st.announce_joined,
+	    (unsigned long long) xn->st.desc_refreshes);
 	*lenp = len;
 }
 
@@ -193,6 +194,9 @@ static void counters_text(const struct kvb_xn *xn, const struct notify_sums *t,
 	PUT("announcements joined   %llu (D opens of an id this node "
 	    "announced already)\n",
 	    (unsigned long long) xn->st.announce_joined);
+	PUT("descriptor refreshes   %llu (opens that first handed a peer "
+	    "our descriptor: a worker or region gone since)\n",
+	    (unsigned long long) xn->st.desc_refreshes);
 	PUT("opens by address       %llu (%llu waited for the peer, %llu "
 	    "failed so), %llu duplicate ids refused\n",
 	    (unsigned long long) xn->st.opens_batched,

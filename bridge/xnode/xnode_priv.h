@@ -108,6 +108,10 @@ struct kvb_peer {
 	/* when our last handshake to it failed (0: it did not); open.c
 	 * fails batch opens to it at once for HS_RETRY_NS after that */
 	int64_t hs_failed_ns;
+	/* xn->desc_gen when our descriptor last went to it (our request
+	 * or our answer): a worker or region gone since, and our next open
+	 * toward it hands it the new one first (open.c) */
+	uint32_t sent_gen;
 	struct kvb_peer_live live; /* heartbeat, loss (live.c) */
 };
 
@@ -209,6 +213,9 @@ struct kvb_xn {
 	void *router;
 	int router_fd;
 	uint64_t instance;
+	/* bumped when one of our workers or regions goes: the peers'
+	 * descriptors of us may name what is gone (kvb_peer.sent_gen) */
+	uint32_t desc_gen;
 	uint32_t npeers_max;
 	struct kvb_peer peers[MAX_PEERS]; /* peer id = index; 0 unused */
 	struct kvb_group *groups;
@@ -246,6 +253,7 @@ struct kvb_xn {
 		uint64_t expects, withdraws, expects_refused;
 		uint64_t unknown_expired, withdrawn_told;
 		uint64_t lost_refused; /* opens with a lost peer: live.c */
+		uint64_t desc_refreshes; /* open.c: our descriptor resent */
 		/* D opens of an id this node announced already: not sent */
 		uint64_t announce_joined;
 	} st;
