@@ -695,10 +695,13 @@ EOF
 		echo
 	fi
 	# measured by hand too (bench/rate_sweep.py, bench/rate_workers.py,
-	# tests/rdma/post-cpu.sh, kvbench --mode all against UCX)
+	# tests/rdma/post-cpu.sh, kvbench --mode all against UCX on tcp and,
+	# in the soft-RoCE guest, on rdma with perftest)
 	for f in bench/results/rate-sweep.md bench/results/rate-workers.md \
 		bench/results/post-cpu-rdma.md bench/results/peer-death.md \
-		bench/results/against-peers.md bench/results/ring-vs-plain.md; do
+		bench/results/against-peers.md \
+		bench/results/against-peers-rdma.md \
+		bench/results/ring-vs-plain.md; do
 		if [ -f "$f" ]; then
 			cat "$f"
 			echo

@@ -590,7 +590,7 @@ out:
  * ucx mode: the UCX_TLS and UCX_NET_DEVICES its workers set. --ucx-tls
  * default: none (UCX's own choice, or the environment's). Else --ucx-tls
  * LIST, or without it (and without UCX_TLS in the environment) what the
- * transport means: tcp on --transport tcp, rc_verbs on rdma, UCX's own on
+ * transport means: tcp on --transport tcp, rc_v on rdma, UCX's own on
  * local; then UCX_NET_DEVICES (unless the environment has it) is the
  * side's veth end (namespaces), lo (loopback) or the verbs device.
  */
@@ -609,7 +609,11 @@ static void ucx_setup(struct wl_cfg *c, const struct bench_net *nw)
 	else if (c->transport == KVB_BENCH_TR_TCP)
 		c->ucx_tls = "tcp";
 	else if (c->transport == KVB_BENCH_TR_RDMA)
-		c->ucx_tls = "rc_verbs";
+		/* UCX's alias for rc_verbs with ud_verbs as the auxiliary
+		 * transport only: rc_verbs alone cannot connect to a worker
+		 * address (UCX 1.13: "no auxiliary transport to <...>:
+		 * Unsupported operation"); the puts still go on rc_verbs */
+		c->ucx_tls = "rc_v";
 	if (!c->ucx_tls || getenv("UCX_NET_DEVICES") || !nw)
 		return;
 	for (int s = 0; s < 2; s++) {
@@ -735,8 +739,13 @@ int kvb_bench_workload_main(int argc, char **argv)
 		printf("ucx: UCX %s, a UCP context and worker per worker "
 		       "process, one ucp_put_nbx per block, a flush per step; "
 		       "UCX_TLS %s, UCX_NET_DEVICES %s%s%s\n",
-		       wl_ucx_version(), c.ucx_tls ? c.ucx_tls : "UCX's own",
-		       c.ucx_dev[0][0] ? c.ucx_dev[0] : "UCX's own",
+		       wl_ucx_version(),
+		       c.ucx_tls	   ? c.ucx_tls
+		       : getenv("UCX_TLS") ? getenv("UCX_TLS")
+					   : "UCX's own",
+		       c.ucx_dev[0][0]		   ? c.ucx_dev[0]
+		       : getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES")
+						   : "UCX's own",
 		       c.ucx_dev[0][0] ? " (P) / " : "",
 		       c.ucx_dev[0][0] ? c.ucx_dev[1] : "");
 	if (c.repeat > 1)
