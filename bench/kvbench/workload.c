@@ -823,11 +823,13 @@ int kvb_bench_workload_main(int argc, char **argv)
 		printf("gpu backend host: these figures are the host copy "
 		       "path's, not a GPU's\n");
 	if (c.json &&
-	    wl_write_json(&c, ws, n, (const struct wl_figs(*)[WL_NMODES]) res,
-			  c.repeat > 1 ? (const struct wl_figs(*)[WL_NMODES]
-							       [KVB_BENCH_MAX_REPEAT]) tr
-				       : NULL,
-			  (c.modes & MODE_UCX) ? ucx_info : NULL))
+	    wl_write_json(
+		    &c, ws, n, (const struct wl_figs(*)[WL_NMODES]) res,
+		    c.repeat > 1
+			    ? (const struct wl_figs(*)[WL_NMODES]
+						      [KVB_BENCH_MAX_REPEAT]) tr
+			    : NULL,
+		    (c.modes & MODE_UCX) ? ucx_info : NULL))
 		fails++;
 	if (c.plot &&
 	    wl_plot(&c, ws, n, (const struct wl_figs(*)[WL_NMODES]) res))

@@ -484,60 +484,20 @@ uint32_t kvb_xn_live_sender(struct kvb_xn *xn)
 	return found ? kvb_xn_peer_id(xn, found) : 0;
 }
 
-void kvb_xn_live_tell_ended(struct kvb_broker *b, struct kvb_worker *w,
-			    const char *id, uint32_t remote_dp)
+/* kvb_write_failed (status) for `id` to the D ranks that P worker w's
+ * rank feeds at peer p (rx: role P, remote_dp; its targets are computed
+ * here); how many went out, counted in write_failed_sent. */
+static uint32_t tell_d_ranks(struct kvb_broker *b, struct kvb_worker *w,
+			     struct kvb_peer *p, struct kvb_rxfer *rx,
+			     const char *id, int status)
 {
-	struct kvb_xn *xn = kvb_xn_of(b);
-	struct kvb_peer *p = kvb_xn_peer_get(xn, kvb_xn_live_sender(xn));
-	struct kvb_rxfer rx = {.role = KVB_ROLE_P, .remote_dp = remote_dp};
 	struct kvb_zmsg m;
 	uint32_t sent = 0;
 
-	if (!p || !p->have_desc || p->live.lost ||
-	    kvb_xn_compute_targets(b, w, p, &rx) ||
-	    kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, id))
-		return;
-	m.status = -ESTALE;
-	for (uint32_t t = 0; t < rx.ntargets; t++) {
-		int port = kvb_port_of(p->desc.notify_port
-					       ? p->desc.notify_port
-					       : KVB_NOTIFY_PORT_DEFAULT,
-				       remote_dp, rx.targets[t], rx.target_tp,
-				       KVB_PORT_DP_TIMES_TP);
-
-		if (port > 0 &&
-		    !kvb_xn_send_msg(b, w,
-				     p->desc.host[0] ? p->desc.host : p->host,
-				     (uint32_t) port, &m))
-			sent++;
-	}
-	kvb_zmsg_fini(&m);
-	xn->st.write_failed_sent += sent;
-	if (sent && kvb_xn_rlog_ok(xn))
-		log_info("transfer '%s': remote_blocks after P worker %u ended "
-			 "it: told %u D rank(s) (%s)",
-			 id, w->id, sent, kvb_strerror(-ESTALE));
-}
-
-void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
-			      int status)
-{
-	struct kvb_xn *xn = kvb_xn_of(b);
-	struct kvb_rxfer *rx = x->rx;
-	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
-	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
-	struct kvb_zmsg m;
-	uint32_t sent = 0;
-
-	/* only its own clock (not an eviction, not a lost peer) */
-	if (status != -ETIMEDOUT || rx->role != KVB_ROLE_P ||
-	    !rx->have_rblocks || rx->peer_lost || !w || !p || !p->have_desc ||
-	    p->live.lost)
-		return;
 	if (kvb_xn_compute_targets(b, w, p, rx) ||
-	    kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, x->id))
-		return;
-	m.status = rx->withdrawn ? -ECANCELED : -ENOENT;
+	    kvb_zmsg_init(&m, KVB_ZMSG_WRITE_FAILED, id))
+		return 0;
+	m.status = status;
 	for (uint32_t t = 0; t < rx->ntargets; t++) {
 		int port = kvb_port_of(p->desc.notify_port
 					       ? p->desc.notify_port
@@ -552,7 +512,43 @@ void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
 			sent++;
 	}
 	kvb_zmsg_fini(&m);
-	xn->st.write_failed_sent += sent;
+	kvb_xn_of(b)->st.write_failed_sent += sent;
+	return sent;
+}
+
+void kvb_xn_live_tell_ended(struct kvb_broker *b, struct kvb_worker *w,
+			    const char *id, uint32_t remote_dp)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_peer *p = kvb_xn_peer_get(xn, kvb_xn_live_sender(xn));
+	struct kvb_rxfer rx = {.role = KVB_ROLE_P, .remote_dp = remote_dp};
+	uint32_t sent;
+
+	if (!p || !p->have_desc || p->live.lost)
+		return;
+	sent = tell_d_ranks(b, w, p, &rx, id, -ESTALE);
+	if (sent && kvb_xn_rlog_ok(xn))
+		log_info("transfer '%s': remote_blocks after P worker %u ended "
+			 "it: told %u D rank(s) (%s)",
+			 id, w->id, sent, kvb_strerror(-ESTALE));
+}
+
+void kvb_xn_live_unopened_end(struct kvb_broker *b, struct kvb_xfer *x,
+			      int status)
+{
+	struct kvb_xn *xn = kvb_xn_of(b);
+	struct kvb_rxfer *rx = x->rx;
+	struct kvb_worker *w = kvb_worker_by_id(b, x->worker);
+	struct kvb_peer *p = kvb_xn_peer_get(xn, rx->peer);
+	uint32_t sent;
+
+	/* only its own clock (not an eviction, not a lost peer) */
+	if (status != -ETIMEDOUT || rx->role != KVB_ROLE_P ||
+	    !rx->have_rblocks || rx->peer_lost || !w || !p || !p->have_desc ||
+	    p->live.lost)
+		return;
+	sent = tell_d_ranks(b, w, p, rx, x->id,
+			    rx->withdrawn ? -ECANCELED : -ENOENT);
 	if (rx->withdrawn) {
 		xn->st.withdrawn_told++;
 		if (kvb_xn_rlog_ok(xn))

@@ -252,7 +252,7 @@ struct kvb_xn {
 		 * unknown ids and withdrawn ones whose D was told */
 		uint64_t expects, withdraws, expects_refused;
 		uint64_t unknown_expired, withdrawn_told;
-		uint64_t lost_refused; /* opens with a lost peer: live.c */
+		uint64_t lost_refused;	 /* opens with a lost peer: live.c */
 		uint64_t desc_refreshes; /* open.c: our descriptor resent */
 		/* D opens of an id this node announced already: not sent */
 		uint64_t announce_joined;

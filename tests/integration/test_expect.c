@@ -422,7 +422,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_late_expect, pair_kill),
 		cmocka_unit_test_teardown(test_undeclared, pair_kill),
 		cmocka_unit_test_teardown(test_withdraw, pair_kill),
-		cmocka_unit_test_teardown(test_ended_before_announce, pair_kill),
+		cmocka_unit_test_teardown(test_ended_before_announce,
+					  pair_kill),
 		cmocka_unit_test_teardown(test_bad_calls, pair_kill),
 	};
 

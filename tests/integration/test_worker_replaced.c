@@ -165,7 +165,6 @@ static int32_t ended(struct kvb_ctx *c, uint64_t tag, int timeout_ms)
 	return 1;
 }
 
-
 /* D's regions zeroed, so that check() sees only this transfer's bytes */
 static void memset_regions(void)
 {
