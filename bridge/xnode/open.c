@@ -34,6 +34,18 @@ static void ent_at(const uint8_t *q, struct ent *e)
 				    ((e->h.id_len + e->h.host_len + 3u) & ~3u));
 }
 
+/* Does the peer's descriptor lack every worker of `role` and DP rank dp
+ * (it was taken while they were not attached, as when the peer broker
+ * restarted and answered before its workers attached again)? */
+static int peer_lacks(const struct kvb_peer *p, uint32_t role, uint32_t dp)
+{
+	for (uint32_t i = 0; i < p->desc.nworkers; i++)
+		if (p->desc.workers[i].role == role &&
+		    p->desc.workers[i].dp_rank == dp)
+			return 0;
+	return 1;
+}
+
 /* One entry: 0 with *handle, or its -errno. */
 static int open_entry(struct kvb_broker *b, struct kvb_worker *w,
 		      struct kvb_xn *xn, const struct ent *e, uint32_t *handle)
@@ -100,6 +112,23 @@ static int open_entry(struct kvb_broker *b, struct kvb_worker *w,
 			}
 		}
 		o.wait = 1;
+	} else if (!p->live.lost &&
+		   !(w->role == KVB_ROLE_P && o.mode == KVB_XFER_READ) &&
+		   peer_lacks(p,
+			      w->role == KVB_ROLE_D ? KVB_HS_ROLE_P
+						    : KVB_HS_ROLE_D,
+			      o.remote_dp) &&
+		   (p->state == PEER_HS || kvb_now_ns() >= p->next_refresh)) {
+		/* the workers this transfer needs at the peer were not there
+		 * at our last handshake: ask again before failing it (the
+		 * answer may still lack them: then it fails as before). At
+		 * most one such refresh a second per peer (REFRESH_NS): a
+		 * peer that never has them costs one handshake a second, and
+		 * the opens in between fail at once. */
+		if (p->state == PEER_HS || !kvb_xn_peer_start_hs(b, p)) {
+			o.wait = 1;
+			xn->st.desc_refreshes++;
+		}
 	} else if (p->sent_gen != xn->desc_gen && !p->live.lost) {
 		/* one of our workers or regions went since the peer last got
 		 * our descriptor, which may still name it (a vLLM worker that

@@ -10,6 +10,10 @@
  * - new_d: D's worker replaced between two transfers.
  * - new_p: P's worker replaced between two transfers.
  * - both: both replaced, twice.
+ * - p_after_handshake: B's broker got A's descriptor while A had no P
+ *   worker (a D open failed then, -EHOSTUNREACH); once A's P worker
+ *   attaches, B's next open (a second later: one refresh a second per
+ *   peer) asks A again and succeeds.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -112,12 +116,34 @@ static void test_both(void **state)
 	assert_int_equal(broker_pair_stop(&pp), 0);
 }
 
+static void test_p_after_handshake(void **state)
+{
+	struct kvb_ctx *p, *d;
+	uint32_t h;
+
+	(void) state;
+	pair_start();
+	d = worker(&pp.b, KVB_ROLE_D, dr);
+	h = d_open(d, "tx-pah-0", 0);
+	(void) h;
+	assert_int_equal(ended(d, 100, 10000), -EHOSTUNREACH);
+	p = worker(&pp.a, KVB_ROLE_P, pr);
+	/* the broker asks a peer again at most once a second */
+	usleep(1100 * 1000);
+	one(p, d, "tx-pah-1", 1);
+	assert_true(broker_stat(&pp.b, "descriptor_refreshes") >= 1);
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_new_d, pair_kill),
 		cmocka_unit_test_teardown(test_new_p, pair_kill),
 		cmocka_unit_test_teardown(test_both, pair_kill),
+		cmocka_unit_test_teardown(test_p_after_handshake, pair_kill),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

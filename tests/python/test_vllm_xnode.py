@@ -142,7 +142,7 @@ class Nodes:
         for name in sorted(os.listdir(self.dir)):
             if name.endswith(".log"):
                 with open(os.path.join(self.dir, name), "rb") as f:
-                    tail = f.read()[-3000:].decode("utf-8", "replace")
+                    tail = f.read()[-12000:].decode("utf-8", "replace")
                 text.append("---- %s\n%s" % (name, tail))
         return "\n".join(text)
 
