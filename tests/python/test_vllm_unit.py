@@ -207,9 +207,15 @@ def test_interface_and_refused_roles():
         sched("kv_both")
     with pytest.raises(ValueError, match="handshake_port"):
         sched("kv_producer", handshake_port="x")
-    # MoRIIO's READ mode is refused, not quietly run as WRITE
-    with pytest.raises(ValueError, match="READ mode"):
-        sched("kv_consumer", mode="read")
+    # MoRIIO's two modes; anything else is refused, not run as WRITE
+    assert sched("kv_consumer", mode="read")._cfg.read is True
+    assert sched("kv_consumer", mode="WRITE")._cfg.read is False
+    for bad in ("pull", 1, None):
+        with pytest.raises(ValueError, match="mode"):
+            sched("kv_consumer", mode=bad)
+    for bad in (0, "60", True):
+        with pytest.raises(ValueError, match="read_lease_s"):
+            sched("kv_producer", mode="read", read_lease_s=bad)
     assert sched("kv_consumer", mode="WRITE")._producer is False
     for role in ("kv_producer", "kv_consumer"):
         cfg = vd.make_config(role, {"host_ip": "192.0.2.1"}, tp_size=2)

@@ -53,6 +53,10 @@ class Config:
     timeout_ms: int = 10000
     transfer_timeout_s: float = 90.0
     total_num_kv_heads: int = 0
+    # READ mode (MoRIIO's "mode": "read"): D pulls P's blocks; P holds them
+    # until D's release or read_lease_s after its request finished
+    read: bool = False
+    read_lease_s: float = 120.0
 
     @classmethod
     def parse(cls, extra: dict | None) -> "Config":
@@ -66,18 +70,23 @@ class Config:
         c.notify_port = _int(extra, "notify_port", 61005, 1, 65535)
         c.timeout_ms = _int(extra, "timeout_ms", 10000, 100, 600000)
         c.total_num_kv_heads = _int(extra, "total_num_kv_heads", 0, 0, 1 << 20)
-        # MoRIIO's key for its READ and WRITE modes: only WRITE runs here,
-        # and asking for READ must not quietly run WRITE instead
+        # MoRIIO's key for its READ and WRITE modes
         mode = extra.get("mode", "write")
-        if not isinstance(mode, str) or mode.lower() != "write":
-            raise ParamsError(
-                "mode: %r: only \"write\" is supported (P writes into D's "
-                "blocks); READ mode (D pulls from P) is not" % (mode,))
+        if not isinstance(mode, str) or mode.lower() not in ("write", "read"):
+            raise ParamsError("mode: %r: \"write\" (P writes into D's "
+                              "blocks) or \"read\" (D reads P's)" % (mode,))
+        c.read = mode.lower() == "read"
         t = extra.get("transfer_timeout_s", 90.0)
         if isinstance(t, bool) or not isinstance(t, (int, float)) or \
                 not 0.1 <= t <= 3600:
             raise ParamsError("transfer_timeout_s: %r is not in [0.1, 3600]"
                               % (t,))
+        lease = extra.get("read_lease_s", 120.0)
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
+                or not 1 <= lease <= 3600:
+            raise ParamsError("read_lease_s: %r is not in [1, 3600]"
+                              % (lease,))
+        c.read_lease_s = float(lease)
         c.transfer_timeout_s = float(t)
         return c
 
@@ -104,6 +113,10 @@ class ReqMeta:
     # k in its own broker transfer (_groups.sub_transfer_id).
     group_block_ids: list = field(default_factory=list)
     group: int = 0  # the group a worker's part of the transfer moves
+    # READ mode, D: P's blocks to read (block_ids[i] <- remote_block_ids[i])
+    # and when P's hold on them ends (time.time(); 0: not said)
+    remote_block_ids: list = field(default_factory=list)
+    lease_until: float = 0.0
 
 
 def parse_request(params: Any, req_id: str, producer: bool) -> ReqMeta:

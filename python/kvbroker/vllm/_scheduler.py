@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Scheduler side of KVBrokerConnector (WRITE mode).
+"""Scheduler side of KVBrokerConnector (WRITE and READ modes).
 
 P (kv_producer): a request with ``do_remote_decode`` is saved during its
 last prefill chunk, from the blocks it holds *then*: the list follows every
@@ -18,6 +18,15 @@ releases P's blocks (a release-only open).
 Each request is reported once, only while vLLM holds it: the scheduler's
 asserts (``_update_from_kv_xfer_finished``) forbid anything else.
 
+READ mode (``"mode": "read"``): P does nothing while it computes. When its
+request finishes, request_finished keeps its prompt's blocks (True) and
+hands D their ids with the params; the workers then hold them in a READ
+transfer that ends on D's release or after ``read_lease_s``, and report it
+in finished_sending. D reads those blocks into its own unhashed ones from
+start_load_kv (positions aligned: D's block i of the prompt takes P's block
+i) and releases P's; the params say when P's hold ends, and D does not read
+after that (a block P freed may hold another request's KV).
+
 Hybrid models (several KV cache groups, _groups.py): block ids come per
 group; P saves and D loads each group's blocks (a sliding-window group only
 those in the window of the prompt's next token, never the null block), in
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 from ._compat import KVConnectorMetadata, request_aborted
@@ -47,6 +57,9 @@ class KVBrokerMetadata(KVConnectorMetadata):
         self.reqs_to_load: list[ReqMeta] = []  # D: open (announce), seal
         self.reqs_to_release: list[ReqMeta] = []  # D: P frees, no load
         self.reqs_to_abort: list[str] = []  # abort; reported when ended
+        # P, READ mode: finished requests whose blocks D reads (open a
+        # READ transfer holding them until D's release or the lease)
+        self.reqs_to_serve: list[ReqMeta] = []
         self.preempted: list[str] = []  # P: saves reading freed blocks
         # P: transfer ids of new requests (the broker holds D's
         # announcements of these; others fail D soon), and of requests
@@ -55,9 +68,12 @@ class KVBrokerMetadata(KVConnectorMetadata):
         self.withdraw: list[str] = []
 
     def __repr__(self):
-        return "KVBrokerMetadata(save=%d, load=%d, release=%d, abort=%d)" % (
-            len(self.reqs_to_save), len(self.reqs_to_load),
-            len(self.reqs_to_release), len(self.reqs_to_abort))
+        return ("KVBrokerMetadata(save=%d, serve=%d, load=%d, release=%d, "
+                "abort=%d)" % (len(self.reqs_to_save),
+                               len(self.reqs_to_serve),
+                               len(self.reqs_to_load),
+                               len(self.reqs_to_release),
+                               len(self.reqs_to_abort)))
 
 
 def _n_blocks(tokens: int, block_size: int) -> int:
@@ -115,6 +131,7 @@ class BrokerScheduler:
         self._release_next: list[ReqMeta] = []
         self._abort_next: list[str] = []
         self._save_aborted: set[str] = set()  # P: preempted mid-save
+        self._serve_next: list[ReqMeta] = []  # P, READ: to hold for D
         # P, several groups: what each running save reads (rid -> lists)
         self._saved_lists: dict[str, list[list[int]]] = {}
         # P: ids of requests vLLM added, for the workers to declare (and
@@ -163,6 +180,18 @@ class BrokerScheduler:
                     "VLLM_KV_CACHE_LAYOUT on both" % (theirs, self.kv_layout))
         return ""
 
+    def _mode_mismatch(self, params: dict) -> str:
+        """P and D must run the same mode: a WRITE D would wait for writes
+        a READ P never makes, a READ D would read blocks a WRITE P does
+        not hold for it."""
+        theirs = "read" if params.get("mode") == "read" else "write"
+        ours = "read" if self.cfg.read else "write"
+        if theirs == ours:
+            return ""
+        return "P runs %s mode, this D %s mode (kv_connector_extra_config " \
+            "\"mode\" must be the same on both)" % (theirs.upper(),
+                                                      ours.upper())
+
     def _groups_mismatch(self, params: dict) -> str:
         """D: P's KV cache groups (their sliding windows, in order) are
         not ours: each group's blocks would land in another's layers."""
@@ -199,7 +228,9 @@ class BrokerScheduler:
         m = self._parse(request)
         if m is None:
             return "bad", None
-        why = self._layout_mismatch(params) or self._groups_mismatch(params)
+        why = self._layout_mismatch(params) or \
+            self._groups_mismatch(params) or self._mode_mismatch(params) \
+            or (self.cfg.read and self._read_params(request, params, m))
         if why:
             self._refuse(request, why)
             return "bad", None
@@ -215,7 +246,7 @@ class BrokerScheduler:
         """P: vLLM added the request (Scheduler.add_request): its workers
         declare its transfer id at the next step, long before the save
         opens, so that P's broker tells it from an id no one will open."""
-        if not self.producer:
+        if not self.producer or self.cfg.read:  # READ: D announces nothing
             return
         params = request.kv_transfer_params
         if not isinstance(params, dict) or not params.get("do_remote_decode"):
@@ -277,7 +308,8 @@ class BrokerScheduler:
             self._parse(request)  # logged and counted once
             return
         if self.producer:
-            if params.get("do_remote_decode"):
+            # READ: nothing until the request finishes (request_finished)
+            if params.get("do_remote_decode") and not self.cfg.read:
                 self._p_alloc(request, blocks)
             return
         why, m = self._load_params(request)
@@ -309,8 +341,32 @@ class BrokerScheduler:
         m.block_ids = lists[0]
         if self.n_groups > 1:
             m.group_block_ids = lists
+        if self.cfg.read:  # the same positions of P's prompt
+            m.remote_block_ids = m.remote_block_ids[first:nb]
         self._load_next[rid] = m
         self._live_tids[m.transfer_id] = rid
+
+    def _read_params(self, request: Any, params: dict, m: ReqMeta) -> str:
+        """D, READ mode: P's blocks of the prompt (D's block i of the
+        prompt takes P's block i) and when P's hold on them ends, into m;
+        or why the params cannot say."""
+        nb = _n_blocks(int(request.num_prompt_tokens), self.block_size)
+        remote = params.get("remote_block_ids")
+        if isinstance(remote, list) and len(remote) == 1 and \
+                isinstance(remote[0], list):
+            remote = remote[0]  # one KV cache group's list, HMA-shaped
+        lease = params.get("lease_until")
+        if not isinstance(remote, list) or len(remote) < nb or not all(
+                isinstance(b, int) and not isinstance(b, bool) and
+                0 <= b < (1 << 31) for b in remote[:nb]):
+            return "remote_block_ids: not %d block ids (READ mode reads " \
+                "P's blocks of the prompt)" % nb
+        if isinstance(lease, bool) or \
+                not isinstance(lease, (int, float)) or lease <= 0:
+            return "lease_until: %r is not a time" % (lease,)
+        m.remote_block_ids = list(remote[:nb])
+        m.lease_until = float(lease)
+        return ""
 
     def _p_alloc(self, request: Any, blocks: Any) -> None:
         rid = request.request_id
@@ -340,6 +396,7 @@ class BrokerScheduler:
         meta = KVBrokerMetadata()
         if self.producer:
             self._meta_saves(scheduler_output, meta)
+            meta.reqs_to_serve, self._serve_next = self._serve_next, []
             meta.expect, self._expect_next = self._expect_next, []
             meta.withdraw, self._withdraw_next = self._withdraw_next, []
         meta.reqs_to_load = list(self._load_next.values())
@@ -466,6 +523,8 @@ class BrokerScheduler:
     def request_finished(self, request: Any, block_ids: Any):
         rid = request.request_id
         self._bad.discard(rid)
+        if self.producer and self.cfg.read:
+            return self._p_finished_read(request, block_ids)
         if self.producer:
             s = self._save_pending.pop(rid, None)
             if s is not None and \
@@ -499,6 +558,47 @@ class BrokerScheduler:
             if not self._duplicate(rid, m.transfer_id):
                 self._release_next.append(m)
         return False, None
+
+    def _p_finished_read(self, request: Any, block_ids: Any):
+        """P, READ mode: the prompt's blocks stay until D read them (its
+        release) or the lease ends; D gets their ids. A request that did
+        not finish its prefill (aborted) has nothing for D."""
+        rid = request.request_id
+        params = request.kv_transfer_params
+        if not isinstance(params, dict) or \
+                not params.get("do_remote_decode") or rid in self._sending:
+            return False, None
+        n = int(request.num_prompt_tokens)
+        if request_aborted(request) or \
+                int(request.num_computed_tokens) < n:
+            return False, None
+        m = self._parse(request)
+        if m is None:
+            return False, None
+        if self._duplicate(rid, m.transfer_id):
+            self.duplicate_ids += 1
+            log.error("KVBrokerConnector: request %s: transfer_id %r is "
+                      "already used by request %s: its KV is not sent", rid,
+                      m.transfer_id, self._live_tids[m.transfer_id])
+            return False, None
+        nb = _n_blocks(n, self.block_size)
+        blocks = _per_group(block_ids, 1)[0][:nb]
+        if len(blocks) < nb or NULL_BLOCK in blocks:
+            log.error("KVBrokerConnector: request %s: %d usable blocks for "
+                      "a prompt of %d: its KV is not sent", rid,
+                      len(blocks), nb)
+            return False, None
+        m.block_ids = list(blocks)
+        self._serve_next.append(m)
+        self._sending[rid] = m.transfer_id
+        self._live_tids[m.transfer_id] = rid
+        p = self._params_for_d(request, block_ids, None)
+        p["remote_block_ids"] = list(blocks)
+        # when the workers' hold ends (a little before: the workers open
+        # it at the next step); D does not read after this
+        p["lease_until"] = time.time() + self.cfg.read_lease_s
+        p["mode"] = "read"
+        return True, p
 
     def _params_for_d(self, request: Any, block_ids: Any,
                       saved: list | None) -> dict:

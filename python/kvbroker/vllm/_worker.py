@@ -66,13 +66,19 @@ EXPECT_KEEP_S = 60.0
 _LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 
 LOAD, SAVE, RELEASE = "load", "save", "release"
+SERVE = "serve"  # P, READ mode: holds a finished request's blocks for D
+# READ mode, D: a load stops this long before P's hold on its blocks ends
+# (P's clock; the hosts' clocks are taken to agree within this)
+LEASE_MARGIN_S = 2.0
 
 
 @dataclass(eq=False)
 class Xfer:
     """One request's transfer on this worker."""
     meta: ReqMeta
-    kind: str  # LOAD (D), SAVE (P) or RELEASE (D: only frees P's blocks)
+    # LOAD (D), SAVE (P, WRITE), SERVE (P, READ: its blocks held for D's
+    # reads) or RELEASE (D: only frees P's blocks)
+    kind: str
     tag: int
     handle: int = 0
     deadline: float = 0.0
@@ -398,6 +404,11 @@ class BrokerWorker:
             return ("the KV cache is HND and the other side holds %d heads "
                     "per rank against our %d: the broker splits heads only "
                     "in NHD blocks" % (rh, self.local_heads))
+        if self.cfg.read and not self.producer and rtp > self.tp_size:
+            return ("READ mode with P TP %d and D TP %d: a D rank would "
+                    "gather heads from several P ranks (READ splits heads "
+                    "only where D has as many ranks as P or more; WRITE "
+                    "mode merges them)" % (rtp, self.tp_size))
         big, small = max(rtp, self.tp_size), min(rtp, self.tp_size)
         if big % small or rh * rtp != self.local_heads * self.tp_size:
             return ("TP %d against %d with %d heads per rank against our %d "
@@ -462,6 +473,12 @@ class BrokerWorker:
                 if kind == LOAD:
                     add(m, RELEASE)
                 return
+            if kind == LOAD and self.cfg.read and m.lease_until and \
+                    time.time() > m.lease_until - LEASE_MARGIN_S:
+                # P may have freed them: another request's KV by now
+                self._end(x, -errno.ETIMEDOUT, "P's hold on its blocks "
+                          "ended before the read could start")
+                return
             for p in (self._group_parts(x) if self.n_groups > 1 else [x]):
                 pm = p.meta
                 e = {"transfer_id": pm.transfer_id, "host": pm.host,
@@ -470,7 +487,11 @@ class BrokerWorker:
                     e["release_only"] = True
                 else:
                     e["blocks"] = pm.block_ids
-                if kind != SAVE:
+                if kind == SERVE or (kind == LOAD and self.cfg.read):
+                    e["mode"] = "read"
+                if kind == LOAD and self.cfg.read:
+                    e["remote_blocks"] = pm.remote_block_ids
+                if kind not in (SAVE, SERVE):
                     e["remote_dp_rank"] = pm.remote_dp_rank
                 entries.append(e)
                 live.append(p)
@@ -495,19 +516,69 @@ class BrokerWorker:
                 continue
             seals = []
             for x, (st, h) in zip(px, res):
+                if st == -errno.ESTALE and x.kind == SERVE:
+                    # D read and released (or dropped) it before we opened
+                    self._end(x, 0, "")
+                    continue
                 if st:
                     self.stats["open_errors"] += 1
                     self._end(x, int(st), "open: %s" % self._strerror(st))
                     continue
                 x.handle = int(h)
                 self.stats["opened"] += 1
-                if x.kind == LOAD:
+                if x.kind == LOAD and self.cfg.read:
+                    n = self._read_layers(x)
+                    if n >= 0:
+                        seals.append((x, n))
+                elif x.kind == LOAD:
                     seals.append((x, self._write_dones(x.meta)))
+                elif x.kind == SERVE:
+                    self._clock(x, self.cfg.read_lease_s)
+                    seals.append((x, 0))
                 elif x.kind == RELEASE:
                     self.stats["released"] += 1
                     seals.append((x, 0))
             self._seal_all(seals)
         return xs
+
+    def _clock(self, x: Xfer, seconds: float) -> None:
+        """The broker's clocks of x (its deadline and stall timeout) and
+        ours: `seconds` from now."""
+        x.deadline = time.monotonic() + seconds
+        ms = max(1, int(seconds * 1000))
+        try:
+            self.client.set_timeouts(x.handle, deadline_ms=ms, stall_ms=ms)
+        except self._kvb.Error as e:
+            if _errno(e) == errno.EPIPE:
+                self._broker_died(str(e))
+            elif _errno(e) != errno.ENOSYS:  # older library: its clocks
+                self._end(x, -_errno(e), "timeouts: %s" % e)
+
+    def _read_layers(self, x: Xfer) -> int:
+        """D, READ mode: every layer of x read now (P's KV is complete),
+        within P's hold on its blocks; returns the layers queued, or -1
+        when x ended instead."""
+        left = self.cfg.transfer_timeout_s
+        if x.meta.lease_until:
+            left = min(left, x.meta.lease_until - LEASE_MARGIN_S -
+                       time.time())
+        self._clock(x, max(0.001, left))
+        n = 0
+        for g, layer in self._pairs:
+            if x.done:
+                return -1
+            if g != x.meta.group:
+                continue
+            try:
+                if not self.client.submit_layer(x.handle, layer, x.tag,
+                                                UNSIGNALED) and \
+                        not self._submit_full(x, layer):
+                    return -1
+            except self._kvb.Error as e:
+                self._op_failed(x, e, "layer %d" % layer)
+                return -1
+            n += 1
+        return -1 if x.done else n
 
     def _seal_all(self, seals: list) -> None:
         """Seal (x, expected) pairs in one ring burst (one broker wake-up);
@@ -554,6 +625,9 @@ class BrokerWorker:
         self._cuda_pending = []
         if not self.producer:
             return
+        serve = [(m, SERVE) for m in getattr(meta, "reqs_to_serve", ())]
+        if serve:
+            self._open_all(serve)
         self._expect(getattr(meta, "expect", ()), False)
         self._expect(getattr(meta, "withdraw", ()), True)
         todo = [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
@@ -908,7 +982,7 @@ class BrokerWorker:
                     "%s%s", rid, x.meta.transfer_id, x.kind,
                     self._strerror(status),
                     (" (" + "; ".join(x.why[:3]) + ")") if x.why else "")
-        if x.kind == SAVE:
+        if x.kind in (SAVE, SERVE):
             self._send_done.add(rid)  # P: its blocks may be freed
             return
         self._recv_done.add(rid)  # D: reported once, failed or not
@@ -927,7 +1001,8 @@ class BrokerWorker:
         self._reap_cheap()
         for rid in finished_req_ids or ():  # only ours: the set stays small
             x = self._by_req.get(rid)
-            if (x is not None and x.kind == SAVE) or rid in self._send_done:
+            if (x is not None and x.kind in (SAVE, SERVE)) or \
+                    rid in self._send_done:
                 self._finished_seen.add(rid)
         sending = self._send_done & self._finished_seen
         self._send_done -= sending

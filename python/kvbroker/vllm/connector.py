@@ -81,9 +81,9 @@ class KVBrokerConnector(KVConnectorBase_V1, *_HMA_BASES):
         kv_role = getattr(ktc, "kv_role", None)
         if kv_role not in ("kv_producer", "kv_consumer"):
             raise ValueError(
-                "KVBrokerConnector: kv_role %r: it runs in WRITE mode as "
-                "kv_producer (prefill) or kv_consumer (decode); kv_both is "
-                "not supported" % (kv_role,))
+                "KVBrokerConnector: kv_role %r: it runs as kv_producer "
+                "(prefill) or kv_consumer (decode); kv_both is not "
+                "supported" % (kv_role,))
         pp = int(getattr(vllm_config.parallel_config,
                          "pipeline_parallel_size", 1) or 1)
         if pp > 1:
@@ -100,6 +100,14 @@ class KVBrokerConnector(KVConnectorBase_V1, *_HMA_BASES):
         except ParamsError as e:
             raise ValueError("KVBrokerConnector: kv_connector_extra_config: "
                              "%s" % e) from None
+        if self._cfg.read and (len(self._groups) > 1 or
+                               any(g.window for g in self._groups)):
+            raise ValueError(
+                "KVBrokerConnector: READ mode with %d KV cache group(s) "
+                "(sliding window: %s): READ mode moves one full-attention "
+                "group; use WRITE mode (\"mode\": \"write\") for hybrid "
+                "models" % (len(self._groups),
+                            [g.window for g in self._groups]))
         self._producer = kv_role == "kv_producer"
         self._sched: BrokerScheduler | None = None
         self._worker = None
@@ -156,7 +164,9 @@ class KVBrokerConnector(KVConnectorBase_V1, *_HMA_BASES):
     def requires_piecewise_for_cudagraph(cls, extra_config: Any) -> bool:
         # WRITE mode needs no hook: under a FULL CUDA graph replay (no
         # save_kv_layer) wait_for_save queues every layer after the
-        # forward (the stream synchronized first); D loads between steps
+        # forward (the stream synchronized first); D loads between steps.
+        # READ mode needs none either: D reads whole requests from
+        # start_load_kv, P does nothing per layer
         return False
 
     @classmethod

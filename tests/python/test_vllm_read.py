@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: MIT
+"""KVBrokerConnector in READ mode (``"mode": "read"`` on both sides, as
+MoRIIO names it) under the vLLM model (tests/python/vllm_model), P and D on
+two "nodes" as in test_vllm_model.py: P computes and, when its request
+finishes, keeps the prompt's blocks (request_finished returns True) and
+hands D their ids; D's workers read them into D's unhashed blocks from
+start_load_kv and release P's, whose workers then report them in
+finished_sending. Every byte D read is checked against what P's forward
+wrote, D's prefix-cached blocks checked untouched; at the end nothing is
+left (requests, blocks, broker transfers). Needs root and ip(8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_vllm_model import (  # noqa: E402,F401
+    KVBCTL,
+    NEW,
+    OLD,
+    _d_state,
+    assert_all_ok,
+    assert_no_leak,
+    make,
+    nodes,
+    pytestmark,
+    submit_many,
+)
+from vllm_model import versions  # noqa: E402
+from vllm_model.engine import make_prompt  # noqa: E402
+from vllm_model.objects import RequestStatus  # noqa: E402
+
+READ = {"mode": "read"}
+
+
+def remote(nodes, n: str) -> dict:
+    out = subprocess.run([KVBCTL, "--socket", nodes.sock(n), "stats",
+                          "--json"], capture_output=True, text=True,
+                         timeout=10, check=True)
+    return json.loads(out.stdout).get("remote") or {}
+
+
+def read(make, version, **kw):
+    return make(version, extra=dict(READ), **kw)
+
+
+@pytest.mark.parametrize("version", [OLD, "0.29", NEW])
+def test_read_basic(make, nodes, version):
+    """12 requests, D reads every layer of each from P; P's broker hears
+    no announcement (D announces nothing in READ mode) but a release per
+    request, and P's scheduler frees each request's blocks only after it."""
+    before = remote(nodes, "a")
+    h = read(make, version)
+    submit_many(h, 12, random.Random(41))
+    h.run(40)
+    assert_all_ok(h, 12)
+    assert_no_leak(h, nodes)
+    after = remote(nodes, "a")
+    assert after.get("remote_blocks_received", 0) == \
+        before.get("remote_blocks_received", 0)
+    assert after["releases_received"] - \
+        before.get("releases_received", 0) == 12, after
+    b = remote(nodes, "b")
+    assert b.get("write_done_received", 0) == 0, b
+
+
+@pytest.mark.parametrize("hit", ["partial", "full"])
+def test_read_prefix_hit_at_d(make, nodes, hit):
+    """D holds the prompt's first 3 blocks in its prefix cache: D reads
+    only P's blocks at the positions after them (partial), or nothing and
+    releases P's blocks (full); D's cached blocks come out unchanged."""
+    h = read(make, NEW)
+    rng = random.Random(7)
+    prefix = make_prompt(rng, 48)
+    h.submit_d_local("local", prefix + make_prompt(rng, 30))
+    h.run(30)
+    h.submit("r0", prefix + make_prompt(rng, 43 if hit == "partial" else 1))
+    h.run(30)
+    loads = [e for e in h.D.sched.events if e[0] == "async_load"]
+    assert loads and loads[0][3] == 48, loads
+    assert_all_ok(h, 1)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version,ptp,dtp,mla", [
+    (OLD, 1, 2, False), (NEW, 2, 4, False), (NEW, 2, 1, True),
+    (OLD, 1, 2, True), (NEW, 4, 2, True)],
+    ids=["0.28-1to2", "0.32-2to4", "0.32-mla-2to1", "0.28-mla-1to2",
+         "0.32-mla-4to2"])
+def test_read_tp(make, nodes, version, ptp, dtp, mla):
+    """TP sizes that differ: D TP larger, each D rank reads its slice of
+    its P rank's heads (P's rank waits for the release of each of its D
+    ranks); MLA (the same latent on every rank), any ratio: each D rank
+    reads the latent from one P rank and the P ranks no D rank reads are
+    released. Every byte checked on every D rank."""
+    if mla:
+        h = read(make, version, mla=True, heads=1, p=dict(tp=ptp),
+                 d=dict(tp=dtp))
+    else:
+        h = read(make, version, p=dict(tp=ptp, heads=8 // ptp),
+                 d=dict(tp=dtp, heads=8 // dtp))
+    submit_many(h, 6, random.Random(43), lo=20, hi=120)
+    h.run(90)
+    assert_all_ok(h, 6)
+    assert_no_leak(h, nodes)
+
+
+def test_read_gather_refused(make, nodes):
+    """READ with P TP 2 and D TP 1 (heads split over P's ranks): one D rank
+    would gather heads from two P ranks; D refuses each load (a load error,
+    computed at D) and says why, and releases P's blocks at once."""
+    h = read(make, NEW, p=dict(tp=2, heads=4), d=dict(tp=1, heads=8))
+    submit_many(h, 3, random.Random(44), lo=20, hi=80)
+    t0 = time.monotonic()
+    h.run(60)
+    res = h.d_results()
+    assert len(res) == 3 and all(v == "load_error" for v in res.values()), \
+        res
+    assert_no_leak(h, nodes)
+    assert time.monotonic() - t0 < 20
+
+
+def test_read_lease_over(make, nodes):
+    """P holds a finished request's blocks for read_lease_s only (here 1 s,
+    shorter than D's 2 s margin): D never reads a block P may have freed
+    (each load fails at once and is computed at D), and P frees the blocks
+    when the lease ends though D never released them... or at D's release.
+    Nothing hangs or leaks."""
+    h = make(NEW, p=dict(extra=dict(READ, read_lease_s=1)),
+             d=dict(extra=dict(READ)))
+    submit_many(h, 4, random.Random(45), lo=20, hi=80)
+    h.run(60)
+    res = h.d_results()
+    assert len(res) == 4 and all(v == "load_error" for v in res.values()), \
+        res
+    assert_no_leak(h, nodes)
+
+
+def test_read_lease_expires_at_p(make, nodes):
+    """D never reads nor releases (it runs WRITE mode: a configuration
+    error D refuses and says; the request is computed at D): P frees the
+    blocks when its lease (2 s) ends, reported in finished_sending."""
+    h = make(NEW, p=dict(extra=dict(READ, read_lease_s=2)))
+    submit_many(h, 3, random.Random(46), lo=20, hi=80)
+    t0 = time.monotonic()
+    h.run(60)
+    res = h.d_results()
+    assert all(v in ("unchecked",) for v in res.values()), res
+    assert h.D.sched.connector._sched.bad_params == 3
+    assert_no_leak(h, nodes)
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("state", ["waiting_for_remote_kvs", "running"])
+@pytest.mark.parametrize("sched", ["sync", "async"])
+def test_read_abort_at_d(make, nodes, state, sched):
+    """The client goes away while D reads (WAITING_FOR_REMOTE_KVS: vLLM
+    waits for finished_recving) or decodes: no vLLM assert fails, the other
+    requests load intact, P's blocks are freed, nothing leaks."""
+    h = read(make, NEW, async_scheduling=sched == "async")
+    submit_many(h, 4, random.Random(47), lo=40, hi=120, d_max_tokens=6)
+    h.at(_d_state(state), lambda h: h.D.abort(["d-r2"]))
+    h.run(60)
+    assert h.D.sched.finished.get("d-r2") == RequestStatus.FINISHED_ABORTED
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert all(v == "ok" for v in others.values()), others
+    assert_no_leak(h, nodes)
+
+
+def test_read_full_cudagraph(make, nodes):
+    """A FULL CUDA graph (no layer hooks run): READ mode needs none, P does
+    nothing per layer and D reads from start_load_kv."""
+    h = read(make, NEW, cudagraph="full")
+    submit_many(h, 6, random.Random(48))
+    h.run(40)
+    assert_all_ok(h, 6)
+    assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_read_preempt_d(make, nodes, version):
+    """D short of blocks: requests wait and are preempted while others
+    read; every load that ran is intact and nothing leaks."""
+    h = read(make, version, d=dict(num_blocks=24))
+    submit_many(h, 8, random.Random(49), lo=40, hi=150, d_max_tokens=8)
+    h.run(90)
+    res = h.d_results()
+    assert res and all(v in ("ok", "load_error") for v in res.values()), res
+    assert sum(v == "ok" for v in res.values()) >= 4, res
+    assert_no_leak(h, nodes)
