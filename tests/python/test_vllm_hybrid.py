@@ -249,8 +249,11 @@ def test_hybrid_saving(capsys):
 
 
 def test_checker_catches_unmoved_sliding_layers(make, nodes):
-    """The test's own check: with P's sliding-window layer ops dropped, D's
-    sliding layers do not hold P's bytes and the verification says so."""
+    """The test's own check: with P's sliding-window layer ops dropped but
+    the last, D's other sliding layers do not hold P's bytes and the
+    verification says so. (One op is kept: a part with no layer op at all
+    may end at P before D's announcement arrives, and D then fails its
+    load instead of receiving too little, depending on timing.)"""
     from kvbroker.vllm import KVBrokerConnector
 
     class Broken(KVBrokerConnector):
@@ -258,11 +261,12 @@ def test_checker_catches_unmoved_sliding_layers(make, nodes):
             super().register_kv_caches(kv_caches)
             w = self._worker
             if w is not None and w.producer:
-                w._pairs = [(g, li) for g, li in w._pairs if g == 0]
+                keep = [p for p in w._pairs if p[0] == 1][-1]
+                w._pairs = [p for p in w._pairs if p[0] == 0 or p == keep]
                 orig = w._submit
 
                 def submit(group, layer):
-                    if group == 0:
+                    if group == 0 or (group, layer) == keep:
                         orig(group, layer)
                 w._submit = submit
 

@@ -72,6 +72,25 @@ def test_read_basic(make, nodes, version):
         before.get("releases_received", 0) == 12, after
     b = remote(nodes, "b")
     assert b.get("write_done_received", 0) == 0, b
+    print_figures(h, "READ %s" % version)
+
+
+def print_figures(h, what):
+    """D's transfers as vLLM's stats see them (open to end, per request)."""
+    from kvbroker.vllm import KVBrokerConnector
+
+    acc = None
+    for data in h.D.kv_stats_data:
+        st = KVBrokerConnector.build_kv_connector_stats(data)
+        acc = st if acc is None else acc.aggregate(st)
+    t = sorted(acc.data["transfer_duration"])
+    nb = sum(acc.data["bytes_transferred"])
+    sys.stderr.write(
+        "%s: %d requests, %.2f MiB read and checked, transfer time p50 "
+        "%.1f ms p99 %.1f ms\n" % (what, len(t), nb / 2**20,
+                                  1e3 * t[len(t) // 2],
+                                  1e3 * t[min(len(t) - 1,
+                                              int(0.99 * len(t)))]))
 
 
 @pytest.mark.parametrize("hit", ["partial", "full"])
@@ -198,4 +217,68 @@ def test_read_preempt_d(make, nodes, version):
     res = h.d_results()
     assert res and all(v in ("ok", "load_error") for v in res.values()), res
     assert sum(v == "ok" for v in res.values()) >= 4, res
+    assert_no_leak(h, nodes)
+
+
+# ------------------------------------------------------------ hybrid models
+
+
+def _hybrid():
+    import test_vllm_hybrid as th
+
+    return th
+
+
+@pytest.mark.parametrize("ptp,dtp,sched", [(1, 1, "sync"), (1, 1, "async"),
+                                           (1, 2, "sync")],
+                         ids=["1to1", "1to1-async", "1to2"])
+def test_read_hybrid(make, nodes, ptp, dtp, sched):
+    """A gpt-oss-like hybrid model (full attention + sliding window
+    groups, vLLM's hybrid KV cache manager on) in READ mode: P hands D each
+    group's in-window blocks, D reads each group's part into its own blocks
+    at the same prompt positions; exactly the in-window bytes move and
+    every one is checked on every D rank."""
+    th = _hybrid()
+    kw = dict(th.HYBRID)
+    if ptp != 1 or dtp != 1:
+        kw.update(p=dict(tp=ptp, heads=8 // ptp), d=dict(tp=dtp,
+                                                          heads=8 // dtp))
+    h = th.run(make, NEW, th.LENGTHS, 51, extra=dict(READ),
+               async_scheduling=sched == "async", **kw)
+    assert_all_ok(h, len(th.LENGTHS))
+    if dtp == 1:
+        assert th.moved_bytes(h.D) == th.expected_bytes(h, th.LENGTHS, True)
+    for rid, params in h.handed.items():
+        assert params["mode"] == "read" and params["lease_until"] > 0
+        n = len(h.prompts[rid])
+        full, sw = params["remote_block_ids"]
+        assert len(full) == th.cdiv(n, th.BS)
+        assert len(sw) == th.cdiv(n, th.BS) - max(0, n - th.W + 1) // th.BS
+    assert_no_leak(h, nodes)
+    print_figures(h, "READ hybrid %d->%d %s" % (ptp, dtp, sched))
+
+
+def test_read_hybrid_prefix_hit_at_d(make, nodes):
+    """READ, hybrid: D holds the prompt's first 12 blocks in both groups;
+    it reads only the positions after them (in the sliding group, those
+    the window reaches), D's own blocks come out unchanged."""
+    th = _hybrid()
+    h = make(NEW, extra=dict(READ), **th.HYBRID)
+    th.hybrid_on(h)
+    rng = random.Random(52)
+    prefix = make_prompt(rng, 200)
+    h.submit_d_local("local", prefix + make_prompt(rng, 30))
+    h.run(30)
+    prompt = prefix + make_prompt(rng, 100)
+    h.submit("r0", prompt, d_max_tokens=3)
+    h.run(60)
+    assert h.D.sched.local_hits.get("d-r0") == 192, h.D.sched.local_hits
+    assert_all_ok(h, 1)
+    n, nloc = len(prompt), 192 // th.BS
+    skip = max(0, n - th.W + 1) // th.BS
+    s = h.D.spec
+    per_layer_block = th.BS * s.heads * 2 * s.head_dim * 2
+    want = per_layer_block * (2 * (th.cdiv(n, th.BS) - nloc) +
+                              2 * (th.cdiv(n, th.BS) - max(nloc, skip)))
+    assert th.moved_bytes(h.D) == want
     assert_no_leak(h, nodes)

@@ -116,7 +116,9 @@ class ReqMeta:
     # READ mode, D: P's blocks to read (block_ids[i] <- remote_block_ids[i])
     # and when P's hold on them ends (time.time(); 0: not said)
     remote_block_ids: list = field(default_factory=list)
+    group_remote_block_ids: list = field(default_factory=list)
     lease_until: float = 0.0
+    refused: str = ""  # D: why this load cannot be made (it fails)
 
 
 def parse_request(params: Any, req_id: str, producer: bool) -> ReqMeta:

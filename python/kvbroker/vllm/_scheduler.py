@@ -341,32 +341,74 @@ class BrokerScheduler:
         m.block_ids = lists[0]
         if self.n_groups > 1:
             m.group_block_ids = lists
-        if self.cfg.read:  # the same positions of P's prompt
-            m.remote_block_ids = m.remote_block_ids[first:nb]
+        if self.cfg.read:
+            self._read_pairs(m, per, first, nb)
         self._load_next[rid] = m
         self._live_tids[m.transfer_id] = rid
 
     def _read_params(self, request: Any, params: dict, m: ReqMeta) -> str:
-        """D, READ mode: P's blocks of the prompt (D's block i of the
-        prompt takes P's block i) and when P's hold on them ends, into m;
-        or why the params cannot say."""
+        """D, READ mode: P's blocks of the prompt, per KV cache group (each
+        list ends at the prompt's last block: a sliding-window group's
+        starts where P's window does), and when P's hold on them ends,
+        into m; or why the params cannot say."""
         nb = _n_blocks(int(request.num_prompt_tokens), self.block_size)
         remote = params.get("remote_block_ids")
+        lists = remote if self.hybrid else [remote]
         if isinstance(remote, list) and len(remote) == 1 and \
-                isinstance(remote[0], list):
-            remote = remote[0]  # one KV cache group's list, HMA-shaped
+                isinstance(remote[0], list) and not self.hybrid:
+            lists = remote  # one KV cache group's list, HMA-shaped
+        if not isinstance(lists, list) or len(lists) != self.n_groups:
+            return "remote_block_ids: not %d KV cache groups' lists" % \
+                self.n_groups
+        out = []
+        for lst in lists:
+            if not isinstance(lst, list) or not all(
+                    isinstance(b, int) and not isinstance(b, bool) and
+                    0 <= b < (1 << 31) for b in lst):
+                return "remote_block_ids: not lists of block ids"
+            if self.hybrid:
+                if len(lst) > nb:
+                    return "remote_block_ids: %d blocks for a prompt of " \
+                        "%d" % (len(lst), nb)
+                out.append(list(lst))
+            elif len(lst) < nb:
+                return "remote_block_ids: %d blocks for a prompt of %d " \
+                    "(READ mode reads P's blocks of the prompt)" % (
+                        len(lst), nb)
+            else:
+                out.append(list(lst[:nb]))
         lease = params.get("lease_until")
-        if not isinstance(remote, list) or len(remote) < nb or not all(
-                isinstance(b, int) and not isinstance(b, bool) and
-                0 <= b < (1 << 31) for b in remote[:nb]):
-            return "remote_block_ids: not %d block ids (READ mode reads " \
-                "P's blocks of the prompt)" % nb
         if isinstance(lease, bool) or \
                 not isinstance(lease, (int, float)) or lease <= 0:
             return "lease_until: %r is not a time" % (lease,)
-        m.remote_block_ids = list(remote[:nb])
+        m.group_remote_block_ids = out
+        m.remote_block_ids = out[0]
         m.lease_until = float(lease)
         return ""
+
+    def _read_pairs(self, m: ReqMeta, per: list[list[int]], first: int,
+                    nb: int) -> None:
+        """D, READ mode: for each block D fills (prompt positions first ..
+        nb, a sliding-window group's null blocks skipped), P's block at the
+        same position. A position P's lists do not reach fails the load
+        (m.refused): nothing is read."""
+        remote = []
+        for g, ids in enumerate(per if self.hybrid else per[:1]):
+            theirs = m.group_remote_block_ids[g]
+            off = nb - len(theirs)  # P's list starts at this position
+            rl = []
+            for i in range(first, nb):
+                if self.hybrid and ids[i] == NULL_BLOCK:
+                    continue
+                if i < off:
+                    m.refused = ("KV cache group %d: P holds no block for "
+                                 "prompt block %d (its list starts at %d)"
+                                 % (g, i, off))
+                    return
+                rl.append(theirs[i - off])
+            remote.append(rl)
+        m.remote_block_ids = remote[0]
+        m.group_remote_block_ids = remote if self.n_groups > 1 else []
 
     def _p_alloc(self, request: Any, blocks: Any) -> None:
         rid = request.request_id
@@ -582,18 +624,29 @@ class BrokerScheduler:
                       m.transfer_id, self._live_tids[m.transfer_id])
             return False, None
         nb = _n_blocks(n, self.block_size)
-        blocks = _per_group(block_ids, 1)[0][:nb]
-        if len(blocks) < nb or NULL_BLOCK in blocks:
-            log.error("KVBrokerConnector: request %s: %d usable blocks for "
-                      "a prompt of %d: its KV is not sent", rid,
-                      len(blocks), nb)
-            return False, None
+        lists = []
+        for g, (have, w) in enumerate(zip(_per_group(block_ids,
+                                                      self.n_groups),
+                                          self.windows)):
+            have = list(have[:nb])
+            lst = have[skipped_blocks(w, n, self.block_size):] \
+                if self.hybrid else have
+            if len(have) < nb or NULL_BLOCK in lst:
+                log.error("KVBrokerConnector: request %s: KV cache group "
+                          "%d: %d blocks, null ones in the window, for a "
+                          "prompt of %d: its KV is not sent", rid, g,
+                          len(have), nb)
+                return False, None
+            lists.append(lst)
+        blocks = lists[0]
         m.block_ids = list(blocks)
+        if self.n_groups > 1:
+            m.group_block_ids = lists
         self._serve_next.append(m)
         self._sending[rid] = m.transfer_id
         self._live_tids[m.transfer_id] = rid
         p = self._params_for_d(request, block_ids, None)
-        p["remote_block_ids"] = list(blocks)
+        p["remote_block_ids"] = lists if self.hybrid else list(blocks)
         # when the workers' hold ends (a little before: the workers open
         # it at the next step); D does not read after this
         p["lease_until"] = time.time() + self.cfg.read_lease_s

@@ -441,7 +441,10 @@ class BrokerWorker:
         for g in range(1, self.n_groups):
             pm = replace(m, transfer_id=sub_transfer_id(m.transfer_id, g),
                          group=g, block_ids=list(m.group_block_ids[g])
-                         if x.kind != RELEASE else [])
+                         if x.kind != RELEASE else [],
+                         remote_block_ids=list(m.group_remote_block_ids[g])
+                         if m.group_remote_block_ids and x.kind == LOAD
+                         else [])
             parts.append(self._new_xfer(pm, x.kind, lead=False))
         if x.kind != RELEASE:
             for p in parts:
@@ -460,7 +463,7 @@ class BrokerWorker:
             if self.broker_gone:
                 self._end(x, -errno.EPIPE, self.broker_gone)
                 return
-            why = "" if kind == RELEASE else self._check(m)
+            why = "" if kind == RELEASE else (m.refused or self._check(m))
             if not why and kind != RELEASE:
                 if self.n_groups > 1 and \
                         len(m.group_block_ids) != self.n_groups:

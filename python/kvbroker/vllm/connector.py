@@ -100,14 +100,6 @@ class KVBrokerConnector(KVConnectorBase_V1, *_HMA_BASES):
         except ParamsError as e:
             raise ValueError("KVBrokerConnector: kv_connector_extra_config: "
                              "%s" % e) from None
-        if self._cfg.read and (len(self._groups) > 1 or
-                               any(g.window for g in self._groups)):
-            raise ValueError(
-                "KVBrokerConnector: READ mode with %d KV cache group(s) "
-                "(sliding window: %s): READ mode moves one full-attention "
-                "group; use WRITE mode (\"mode\": \"write\") for hybrid "
-                "models" % (len(self._groups),
-                            [g.window for g in self._groups]))
         self._producer = kv_role == "kv_producer"
         self._sched: BrokerScheduler | None = None
         self._worker = None
