@@ -166,6 +166,9 @@ struct kvb_broker {
 		/* writes for a transfer whose destination already ended it
 		 * (failed, aborted or done): refused, nothing landed */
 		uint64_t late_writes_refused;
+		/* tcp READs of a P worker's KV blocks that no READ transfer
+		 * of it held: refused, nothing sent */
+		uint64_t unheld_reads_refused;
 		/* transfers that failed with ops still in flight: their
 		 * completion waited until those drained */
 		uint64_t transfers_fenced;

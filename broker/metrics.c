@@ -254,6 +254,9 @@ static void render_transfers(struct mbuf *m, struct kvb_broker *b)
 	counter1(m, "kvbroker_late_writes_refused",
 		 "Writes refused: their destination had ended the transfer.",
 		 b->st.late_writes_refused);
+	counter1(m, "kvbroker_unheld_reads_refused",
+		 "Reads of a P worker's KV blocks no READ transfer held.",
+		 b->st.unheld_reads_refused);
 	counter1(
 		m, "kvbroker_fences_expired",
 		"Cross-node writers that did not confirm they stopped in time.",

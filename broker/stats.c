@@ -202,7 +202,8 @@ static void format_json(struct kvb_broker *b, struct out *o,
 	put(o,
 	    "}},\"transfers_done\":%llu,\"transfers_failed\":%llu,"
 	    "\"transfers_active\":%u,\"transfers_fenced\":%llu,"
-	    "\"late_writes_refused\":%llu,\"fences_expired\":%llu,"
+	    "\"late_writes_refused\":%llu,\"unheld_reads_refused\":%llu,"
+	    "\"fences_expired\":%llu,"
 	    "\"messages_rejected\":%llu,"
 	    "\"control_requests\":%llu,"
 	    "\"workers_lost\":%llu,\"late_wakeups\":%llu,"
@@ -212,6 +213,7 @@ static void format_json(struct kvb_broker *b, struct out *o,
 	    (unsigned long long) b->st.transfers_failed, b->xfers.nactive,
 	    (unsigned long long) b->st.transfers_fenced,
 	    (unsigned long long) b->st.late_writes_refused,
+	    (unsigned long long) b->st.unheld_reads_refused,
 	    (unsigned long long) b->st.fences_expired,
 	    (unsigned long long) (b->st.messages_rejected +
 				  kvb_hook_rejected(b)),

@@ -317,6 +317,15 @@ struct kvb_transport_ops {
 			       void *arg);
 	void (*gate_recheck)(struct kvb_transport *t);
 	/*
+	 * Optional, serving side: the same for every READ a peer sends
+	 * (after the region checks, before a byte is sent): 0, or the
+	 * negative status the op is answered with. The broker serves reads
+	 * of a P worker's KV blocks only while a READ transfer of that
+	 * worker holds them.
+	 */
+	void (*set_read_gate)(struct kvb_transport *t, kvb_write_gate_fn fn,
+			      void *arg);
+	/*
 	 * Optional (NULL: one NIC, nothing to tell). nics(): the NICs this
 	 * transport drives, up to max into out; returns how many it has.
 	 * mr_nic(): the NIC index (into nics()) a registered region's

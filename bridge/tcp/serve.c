@@ -450,6 +450,13 @@ static int serve_reads(struct tcp_conn *c)
 		mrs[i] = NULL;
 		it->rec.status =
 			check_region(c, &it->rec, KVB_MEM_REMOTE_READ, &mrs[i]);
+		if (!it->rec.status && tt->rgate) {
+			it->rec.status =
+				tt->rgate(tt->rgate_arg, it->rec.region,
+					  it->rec.off, it->rec.len);
+			if (it->rec.status)
+				tt->st.refused_read_gate++;
+		}
 		if (it->rec.status)
 			tt->st.refused_ops++;
 		else if (it->rec.len)

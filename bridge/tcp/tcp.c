@@ -620,6 +620,15 @@ void kvb_tcp_set_write_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
 	tt->gate_arg = arg;
 }
 
+void kvb_tcp_set_read_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
+			   void *arg)
+{
+	struct tcp_transport *tt = to_tcp(t);
+
+	tt->rgate = fn;
+	tt->rgate_arg = arg;
+}
+
 void kvb_tcp_gate_recheck(struct kvb_transport *t)
 {
 	struct tcp_transport *tt = to_tcp(t);
@@ -735,4 +744,5 @@ const struct kvb_transport_ops kvb_tcp_ops = {
 	.auth = &kvb_tcp_auth_ops,
 	.set_write_gate = kvb_tcp_set_write_gate,
 	.gate_recheck = kvb_tcp_gate_recheck,
+	.set_read_gate = kvb_tcp_set_read_gate,
 };

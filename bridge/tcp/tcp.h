@@ -66,6 +66,7 @@ struct kvb_tcp_stats {
 	uint64_t auth_ok;	   /* connections authenticated (served) */
 	uint64_t dial_auth_failed; /* our dials whose server failed its MAC */
 	uint64_t refused_gate;	   /* WRITEs the write gate refused */
+	uint64_t refused_read_gate; /* READs the read gate refused */
 	/* not authenticated, closed for a newer connection from the same
 	 * host (its unauthenticated budget full) or the port full */
 	uint64_t unauth_evicted;
@@ -157,6 +158,11 @@ extern const uint8_t kvb_tcp_tool_key[KVB_TCP_KEY_LEN];
 typedef kvb_write_gate_fn kvb_tcp_gate_fn;
 void kvb_tcp_set_write_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
 			    void *arg);
+/* The same for every READ record (counted in refused_ops and
+ * refused_read_gate; nothing of it is sent). The broker serves a P
+ * worker's KV blocks only while one of its READ transfers holds them. */
+void kvb_tcp_set_read_gate(struct kvb_transport *t, kvb_tcp_gate_fn fn,
+			   void *arg);
 /*
  * Ask the gate again about the WRITE records whose payload is still being
  * received (the frame's header came before the gate changed its mind): the

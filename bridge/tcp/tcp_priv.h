@@ -298,6 +298,8 @@ struct tcp_transport {
 	void *log_arg;
 	kvb_tcp_gate_fn gate; /* kvb_tcp_set_write_gate() */
 	void *gate_arg;
+	kvb_tcp_gate_fn rgate; /* kvb_tcp_set_read_gate() */
+	void *rgate_arg;
 	struct tcp_rl {
 		uint64_t since; /* start of the current one-second window */
 		uint64_t suppressed;

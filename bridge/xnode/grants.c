@@ -2,7 +2,9 @@
 /*
  * Which of a D worker's KV blocks a failed transfer left behind, so that a
  * tcp WRITE that arrives for a transfer D has finished with is refused at
- * D's receiver (docs/deadlines.md, "Cross-node").
+ * D's receiver (docs/deadlines.md, "Cross-node"); and which of a P
+ * worker's KV blocks a READ transfer holds, the only ones a tcp READ may
+ * take (kvb_grant_read_gate).
  *
  * A cross-node D transfer in WRITE mode holds the blocks it announced
  * (remote_blocks) from its open until it ends. When it fails (a clock, an
@@ -35,6 +37,7 @@
 #define FENCED	  0x8000u    /* a transfer that held it failed */
 #define HOLDERS	  0x7fffu    /* transfers holding it now */
 #define GRANT_MAX (1u << 24) /* blocks tracked per worker at most */
+#define ANY_ROLE  0xffu	     /* find_block: a worker of any role */
 
 /* The most blocks any KV region of w has (0: none declared). */
 static uint32_t kv_blocks(struct kvb_broker *b, const struct kvb_worker *w)
@@ -140,27 +143,43 @@ static int late(const struct kvb_xn_wctx *ws, uint64_t bi)
 	return bi < ws->ngrant && ws->grant[bi] == FENCED;
 }
 
-/*
- * The tcp write gate: 0, or -ECANCELED when [off, off + len) of region
- * `region` touches a block that is late. Only KV regions are looked at.
- */
-int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
+/* Does no live transfer hold block bi of w? */
+static int unheld(const struct kvb_xn_wctx *ws, uint64_t bi)
 {
-	struct kvb_xn *xn = arg;
+	return bi >= ws->ngrant || !(ws->grant[bi] & HOLDERS);
+}
+
+/*
+ * The first block of [off, off + len) of KV region `region` for which
+ * bad(ws, block) says yes, in *bi: 1, else 0 (0 too for a region that is
+ * no KV region, or whose owner is not `role`; ANY_ROLE: any). *wout,
+ * *kvout: its worker and KV region.
+ */
+static int find_block(struct kvb_xn *xn, uint32_t region, uint64_t off,
+		      uint64_t len, uint8_t role,
+		      int (*bad)(const struct kvb_xn_wctx *, uint64_t),
+		      uint64_t *bi, struct kvb_worker **wout,
+		      const struct kvb_xn_region **kvout)
+{
 	struct kvb_broker *b = xn->b;
 	struct kvb_region_ent *r = kvb_region_get(&b->regions, region);
 	const struct kvb_xn_region *kv = r ? kvb_xn_region(xn, r->mr.id) : NULL;
 	const struct kvb_kv_geom *g;
 	struct kvb_worker *w;
-	struct kvb_xn_wctx *ws;
-	uint64_t bl, nb, half, bi, end = off + len, x = off;
+	const struct kvb_xn_wctx *ws;
+	uint64_t bl, nb, half, end = off + len, x = off;
+	static const struct kvb_xn_wctx none;
 
 	if (!kv || !kv->has_kv || !len)
 		return 0;
 	w = kvb_worker_by_id(b, r->owner);
-	ws = w ? kvb_xn_w(xn, w) : NULL;
-	if (!ws || !ws->grant)
+	if (!w || (role != ANY_ROLE && w->role != role))
 		return 0;
+	ws = kvb_xn_w(xn, w);
+	if (!ws)
+		ws = &none;
+	*wout = w;
+	*kvout = kv;
 	g = &kv->geom;
 	bl = kvb_kv_block_len(g);
 	nb = g->num_blocks;
@@ -172,21 +191,60 @@ int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
 			step = 2 * bl;
 		else if (g->layout == KVB_KV_LAYOUT_KV_FIRST && x >= half)
 			base = half; /* a PACKED block is one step of bl */
-		bi = (x - base) / step;
-		if (bi >= nb)
+		*bi = (x - base) / step;
+		if (*bi >= nb)
 			break;
-		if (late(ws, bi))
-			goto refuse;
-		x = base + (bi + 1) * step;
+		if (bad(ws, *bi))
+			return 1;
+		x = base + (*bi + 1) * step;
 	}
 	return 0;
-refuse:
-	kvb_count_late_write(b);
+}
+
+/*
+ * The tcp write gate: 0, or -ECANCELED when [off, off + len) of region
+ * `region` touches a block that is late. Only KV regions are
+ * looked at.
+ */
+int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
+{
+	struct kvb_xn *xn = arg;
+	const struct kvb_xn_region *kv = NULL;
+	struct kvb_worker *w = NULL;
+	uint64_t bi = 0;
+
+	if (!find_block(xn, region, off, len, ANY_ROLE, late, &bi, &w, &kv))
+		return 0;
+	kvb_count_late_write(xn->b);
 	log_warn_rl("tcp: a write into block %llu of worker %u's region %#x "
 		    "(layer %u) came after the transfer holding it failed: "
 		    "refused (late_writes_refused)",
 		    (unsigned long long) bi, w->id, region, kv->layer);
 	return -ECANCELED;
+}
+
+/*
+ * The tcp read gate: 0, or -EACCES when [off, off + len) of region
+ * `region` touches a P worker's KV block that none of its READ transfers
+ * holds now (READ mode: P's worker holds a request's blocks in a READ
+ * transfer until D's release; outside it the block may already hold
+ * another request's KV). Only KV regions are looked at.
+ */
+int kvb_grant_read_gate(void *arg, uint32_t region, uint64_t off, uint64_t len)
+{
+	struct kvb_xn *xn = arg;
+	const struct kvb_xn_region *kv = NULL;
+	struct kvb_worker *w = NULL;
+	uint64_t bi = 0;
+
+	if (!find_block(xn, region, off, len, KVB_ROLE_P, unheld, &bi, &w, &kv))
+		return 0;
+	xn->b->st.unheld_reads_refused++;
+	log_warn_rl("tcp: a read of block %llu of P worker %u's region %#x "
+		    "(layer %u), which no READ transfer of it holds: refused "
+		    "(unheld_reads_refused)",
+		    (unsigned long long) bi, w->id, region, kv->layer);
+	return -EACCES;
 }
 
 void kvb_grant_free(struct kvb_xn_wctx *ws)

@@ -314,7 +314,7 @@ void kvb_xn_rx_free(void *ctx, struct kvb_rxfer *rx)
 	kvb_xn_rx_opened(ctx, rx);
 	if (rx->granted && ctx)
 		kvb_grant_drop(((struct kvb_xn *) ctx)->b, rx->granted, rx->lb,
-			       rx->nlb, rx->failed);
+			       rx->nlb, rx->failed && rx->role == KVB_ROLE_D);
 	free(rx->lb);
 	free(rx->rb);
 	free(rx->def);
@@ -521,8 +521,11 @@ int kvb_xn_open_one(struct kvb_broker *b, struct kvb_worker *w,
 		if (!rx->rb)
 			goto nomem;
 	}
-	if (w->role == KVB_ROLE_D && o->mode == KVB_XFER_WRITE &&
-	    !rx->release_only) {
+	if (!rx->release_only &&
+	    ((w->role == KVB_ROLE_D && o->mode == KVB_XFER_WRITE) ||
+	     (w->role == KVB_ROLE_P && o->mode == KVB_XFER_READ))) {
+		/* D/WRITE: writes after it failed are refused; P/READ: its
+		 * blocks may be read while it lives (kvb_grant_read_gate) */
 		if (kvb_grant_take(b, w, rx->lb, rx->nlb))
 			goto nomem;
 		rx->granted = w->id;

@@ -160,7 +160,8 @@ struct kvb_rxfer {
 	uint8_t released;     /* ... its release went out (or another D's) */
 	uint32_t remote_dp;   /* P/WRITE: decode_rank; D: the P DP rank */
 	uint32_t *lb, nlb;    /* this worker's block ids */
-	uint32_t granted;     /* D/WRITE: worker whose lb it holds (grants.c) */
+	uint32_t granted;     /* D/WRITE, P/READ: worker whose lb it holds
+			       * (grants.c) */
 	uint8_t failed;	      /* ... and it ended with a failure */
 	uint32_t *rb, nrb;    /* the other side's */
 	uint32_t acks_needed, acks_got;
@@ -486,6 +487,8 @@ void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
 /* a transport's write gate (transport.h set_write_gate), arg = the
  * module's state */
 int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
+int kvb_grant_read_gate(void *arg, uint32_t region, uint64_t off,
+			uint64_t len);
 /* w's grants go (the worker_free hook) */
 void kvb_grant_free(struct kvb_xn_wctx *ws);
 

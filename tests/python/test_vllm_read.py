@@ -197,6 +197,59 @@ def test_read_abort_at_d(make, nodes, state, sched):
     assert_no_leak(h, nodes)
 
 
+@pytest.mark.parametrize("version,runner", [(OLD, "v1"), (NEW, "v2")])
+def test_read_preempt_p_during_chunked_prefill(make, nodes, version, runner):
+    """P prefills in chunks and preempts a request mid-prefill: the hold
+    opens only with its last chunk, from the blocks it holds then (the
+    list followed through the preemption), and D reads every byte."""
+    h = read(make, version, runner=runner,
+             p=dict(max_num_batched_tokens=40,
+                    long_prefill_token_threshold=32))
+    rng = random.Random(53)
+    for i in range(3):
+        h.submit("r%d" % i, make_prompt(rng, 150 + 20 * i))
+
+    def mid_chunk(h):
+        r = h.P.sched.requests.get("r1")
+        return r is not None and r.status == RequestStatus.RUNNING and \
+            r.is_prefill_chunk and r.num_computed_tokens >= 64
+
+    h.at(mid_chunk, lambda h: h.P.sched.preempt("r1"))
+    h.run(60)
+    assert any(e[0] == "preempt" and e[2] == "r1" for e in h.P.sched.events)
+    assert_all_ok(h, 3)
+    assert_no_leak(h, nodes)
+
+
+def _p_state(state):
+    def when(h):
+        r = h.P.sched.requests.get("r2")
+        if state == "waiting":
+            return r is not None
+        if state == "running_chunk":
+            return r is not None and r.status == RequestStatus.RUNNING and \
+                r.num_computed_tokens > 0
+        return "r2" in h.handed  # finished, its blocks held for D
+    return when
+
+
+@pytest.mark.parametrize("state", ["waiting", "running_chunk", "held"])
+def test_read_abort_at_p(make, nodes, state):
+    """The client goes away while P holds the request (waiting, mid
+    prefill, or finished with its blocks held for D): nothing is reported
+    for an id vLLM no longer holds, the others load intact, nothing
+    leaks."""
+    h = read(make, NEW, p=dict(max_num_batched_tokens=48,
+                               long_prefill_token_threshold=32))
+    submit_many(h, 4, random.Random(54), lo=80, hi=160)
+    h.at(_p_state(state), lambda h: h.P.abort(["r2"]))
+    h.run(60)
+    res = h.d_results()
+    others = {k: v for k, v in res.items() if k != "d-r2"}
+    assert all(v == "ok" for v in others.values()), others
+    assert_no_leak(h, nodes)
+
+
 def test_read_full_cudagraph(make, nodes):
     """A FULL CUDA graph (no layer hooks run): READ mode needs none, P does
     nothing per layer and D reads from start_load_kv."""

@@ -222,6 +222,46 @@ static void out_of_range(void **state)
 	w->id = WID;
 }
 
+static int rgate(struct fix *f, uint64_t off, uint64_t len)
+{
+	return kvb_grant_read_gate(kvb_xn_state(&f->b), f->region, off, len);
+}
+
+/* The read gate: a P worker's KV blocks only while a transfer holds them;
+ * a D worker's are not looked at; the write gate is not changed by it. */
+static void reads_held_only(void **state)
+{
+	struct fix *f = *state;
+	struct kvb_worker *w = &f->b.workers[3];
+	const uint32_t a[] = {2, 3};
+	uint64_t before = f->b.st.unheld_reads_refused;
+
+	w->role = KVB_ROLE_P;
+	/* nothing held: refused (before any grant array exists too) */
+	assert_int_equal(rgate(f, at(f, 2, 0), f->bl), -EACCES);
+	assert_int_equal(kvb_grant_take(&f->b, w, a, 2), 0);
+	for (int v = 0; v < 2; v++) {
+		assert_int_equal(rgate(f, at(f, 2, v), 2 * f->bl), 0);
+		assert_int_equal(rgate(f, at(f, 3, v) + f->bl - 1, 1), 0);
+		/* one byte of block 4, alone or after held bytes */
+		assert_int_equal(rgate(f, at(f, 4, v), 1), -EACCES);
+		if (f->geom.layout == KVB_KV_LAYOUT_KV_FIRST)
+			assert_int_equal(rgate(f, at(f, 3, v), f->bl + 1),
+					 -EACCES);
+		assert_int_equal(rgate(f, at(f, 1, v), f->bl), -EACCES);
+	}
+	assert_int_equal(rgate(f, at(f, 2, 0), 0), 0); /* touches nothing */
+	/* the hold ended (failed or not): refused again, no write fence */
+	kvb_grant_drop(&f->b, WID, a, 2, 0);
+	assert_int_equal(rgate(f, at(f, 2, 0), f->bl), -EACCES);
+	assert_int_equal(gate(f, at(f, 2, 0), f->bl), 0);
+	assert_true(f->b.st.unheld_reads_refused >= before + 6);
+	/* a D worker's blocks are not gated for reads */
+	w->role = KVB_ROLE_D;
+	assert_int_equal(rgate(f, at(f, 5, 0), f->bl), 0);
+	w->role = 0;
+}
+
 /* The worker's slot is freed (worker_free): its KV layout and grants go;
  * the region's part goes with the region (region_gone). */
 static void freed_with_worker(void **state)
@@ -264,6 +304,10 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(freed_with_worker,
 						setup_kv_first, teardown),
+		cmocka_unit_test_setup_teardown(reads_held_only, setup_kv_first,
+						teardown),
+		cmocka_unit_test_setup_teardown(reads_held_only,
+						setup_block_first, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

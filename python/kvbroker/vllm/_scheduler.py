@@ -18,11 +18,13 @@ releases P's blocks (a release-only open).
 Each request is reported once, only while vLLM holds it: the scheduler's
 asserts (``_update_from_kv_xfer_finished``) forbid anything else.
 
-READ mode (``"mode": "read"``): P does nothing while it computes. When its
-request finishes, request_finished keeps its prompt's blocks (True) and
-hands D their ids with the params; the workers then hold them in a READ
-transfer that ends on D's release or after ``read_lease_s``, and report it
-in finished_sending. D reads those blocks into its own unhashed ones from
+READ mode (``"mode": "read"``): P's blocks are followed as in WRITE mode;
+with the last prefill chunk its workers open a READ transfer that holds
+them (P's broker serves reads of a P worker's KV blocks only while one
+holds them), ending on D's release or after ``read_lease_s``, reported in
+finished_sending. request_finished keeps the blocks (True) and hands D
+their ids with the params (a preemption or an abort before it ends the
+hold, as it ends a WRITE save). D reads those blocks into its own unhashed ones from
 start_load_kv (positions aligned: D's block i of the prompt takes P's block
 i) and releases P's; the params say when P's hold ends, and D does not read
 after that (a block P freed may hold another request's KV).
@@ -53,13 +55,11 @@ class KVBrokerMetadata(KVConnectorMetadata):
     """One step's instructions from the scheduler to every worker."""
 
     def __init__(self):
-        self.reqs_to_save: list[ReqMeta] = []  # P: open, save, seal
+        # P: open, save, seal (READ mode: open a hold of the blocks)
+        self.reqs_to_save: list[ReqMeta] = []
         self.reqs_to_load: list[ReqMeta] = []  # D: open (announce), seal
         self.reqs_to_release: list[ReqMeta] = []  # D: P frees, no load
         self.reqs_to_abort: list[str] = []  # abort; reported when ended
-        # P, READ mode: finished requests whose blocks D reads (open a
-        # READ transfer holding them until D's release or the lease)
-        self.reqs_to_serve: list[ReqMeta] = []
         self.preempted: list[str] = []  # P: saves reading freed blocks
         # P: transfer ids of new requests (the broker holds D's
         # announcements of these; others fail D soon), and of requests
@@ -68,12 +68,9 @@ class KVBrokerMetadata(KVConnectorMetadata):
         self.withdraw: list[str] = []
 
     def __repr__(self):
-        return ("KVBrokerMetadata(save=%d, serve=%d, load=%d, release=%d, "
-                "abort=%d)" % (len(self.reqs_to_save),
-                               len(self.reqs_to_serve),
-                               len(self.reqs_to_load),
-                               len(self.reqs_to_release),
-                               len(self.reqs_to_abort)))
+        return "KVBrokerMetadata(save=%d, load=%d, release=%d, abort=%d)" % (
+            len(self.reqs_to_save), len(self.reqs_to_load),
+            len(self.reqs_to_release), len(self.reqs_to_abort))
 
 
 def _n_blocks(tokens: int, block_size: int) -> int:
@@ -131,7 +128,8 @@ class BrokerScheduler:
         self._release_next: list[ReqMeta] = []
         self._abort_next: list[str] = []
         self._save_aborted: set[str] = set()  # P: preempted mid-save
-        self._serve_next: list[ReqMeta] = []  # P, READ: to hold for D
+        # P, READ: when each request's hold ends (time.time(), for D)
+        self._lease_until: dict[str, float] = {}
         # P, several groups: what each running save reads (rid -> lists)
         self._saved_lists: dict[str, list[list[int]]] = {}
         # P: ids of requests vLLM added, for the workers to declare (and
@@ -309,7 +307,7 @@ class BrokerScheduler:
             return
         if self.producer:
             # READ: nothing until the request finishes (request_finished)
-            if params.get("do_remote_decode") and not self.cfg.read:
+            if params.get("do_remote_decode"):
                 self._p_alloc(request, blocks)
             return
         why, m = self._load_params(request)
@@ -438,7 +436,6 @@ class BrokerScheduler:
         meta = KVBrokerMetadata()
         if self.producer:
             self._meta_saves(scheduler_output, meta)
-            meta.reqs_to_serve, self._serve_next = self._serve_next, []
             meta.expect, self._expect_next = self._expect_next, []
             meta.withdraw, self._withdraw_next = self._withdraw_next, []
         meta.reqs_to_load = list(self._load_next.values())
@@ -504,8 +501,10 @@ class BrokerScheduler:
             self._expected_tids.discard(  # opened by this step's workers
                 self._expected.pop(rid, ""))
             meta.reqs_to_save.append(s.meta)
-            if self.hybrid:
+            if self.hybrid or self.cfg.read:
                 self._saved_lists[rid] = lists
+            if self.cfg.read:  # the workers open the hold at this step
+                self._lease_until[rid] = time.time() + self.cfg.read_lease_s
             self._sending[rid] = s.meta.transfer_id
             del self._save_pending[rid]
 
@@ -565,8 +564,6 @@ class BrokerScheduler:
     def request_finished(self, request: Any, block_ids: Any):
         rid = request.request_id
         self._bad.discard(rid)
-        if self.producer and self.cfg.read:
-            return self._p_finished_read(request, block_ids)
         if self.producer:
             s = self._save_pending.pop(rid, None)
             if s is not None and \
@@ -574,6 +571,7 @@ class BrokerScheduler:
                 del self._live_tids[s.meta.transfer_id]
             self._withdraw(rid)  # never saved: D need not wait
             saved = self._saved_lists.pop(rid, None)
+            lease = self._lease_until.pop(rid, 0.0)
             if rid not in self._sending:
                 return False, None
             if rid in self._save_aborted:  # D would wait for nothing
@@ -582,7 +580,16 @@ class BrokerScheduler:
             if request_aborted(request):
                 self._abort_next.append(rid)
                 return True, None
-            return True, self._params_for_d(request, block_ids, saved)
+            p = self._params_for_d(request, block_ids, saved)
+            if self.cfg.read:
+                # the hold opened with the last prefill chunk: D reads
+                # these (each group's list ends at the prompt's last
+                # block), and not after lease_until
+                p["remote_block_ids"] = [list(x) for x in saved] \
+                    if self.hybrid else list(saved[0])
+                p["lease_until"] = lease
+                p["mode"] = "read"
+            return True, p
         if rid in self._load_next or rid in self._loading:
             # dropped while loading: vLLM keeps its blocks until it comes
             # back in finished_recving (the workers abort the transfer and
@@ -600,58 +607,6 @@ class BrokerScheduler:
             if not self._duplicate(rid, m.transfer_id):
                 self._release_next.append(m)
         return False, None
-
-    def _p_finished_read(self, request: Any, block_ids: Any):
-        """P, READ mode: the prompt's blocks stay until D read them (its
-        release) or the lease ends; D gets their ids. A request that did
-        not finish its prefill (aborted) has nothing for D."""
-        rid = request.request_id
-        params = request.kv_transfer_params
-        if not isinstance(params, dict) or \
-                not params.get("do_remote_decode") or rid in self._sending:
-            return False, None
-        n = int(request.num_prompt_tokens)
-        if request_aborted(request) or \
-                int(request.num_computed_tokens) < n:
-            return False, None
-        m = self._parse(request)
-        if m is None:
-            return False, None
-        if self._duplicate(rid, m.transfer_id):
-            self.duplicate_ids += 1
-            log.error("KVBrokerConnector: request %s: transfer_id %r is "
-                      "already used by request %s: its KV is not sent", rid,
-                      m.transfer_id, self._live_tids[m.transfer_id])
-            return False, None
-        nb = _n_blocks(n, self.block_size)
-        lists = []
-        for g, (have, w) in enumerate(zip(_per_group(block_ids,
-                                                      self.n_groups),
-                                          self.windows)):
-            have = list(have[:nb])
-            lst = have[skipped_blocks(w, n, self.block_size):] \
-                if self.hybrid else have
-            if len(have) < nb or NULL_BLOCK in lst:
-                log.error("KVBrokerConnector: request %s: KV cache group "
-                          "%d: %d blocks, null ones in the window, for a "
-                          "prompt of %d: its KV is not sent", rid, g,
-                          len(have), nb)
-                return False, None
-            lists.append(lst)
-        blocks = lists[0]
-        m.block_ids = list(blocks)
-        if self.n_groups > 1:
-            m.group_block_ids = lists
-        self._serve_next.append(m)
-        self._sending[rid] = m.transfer_id
-        self._live_tids[m.transfer_id] = rid
-        p = self._params_for_d(request, block_ids, None)
-        p["remote_block_ids"] = lists if self.hybrid else list(blocks)
-        # when the workers' hold ends (a little before: the workers open
-        # it at the next step); D does not read after this
-        p["lease_until"] = time.time() + self.cfg.read_lease_s
-        p["mode"] = "read"
-        return True, p
 
     def _params_for_d(self, request: Any, block_ids: Any,
                       saved: list | None) -> dict:

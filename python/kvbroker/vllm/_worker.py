@@ -628,17 +628,16 @@ class BrokerWorker:
         self._cuda_pending = []
         if not self.producer:
             return
-        serve = [(m, SERVE) for m in getattr(meta, "reqs_to_serve", ())]
-        if serve:
-            self._open_all(serve)
         self._expect(getattr(meta, "expect", ()), False)
         self._expect(getattr(meta, "withdraw", ()), True)
-        todo = [(m, SAVE) for m in getattr(meta, "reqs_to_save", ())]
+        # READ mode: each save is a hold of the blocks D will read
+        kind = SERVE if self.cfg.read else SAVE
+        todo = [(m, kind) for m in getattr(meta, "reqs_to_save", ())]
         for m, _ in todo:
             self._declared.pop(m.transfer_id, None)
         if todo:
             for x in self._open_all(todo):
-                if not x.done:
+                if not x.done and x.kind == SAVE:
                     self._saves.append(x)
                     self._saves_g.setdefault(x.meta.group, []).append(x)
             for g, saves in self._saves_g.items():
@@ -711,7 +710,7 @@ class BrokerWorker:
         waiting = []
         for rid in ids:
             x = self._by_req.get(rid)
-            if x is None or x.kind != SAVE or \
+            if x is None or x.kind not in (SAVE, SERVE) or \
                     all(p.done for p in _parts(x)):
                 continue
             self._abort_req(rid)
