@@ -4,7 +4,8 @@
  * table holds (64 Ki), with a plain write right behind them: two brokers on
  * 127.0.0.1, a P worker on A holding 6 KV layers, a D worker on B that opens
  * a READ of 8000 scattered blocks (16000 block halves, one entry each per
- * layer op), submits all 6 layer ops and then a same-node write. The table
+ * layer op; P's worker holds them in its READ transfer), submits all 6
+ * layer ops and then a same-node write. The table
  * runs out within a burst: the layer ops that do not fit wait for room
  * (counted as layers_starved) instead of failing with -ENOBUFS, and then
  * every one of them completes with 0; the write completes with 0; nothing
@@ -71,10 +72,22 @@ static int kv_layers(struct kvb_ctx *ctx)
 /* P on A: its layers, then it stays until killed. */
 static void p_worker(int ready_fd)
 {
+	static uint32_t pb[NB];
 	struct kvb_ctx *ctx = attach(&ba, KVB_ROLE_P);
+	struct kvb_remote_xfer px = {
+		.mode = KVB_XFER_READ, .blocks = pb, .nblocks = NB};
+	uint32_t h;
 
 	if (!ctx || kv_layers(ctx))
 		_exit(2);
+	/* P holds the blocks D reads (its broker serves only those) */
+	for (uint32_t i = 0; i < NB; i++)
+		pb[i] = 2 * i;
+	if (kvb_peer_connect(ctx, "127.0.0.1", 17311, &px.peer))
+		_exit(4);
+	if (kvb_transfer_open_remote(ctx, "tx-burst", &px, &h) ||
+	    kvb_transfer_seal(ctx, h, 0, 1))
+		_exit(5);
 	if (write(ready_fd, "x", 1) != 1)
 		_exit(3);
 	pause();

@@ -335,3 +335,28 @@ def test_read_hybrid_prefix_hit_at_d(make, nodes):
                               2 * (th.cdiv(n, th.BS) - max(nloc, skip)))
     assert th.moved_bytes(h.D) == want
     assert_no_leak(h, nodes)
+
+
+@pytest.mark.parametrize("what", ["broker", "worker"])
+def test_read_p_dies(make, nodes, what):
+    """READ mode, P's broker (or a P worker process) SIGKILLed while D
+    reads: D's requests still end within the bound (read or load error,
+    recomputed), D's engine lives and leaks nothing."""
+    h = read(make, OLD, d=dict(transfer_timeout_s=3.0))
+    submit_many(h, 8, random.Random(55), lo=60, hi=160)
+
+    def kill(h):
+        if what == "broker":
+            nodes.kill_broker("a")
+        else:
+            h.P.kill_worker(0)
+
+    h.at(lambda h: len(h.handed) >= 3, kill)
+    t0 = time.monotonic()
+    h.run(60)
+    assert not h.D.dead, h.D.dead
+    res = h.d_results()
+    assert res and all(v in ("ok", "load_error") for v in res.values()), res
+    assert not h.D.sched.requests
+    assert h.D.sched.num_free_blocks() == h.D.spec.num_blocks - 1
+    assert time.monotonic() - t0 < 30

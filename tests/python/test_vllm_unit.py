@@ -665,3 +665,41 @@ def test_attach_again_after_the_broker_restarts(broker_factory, how):
     c.shutdown()
     assert fd_count() < fds
     assert b.wait_stat("workers", 0) == 0
+
+
+READ_D = dict(GOOD_D, mode="read", remote_block_ids=[7, 8, 9],
+              lease_until=4e9)
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"mode": "write"}, "P runs WRITE mode"),
+    ({"remote_block_ids": [7, 8]}, "remote_block_ids"),
+    ({"remote_block_ids": [7, -1, 9]}, "remote_block_ids"),
+    ({"remote_block_ids": [7, True, 9]}, "remote_block_ids"),
+    ({"remote_block_ids": "7,8,9"}, "remote_block_ids"),
+    ({"lease_until": None}, "lease_until"),
+    ({"lease_until": 0}, "lease_until"),
+], ids=["mode", "short", "negative", "bool", "str", "no-lease", "lease-0"])
+def test_read_d_refuses_bad_params(change, why, caplog):
+    """D in READ mode: params a READ P did not make (another mode, too few
+    of P's blocks for the prompt, no lease) are refused before the load is
+    promised: computed at D, counted once, logged with the reason."""
+    c = sched("kv_consumer", mode="read")
+    r = vd.Request("a", 40, dict(READ_D, **change))
+    assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert c.connector_stats()["bad_params"] == 1
+    assert why in caplog.text
+
+
+def test_read_d_pairs_positions():
+    """D in READ mode with a 1-block local hit: it reads P's blocks at the
+    positions it fills (P's second and third), into its own."""
+    c = sched("kv_consumer", mode="read")
+    r = vd.Request("a", 40, dict(READ_D))
+    assert c.get_num_new_matched_tokens(r, 16) == (24, True)
+    c.update_state_after_alloc(r, vd.KVCacheBlocks([3, 4, 5]), 24)
+    m = c.build_connector_meta(vd.SchedulerOutput())
+    (x,) = m.reqs_to_load
+    assert (x.block_ids, x.remote_block_ids, x.lease_until) == \
+        ([4, 5], [8, 9], 4e9)
