@@ -699,6 +699,7 @@ EOF
 	# in the soft-RoCE guest, on rdma with perftest)
 	for f in bench/results/rate-sweep.md bench/results/rate-workers.md \
 		bench/results/post-cpu-rdma.md bench/results/peer-death.md \
+		bench/results/vllm-read.md \
 		bench/results/against-peers.md \
 		bench/results/against-peers-rdma.md \
 		bench/results/ring-vs-plain.md; do
