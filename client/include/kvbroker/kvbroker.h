@@ -413,7 +413,10 @@ struct kvb_remote_xfer {
  *   from, then completes the transfer.
  * - P, READ: `blocks` are P's; seal with 0: the transfer completes when D's
  *   release ACKs arrived (consumer_tp / producer_tp of them when D has the
- *   larger TP, else one).
+ *   larger TP, else one). It holds those blocks: the broker serves peers'
+ *   tcp reads of this worker's KV blocks only while a READ transfer of it
+ *   holds them (-EACCES to the reader otherwise), so open it before D
+ *   reads.
  *
  * A transfer that cannot finish fails by one of its clocks (deadline, stall
  * or defer timeout: kvb_transfer_set_timeouts) with a status; none stays
