@@ -195,7 +195,7 @@ int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
 			 * split: each writes its heads into D's rows */
 			rx->targets[rx->ntargets++] = r / (L / R);
 		}
-	} else { /* D, READ: the one P rank read from */
+	} else { /* D, READ: the P rank(s) read from */
 		int s;
 
 		R = desc_tp_size(&p->desc, KVB_HS_ROLE_P, rx->remote_dp);
@@ -206,6 +206,16 @@ int kvb_xn_compute_targets(struct kvb_broker *b, struct kvb_worker *w,
 			return s;
 		rx->targets[0] = (uint32_t) s;
 		rx->ntargets = 1;
+		if (R > L && heads_differ(b, w, p, KVB_HS_ROLE_P, rx->remote_dp,
+					  (uint32_t) s)) {
+			/* P's heads split over R / L ranks: gather a slice
+			 * from each (the release goes to all of them) */
+			for (uint32_t q = (uint32_t) s + 1;
+			     q < (uint32_t) s + R / L &&
+			     rx->ntargets < MAX_TARGETS;
+			     q++)
+				rx->targets[rx->ntargets++] = q;
+		}
 	}
 	rx->target_tp = R;
 	return 0;
@@ -255,9 +265,10 @@ static int defer_layer(struct kvb_broker *b, struct kvb_rxfer *rx,
  * with the KV heads split across ranks). Where D has m = D_TP / P_TP times
  * the ranks and a P rank m times a D rank's heads, D rank d holds slice
  * d % m of P rank d / m's heads (WRITE and READ). Where P has m times D's
- * ranks and a D rank m times a P rank's heads, P rank p writes its heads
- * into slice p % m of D rank p / m's (WRITE only: a READ would gather from
- * m P ranks). Equal heads: slice 0. Returns 0 or -EINVAL.
+ * ranks and a D rank m times a P rank's heads, P rank p's heads are slice
+ * p % m of D rank p / m's: P writes them there (WRITE), or D reads them
+ * into it from each of its m P ranks (READ, a gather). Equal heads: slice
+ * 0. Returns 0 or -EINVAL.
  */
 static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
 		      uint32_t target, const struct kvb_kv_geom *mine,
@@ -283,11 +294,11 @@ static int head_slice(const struct kvb_worker *w, const struct kvb_rxfer *rx,
 		*slice = d_rank % m;
 		return 0;
 	}
-	if (is_p && p_tp > d_tp && p_tp % d_tp == 0) {
+	if (p_tp > d_tp && p_tp % d_tp == 0) {
 		m = p_tp / d_tp;
 		if ((uint64_t) p_heads * m != d_heads)
 			return -EINVAL;
-		*slice = w->tp_rank % m;
+		*slice = (is_p ? w->tp_rank : target) % m;
 		return 0;
 	}
 	return -EINVAL;
@@ -577,7 +588,7 @@ static void layer_target(struct kvb_broker *b, struct layer_op *o,
 		log_warn("transfer '%s' layer %u: %u heads here, %u at the "
 			 "peer's rank %u: not a head split (one side's TP m "
 			 "times the other's, its ranks holding 1/m of the "
-			 "heads; READ only with more D ranks)",
+			 "heads)",
 			 o->x->id, o->layer, g->num_heads, hr->geom.num_heads,
 			 rank);
 		if (!o->g->err)

@@ -112,16 +112,19 @@ def test_read_prefix_hit_at_d(make, nodes, hit):
 
 
 @pytest.mark.parametrize("version,ptp,dtp,mla", [
-    (OLD, 1, 2, False), (NEW, 2, 4, False), (NEW, 2, 1, True),
-    (OLD, 1, 2, True), (NEW, 4, 2, True)],
-    ids=["0.28-1to2", "0.32-2to4", "0.32-mla-2to1", "0.28-mla-1to2",
-         "0.32-mla-4to2"])
+    (OLD, 1, 2, False), (NEW, 2, 4, False), (NEW, 2, 1, False),
+    (OLD, 4, 2, False), (NEW, 2, 1, True), (OLD, 1, 2, True),
+    (NEW, 4, 2, True)],
+    ids=["0.28-1to2", "0.32-2to4", "0.32-2to1", "0.28-4to2",
+         "0.32-mla-2to1", "0.28-mla-1to2", "0.32-mla-4to2"])
 def test_read_tp(make, nodes, version, ptp, dtp, mla):
-    """TP sizes that differ: D TP larger, each D rank reads its slice of
-    its P rank's heads (P's rank waits for the release of each of its D
-    ranks); MLA (the same latent on every rank), any ratio: each D rank
-    reads the latent from one P rank and the P ranks no D rank reads are
-    released. Every byte checked on every D rank."""
+    """TP sizes that differ, 8 KV heads in all: D TP larger, each D rank
+    reads its slice of its P rank's heads (P's rank waits for the release
+    of each of its D ranks); P TP larger, each D rank gathers its heads
+    from its P ranks (a slice from each) and releases them all; MLA (the
+    same latent on every rank), any ratio: each D rank reads the latent
+    from one P rank and the P ranks no D rank reads are released. Every
+    byte checked on every D rank."""
     if mla:
         h = read(make, version, mla=True, heads=1, p=dict(tp=ptp),
                  d=dict(tp=dtp))
@@ -134,11 +137,13 @@ def test_read_tp(make, nodes, version, ptp, dtp, mla):
     assert_no_leak(h, nodes)
 
 
-def test_read_gather_refused(make, nodes):
-    """READ with P TP 2 and D TP 1 (heads split over P's ranks): one D rank
-    would gather heads from two P ranks; D refuses each load (a load error,
-    computed at D) and says why, and releases P's blocks at once."""
-    h = read(make, NEW, p=dict(tp=2, heads=4), d=dict(tp=1, heads=8))
+def test_read_hnd_split_refused(make, nodes):
+    """READ with HND pages (heads outside the tokens) and heads split
+    differently on the two sides (P TP 2 -> D TP 1): not a split the
+    broker makes; D refuses each load (a load error, computed at D) and
+    says why, and releases P's blocks at once."""
+    h = read(make, NEW, layout="LBHNC", p=dict(tp=2, heads=4),
+             d=dict(tp=1, heads=8))
     submit_many(h, 3, random.Random(44), lo=20, hi=80)
     t0 = time.monotonic()
     h.run(60)
@@ -283,8 +288,8 @@ def _hybrid():
 
 
 @pytest.mark.parametrize("ptp,dtp,sched", [(1, 1, "sync"), (1, 1, "async"),
-                                           (1, 2, "sync")],
-                         ids=["1to1", "1to1-async", "1to2"])
+                                           (1, 2, "sync"), (2, 1, "sync")],
+                         ids=["1to1", "1to1-async", "1to2", "2to1"])
 def test_read_hybrid(make, nodes, ptp, dtp, sched):
     """A gpt-oss-like hybrid model (full attention + sliding window
     groups, vLLM's hybrid KV cache manager on) in READ mode: P hands D each

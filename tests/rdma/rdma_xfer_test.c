@@ -801,8 +801,12 @@ static int initiator(int fd)
 	c.buf = aligned_alloc(4096, REGION);
 	CHECK(ops && c.st && c.buf, "alloc");
 	err = open_transport(&c.t);
-	if (err == -ENODEV)
+	if (err == -ENODEV) { /* no RDMA device: skipped */
+		free(ops);
+		free(c.st);
+		free(c.buf);
 		return 77;
+	}
 	CHECK(err == 0, "open: %d", err);
 	c.mr.id = 1;
 	c.mr.flags = 0; /* local only: WRITE source, READ sink */

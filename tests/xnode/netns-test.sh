@@ -223,12 +223,17 @@ read_split)
 	P_ARGS="--heads 4" D_ARGS="--heads 2 --peer-heads 4" \
 		run_pair read 2 4 --layers 8 --xfers 6 --conc 3 ||
 		fail "READ TP4<-TP2, heads split"
-	# a D rank cannot gather its heads from several P ranks by READ:
-	# refused with a reason (EINVAL = 22); D's release still frees P's
-	# blocks (a release carries no status), so P's transfers succeed
-	P_ARGS="--heads 1" D_ARGS="--heads 2 --expect-fail --fail-errno 22" \
-		run_pair read 2 1 --layers 2 --xfers 1 --conc 1 --prefix gather ||
-		fail "a READ gathering heads from 2 P ranks was not refused"
+	# a D rank gathers its heads from 2 P ranks (each P rank's heads
+	# are a slice of the D rank's) and releases both
+	P_ARGS="--heads 1" D_ARGS="--heads 2 --peer-heads 1" \
+		run_pair read 2 1 --layers 8 --xfers 6 --conc 3 --prefix gather ||
+		fail "READ TP1<-TP2, heads gathered"
+	# heads that are no multiple: refused with a reason (EINVAL = 22);
+	# D's release still frees P's blocks (a release carries no status),
+	# so P's transfers succeed
+	P_ARGS="--heads 1" D_ARGS="--heads 3 --expect-fail --fail-errno 22" \
+		run_pair read 2 1 --layers 2 --xfers 1 --conc 1 --prefix nosplit ||
+		fail "a READ of heads that are no split was not refused"
 	grep -q "not a head split" "$T/broker-b.log" ||
 		fail "B did not log why"
 	;;

@@ -404,11 +404,6 @@ class BrokerWorker:
             return ("the KV cache is HND and the other side holds %d heads "
                     "per rank against our %d: the broker splits heads only "
                     "in NHD blocks" % (rh, self.local_heads))
-        if self.cfg.read and not self.producer and rtp > self.tp_size:
-            return ("READ mode with P TP %d and D TP %d: a D rank would "
-                    "gather heads from several P ranks (READ splits heads "
-                    "only where D has as many ranks as P or more; WRITE "
-                    "mode merges them)" % (rtp, self.tp_size))
         big, small = max(rtp, self.tp_size), min(rtp, self.tp_size)
         if big % small or rh * rtp != self.local_heads * self.tp_size:
             return ("TP %d against %d with %d heads per rank against our %d "
