@@ -66,7 +66,7 @@ EXPECT_KEEP_S = 60.0
 _LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 
 LOAD, SAVE, RELEASE = "load", "save", "release"
-SERVE = "serve"  # P, READ mode: holds a finished request's blocks for D
+SERVE = "serve"  # P, READ mode: holds a request's blocks for D's reads
 # READ mode, D: a load stops this long before P's hold on its blocks ends
 # (P's clock; the hosts' clocks are taken to agree within this)
 LEASE_MARGIN_S = 2.0
@@ -515,7 +515,8 @@ class BrokerWorker:
             seals = []
             for x, (st, h) in zip(px, res):
                 if st == -errno.ESTALE and x.kind == SERVE:
-                    # D read and released (or dropped) it before we opened
+                    # the id already ended here (a release for it came
+                    # first): no read will be served, the blocks go
                     self._end(x, 0, "")
                     continue
                 if st:
