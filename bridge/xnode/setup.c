@@ -195,8 +195,7 @@ static int open_tcp(struct kvb_broker *b)
 		t->ops->set_write_gate(t, kvb_grant_gate, kvb_xn_state(b));
 	/* reads of P's KV blocks only while a READ transfer holds them */
 	if (t->ops->set_read_gate)
-		t->ops->set_read_gate(t, kvb_grant_read_gate,
-				      kvb_xn_state(b));
+		t->ops->set_read_gate(t, kvb_grant_read_gate, kvb_xn_state(b));
 	if (t->ops->wait_fd) {
 		int fd = t->ops->wait_fd(t);
 

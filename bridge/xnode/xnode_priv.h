@@ -487,8 +487,7 @@ void kvb_grant_unfence(struct kvb_broker *b, uint32_t dp, const uint32_t *ids,
 /* a transport's write gate (transport.h set_write_gate), arg = the
  * module's state */
 int kvb_grant_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
-int kvb_grant_read_gate(void *arg, uint32_t region, uint64_t off,
-			uint64_t len);
+int kvb_grant_read_gate(void *arg, uint32_t region, uint64_t off, uint64_t len);
 /* w's grants go (the worker_free hook) */
 void kvb_grant_free(struct kvb_xn_wctx *ws);
 

@@ -548,8 +548,8 @@ int kvb_transfer_open_remote_batch(struct kvb_ctx *ctx,
  * KVB_EXPECT_MAX, unknown flags), -E2BIG (the ids do not fit one control
  * message), -EPIPE, -ETIMEDOUT, -EPROTO. Thread-safe.
  */
-int kvb_transfer_expect(struct kvb_ctx *ctx, const char *const *ids,
-			unsigned n, unsigned flags, int32_t *status);
+int kvb_transfer_expect(struct kvb_ctx *ctx, const char *const *ids, unsigned n,
+			unsigned flags, int32_t *status);
 
 /*
  * Queue the cross-node write (P/WRITE) or read (D/READ) of one layer of a
