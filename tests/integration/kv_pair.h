@@ -50,6 +50,14 @@ KVB_UNUSED static struct kvb_ctx *worker(struct broker *b, enum kvb_role role,
 	return c;
 }
 
+/* The end of a case: both workers detach, both brokers stop cleanly. */
+KVB_UNUSED static void pair_stop(struct kvb_ctx *p, struct kvb_ctx *d)
+{
+	kvb_detach(p);
+	kvb_detach(d);
+	assert_int_equal(broker_pair_stop(&pp), 0);
+}
+
 /* transfer k: P's blocks k*NPX.., D's (k+8)*NPX.. */
 KVB_UNUSED static void blocks(uint32_t k, uint32_t *pb, uint32_t *db)
 {

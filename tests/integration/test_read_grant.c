@@ -38,6 +38,14 @@ static void pair_start(void)
 	assert_int_equal(broker_pair_start(&pp, extra), 0);
 }
 
+/* Both brokers, a P worker on A and a D worker on B. */
+static void pair_up(struct kvb_ctx **p, struct kvb_ctx **d)
+{
+	pair_start();
+	*p = worker(&pp.a, KVB_ROLE_P, pr);
+	*d = worker(&pp.b, KVB_ROLE_D, dr);
+}
+
 /* P holds `n` of its blocks pb in a READ transfer (ends on D's release,
  * tag 300 + k). */
 static uint32_t p_hold(struct kvb_ctx *p, const char *id, const uint32_t *pb,
@@ -110,9 +118,7 @@ static void test_held(void **state)
 	uint32_t pb[NPX], db[NPX];
 
 	(void) state;
-	pair_start();
-	p = worker(&pp.a, KVB_ROLE_P, pr);
-	d = worker(&pp.b, KVB_ROLE_D, dr);
+	pair_up(&p, &d);
 	blocks(0, pb, db);
 	p_hold(p, "rg-held", pb, NPX, 0);
 	assert_int_equal(d_read(d, "rg-held", pb, db, NPX, 0), 0);
@@ -120,9 +126,7 @@ static void test_held(void **state)
 	/* D's release ended P's hold */
 	assert_int_equal(ended(p, 300, 10000), 0);
 	assert_int_equal(broker_stat(&pp.a, "unheld_reads_refused"), 0);
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 static void test_unheld(void **state)
@@ -131,9 +135,7 @@ static void test_unheld(void **state)
 	uint32_t pb[NPX], db[NPX];
 
 	(void) state;
-	pair_start();
-	p = worker(&pp.a, KVB_ROLE_P, pr);
-	d = worker(&pp.b, KVB_ROLE_D, dr);
+	pair_up(&p, &d);
 	blocks(1, pb, db);
 	/* no hold yet */
 	assert_int_equal(d_read(d, "rg-early", pb, db, NPX, 1), -EACCES);
@@ -148,9 +150,7 @@ static void test_unheld(void **state)
 		memset(dr[l].addr, 0, KV_BYTES);
 	assert_int_equal(d_read(d, "rg-late", pb, db, NPX, 3), -EACCES);
 	assert_true(untouched(db, NPX));
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 static void test_partly(void **state)
@@ -159,9 +159,7 @@ static void test_partly(void **state)
 	uint32_t pb[NPX], db[NPX], h;
 
 	(void) state;
-	pair_start();
-	p = worker(&pp.a, KVB_ROLE_P, pr);
-	d = worker(&pp.b, KVB_ROLE_D, dr);
+	pair_up(&p, &d);
 	blocks(2, pb, db);
 	/* P holds the first block only */
 	h = p_hold(p, "rg-part", pb, 1, 2);
@@ -173,9 +171,7 @@ static void test_partly(void **state)
 		memset(dr[l].addr, 0, KV_BYTES);
 	assert_int_equal(d_read(d, "rg-part", pb, db, 1, 5), 0);
 	assert_int_equal(ended(p, 302, 10000), 0);
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 int main(void)

@@ -70,9 +70,7 @@ static void test_new_d(void **state)
 	one(p, d, "tx-nd-1", 1);
 	/* B handed A its new descriptor before announcing */
 	assert_true(broker_stat(&pp.b, "descriptor_refreshes") >= 1);
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 static void test_new_p(void **state)
@@ -87,9 +85,7 @@ static void test_new_p(void **state)
 	kvb_detach(p);
 	p = worker(&pp.a, KVB_ROLE_P, pr);
 	one(p, d, "tx-np-1", 1);
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 static void test_both(void **state)
@@ -111,9 +107,7 @@ static void test_both(void **state)
 		snprintf(id, sizeof(id), "tx-b-%u", r);
 		one(p, d, id, r);
 	}
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 static void test_p_after_handshake(void **state)
@@ -132,9 +126,7 @@ static void test_p_after_handshake(void **state)
 	usleep(1100 * 1000);
 	one(p, d, "tx-pah-1", 1);
 	assert_true(broker_stat(&pp.b, "descriptor_refreshes") >= 1);
-	kvb_detach(p);
-	kvb_detach(d);
-	assert_int_equal(broker_pair_stop(&pp), 0);
+	pair_stop(p, d);
 }
 
 int main(void)

@@ -519,9 +519,15 @@ def test_hybrid_prefix_hit_at_d(make, nodes):
     the sliding-window group still serves (its window's blocks before the
     hit's end); only D's unhashed blocks of each group are filled (P writes
     its last ones into them), D's own blocks come out unchanged."""
-    h = make(NEW, **HYBRID)
+    prefix_hit_at_d(make, nodes, 38)
+
+
+def prefix_hit_at_d(make, nodes, seed, **kw):
+    """test_hybrid_prefix_hit_at_d's scenario (kw: the instances' further
+    settings)."""
+    h = make(NEW, **HYBRID, **kw)
     hybrid_on(h)
-    rng = random.Random(38)
+    rng = random.Random(seed)
     prefix = make_prompt(rng, 200)
     h.submit_d_local("local", prefix + make_prompt(rng, 30))
     h.run(30)

@@ -271,10 +271,16 @@ def test_preempt_p_during_chunked_prefill(make, nodes, version, runner):
     it resumes (V1: resumed_req_ids with its new block list; V2: in
     scheduled_new_reqs), is asked get_num_new_matched_tokens again, and its
     KV still reaches D intact."""
+    preempt_p_mid_chunk(make, nodes, version, runner, 5)
+
+
+def preempt_p_mid_chunk(make, nodes, version, runner, seed, **kw):
+    """test_preempt_p_during_chunked_prefill's scenario (kw: the
+    instances' further settings)."""
     h = make(version, runner=runner,
              p=dict(max_num_batched_tokens=40,
-                    long_prefill_token_threshold=32))
-    rng = random.Random(5)
+                    long_prefill_token_threshold=32), **kw)
+    rng = random.Random(seed)
     for i in range(3):
         h.submit("r%d" % i, make_prompt(rng, 150 + 20 * i))
 
@@ -381,10 +387,15 @@ def test_abort_at_p(make, nodes, version, state, sched):
     middle of its chunked prefill, or finished with its KV on the way):
     nothing is reported for an id vLLM no longer holds, the other requests
     load intact, nothing leaks."""
-    h = make(version, async_scheduling=sched == "async",
-             p=dict(max_num_batched_tokens=48,
-                    long_prefill_token_threshold=32))
-    submit_many(h, 4, random.Random(8), lo=80, hi=160)
+    abort_at_p(make, nodes, version, state, 8,
+               async_scheduling=sched == "async")
+
+
+def abort_at_p(make, nodes, version, state, seed, **kw):
+    """test_abort_at_p's scenario (kw: the instances' further settings)."""
+    h = make(version, p=dict(max_num_batched_tokens=48,
+                             long_prefill_token_threshold=32), **kw)
+    submit_many(h, 4, random.Random(seed), lo=80, hi=160)
     h.at(_p_state(state), lambda h: h.P.abort(["r2"]))
     h.run(60)
     res = h.d_results()

@@ -29,10 +29,12 @@ from test_vllm_model import (  # noqa: E402,F401
     NEW,
     OLD,
     _d_state,
+    abort_at_p,
     assert_all_ok,
     assert_no_leak,
     make,
     nodes,
+    preempt_p_mid_chunk,
     pytestmark,
     submit_many,
 )
@@ -207,52 +209,17 @@ def test_read_preempt_p_during_chunked_prefill(make, nodes, version, runner):
     """P prefills in chunks and preempts a request mid-prefill: the hold
     opens only with its last chunk, from the blocks it holds then (the
     list followed through the preemption), and D reads every byte."""
-    h = read(make, version, runner=runner,
-             p=dict(max_num_batched_tokens=40,
-                    long_prefill_token_threshold=32))
-    rng = random.Random(53)
-    for i in range(3):
-        h.submit("r%d" % i, make_prompt(rng, 150 + 20 * i))
-
-    def mid_chunk(h):
-        r = h.P.sched.requests.get("r1")
-        return r is not None and r.status == RequestStatus.RUNNING and \
-            r.is_prefill_chunk and r.num_computed_tokens >= 64
-
-    h.at(mid_chunk, lambda h: h.P.sched.preempt("r1"))
-    h.run(60)
-    assert any(e[0] == "preempt" and e[2] == "r1" for e in h.P.sched.events)
-    assert_all_ok(h, 3)
-    assert_no_leak(h, nodes)
+    preempt_p_mid_chunk(make, nodes, version, runner, 53, extra=dict(READ))
 
 
-def _p_state(state):
-    def when(h):
-        r = h.P.sched.requests.get("r2")
-        if state == "waiting":
-            return r is not None
-        if state == "running_chunk":
-            return r is not None and r.status == RequestStatus.RUNNING and \
-                r.num_computed_tokens > 0
-        return "r2" in h.handed  # finished, its blocks held for D
-    return when
-
-
-@pytest.mark.parametrize("state", ["waiting", "running_chunk", "held"])
+@pytest.mark.parametrize("state", ["waiting", "running_chunk",
+                                   "finished_sending"])
 def test_read_abort_at_p(make, nodes, state):
     """The client goes away while P holds the request (waiting, mid
     prefill, or finished with its blocks held for D): nothing is reported
     for an id vLLM no longer holds, the others load intact, nothing
     leaks."""
-    h = read(make, NEW, p=dict(max_num_batched_tokens=48,
-                               long_prefill_token_threshold=32))
-    submit_many(h, 4, random.Random(54), lo=80, hi=160)
-    h.at(_p_state(state), lambda h: h.P.abort(["r2"]))
-    h.run(60)
-    res = h.d_results()
-    others = {k: v for k, v in res.items() if k != "d-r2"}
-    assert all(v == "ok" for v in others.values()), others
-    assert_no_leak(h, nodes)
+    abort_at_p(make, nodes, NEW, state, 54, extra=dict(READ))
 
 
 def test_read_full_cudagraph(make, nodes):
@@ -320,26 +287,7 @@ def test_read_hybrid_prefix_hit_at_d(make, nodes):
     """READ, hybrid: D holds the prompt's first 12 blocks in both groups;
     it reads only the positions after them (in the sliding group, those
     the window reaches), D's own blocks come out unchanged."""
-    th = _hybrid()
-    h = make(NEW, extra=dict(READ), **th.HYBRID)
-    th.hybrid_on(h)
-    rng = random.Random(52)
-    prefix = make_prompt(rng, 200)
-    h.submit_d_local("local", prefix + make_prompt(rng, 30))
-    h.run(30)
-    prompt = prefix + make_prompt(rng, 100)
-    h.submit("r0", prompt, d_max_tokens=3)
-    h.run(60)
-    assert h.D.sched.local_hits.get("d-r0") == 192, h.D.sched.local_hits
-    assert_all_ok(h, 1)
-    n, nloc = len(prompt), 192 // th.BS
-    skip = max(0, n - th.W + 1) // th.BS
-    s = h.D.spec
-    per_layer_block = th.BS * s.heads * 2 * s.head_dim * 2
-    want = per_layer_block * (2 * (th.cdiv(n, th.BS) - nloc) +
-                              2 * (th.cdiv(n, th.BS) - max(nloc, skip)))
-    assert th.moved_bytes(h.D) == want
-    assert_no_leak(h, nodes)
+    _hybrid().prefix_hit_at_d(make, nodes, 52, extra=dict(READ))
 
 
 @pytest.mark.parametrize("what", ["broker", "worker"])

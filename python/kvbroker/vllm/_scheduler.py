@@ -24,10 +24,11 @@ them (P's broker serves reads of a P worker's KV blocks only while one
 holds them), ending on D's release or after ``read_lease_s``, reported in
 finished_sending. request_finished keeps the blocks (True) and hands D
 their ids with the params (a preemption or an abort before it ends the
-hold, as it ends a WRITE save). D reads those blocks into its own unhashed ones from
-start_load_kv (positions aligned: D's block i of the prompt takes P's block
-i) and releases P's; the params say when P's hold ends, and D does not read
-after that (a block P freed may hold another request's KV).
+hold, as it ends a WRITE save). D reads those blocks into its own
+unhashed ones from start_load_kv (positions aligned: D's block i of the
+prompt takes P's block i) and releases P's; the params say when P's hold
+ends, and D does not read after that (a block P freed may hold another
+request's KV).
 
 Hybrid models (several KV cache groups, _groups.py): block ids come per
 group; P saves and D loads each group's blocks (a sliding-window group only
@@ -306,7 +307,6 @@ class BrokerScheduler:
             self._parse(request)  # logged and counted once
             return
         if self.producer:
-            # READ: nothing until the request finishes (request_finished)
             if params.get("do_remote_decode"):
                 self._p_alloc(request, blocks)
             return
@@ -581,12 +581,7 @@ class BrokerScheduler:
                 self._abort_next.append(rid)
                 return True, None
             p = self._params_for_d(request, block_ids, saved)
-            if self.cfg.read:
-                # the hold opened with the last prefill chunk: D reads
-                # these (each group's list ends at the prompt's last
-                # block), and not after lease_until
-                p["remote_block_ids"] = [list(x) for x in saved] \
-                    if self.hybrid else list(saved[0])
+            if self.cfg.read:  # D reads remote_block_ids until then
                 p["lease_until"] = lease
                 p["mode"] = "read"
             return True, p
@@ -612,11 +607,15 @@ class BrokerScheduler:
                       saved: list | None) -> dict:
         c = self.cfg
         if self.hybrid:
-            # per group, the blocks P writes (informative: D announces its
-            # own; P's broker writes its last blocks into them)
+            # per group, the blocks P saves: WRITE, informative (D
+            # announces its own; P's broker writes its last blocks into
+            # them); READ, what D reads (each list ends at the prompt's
+            # last block)
             remote = [list(x) for x in saved] if saved else \
                 [[b for b in lst if b != NULL_BLOCK]
                  for lst in _per_group(block_ids, self.n_groups)]
+        elif self.cfg.read:
+            remote = list(saved[0])  # the prompt's blocks, held
         else:
             remote = _per_group(block_ids, 1)[0]
         p = {
