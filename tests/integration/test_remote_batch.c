@@ -59,10 +59,10 @@ struct pair {
 
 static void pair_start(struct pair *p, int start_a)
 {
-	/* ports of their own per test: a failed test leaves its brokers */
+	/* ports of their own per test (a failed test leaves its brokers),
+	 * below the ephemeral range; a port another program or a connection
+	 * holds is tried again on others, as broker_pair_start does */
 	static unsigned k;
-	uint16_t base =
-		(uint16_t) (20000 + (getpid() % 400) * 100 + (k++ % 6) * 16);
 	const char *aa[] = {"--host-ip",
 			    "127.0.0.1",
 			    "--handshake-port",
@@ -82,16 +82,31 @@ static void pair_start(struct pair *p, int start_a)
 			    "127.0.0.1",
 			    NULL};
 	struct broker_opts oa = {.args = aa}, ob = {.args = ab};
+	int rc = -1;
 
-	p->hs_a = base;
-	p->hs_b = (uint16_t) (base + 8);
-	snprintf(p->ha, sizeof(p->ha), "%u", p->hs_a);
-	snprintf(p->na, sizeof(p->na), "%u", p->hs_a + 1);
-	snprintf(p->hb, sizeof(p->hb), "%u", p->hs_b);
-	snprintf(p->nb, sizeof(p->nb), "%u", p->hs_b + 1);
-	if (start_a)
-		assert_int_equal(broker_start(&p->a, &oa), 0);
-	assert_int_equal(broker_start(&p->b, &ob), 0);
+	for (int tries = 0; rc && tries < 4; tries++) {
+		uint16_t base = (uint16_t) (20000 + (getpid() % 120) * 100 +
+					    (k++ % 6) * 16);
+
+		memset(&p->a, 0, sizeof(p->a));
+		memset(&p->b, 0, sizeof(p->b));
+		p->hs_a = base;
+		p->hs_b = (uint16_t) (base + 8);
+		snprintf(p->ha, sizeof(p->ha), "%u", p->hs_a);
+		snprintf(p->na, sizeof(p->na), "%u", p->hs_a + 1);
+		snprintf(p->hb, sizeof(p->hb), "%u", p->hs_b);
+		snprintf(p->nb, sizeof(p->nb), "%u", p->hs_b + 1);
+		rc = start_a ? broker_start(&p->a, &oa) : 0;
+		if (!rc)
+			rc = broker_start(&p->b, &ob);
+		if (rc) { /* neither left running */
+			broker_kill(&p->a);
+			broker_cleanup(&p->a);
+			broker_kill(&p->b);
+			broker_cleanup(&p->b);
+		}
+	}
+	assert_int_equal(rc, 0);
 }
 
 static void pair_stop(struct pair *p, int started_a)
